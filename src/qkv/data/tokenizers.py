@@ -1,0 +1,82 @@
+"""Subword tokenizers built on HF ``tokenizers`` (BPE; Sennrich et al. 2016).
+
+The paper (§5.1) uses byte-pair encoding with a shared source-target vocabulary. qkv trains one
+on the training split and saves it beside the model as ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from ..errors import QkvError
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
+
+
+class SubwordTokenizer:
+    """Text ⇄ ids with a reversible BPE (spaces kept as ``▁``, punctuation split off).
+
+    ``encode`` returns ids without specials; callers add ``bos``/``eos``. ``decode`` drops
+    specials and restores the text (detokenized, ready for sacreBLEU). Characters never seen in
+    training become ``<unk>``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        ids = [tokenizer.token_to_id(s) for s in SPECIALS]
+        if ids != [0, 1, 2, 3]:
+            raise QkvError(f"tokenizer special tokens must be {SPECIALS} with ids 0-3, got {ids}")
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> "SubwordTokenizer":
+        """Learn a BPE vocabulary of at most ``vocab_size`` entries from ``texts``."""
+        tok = Tokenizer(models.BPE(unk_token=UNK))
+        # NFKC folds look-alikes (e.g. non-breaking spaces in Multi30k) into plain characters.
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated"),
+            pre_tokenizers.Digits(individual_digits=True)])
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=SPECIALS, show_progress=False)
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SubwordTokenizer":
+        """Load ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
+        path = Path(path)
+        if not path.is_file():
+            raise QkvError(f"tokenizer file not found: {path}")
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        self._tok.save(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def tokens(self, text: str) -> list[str]:
+        """The subword pieces of ``text`` (for display)."""
+        return self._tok.encode(text, add_special_tokens=False).tokens
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        return self._tok.decode_batch(batch, skip_special_tokens=True)

@@ -1,0 +1,117 @@
+"""Greedy decoding and beam search for the encoder-decoder, batched, with the KV cache.
+
+Source: Vaswani et al. 2017, §6.1: "beam search with a beam size of 4 and length penalty
+α = 0.6 ... maximum output length ... input length + 50, but terminate early when possible".
+The length penalty is GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.transformer import Transformer
+
+
+def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, extra: int):
+    memory, src_mask, _ = model.encode(src)
+    src_len = (src != model.config.pad_id).sum(1)
+    limit = int(src_len.max()) + extra if max_new_tokens is None else max_new_tokens
+    limit = min(limit, model.config.max_len)
+    return memory, src_mask, limit
+
+
+@torch.no_grad()
+def greedy_decode(model: Transformer, src: torch.Tensor, max_new_tokens: int | None = None,
+                  extra_len: int = 50) -> list[list[int]]:
+    """Pick the most probable next token until ``eos`` (or the length limit).
+
+    Shape: ``src (B, S)`` long, right-padded. Returns B lists of ids (no bos/eos).
+    The limit is ``max_new_tokens``, else the longest source + ``extra_len`` (§6.1), capped at
+    the model's ``max_len``.
+    """
+    cfg = model.config
+    memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
+    b = src.size(0)
+    caches = model.new_caches()
+    token = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=src.device)
+    out = torch.full((b, limit), cfg.pad_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(b, dtype=torch.bool, device=src.device)
+    for t in range(limit):
+        logits, _, _ = model.decode(token, memory, src_mask, caches=caches, start_pos=t)
+        token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        out[:, t] = token[:, 0].masked_fill(done, cfg.pad_id)
+        done |= token[:, 0] == cfg.eos_id
+        if bool(done.all()):
+            break
+    return [_strip(row, cfg.eos_id, cfg.pad_id) for row in out.tolist()]
+
+
+def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    if eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    return [i for i in ids if i != pad_id]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + length) / 6)^α; α = 0 disables it."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha: float = 0.6,
+                max_new_tokens: int | None = None, extra_len: int = 50) -> list[list[int]]:
+    """Batched beam search; returns the best hypothesis per sentence (ids, no bos/eos).
+
+    Each step expands every live beam, keeps the ``2·beam_size`` best candidates, moves those
+    ending in ``eos`` (among the top ``beam_size``) to the finished list, and continues the
+    ``beam_size`` best others. A sentence stops growing its finished list once it holds
+    ``beam_size`` hypotheses; the winner maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals
+    greedy decoding.
+
+    Shape: ``src (B, S)`` long. Raises ``ValueError`` for ``beam_size < 1``.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size ({beam_size}) must be >= 1")
+    cfg = model.config
+    memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
+    b, k, device = src.size(0), beam_size, src.device
+    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
+    src_mask = src_mask.repeat_interleave(k, dim=0)
+    caches = model.new_caches()
+    scores = torch.zeros(b, k, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: keep one
+    seqs = torch.full((b * k, 0), cfg.pad_id, dtype=torch.long, device=device)
+    token = torch.full((b * k, 1), cfg.bos_id, dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
+    for t in range(limit):
+        logits, _, _ = model.decode(token, memory, src_mask, caches=caches, start_pos=t)
+        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
+        vocab = logp.size(-1)
+        cand = (scores.view(-1, 1) + logp).view(b, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K)
+        beam_idx, tok = top_idx // vocab, top_idx % vocab
+        is_eos = tok == cfg.eos_id
+        for bi, ci in is_eos[:, :k].nonzero().tolist():
+            if len(finished[bi]) < k and top_scores[bi, ci] > float("-inf"):
+                hyp = seqs[bi * k + beam_idx[bi, ci]].tolist()
+                score = float(top_scores[bi, ci]) / length_penalty(len(hyp) + 1, alpha)
+                finished[bi].append((score, hyp))
+        if all(len(f) >= k for f in finished):
+            break
+        live_scores = top_scores.masked_fill(is_eos, float("-inf"))
+        scores, pick = live_scores.topk(k, dim=-1)  # (B, K)
+        rows = (base + beam_idx.gather(1, pick)).view(-1)  # (B*K,) rows of the previous step
+        token = tok.gather(1, pick).view(-1, 1)
+        seqs = torch.cat([seqs.index_select(0, rows), token], dim=1)
+        for self_cache, cross_cache in caches:
+            self_cache.reorder(rows)
+    results = []
+    for bi in range(b):
+        pool = finished[bi]
+        if not pool:  # hit the length limit: fall back to live beams
+            pool = [(float(scores[bi, j]) / length_penalty(seqs.size(1), alpha), seqs[bi * k + j].tolist())
+                    for j in range(k)]
+        best = max(pool, key=lambda x: x[0])[1]
+        results.append(_strip(best, cfg.eos_id, cfg.pad_id))
+    return results

@@ -1,0 +1,99 @@
+"""Load a translation run directory and translate text (batched, length-sorted)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..data.batching import pad_sequences
+from ..data.tokenizers import SubwordTokenizer
+from ..errors import QkvError
+from ..models.config import TransformerConfig
+from ..models.transformer import Transformer
+from ..train.checkpoint import load_weights
+from .search import beam_search, greedy_decode
+
+RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def load_run(run_dir: str | Path, weights: str = "model.safetensors") -> tuple[Transformer, SubwordTokenizer]:
+    """Model (eval mode) and tokenizer of a run directory.
+
+    Raises:
+        QkvError: directory or one of ``config.json``, the weights, ``tokenizer.json`` missing,
+            unreadable or inconsistent (a half-written run directory).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise QkvError(f"run directory not found: {run_dir}")
+    missing = [f for f in ("config.json", weights, "tokenizer.json") if not (run_dir / f).is_file()]
+    if missing:
+        raise QkvError(f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
+                       "(training not finished? `qkv train ... --resume` continues it)")
+    try:
+        config = TransformerConfig.load(run_dir / "config.json")
+    except (ValueError, TypeError) as exc:
+        raise QkvError(f"bad {run_dir / 'config.json'}: {exc}") from None
+    model = Transformer(config)
+    load_weights(model, run_dir / weights)
+    model.eval()
+    return model, SubwordTokenizer.load(run_dir / "tokenizer.json")
+
+
+class Translator:
+    """Translate sentences with a trained :class:`Transformer`.
+
+    Args:
+        model, tokenizer: as from :func:`load_run`.
+        beam_size: 1 = greedy; alpha: length penalty (§6.1: 4 and 0.6).
+        max_src_tokens: longer inputs are truncated with a warning (default: model max_len - 2).
+        batch_size: sentences per decoding batch.
+    """
+
+    def __init__(self, model: Transformer, tokenizer: SubwordTokenizer, beam_size: int = 4,
+                 alpha: float = 0.6, batch_size: int = 64, max_src_tokens: int | None = None) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
+        self.max_src_tokens = max_src_tokens or model.config.max_len - 2
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, **kwargs) -> "Translator":
+        return cls(*load_run(run_dir), **kwargs)
+
+    def encode_sources(self, sentences: list[str]) -> list[list[int]]:
+        ids = self.tokenizer.encode_batch(sentences)
+        for i, s in enumerate(ids):
+            if len(s) > self.max_src_tokens:
+                warnings.warn(f"input line {i + 1} has {len(s)} subword tokens; truncated to the "
+                              f"limit of {self.max_src_tokens}", stacklevel=2)
+                ids[i] = s[: self.max_src_tokens]
+        return ids
+
+    @torch.no_grad()
+    def translate(self, sentences: list[str]) -> list[str]:
+        """Translations in input order; an empty (or blank) line translates to ``""``."""
+        cfg = self.model.config
+        ids = self.encode_sources(sentences)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[str] = [""] * len(ids)
+        todo = [i for i in order if sentences[i].strip()]
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start: start + self.batch_size]
+            src = pad_sequences([ids[i] + [cfg.eos_id] for i in chunk], cfg.pad_id)
+            if self.beam_size == 1:
+                hyps = greedy_decode(self.model, src)
+            else:
+                hyps = beam_search(self.model, src, self.beam_size, self.alpha)
+            for i, text in zip(chunk, self.tokenizer.decode_batch(hyps)):
+                out[i] = text
+        return out
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot read {path}: {exc}") from None

@@ -1,0 +1,144 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017, §3).
+
+Figure 1, top to bottom: token embeddings × sqrt(d_model) + positional encoding (dropout),
+N encoder layers, N decoder layers with masked self-attention and cross-attention over the
+encoder output (``memory``), and a linear projection to vocabulary logits whose weights are
+shared with the embeddings (§3.4). Softmax is applied by the loss or the decoder.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..nn.attention import KVCache
+from ..nn.embeddings import TokenEmbedding
+from ..nn.layers import DecoderLayer, EncoderLayer
+from ..nn.masks import padding_mask
+from ..nn.positional import build_positional
+from .config import TransformerConfig
+from .outputs import Seq2SeqOutput
+
+
+def _layer_kwargs(cfg: TransformerConfig) -> dict:
+    return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
+                attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+                activation=cfg.activation, norm_first=cfg.norm_first, bias=cfg.bias,
+                backend=cfg.attention_backend, eps=cfg.layer_norm_eps)
+
+
+class Encoder(nn.Module):
+    """A stack of N :class:`EncoderLayer` (§3.1), plus a final LayerNorm when pre-LN.
+
+    Shape: ``x (B, S, D)``, ``mask`` bool ``(B, 1, 1, S)`` → ``(B, S, D)`` and per-layer weights.
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_encoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+
+    def forward(self, x, mask=None, need_weights=False):
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights=need_weights)
+            weights.append(w)
+        return self.final_norm(x), tuple(weights) if need_weights else ()
+
+
+class Decoder(nn.Module):
+    """A stack of N :class:`DecoderLayer` (§3.1), plus a final LayerNorm when pre-LN.
+
+    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``memory_mask`` ``(B, 1, 1, S)`` →
+    ``(B, T, D)``, per-layer self and cross weights.
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_decoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+
+    def forward(self, x, memory, memory_mask=None, self_mask=None, caches=None, need_weights=False):
+        self_ws, cross_ws = [], []
+        # Causal masking is enough for right-padded targets: a real query never sees a later
+        # pad key, and pad queries are ignored by the loss. Incremental decoding (one query,
+        # cached keys) needs no mask at all.
+        is_causal = caches is None or x.size(1) > 1
+        for i, layer in enumerate(self.layers):
+            x, (sw, cw) = layer(x, memory, self_mask, memory_mask, is_causal=is_causal,
+                                caches=None if caches is None else caches[i], need_weights=need_weights)
+            self_ws.append(sw)
+            cross_ws.append(cw)
+        if not need_weights:
+            return self.final_norm(x), (), ()
+        return self.final_norm(x), tuple(self_ws), tuple(cross_ws)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (§3, Figure 1).
+
+    Args:
+        config: a :class:`TransformerConfig`.
+
+    Shape (forward):
+        src: ``(B, S)`` long source ids (right-padded with ``pad_id``).
+        tgt: ``(B, T)`` long decoder input ids (``bos`` + target, right-padded).
+        returns :class:`Seq2SeqOutput` with ``logits (B, T, V_tgt)``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = cfg = config
+        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
+        self.tgt_embed = (self.src_embed if cfg.share_embeddings
+                          else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id))
+        self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_output or cfg.share_embeddings:
+            self.generator.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        # Xavier-uniform projections, as in the reference Tensor2Tensor / nn.Transformer code.
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+
+    def embed(self, tokens: torch.Tensor, embedding: TokenEmbedding, start_pos: int = 0) -> torch.Tensor:
+        """Dropout(E[tokens]·sqrt(d_model) + PE[pos]) (§3.4, §3.5, §5.4). ``(B, T) → (B, T, D)``."""
+        positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
+        return self.embed_dropout(embedding(tokens) + self.positional(positions))
+
+    def encode(self, src: torch.Tensor, need_weights: bool = False):
+        """Run the encoder. ``src (B, S)`` → ``(memory (B, S, D), src_mask (B, 1, 1, S), weights)``."""
+        src_mask = padding_mask(src, self.config.pad_id)
+        memory, weights = self.encoder(self.embed(src, self.src_embed), src_mask, need_weights)
+        return memory, src_mask, weights
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+               caches: list | None = None, start_pos: int = 0, need_weights: bool = False):
+        """Run the decoder and the output projection.
+
+        Shape: ``tgt (B, T)``, ``memory (B, S, D)`` → ``(logits (B, T, V), self weights,
+        cross weights)``. With ``caches`` (from :meth:`new_caches`), ``tgt`` holds only the
+        new tokens, at positions ``start_pos ...``.
+        """
+        x = self.embed(tgt, self.tgt_embed, start_pos)
+        h, self_w, cross_w = self.decoder(x, memory, src_mask, caches=caches, need_weights=need_weights)
+        return self.generator(h), self_w, cross_w
+
+    def new_caches(self) -> list[tuple[KVCache, KVCache]]:
+        """Empty (self, cross) key/value caches, one pair per decoder layer."""
+        return [(KVCache(), KVCache()) for _ in self.decoder.layers]
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, need_weights: bool = False) -> Seq2SeqOutput:
+        memory, src_mask, enc_w = self.encode(src, need_weights)
+        logits, self_w, cross_w = self.decode(tgt, memory, src_mask, need_weights=need_weights)
+        return Seq2SeqOutput(logits, enc_w, self_w, cross_w)
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (tied matrices counted once)."""
+        return sum(p.numel() for p in self.parameters())

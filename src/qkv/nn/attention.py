@@ -1,0 +1,222 @@
+"""Scaled dot-product attention and multi-head attention (with a key/value cache).
+
+Source: Vaswani et al. 2017, §3.2.1 (Eq. 1) and §3.2.2; lecture notes ``001_*.txt`` (query,
+key, value; matrix form; multi-head) and ``003_*.txt`` (softmax, masking).
+
+Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broadcastable to
+``(B, H, q_len, k_len)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .masks import causal_mask, combine_masks
+
+BACKENDS = ("sdpa", "eager")
+
+
+@dataclass
+class AttentionSteps:
+    """Every intermediate of Eq. 1 for inspection (all float32 tensors of one call).
+
+    Shapes: ``q (B, H, Tq, Dh)``, ``k``/``v (B, H, Tk, Dh)``, ``scores``/``scaled``/``masked``/
+    ``weights (B, H, Tq, Tk)``, ``output (B, H, Tq, Dh)``.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scores: torch.Tensor  # Q Kᵀ
+    scaled: torch.Tensor  # Q Kᵀ / sqrt(d_k)
+    masked: torch.Tensor  # illegal connections set to the dtype's minimum
+    weights: torch.Tensor  # softmax over keys (masked entries exactly 0)
+    output: torch.Tensor  # weights @ V
+
+
+def attention_steps(q, k, v, mask=None) -> AttentionSteps:
+    """Eq. 1 step by step: ``softmax(mask(QKᵀ / sqrt(d_k))) V``, returning every intermediate.
+
+    Args:
+        q: ``(..., Tq, d_k)``; k: ``(..., Tk, d_k)``; v: ``(..., Tk, d_v)``.
+        mask: bool, broadcastable to ``(..., Tq, Tk)``, ``True`` = may attend.
+
+    A query row whose keys are all masked gets all-zero weights (hence a zero output), not NaN.
+    """
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
+    scaled = scores / math.sqrt(d_k)
+    if mask is None:
+        masked = scaled
+        weights = torch.softmax(scaled.float(), dim=-1).to(q.dtype)
+    else:
+        masked = scaled.masked_fill(~mask, torch.finfo(scaled.dtype).min)
+        weights = torch.softmax(masked.float(), dim=-1).to(q.dtype)
+        # A fully masked row would be uniform over illegal keys: zero it instead.
+        weights = weights.masked_fill(~mask, 0.0)
+    return AttentionSteps(q, k, v, scores, scaled, masked, weights, weights @ v)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    backend: str = "sdpa",
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V  (Vaswani et al. 2017, Eq. 1).
+
+    Two backends compute the same function: ``"eager"`` (explicit math, can return the
+    weights) and ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`, fused and
+    fast). ``need_weights=True`` always takes the explicit path, so weights are never silently
+    missing.
+
+    Args:
+        q: queries ``(B, H, Tq, Dh)``; k: keys ``(B, H, Tk, Dh)``; v: values ``(B, H, Tk, Dh)``.
+        mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend; or ``None``.
+        is_causal: additionally apply the look-ahead mask (queries are the last ``Tq`` positions).
+        dropout_p: dropout on the attention weights (training only; the caller passes 0 in eval).
+        backend: ``"sdpa"`` or ``"eager"``.
+        need_weights: also return the attention weights ``(B, H, Tq, Tk)``.
+
+    Returns:
+        ``(output (B, H, Tq, Dh), weights or None)``. Fully masked query rows give zeros.
+
+    Raises:
+        ValueError: unknown backend, or a mask that is not boolean.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"attention mask must be boolean (True = may attend), got {mask.dtype}")
+    fast = backend == "sdpa" and not need_weights
+    if fast and is_causal and mask is None and q.size(-2) == k.size(-2):
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        return out, None
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+        is_causal = False
+    if fast:
+        # SDPA gives NaN for a query row with no legal key; such rows are rare (empty
+        # sequences), so route them through the explicit path instead of paying on every call.
+        if mask is None or bool(mask.any(-1).all()):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            return out, None
+    steps = attention_steps(q, k, v, mask)
+    weights = steps.weights
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+        return weights @ v, steps.weights
+    return steps.output, weights if need_weights else None
+
+
+class KVCache:
+    """Keys and values of one attention module kept across decoding steps.
+
+    ``k``/``v`` have shape ``(B, H, L, Dh)``. Self-attention appends one step at a time;
+    cross-attention computes them once from the encoder memory and reuses them.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): ``index`` is a long tensor of shape ``(B',)``."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O, head_i = Attention(Q W_Q_i, K W_K_i, V W_V_i).
+
+    Source: Vaswani et al. 2017, §3.2.2; notes ``001_*.txt`` ("Multi-head Attention").
+    The per-head projections are stored stacked as ``w_q``, ``w_k``, ``w_v``:
+    ``nn.Linear(d_model, n_heads * d_k)``, and ``w_o``: ``nn.Linear(n_heads * d_k, d_model)``.
+
+    Args:
+        d_model: model width D.
+        n_heads: number of heads H; ``d_k = d_model // n_heads`` unless given.
+        dropout: dropout on the attention weights (0 in the paper's base model description,
+            which applies dropout to sub-layer outputs; kept as an option).
+        bias: use biases in the four projections.
+        backend: ``"sdpa"`` or ``"eager"`` (see :func:`scaled_dot_product_attention`).
+
+    Raises:
+        ValueError: ``d_model`` not divisible by ``n_heads`` (when ``d_k`` is not given).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
+                 backend: str = "sdpa", d_k: int | None = None) -> None:
+        super().__init__()
+        if d_k is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            d_k = d_model // n_heads
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_k
+        self.dropout, self.backend = dropout, backend
+        inner = n_heads * d_k
+        self.w_q = nn.Linear(d_model, inner, bias=bias)
+        self.w_k = nn.Linear(d_model, inner, bias=bias)
+        self.w_v = nn.Linear(d_model, inner, bias=bias)
+        self.w_o = nn.Linear(inner, d_model, bias=bias)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _project_kv(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._split(self.w_k(source)), self._split(self.w_v(source))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention (``memory=None``) or cross-attention over ``memory``.
+
+        Shape:
+            x: ``(B, Tq, D)`` queries (and keys/values for self-attention).
+            memory: ``(B, S, D)`` encoder output for cross-attention, or ``None``.
+            mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend.
+            is_causal: apply the look-ahead mask (self-attention).
+            cache: a :class:`KVCache` updated in place for incremental decoding.
+            Returns ``(output (B, Tq, D), weights (B, H, Tq, Tk) or None)``.
+        """
+        b, t, _ = x.shape
+        q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
+        if memory is None:
+            k, v = self._project_kv(x)  # (B, H, Tq, Dh)
+            if cache is not None:
+                if cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)  # (B, H, L + Tq, Dh)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        elif cache is not None and cache.k is not None:
+            k, v = cache.k, cache.v  # encoder memory does not change while decoding
+        else:
+            k, v = self._project_kv(memory)  # (B, H, S, Dh)
+            if cache is not None:
+                cache.k, cache.v = k, v
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend, need_weights=need_weights,
+        )
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, Tq, H*Dh)
+        return self.w_o(out), weights

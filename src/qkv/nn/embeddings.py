@@ -1,0 +1,37 @@
+"""Token embeddings scaled by sqrt(d_model).
+
+Source: Vaswani et al. 2017, §3.4: "In the embedding layers, we multiply those weights by
+sqrt(d_model)", and the same matrix is shared with the pre-softmax linear transformation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class TokenEmbedding(nn.Module):
+    """Lookup ``E[token] * sqrt(d_model)``.
+
+    Shape: ``tokens (B, T)`` long → ``(B, T, D)`` float.
+    Raises ``ValueError`` for an id outside ``[0, vocab_size)`` (a clear message instead of an
+    index error deep inside torch).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None) -> None:
+        super().__init__()
+        self.vocab_size, self.d_model = vocab_size, d_model
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        nn.init.normal_(self.weight, std=d_model ** -0.5)
+        if pad_id is not None:
+            with torch.no_grad():
+                self.weight[pad_id].zero_()
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.vocab_size}): "
+                             f"min {int(tokens.min())}, max {int(tokens.max())}")
+        return nn.functional.embedding(tokens, self.weight) * self.scale

@@ -1,0 +1,39 @@
+"""Position-wise feed-forward network.
+
+Source: Vaswani et al. 2017, §3.3, Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each
+position separately and identically (inner width d_ff = 2048 in the base model).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2 with ``act = relu`` by default (Eq. 2).
+
+    Args:
+        d_model: input/output width D. d_ff: inner width.
+        dropout: dropout on the inner activation (the Tensor2Tensor "relu dropout"; 0 in the
+            paper's text, an option here).
+        activation: ``"relu"`` (paper) or ``"gelu"``. bias: biases on both linears.
+
+    Shape: ``(B, T, D) -> (B, T, D)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
+                 bias: bool = True) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.activation = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))

@@ -1,0 +1,90 @@
+"""Positional information: sinusoidal encoding (the paper's) and learned embeddings (option).
+
+Source: Vaswani et al. 2017, §3.5:
+    PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+and the lecture notes on positional encoding.
+"""
+
+from __future__ import annotations
+
+
+import torch
+from torch import nn
+
+
+def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The matrix PE of §3.5.
+
+    Returns:
+        float32 tensor ``(max_len, d_model)``; row ``pos`` is the encoding of position ``pos``
+        (0-based); even columns hold sines, odd columns cosines.
+
+    Raises:
+        ValueError: ``d_model`` odd or ``max_len`` < 1.
+    """
+    if d_model % 2:
+        raise ValueError(f"d_model ({d_model}) must be even for sinusoidal positions")
+    if max_len < 1:
+        raise ValueError(f"max_len ({max_len}) must be >= 1")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
+    angle = pos / base ** (two_i / d_model)  # (L, D/2)
+    pe = torch.empty(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle)
+    return pe.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds nothing learnable: returns PE rows for the given positions (a fixed buffer).
+
+    Shape: ``positions (B, T)`` or ``(T,)`` long → ``(B, T, D)`` / ``(T, D)`` float.
+    Raises ``ValueError`` for a position >= ``max_len``.
+    """
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        _check_positions(positions, self.max_len)
+        return self.pe[positions]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Learned absolute positions (the paper's §3.5 alternative, "nearly identical results").
+
+    Shape: ``positions (B, T)`` or ``(T,)`` long → ``(..., T, D)``.
+    """
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        _check_positions(positions, self.max_len)
+        return self.embedding(positions)
+
+
+def _check_positions(positions: torch.Tensor, max_len: int) -> None:
+    if positions.numel() and int(positions.max()) >= max_len:
+        raise ValueError(
+            f"sequence position {int(positions.max())} exceeds the model's max_len ({max_len}); "
+            "shorten the input or build the model with a larger max_len")
+
+
+def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module:
+    """``"sinusoidal"`` or ``"learned"``; raises ``ValueError`` otherwise."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(max_len, d_model)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model)
+    raise ValueError(f"unknown positional encoding {kind!r}; choose 'sinusoidal' or 'learned'")
+
+
+__all__ = ["sinusoidal_positional_encoding", "SinusoidalPositionalEncoding",
+           "LearnedPositionalEmbedding", "build_positional"]

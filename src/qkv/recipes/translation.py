@@ -1,0 +1,272 @@
+"""Recipe: train the encoder-decoder Transformer on Multi30k (default German → English).
+
+Flow: load Multi30k → train a joint BPE on the training split → token-count batches →
+:func:`qkv.train.loop.train_loop` (label-smoothed loss, Adam + the paper's warm-up schedule) →
+choose among the last, best and averaged checkpoints on *validation* BLEU → write
+``model.safetensors`` → score the test split with beam search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..data.batching import make_batch, token_batches
+from ..data.tokenizers import SubwordTokenizer
+from ..data.translation import load_multi30k
+from ..errors import QkvError
+from ..evaluate.bleu import translation_scores
+from ..generate.translator import Translator, load_run
+from ..models.config import TransformerConfig
+from ..models.transformer import Transformer
+from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
+from ..train.losses import label_smoothed_nll
+from ..train.loop import LoopConfig, train_loop
+from ..train.optim import make_adam, noam_lr
+
+
+@dataclass(frozen=True)
+class TranslationRecipe:
+    """Every setting of the translation recipe (CLI: ``key=value`` overrides, unknown keys fail).
+
+    Model keys mirror :class:`TransformerConfig`. ``lr_factor`` scales Eq. 3 of the paper;
+    ``max_tokens`` is the padded token budget of one micro-batch; ``accum_steps`` micro-batches
+    make one optimizer step. ``train_limit`` keeps only the first N training pairs (smoke runs).
+    """
+
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    vocab_size: int = 8000
+    max_train_tokens: int = 100
+    train_limit: int | None = None
+    val_limit: int | None = None
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    dropout: float = 0.2
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+    norm_first: bool = False
+    positional: str = "sinusoidal"
+    share_embeddings: bool = True
+    max_len: int = 256
+    label_smoothing: float = 0.1
+    lr_factor: float = 1.0
+    warmup_steps: int = 800
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    max_tokens: int = 4096
+    accum_steps: int = 1
+    max_steps: int | None = None
+    max_minutes: float | None = 10.0
+    max_epochs: int | None = None
+    eval_every: int = 250
+    val_bleu: bool = True
+    snapshot_minutes: float = 2.0
+    keep_snapshots: int = 5
+    beam_size: int = 4
+    alpha: float = 0.6
+    seed: int = 1
+    amp_bf16: bool = False
+    threads: int | None = None
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        return TransformerConfig(
+            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=self.d_model,
+            n_heads=self.n_heads, d_ff=self.d_ff, n_encoder_layers=self.n_encoder_layers,
+            n_decoder_layers=self.n_decoder_layers, dropout=self.dropout,
+            attention_dropout=self.attention_dropout, activation_dropout=self.activation_dropout,
+            norm_first=self.norm_first, positional=self.positional,
+            share_embeddings=self.share_embeddings, max_len=self.max_len)
+
+
+def resolve_config(config_file: str | None, overrides: list[str]) -> TranslationRecipe:
+    """Defaults < config file (JSON) < ``key=value`` overrides; unknown keys raise QkvError."""
+    fields = {f.name: f for f in dataclasses.fields(TranslationRecipe)}
+    values: dict = {}
+    if config_file:
+        try:
+            values.update(json.loads(Path(config_file).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise QkvError(f"cannot read config file {config_file}: {exc}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise QkvError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        try:
+            values[key] = json.loads(raw)
+        except ValueError:
+            values[key] = raw  # bare strings: src_lang=fr
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise QkvError(f"unknown config key(s): {', '.join(unknown)}; known: {', '.join(fields)}")
+    try:
+        recipe = TranslationRecipe(**values)
+        recipe.model_config(recipe.vocab_size)  # validates the model part early
+    except (TypeError, ValueError) as exc:
+        raise QkvError(f"invalid configuration: {exc}") from None
+    return recipe
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
+    return list(zip(tok.encode_batch(src), tok.encode_batch(tgt)))
+
+
+def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
+    """Validation: NLL / ppl on teacher-forced batches, and greedy BLEU if asked."""
+    batches = [make_batch([val_pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
+               for idx in token_batches([(len(s), len(t)) for s, t in val_pairs], 8000, shuffle=False)]
+
+    def validate(model: Transformer) -> dict:
+        nll, n = 0.0, 0
+        for batch in batches:
+            logits = model(batch.src, batch.tgt_in).logits
+            nll += float(label_smoothed_nll(logits, batch.tgt_out, 0.0, tok.pad_id)[1])
+            n += batch.n_tgt_tokens
+        out = {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
+        if recipe.val_bleu:
+            hyps = Translator(model, tok, beam_size=1, batch_size=128).translate(val_src)
+            out["val_bleu"] = translation_scores(hyps, val_tgt)["bleu"]
+        return out
+
+    return validate
+
+
+def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bool = False,
+                      progress: bool = True, log=print) -> dict:
+    """Train, pick the final weights on validation BLEU, and score test2016. Returns a summary.
+
+    Raises:
+        QkvError: bad data files, an existing run directory without ``resume``, etc.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise QkvError(f"run directory {run_dir} is not empty; use --resume to continue it or "
+                       "choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    t_start = time.perf_counter()
+    train_src, train_tgt = load_multi30k("train", recipe.src_lang, recipe.tgt_lang)
+    val_src, val_tgt = load_multi30k("val", recipe.src_lang, recipe.tgt_lang)
+    if recipe.train_limit:
+        train_src, train_tgt = train_src[: recipe.train_limit], train_tgt[: recipe.train_limit]
+    if recipe.val_limit:
+        val_src, val_tgt = val_src[: recipe.val_limit], val_tgt[: recipe.val_limit]
+    tok_path = run_dir / "tokenizer.json"
+    if resume and tok_path.is_file():
+        tok = SubwordTokenizer.load(tok_path)
+    else:
+        tok = SubwordTokenizer.train(train_src + train_tgt, recipe.vocab_size)
+        tok.save(tok_path)
+    model_cfg = recipe.model_config(tok.vocab_size)
+    write_json(run_dir / "config.json", model_cfg.to_dict())
+    write_json(run_dir / "train_config.json", {"recipe": "translation", **dataclasses.asdict(recipe),
+                                               "git_commit": _git_commit(),
+                                               "torch": torch.__version__})
+    pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
+             if 0 < len(s) <= recipe.max_train_tokens and 0 < len(t) <= recipe.max_train_tokens]
+    val_pairs = _encode_pairs(tok, val_src, val_tgt)
+    lengths = [(len(s), len(t)) for s, t in pairs]
+    log(f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
+        f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}")
+
+    def batches(epoch: int):
+        order = token_batches(lengths, recipe.max_tokens, shuffle=True, seed=recipe.seed * 1000 + epoch)
+        return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order]
+
+    def loss_fn(model, batch):
+        logits = model(batch.src, batch.tgt_in).logits
+        loss, _ = label_smoothed_nll(logits, batch.tgt_out, recipe.label_smoothing, tok.pad_id)
+        return loss, batch.n_tgt_tokens
+
+    torch.manual_seed(recipe.seed)
+    random.seed(recipe.seed)
+    model = Transformer(model_cfg)
+    log(f"model: {model.num_parameters() / 1e6:.2f} M parameters")
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    optimizer = make_adam([{"params": decay, "weight_decay": recipe.weight_decay},
+                           {"params": no_decay, "weight_decay": 0.0}])
+    loop_cfg = LoopConfig(max_steps=recipe.max_steps, max_minutes=recipe.max_minutes,
+                          max_epochs=recipe.max_epochs, accum_steps=recipe.accum_steps,
+                          clip_norm=recipe.clip_norm, eval_every=recipe.eval_every,
+                          snapshot_minutes=recipe.snapshot_minutes,
+                          keep_snapshots=recipe.keep_snapshots, seed=recipe.seed,
+                          amp_bf16=recipe.amp_bf16, progress=progress)
+    validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
+    state = train_loop(
+        model, optimizer, lambda step: noam_lr(step, recipe.d_model, recipe.warmup_steps, recipe.lr_factor),
+        batches, loss_fn, validate, run_dir, loop_cfg,
+        score_key="val_bleu" if recipe.val_bleu else "val_loss", higher_is_better=recipe.val_bleu,
+        resume=resume)
+    train_minutes = state.elapsed_s / 60
+
+    # Final weights: the last, the best-on-validation, and the average of the last snapshots
+    # (paper §6.1); the one with the best validation score wins. Test data is not looked at.
+    candidates = {"last": run_dir / "last.safetensors", "best": run_dir / "best.safetensors"}
+    if len(state.snapshots) > 1:
+        average_weights([Path(p) for p in state.snapshots], run_dir / "averaged.safetensors")
+        candidates["averaged"] = run_dir / "averaged.safetensors"
+    choice = {}
+    for name, path in candidates.items():
+        if path.is_file():
+            load_weights(model, path)
+            model.eval()
+            with torch.no_grad():
+                choice[name] = validate(model)
+            log(f"validation with {name} weights: " + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items()))
+    key = "val_bleu" if recipe.val_bleu else "val_loss"
+    pick = (max if recipe.val_bleu else min)(choice, key=lambda n: choice[n][key])
+    load_weights(model, candidates[pick])
+    save_weights(model, run_dir / "model.safetensors")
+    summary = {"selected_weights": pick, "validation": choice[pick], "train_minutes": round(train_minutes, 2),
+               "steps": state.step, "epochs": state.epoch, "parameters": model.num_parameters()}
+    summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha)
+    summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 4, alpha: float = 0.6,
+                 limit: int | None = None) -> dict:
+    """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
+    run_dir = Path(run_dir)
+    model, tok = load_run(run_dir)
+    meta = json.loads((run_dir / "train_config.json").read_text()) if (run_dir / "train_config.json").is_file() else {}
+    src, ref = load_multi30k(split, meta.get("src_lang", "de"), meta.get("tgt_lang", "en"))
+    if limit:
+        src, ref = src[:limit], ref[:limit]
+    t0 = time.perf_counter()
+    hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha).translate(src)
+    decode_s = time.perf_counter() - t0
+    pairs = _encode_pairs(tok, src, ref)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False):
+            batch = make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
+            nll += float(label_smoothed_nll(model(batch.src, batch.tgt_in).logits, batch.tgt_out, 0.0,
+                                            tok.pad_id)[1])
+            n += batch.n_tgt_tokens
+    scores = translation_scores(hyps, ref)
+    return {"split": split, **scores, "loss": nll / n, "ppl": math.exp(nll / n), "n": len(src),
+            "beam_size": beam_size, "alpha": alpha, "decode_seconds": round(decode_s, 1),
+            "examples": [{"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(src, ref, hyps))[:5]]}

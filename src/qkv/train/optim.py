@@ -1,0 +1,20 @@
+"""Optimiser and learning-rate schedules.
+
+Source: Vaswani et al. 2017, §5.3: Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 and
+lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)   (Eq. 3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
+    """Eq. 3 times ``factor``; ``step`` counts from 1 (step 0 is treated as 1)."""
+    step = max(step, 1)
+    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+
+
+def make_adam(params, betas=(0.9, 0.98), eps=1e-9, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """Adam(W) with the paper's β and ε; lr is set per step by the schedule."""
+    return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay)
