@@ -61,14 +61,14 @@ class TranslationRecipe:
     share_embeddings: bool = True
     max_len: int = 256
     label_smoothing: float = 0.1
-    lr_factor: float = 1.0
-    warmup_steps: int = 800
+    lr_factor: float = 0.5
+    warmup_steps: int = 300
     weight_decay: float = 0.0
     clip_norm: float = 1.0
     max_tokens: int = 4096
     accum_steps: int = 1
     max_steps: int | None = None
-    max_minutes: float | None = 10.0
+    max_minutes: float | None = 8.0
     max_epochs: int | None = None
     eval_every: int = 250
     val_bleu: bool = True
