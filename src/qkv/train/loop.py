@@ -112,6 +112,7 @@ def train_loop(
         KeyboardInterrupt: after saving ``last.safetensors`` and the state (Ctrl-C).
     """
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
     state = LoopState()
     if resume:
