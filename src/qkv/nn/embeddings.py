@@ -15,7 +15,8 @@ from torch import nn
 class TokenEmbedding(nn.Module):
     """Lookup ``E[token] * sqrt(d_model)``.
 
-    Shape: ``tokens (B, T)`` long → ``(B, T, D)`` float.
+    Shape: ``tokens (B, T)`` long → ``(B, T, D)`` float. The ``pad_id`` row starts at zero and
+    gets no gradient (``padding_idx``), so padding carries no learned signal.
     Raises ``ValueError`` for an id outside ``[0, vocab_size)`` (a clear message instead of an
     index error deep inside torch).
     """
@@ -28,10 +29,11 @@ class TokenEmbedding(nn.Module):
         if pad_id is not None:
             with torch.no_grad():
                 self.weight[pad_id].zero_()
+        self.pad_id = pad_id
         self.scale = math.sqrt(d_model)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size}): "
                              f"min {int(tokens.min())}, max {int(tokens.max())}")
-        return nn.functional.embedding(tokens, self.weight) * self.scale
+        return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
