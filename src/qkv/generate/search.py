@@ -64,9 +64,10 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
 
     Each step expands every live beam, keeps the ``2·beam_size`` best candidates, moves those
     ending in ``eos`` (among the top ``beam_size``) to the finished list, and continues the
-    ``beam_size`` best others. A sentence stops growing its finished list once it holds
-    ``beam_size`` hypotheses; the winner maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals
-    greedy decoding.
+    ``beam_size`` best others. A sentence keeps its ``beam_size`` best finished hypotheses and is
+    done once it holds that many and its best live beam scores no better than the worst of them
+    (scored at the current length, as in Hugging Face's ``BeamSearchScorer``); the winner
+    maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals greedy decoding.
 
     Shape: ``src (B, S)`` long. Raises ``ValueError`` for ``beam_size < 1``.
     """
@@ -84,6 +85,7 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
     token = torch.full((b * k, 1), cfg.bos_id, dtype=torch.long, device=device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
+    done = [False] * b
     for t in range(limit):
         logits, _, _ = model.decode(token, memory, src_mask, caches=caches, start_pos=t)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
@@ -93,14 +95,21 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
         beam_idx, tok = top_idx // vocab, top_idx % vocab
         is_eos = tok == cfg.eos_id
         for bi, ci in is_eos[:, :k].nonzero().tolist():
-            if len(finished[bi]) < k and top_scores[bi, ci] > float("-inf"):
+            if not done[bi] and top_scores[bi, ci] > float("-inf"):
                 hyp = seqs[bi * k + beam_idx[bi, ci]].tolist()
                 score = float(top_scores[bi, ci]) / length_penalty(len(hyp) + 1, alpha)
                 finished[bi].append((score, hyp))
-        if all(len(f) >= k for f in finished):
-            break
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         scores, pick = live_scores.topk(k, dim=-1)  # (B, K)
+        for bi in range(b):
+            # Done only when no live beam beats the worst kept finished hypothesis: stopping at
+            # beam_size finished ones would let junk beams end the search before the best one.
+            finished[bi] = sorted(finished[bi], key=lambda x: x[0], reverse=True)[:k]
+            if (not done[bi] and len(finished[bi]) >= k
+                    and float(scores[bi, 0]) / length_penalty(t + 1, alpha) <= finished[bi][-1][0]):
+                done[bi] = True
+        if all(done):
+            break
         rows = (base + beam_idx.gather(1, pick)).view(-1)  # (B*K,) rows of the previous step
         token = tok.gather(1, pick).view(-1, 1)
         seqs = torch.cat([seqs.index_select(0, rows), token], dim=1)

@@ -1,0 +1,388 @@
+"""Scaled dot-product attention, masks, multi-head attention and the KV cache.
+
+Expected values and invariants (eager == SDPA, masks block, fully masked rows give zeros) and
+parity with torch.nn.MultiheadAttention given the same weights. Mask convention in qkv:
+boolean, True = may attend; torch.nn uses True = blocked, converted only here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from qkv.nn import (KVCache, MultiHeadAttention, attention_steps, causal_mask, combine_masks,
+                    padding_mask, scaled_dot_product_attention)
+
+TOL = 1e-5
+BACKENDS = ("eager", "sdpa")
+
+
+def _qkv(b=2, h=3, tq=5, tk=6, dh=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, tq, dh, generator=g), torch.randn(b, h, tk, dh, generator=g),
+            torch.randn(b, h, tk, dh, generator=g))
+
+
+def _key_mask(lengths, tk):
+    """(B, 1, 1, Tk) key-padding mask from real lengths (True = real key)."""
+    return (torch.arange(tk)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+
+
+def _sdpa(q, k, v, backend, **kw):
+    out, _ = scaled_dot_product_attention(q, k, v, backend=backend, **kw)
+    return out
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def test_padding_mask_marks_real_tokens():
+    """padding_mask is (B, 1, 1, S) and True exactly where the token is not pad."""
+    tokens = torch.tensor([[5, 6, 0, 0], [7, 0, 8, 0]])
+    m = padding_mask(tokens, pad_id=0)
+    assert m.shape == (2, 1, 1, 4) and m.dtype == torch.bool
+    assert m[:, 0, 0].tolist() == [[True, True, False, False], [True, False, True, False]]
+
+
+def test_causal_mask_values_square_and_shifted():
+    """causal_mask is lower-triangular; with k_len > q_len the queries are the last positions."""
+    assert causal_mask(3)[0, 0].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert causal_mask(2, 4)[0, 0].int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    with pytest.raises(ValueError, match=r"k_len \(2\)"):
+        causal_mask(3, 2)
+
+
+def test_combine_masks_is_logical_and_with_broadcast():
+    """combine_masks ANDs the masks (broadcasting) and ignores None."""
+    pad = _key_mask([2], 3)  # (1, 1, 1, 3): keys 0, 1 real
+    out = combine_masks(None, pad, causal_mask(3), None)
+    assert out[0, 0].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 0]]
+    assert combine_masks(None, None) is None
+
+
+def test_mask_must_be_boolean():
+    """A float (additive) mask is rejected instead of being misread."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="boolean"):
+        scaled_dot_product_attention(q, k, v, mask=torch.zeros(1, 1, 5, 6))
+
+
+# --------------------------------------------------------------------------- masks really block
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_mask_blocks_masked_keys_and_values(backend):
+    """Changing a masked-out key/value changes no output; changing a real one does."""
+    q, k, v = _qkv(tk=6)
+    mask = _key_mask([4, 2], 6)
+    out = _sdpa(q, k, v, backend, mask=mask)
+
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, 4:] = 100.0 * torch.randn_like(k2[0, :, 4:])
+    v2[0, :, 4:] = -50.0
+    k2[1, :, 2:] = -100.0
+    v2[1, :, 2:] = 1e4
+    assert torch.allclose(_sdpa(q, k2, v2, backend, mask=mask), out, atol=1e-6, rtol=0)
+
+    v3 = v.clone()
+    v3[0, :, 0] += 1.0  # a real key/value of sentence 0: must matter there
+    changed = _sdpa(q, k, v3, backend, mask=mask)
+    assert (changed[0] - out[0]).abs().max() > 1e-3
+    assert torch.allclose(changed[1], out[1], atol=1e-6, rtol=0)  # other sentences untouched
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_mask_blocks_future_keys(backend):
+    """With is_causal, query t does not see keys/values after t (they may change freely)."""
+    q, k, v = _qkv(tq=6, tk=6)
+    out = _sdpa(q, k, v, backend, is_causal=True)
+    t = 2
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, t + 1:] = torch.randn_like(k2[:, :, t + 1:]) * 10
+    v2[:, :, t + 1:] = 123.0
+    out2 = _sdpa(q, k2, v2, backend, is_causal=True)
+    assert torch.allclose(out2[:, :, : t + 1], out[:, :, : t + 1], atol=1e-6, rtol=0)
+    assert (out2[:, :, t + 1:] - out[:, :, t + 1:]).abs().max() > 1e-2
+
+
+# --------------------------------------------------------------------------- eager == sdpa
+
+
+def _mask_cases(b, tq, tk):
+    g = torch.Generator().manual_seed(1)
+    rand = torch.rand(b, 1, tq, tk, generator=g) > 0.3
+    rand[..., 0] = True  # keep every row attendable
+    return {
+        "none": dict(),
+        "padding": dict(mask=_key_mask([tk, tk - 2][:b], tk)),
+        "causal": dict(is_causal=True),
+        "causal+padding": dict(mask=_key_mask([tk, tk - 1][:b], tk), is_causal=True),
+        "random": dict(mask=rand),
+    }
+
+
+@pytest.mark.parametrize("case", ["none", "padding", "causal", "causal+padding", "random"])
+@pytest.mark.parametrize("tq,tk", [(5, 5), (3, 7), (1, 4)])
+def test_eager_equals_sdpa(case, tq, tk):
+    """Both backends compute the same function (max abs difference <= 1e-5)."""
+    q, k, v = _qkv(b=2, h=3, tq=tq, tk=tk, dh=8)
+    kw = _mask_cases(2, tq, tk)[case]
+    eager = _sdpa(q, k, v, "eager", **kw)
+    fast = _sdpa(q, k, v, "sdpa", **kw)
+    assert eager.shape == fast.shape == (2, 3, tq, 8)
+    assert (eager - fast).abs().max() <= TOL
+
+
+def test_sdpa_causal_matches_explicit_lower_triangular_mask():
+    """is_causal=True is the same as passing the lower-triangular mask explicitly."""
+    q, k, v = _qkv(tq=5, tk=5)
+    for backend in BACKENDS:
+        a = _sdpa(q, k, v, backend, is_causal=True)
+        b = _sdpa(q, k, v, backend, mask=torch.ones(5, 5, dtype=torch.bool).tril())
+        assert (a - b).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fully_masked_query_row_gives_zeros_not_nan(backend):
+    """A query with no legal key yields an all-zero output row (never NaN); other rows unaffected."""
+    q, k, v = _qkv(b=2, h=2, tq=4, tk=5)
+    mask = torch.ones(2, 1, 4, 5, dtype=torch.bool)
+    mask[0, :, 1] = False  # query 1 of sentence 0 sees nothing
+    mask[1] = False  # sentence 1 sees nothing at all (an empty sequence)
+    out = _sdpa(q, k, v, backend, mask=mask)
+    assert not torch.isnan(out).any()
+    assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1]))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    reference = _sdpa(q, k, v, "eager", mask=torch.ones_like(mask))
+    keep = [0, 2, 3]
+    assert (out[0, :, keep] - reference[0, :, keep]).abs().max() <= TOL
+
+
+def test_fully_masked_row_weights_are_zero():
+    """need_weights on a fully masked row returns zero weights, not a uniform or NaN row."""
+    q, k, v = _qkv(b=1, h=1, tq=2, tk=3)
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    _, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=True)
+    assert torch.equal(w[0, 0, 1], torch.zeros(3))
+    assert torch.allclose(w[0, 0, 0].sum(), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_weights_rows_sum_to_one_masked_exactly_zero(backend):
+    """Returned weights are a distribution over legal keys: rows sum to 1, masked entries are 0.0."""
+    q, k, v = _qkv(b=2, h=3, tq=5, tk=6)
+    mask = combine_masks(_key_mask([6, 3], 6), causal_mask(5, 6))
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=True, backend=backend)
+    assert w is not None and w.shape == (2, 3, 5, 6)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 3, 5), atol=1e-6)
+    full = mask.expand_as(w)
+    assert torch.all(w[~full] == 0.0)
+    assert torch.all(w[full] > 0.0)
+    assert torch.allclose(out, w @ v, atol=1e-6)
+
+
+def test_need_weights_false_returns_none():
+    """Without need_weights no weights are returned (and with it they always are)."""
+    q, k, v = _qkv()
+    for backend in BACKENDS:
+        assert scaled_dot_product_attention(q, k, v, backend=backend)[1] is None
+        assert scaled_dot_product_attention(q, k, v, backend=backend, need_weights=True)[1] is not None
+
+
+def test_unknown_backend_rejected():
+    """An unknown backend name raises ValueError naming it."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="flash9"):
+        scaled_dot_product_attention(q, k, v, backend="flash9")
+
+
+# --------------------------------------------------------------------------- attention_steps
+
+
+def test_attention_steps_intermediates_are_consistent():
+    """scores = QKᵀ, scaled = scores/sqrt(d_k), masked = finfo.min where blocked, weights =
+    softmax(masked) with blocked entries 0, output = weights @ V."""
+    q, k, v = _qkv(b=2, h=2, tq=3, tk=4, dh=5)
+    mask = _key_mask([4, 2], 4)
+    s = attention_steps(q, k, v, mask)
+    assert torch.allclose(s.scores, q @ k.transpose(-2, -1), atol=1e-6)
+    assert torch.allclose(s.scaled, s.scores / math.sqrt(5), atol=1e-6)
+    blocked = ~mask.expand_as(s.scaled)
+    assert torch.all(s.masked[blocked] == torch.finfo(torch.float32).min)
+    assert torch.equal(s.masked[~blocked], s.scaled[~blocked])
+    expected_w = torch.softmax(s.scaled.masked_fill(blocked, float("-inf")), dim=-1)
+    assert torch.allclose(s.weights, expected_w, atol=1e-6)
+    assert torch.all(s.weights[blocked] == 0.0)
+    assert torch.allclose(s.output, s.weights @ v, atol=1e-6)
+    assert s.output.shape == (2, 2, 3, 5)
+
+
+def test_attention_hand_computed_example():
+    """A 1-query, 2-key example worked by hand: scores (2, 0)/sqrt(4) -> softmax (e/(e+1), 1/(e+1))."""
+    q = torch.tensor([[[[2.0, 0.0, 0.0, 0.0]]]])  # (1, 1, 1, 4)
+    k = torch.tensor([[[[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]]])
+    v = torch.tensor([[[[10.0, 0.0, 0.0, 0.0], [0.0, 10.0, 0.0, 0.0]]]])
+    s = attention_steps(q, k, v)
+    p = math.e / (math.e + 1)
+    assert torch.allclose(s.scaled, torch.tensor([[[[1.0, 0.0]]]]))
+    assert torch.allclose(s.weights, torch.tensor([[[[p, 1 - p]]]]), atol=1e-6)
+    assert torch.allclose(s.output, torch.tensor([[[[10 * p, 10 * (1 - p), 0.0, 0.0]]]]), atol=1e-5)
+    for backend in BACKENDS:
+        assert torch.allclose(_sdpa(q, k, v, backend), s.output, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- parity with torch.nn
+
+
+def _copy_from_torch(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+    """Copy torch's packed in_proj (q; k; v rows) and out_proj into w_q/w_k/w_v/w_o."""
+    with torch.no_grad():
+        wq, wk, wv = theirs.in_proj_weight.chunk(3, dim=0)
+        bq, bk, bv = theirs.in_proj_bias.chunk(3, dim=0)
+        for lin, w, b in ((ours.w_q, wq, bq), (ours.w_k, wk, bk), (ours.w_v, wv, bv)):
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        ours.w_o.weight.copy_(theirs.out_proj.weight)
+        ours.w_o.bias.copy_(theirs.out_proj.bias)
+
+
+def _mha_pair(d_model=16, n_heads=4, backend="sdpa"):
+    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
+    with torch.no_grad():  # non-zero biases so a wrong bias mapping cannot pass
+        theirs.in_proj_bias.normal_()
+        theirs.out_proj.bias.normal_()
+    ours = MultiHeadAttention(d_model, n_heads, backend=backend).eval()
+    _copy_from_torch(ours, theirs)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mha_self_attention_matches_torch_with_key_padding(backend, no_torch_fastpath):
+    """Self-attention with a key-padding mask equals nn.MultiheadAttention (mask polarity flipped)."""
+    ours, theirs = _mha_pair(backend=backend)
+    x = torch.randn(3, 6, 16)
+    keep = _key_mask([6, 4, 1], 6)  # (B, 1, 1, S), True = real
+    with torch.no_grad():
+        ref, ref_w = theirs(x, x, x, key_padding_mask=~keep[:, 0, 0], need_weights=True,
+                            average_attn_weights=False)
+        out, w = ours(x, mask=keep, need_weights=True)
+        out_fast, _ = ours(x, mask=keep)
+    assert (out - ref).abs().max() <= TOL
+    assert (out_fast - ref).abs().max() <= TOL
+    assert (w - ref_w).abs().max() <= TOL
+
+
+def test_mha_causal_self_attention_matches_torch(no_torch_fastpath):
+    """Causal self-attention equals nn.MultiheadAttention with a bool attn_mask (True = blocked)."""
+    ours, theirs = _mha_pair()
+    x = torch.randn(2, 5, 16)
+    blocked = ~torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.no_grad():
+        ref, _ = theirs(x, x, x, attn_mask=blocked, need_weights=False)
+        out, _ = ours(x, is_causal=True)
+    assert (out - ref).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mha_cross_attention_matches_torch(backend, no_torch_fastpath):
+    """Cross-attention (queries from x, keys/values from memory, padded memory) equals torch's."""
+    ours, theirs = _mha_pair(backend=backend)
+    x, memory = torch.randn(2, 4, 16), torch.randn(2, 7, 16)
+    keep = _key_mask([7, 3], 7)
+    with torch.no_grad():
+        ref, _ = theirs(x, memory, memory, key_padding_mask=~keep[:, 0, 0], need_weights=False)
+        out, _ = ours(x, memory=memory, mask=keep)
+    assert out.shape == (2, 4, 16)
+    assert (out - ref).abs().max() <= TOL
+
+
+def test_mha_rejects_indivisible_d_model():
+    """d_model not divisible by n_heads (and no explicit d_k) fails at construction, naming both."""
+    with pytest.raises(ValueError, match=r"d_model \(10\).*n_heads \(3\)"):
+        MultiHeadAttention(10, 3)
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kv_cache_one_token_at_a_time_equals_full_causal(backend):
+    """Feeding tokens one by one through a KVCache equals one causal pass over the sequence."""
+    mha = MultiHeadAttention(16, 4, backend=backend).eval()
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        full, _ = mha(x, is_causal=True)
+        cache = KVCache()
+        steps = [mha(x[:, t:t + 1], cache=cache)[0] for t in range(6)]
+    assert cache.k.shape == cache.v.shape == (2, 4, 6, 4)
+    assert (torch.cat(steps, dim=1) - full).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kv_cache_in_chunks_equals_full_causal(backend):
+    """Chunks of several tokens with a cache (shifted causal mask) equal the full causal pass."""
+    mha = MultiHeadAttention(16, 4, backend=backend).eval()
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        full, _ = mha(x, is_causal=True)
+        cache = KVCache()
+        parts = [mha(x[:, a:b], cache=cache, is_causal=True)[0] for a, b in ((0, 3), (3, 4), (4, 7))]
+    assert (torch.cat(parts, dim=1) - full).abs().max() <= TOL
+
+
+def test_cross_attention_cache_reuses_memory_projection():
+    """The cross-attention cache is filled once and gives the same output as recomputing."""
+    mha = MultiHeadAttention(16, 4).eval()
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        ref, _ = mha(x, memory=memory)
+        cache = KVCache()
+        first, _ = mha(x[:, :1], memory=memory, cache=cache)
+        k_before = cache.k
+        # A different memory is ignored once the cache is full: the cache really is used.
+        second, _ = mha(x[:, 1:], memory=torch.zeros_like(memory), cache=cache)
+    assert cache.k is k_before and cache.k.shape == (2, 4, 5, 4)
+    assert (torch.cat([first, second], 1) - ref).abs().max() <= TOL
+
+
+def test_kv_cache_reorder_selects_batch_rows():
+    """KVCache.reorder picks batch rows by index (beam search bookkeeping)."""
+    cache = KVCache()
+    cache.k = torch.arange(3.0)[:, None, None, None].expand(3, 1, 2, 1).clone()
+    cache.v = cache.k + 10
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert cache.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+    assert cache.v[:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
+
+
+# --------------------------------------------------------------------------- property test
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 3), h=st.integers(1, 4), tq=st.integers(1, 8), extra_k=st.integers(0, 4),
+    dh=st.integers(1, 16), kind=st.sampled_from(["none", "padding", "random", "causal", "causal+random"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_eager_equals_sdpa_random_shapes(b, h, tq, extra_k, dh, kind, seed):
+    """For random shapes and masks (incl. fully masked rows), eager and SDPA agree within 1e-5."""
+    tk = tq + extra_k
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, t, dh, generator=g) for t in (tq, tk, tk))
+    kw = {}
+    if kind == "padding":
+        lengths = torch.randint(0, tk + 1, (b,), generator=g)  # length 0 = fully masked
+        kw["mask"] = (torch.arange(tk)[None] < lengths[:, None])[:, None, None, :]
+    elif kind in ("random", "causal+random"):
+        kw["mask"] = torch.rand(b, 1, tq, tk, generator=g) > 0.5
+    if kind.startswith("causal"):
+        kw["is_causal"] = True
+    eager = _sdpa(q, k, v, "eager", **kw)
+    fast = _sdpa(q, k, v, "sdpa", **kw)
+    assert not torch.isnan(fast).any() and not torch.isnan(eager).any()
+    assert (eager - fast).abs().max() <= TOL
