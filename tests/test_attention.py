@@ -17,6 +17,7 @@ from torch import nn
 
 from qkv.nn import (KVCache, MultiHeadAttention, attention_steps, causal_mask, combine_masks,
                     padding_mask, scaled_dot_product_attention)
+from torch_ref import copy_attention_from_torch
 
 TOL = 1e-5
 BACKENDS = ("eager", "sdpa")
@@ -239,17 +240,6 @@ def test_attention_hand_computed_example():
 # --------------------------------------------------------------------------- parity with torch.nn
 
 
-def _copy_from_torch(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    """Copy torch's packed in_proj (q; k; v rows) and out_proj into w_q/w_k/w_v/w_o."""
-    with torch.no_grad():
-        wq, wk, wv = theirs.in_proj_weight.chunk(3, dim=0)
-        bq, bk, bv = theirs.in_proj_bias.chunk(3, dim=0)
-        for lin, w, b in ((ours.w_q, wq, bq), (ours.w_k, wk, bk), (ours.w_v, wv, bv)):
-            lin.weight.copy_(w)
-            lin.bias.copy_(b)
-        ours.w_o.weight.copy_(theirs.out_proj.weight)
-        ours.w_o.bias.copy_(theirs.out_proj.bias)
-
 
 def _mha_pair(d_model=16, n_heads=4, backend="sdpa"):
     theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
@@ -257,7 +247,7 @@ def _mha_pair(d_model=16, n_heads=4, backend="sdpa"):
         theirs.in_proj_bias.normal_()
         theirs.out_proj.bias.normal_()
     ours = MultiHeadAttention(d_model, n_heads, backend=backend).eval()
-    _copy_from_torch(ours, theirs)
+    copy_attention_from_torch(ours, theirs)
     return ours, theirs
 
 

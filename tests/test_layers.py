@@ -11,19 +11,11 @@ import torch
 from torch import nn
 
 from qkv.nn import DecoderLayer, EncoderLayer, MultiHeadAttention, ResidualNorm
+from torch_ref import copy_attention_from_torch
 
 D, H, FF = 16, 4, 32
 TOL = 1e-5
 
-
-def _copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    wq, wk, wv = theirs.in_proj_weight.chunk(3, dim=0)
-    bq, bk, bv = theirs.in_proj_bias.chunk(3, dim=0)
-    for lin, w, b in ((ours.w_q, wq, bq), (ours.w_k, wk, bk), (ours.w_v, wv, bv)):
-        lin.weight.copy_(w)
-        lin.bias.copy_(b)
-    ours.w_o.weight.copy_(theirs.out_proj.weight)
-    ours.w_o.bias.copy_(theirs.out_proj.bias)
 
 
 def _copy_norm(ours: nn.LayerNorm, theirs: nn.LayerNorm) -> None:
@@ -45,7 +37,7 @@ def _encoder_pair(norm_first: bool, backend: str):
     _randomise(theirs)
     ours = EncoderLayer(D, H, FF, dropout=0.1, norm_first=norm_first, backend=backend)
     with torch.no_grad():
-        _copy_attention(ours.self_attn, theirs.self_attn)
+        copy_attention_from_torch(ours.self_attn, theirs.self_attn)
         ours.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
         ours.ffn.w_2.load_state_dict(theirs.linear2.state_dict())
         _copy_norm(ours.self_attn_block.norm, theirs.norm1)
@@ -59,8 +51,8 @@ def _decoder_pair(norm_first: bool, backend: str):
     _randomise(theirs)
     ours = DecoderLayer(D, H, FF, dropout=0.1, norm_first=norm_first, backend=backend)
     with torch.no_grad():
-        _copy_attention(ours.self_attn, theirs.self_attn)
-        _copy_attention(ours.cross_attn, theirs.multihead_attn)
+        copy_attention_from_torch(ours.self_attn, theirs.self_attn)
+        copy_attention_from_torch(ours.cross_attn, theirs.multihead_attn)
         ours.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
         ours.ffn.w_2.load_state_dict(theirs.linear2.state_dict())
         _copy_norm(ours.self_attn_block.norm, theirs.norm1)
