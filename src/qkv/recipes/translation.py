@@ -68,7 +68,7 @@ class TranslationRecipe:
     max_tokens: int = 4096
     accum_steps: int = 1
     max_steps: int | None = None
-    max_minutes: float | None = 8.0
+    max_minutes: float | None = 7.0
     max_epochs: int | None = None
     eval_every: int = 250
     val_bleu: bool = True
