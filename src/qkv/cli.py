@@ -57,7 +57,10 @@ def _read_inputs(args) -> list[str]:
 def _cmd_translate(args) -> int:
     from .generate.translator import Translator
 
-    translator = Translator.from_run(args.run_dir, beam_size=args.beam, alpha=args.alpha)
+    from .device import resolve_device
+
+    translator = Translator.from_run(args.run_dir, device=resolve_device(args.device),
+                                     beam_size=args.beam, alpha=args.alpha)
     for line in translator.translate(_read_inputs(args)):
         print(line, flush=False)
     return 0
@@ -66,7 +69,10 @@ def _cmd_translate(args) -> int:
 def _cmd_evaluate(args) -> int:
     from .recipes.translation import evaluate_run
 
-    result = evaluate_run(args.run_dir, args.split, args.beam, args.alpha, args.limit)
+    from .device import resolve_device
+
+    result = evaluate_run(args.run_dir, args.split, args.beam, args.alpha, args.limit,
+                          device=resolve_device(args.device))
     result.pop("examples")
     print(json.dumps(result))
     return 0
@@ -93,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy; default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("evaluate", help="score a run on a data split (JSON on stdout)")
@@ -101,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--limit", type=int, help="score only the first N sentences")
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_evaluate)
     return parser
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from .search import beam_search, greedy_decode
 RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
-def load_run(run_dir: str | Path, weights: str = "model.safetensors") -> tuple[Transformer, SubwordTokenizer]:
-    """Model (eval mode) and tokenizer of a run directory.
+def load_run(run_dir: str | Path, weights: str = "model.safetensors",
+             device: torch.device | str = "cpu") -> tuple[Transformer, SubwordTokenizer]:
+    """Model (eval mode, on ``device``) and tokenizer of a run directory.
 
     Raises:
         QkvError: directory or one of ``config.json``, the weights, ``tokenizer.json`` missing,
@@ -39,7 +39,7 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors") -> tuple[T
         raise QkvError(f"bad {run_dir / 'config.json'}: {exc}") from None
     model = Transformer(config)
     load_weights(model, run_dir / weights)
-    model.eval()
+    model.to(device).eval()
     return model, SubwordTokenizer.load(run_dir / "tokenizer.json")
 
 
@@ -58,10 +58,11 @@ class Translator:
         self.model, self.tokenizer = model, tokenizer
         self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
         self.max_src_tokens = max_src_tokens or model.config.max_len - 2
+        self.device = next(model.parameters()).device
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, **kwargs) -> "Translator":
-        return cls(*load_run(run_dir), **kwargs)
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs) -> "Translator":
+        return cls(*load_run(run_dir, device=device), **kwargs)
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_batch(sentences)
@@ -82,7 +83,7 @@ class Translator:
         todo = [i for i in order if sentences[i].strip()]
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start: start + self.batch_size]
-            src = pad_sequences([ids[i] + [cfg.eos_id] for i in chunk], cfg.pad_id)
+            src = pad_sequences([ids[i] + [cfg.eos_id] for i in chunk], cfg.pad_id).to(self.device)
             if self.beam_size == 1:
                 hyps = greedy_decode(self.model, src)
             else:
@@ -91,9 +92,3 @@ class Translator:
                 out[i] = text
         return out
 
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot read {path}: {exc}") from None

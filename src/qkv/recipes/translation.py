@@ -22,6 +22,7 @@ import torch
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import load_multi30k
+from ..device import resolve_device
 from ..errors import QkvError
 from ..evaluate.bleu import translation_scores
 from ..generate.translator import Translator, load_run
@@ -79,6 +80,7 @@ class TranslationRecipe:
     seed: int = 1
     amp_bf16: bool = False
     threads: int | None = None
+    device: str = "auto"
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         return TransformerConfig(
@@ -130,17 +132,29 @@ def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
     return list(zip(tok.encode_batch(src), tok.encode_batch(tgt)))
 
 
+def _teacher_forced_nll(model: Transformer, batches, pad_id: int) -> tuple[float, int]:
+    """Summed NLL (nats) and target-token count of ``model`` over ``batches``."""
+    device = next(model.parameters()).device
+    nll, n = 0.0, 0
+    for batch in batches:
+        logits = model(batch.src.to(device), batch.tgt_in.to(device)).logits
+        nll += float(label_smoothed_nll(logits, batch.tgt_out.to(device), 0.0, pad_id)[1])
+        n += batch.n_tgt_tokens
+    return nll, n
+
+
+def _eval_batches(tok: SubwordTokenizer, pairs) -> list:
+    """Length-sorted batches of ~8000 padded tokens for scoring, in a fixed order."""
+    return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
+            for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False)]
+
+
 def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
     """Validation: NLL / ppl on teacher-forced batches, and greedy BLEU if asked."""
-    batches = [make_batch([val_pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
-               for idx in token_batches([(len(s), len(t)) for s, t in val_pairs], 8000, shuffle=False)]
+    batches = _eval_batches(tok, val_pairs)
 
     def validate(model: Transformer) -> dict:
-        nll, n = 0.0, 0
-        for batch in batches:
-            logits = model(batch.src, batch.tgt_in).logits
-            nll += float(label_smoothed_nll(logits, batch.tgt_out, 0.0, tok.pad_id)[1])
-            n += batch.n_tgt_tokens
+        nll, n = _teacher_forced_nll(model, batches, tok.pad_id)
         out = {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
         if recipe.val_bleu:
             hyps = Translator(model, tok, beam_size=1, batch_size=128).translate(val_src)
@@ -194,14 +208,15 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order]
 
     def loss_fn(model, batch):
-        logits = model(batch.src, batch.tgt_in).logits
-        loss, _ = label_smoothed_nll(logits, batch.tgt_out, recipe.label_smoothing, tok.pad_id)
+        logits = model(batch.src.to(device), batch.tgt_in.to(device)).logits
+        loss, _ = label_smoothed_nll(logits, batch.tgt_out.to(device), recipe.label_smoothing, tok.pad_id)
         return loss, batch.n_tgt_tokens
 
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
-    model = Transformer(model_cfg)
-    log(f"model: {model.num_parameters() / 1e6:.2f} M parameters")
+    device = resolve_device(recipe.device)
+    model = Transformer(model_cfg).to(device)
+    log(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     optimizer = make_adam([{"params": decay, "weight_decay": recipe.weight_decay},
@@ -240,17 +255,17 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     save_weights(model, run_dir / "model.safetensors")
     summary = {"selected_weights": pick, "validation": choice[pick], "train_minutes": round(train_minutes, 2),
                "steps": state.step, "epochs": state.epoch, "parameters": model.num_parameters()}
-    summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha)
+    summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha, device=device)
     summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_json(run_dir / "summary.json", summary)
     return summary
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 4, alpha: float = 0.6,
-                 limit: int | None = None) -> dict:
+                 limit: int | None = None, device: torch.device | str = "cpu") -> dict:
     """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
     run_dir = Path(run_dir)
-    model, tok = load_run(run_dir)
+    model, tok = load_run(run_dir, device=device)
     meta = json.loads((run_dir / "train_config.json").read_text()) if (run_dir / "train_config.json").is_file() else {}
     src, ref = load_multi30k(split, meta.get("src_lang", "de"), meta.get("tgt_lang", "en"))
     if limit:
@@ -258,14 +273,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 
     t0 = time.perf_counter()
     hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha).translate(src)
     decode_s = time.perf_counter() - t0
-    pairs = _encode_pairs(tok, src, ref)
-    nll, n = 0.0, 0
     with torch.no_grad():
-        for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False):
-            batch = make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
-            nll += float(label_smoothed_nll(model(batch.src, batch.tgt_in).logits, batch.tgt_out, 0.0,
-                                            tok.pad_id)[1])
-            n += batch.n_tgt_tokens
+        nll, n = _teacher_forced_nll(model, _eval_batches(tok, _encode_pairs(tok, src, ref)), tok.pad_id)
     scores = translation_scores(hyps, ref)
     return {"split": split, **scores, "loss": nll / n, "ppl": math.exp(nll / n), "n": len(src),
             "beam_size": beam_size, "alpha": alpha, "decode_seconds": round(decode_s, 1),

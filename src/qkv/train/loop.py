@@ -167,6 +167,7 @@ def train_loop(
                 or (cfg.max_minutes is not None and state.elapsed_s >= cfg.max_minutes * 60)
                 or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs))
 
+    device_type = next(model.parameters()).device.type
     model.train()
     bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not cfg.progress, unit="step",
                dynamic_ncols=True, desc="train")
@@ -179,7 +180,7 @@ def train_loop(
                 group = epoch_batches[state.batch_in_epoch: state.batch_in_epoch + cfg.accum_steps]
                 losses, n_tokens = [], 0
                 for batch in group:
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.amp_bf16):
+                    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp_bf16):
                         loss, n = loss_fn(model, batch)
                     losses.append(loss)
                     n_tokens += n
