@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import unicodedata
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,14 +172,12 @@ def test_multi30k_download_is_checksum_verified(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").rglob("*.gz"))
 
 
-def test_multi30k_loader_reads_real_files_and_copes_with_oddities():
+def test_multi30k_loader_reads_real_files_and_copes_with_oddities(monkeypatch):
     """Real train split: 29,000 aligned pairs, the '@@' lines kept as data, not a crash."""
-    import os
-    from pathlib import Path
-
-    data = Path(os.environ.get("QKV_DATA_DIR", "../shared/data"))
+    data = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
     if not (data / "multi30k" / "train.de.gz").is_file() and not os.environ.get("CI"):
         pytest.skip("Multi30k not available (set QKV_DATA_DIR)")
+    monkeypatch.setenv("QKV_DATA_DIR", str(data))
     src, tgt = translation.load_multi30k("train")
     assert len(src) == len(tgt) == 29000
     assert src[16509] == "@@" and tgt[16509].strip()
