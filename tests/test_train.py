@@ -184,3 +184,21 @@ def test_multi30k_loader_reads_real_files_and_copes_with_oddities(monkeypatch):
     with pytest.raises(QkvError, match="unknown Multi30k split"):
         translation.load_multi30k("dev")
     json.dumps(src[:5])  # plain str lines
+
+
+def test_sigterm_stops_like_ctrl_c(tmp_path):
+    """SIGTERM during training saves a checkpoint and stops, like Ctrl-C."""
+    import signal
+
+    calls = {"n": 0}
+
+    def terminating(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return _loss(model, batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, 10, loss_fn=terminating)
+    assert torch.load(tmp_path / "train_state.pt", weights_only=False)["loop"]["step"] in (2, 3)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        _log("interrupted")
+        _log("interrupted: the last checkpoint is saved; continue with the same command plus --resume")
         return 130
     except (QkvError, ValueError, OSError) as exc:
         if args.debug:

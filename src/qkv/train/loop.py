@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,6 +83,18 @@ def _plot_curves(metrics_path: Path, out: Path) -> None:
     tmp.replace(out)
 
 
+def _stop_on_sigterm():
+    """Treat SIGTERM (e.g. `kill`, a job scheduler) like Ctrl-C: save, then stop. Returns the
+    previous handler, or ``None`` where handlers cannot be set (not the main thread)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
+
+
 def train_loop(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -109,7 +122,7 @@ def train_loop(
     ``snapshots/step_N.safetensors``, ``metrics.jsonl``, ``loss.png``.
 
     Raises:
-        KeyboardInterrupt: after saving ``last.safetensors`` and the state (Ctrl-C).
+        KeyboardInterrupt: after saving ``last.safetensors`` and the state (Ctrl-C or SIGTERM).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -168,6 +181,7 @@ def train_loop(
                 or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs))
 
     device_type = next(model.parameters()).device.type
+    previous_sigterm = _stop_on_sigterm()
     model.train()
     bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not cfg.progress, unit="step",
                dynamic_ncols=True, desc="train")
@@ -231,6 +245,8 @@ def train_loop(
         checkpoint()
         raise
     finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         bar.close()
         if metrics_path.exists():
             _plot_curves(metrics_path, run_dir / "loss.png")
