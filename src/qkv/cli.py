@@ -30,7 +30,11 @@ def _cmd_train(args) -> int:
         if value is not None:
             overrides.append(f"{flag}={value}")
     recipe = resolve_config(args.config, overrides)
-    summary = train_translation(recipe, args.out, resume=args.resume, progress=not args.quiet, log=_log)
+    try:
+        summary = train_translation(recipe, args.out, resume=args.resume, progress=not args.quiet, log=_log)
+    except KeyboardInterrupt:
+        _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command plus --resume")
+        return 130
     test = summary["test2016"]
     _log(f"\nexample translations (test2016, beam {test['beam_size']}):")
     for ex in test["examples"][:3]:
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        _log("interrupted: the last checkpoint is saved; continue with the same command plus --resume")
+        _log("interrupted")
         return 130
     except (QkvError, ValueError, OSError) as exc:
         if args.debug:
