@@ -31,16 +31,21 @@ def _randomise(module: nn.Module) -> None:
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 and p.numel() == D else 0.0))
 
 
+def _copy_self_attention_and_ffn(ours, theirs) -> None:
+    """The parts torch's encoder and decoder layers share: self-attention, FFN, norm1."""
+    copy_attention_from_torch(ours.self_attn, theirs.self_attn)
+    ours.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
+    ours.ffn.w_2.load_state_dict(theirs.linear2.state_dict())
+    _copy_norm(ours.self_attn_block.norm, theirs.norm1)
+
+
 def _encoder_pair(norm_first: bool, backend: str):
     theirs = nn.TransformerEncoderLayer(D, H, FF, dropout=0.1, activation="relu", batch_first=True,
                                         norm_first=norm_first)
     _randomise(theirs)
     ours = EncoderLayer(D, H, FF, dropout=0.1, norm_first=norm_first, backend=backend)
     with torch.no_grad():
-        copy_attention_from_torch(ours.self_attn, theirs.self_attn)
-        ours.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
-        ours.ffn.w_2.load_state_dict(theirs.linear2.state_dict())
-        _copy_norm(ours.self_attn_block.norm, theirs.norm1)
+        _copy_self_attention_and_ffn(ours, theirs)
         _copy_norm(ours.ffn_block.norm, theirs.norm2)
     return ours.eval(), theirs.eval()
 
@@ -51,11 +56,8 @@ def _decoder_pair(norm_first: bool, backend: str):
     _randomise(theirs)
     ours = DecoderLayer(D, H, FF, dropout=0.1, norm_first=norm_first, backend=backend)
     with torch.no_grad():
-        copy_attention_from_torch(ours.self_attn, theirs.self_attn)
+        _copy_self_attention_and_ffn(ours, theirs)
         copy_attention_from_torch(ours.cross_attn, theirs.multihead_attn)
-        ours.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
-        ours.ffn.w_2.load_state_dict(theirs.linear2.state_dict())
-        _copy_norm(ours.self_attn_block.norm, theirs.norm1)
         _copy_norm(ours.cross_attn_block.norm, theirs.norm2)
         _copy_norm(ours.ffn_block.norm, theirs.norm3)
     return ours.eval(), theirs.eval()
