@@ -63,7 +63,6 @@ import argparse
 import datetime
 import math
 import os
-import platform
 import random
 import shlex
 import statistics
@@ -75,6 +74,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common import alternate, machine, row  # noqa: E402  (benchmarks/common.py)
 from qkv.data.tokenizers import SubwordTokenizer
 from qkv.data.translation import load_multi30k
 from qkv.generate.search import greedy_decode
@@ -348,41 +348,9 @@ def decode_pass(decode_fn, batches) -> tuple[int, float]:
     return sentences, time.perf_counter() - start
 
 
-def alternate(repeats: int, ours_fn, ref_fn) -> tuple[list[float], list[float]]:
-    """Run ``ours_fn``/``ref_fn`` (each → (work, seconds)) once per repeat, flipping the order
-    every repeat; returns the per-repeat throughputs (work / second) of each."""
-    ours_rates, ref_rates = [], []
-    for r in range(repeats):
-        order = [(ours_fn, ours_rates), (ref_fn, ref_rates)]
-        for fn, rates in (order if r % 2 == 0 else order[::-1]):
-            work, seconds = fn()
-            rates.append(work / seconds)
-    return ours_rates, ref_rates
-
-
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
-def machine() -> str:
-    cpu = platform.processor()
-    if not cpu:
-        try:
-            cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                       if line.startswith("model name"))
-        except (OSError, StopIteration):
-            cpu = platform.machine()
-    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}")
-
-
-def row(name: str, ours: list[float], ref: list[float]) -> str:
-    mo, mr = statistics.median(ours), statistics.median(ref)
-    ratios = [o / r for o, r in zip(ours, ref)]
-    return (f"| {name} | {mo:,.1f} ({min(ours):,.1f}–{max(ours):,.1f}) | "
-            f"{mr:,.1f} ({min(ref):,.1f}–{max(ref):,.1f}) | **{mo / mr:.2f}** "
-            f"({min(ratios):.2f}–{max(ratios):.2f}) |")
-
-
 def report(args, pad: int, n_params: tuple[int, int], vocab: tuple[int, int], batches, checks: dict,
            train: tuple[list, list], decode: tuple[list, list]) -> str:
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ)

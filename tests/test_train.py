@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv.data import translation
+from qkv.data import files, translation
 from qkv.data.batching import make_batch, token_batches
 from qkv.data.tokenizers import SubwordTokenizer
 from qkv.errors import QkvError
@@ -152,7 +152,7 @@ def test_multi30k_missing_files_name_where_to_put_them(tmp_path, monkeypatch):
     def offline(url, dest):
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(translation.urllib.request, "urlretrieve", offline)
+    monkeypatch.setattr(files.urllib.request, "urlretrieve", offline)
     with pytest.raises(QkvError, match=r"QKV_DATA_DIR.*multi30k|multi30k.*QKV_DATA_DIR"):
         translation.load_multi30k("val")
 
@@ -166,7 +166,7 @@ def test_multi30k_download_is_checksum_verified(tmp_path, monkeypatch):
         with gzip.open(dest, "wt") as f:
             f.write("not multi30k\n")
 
-    monkeypatch.setattr(translation.urllib.request, "urlretrieve", fake)
+    monkeypatch.setattr(files.urllib.request, "urlretrieve", fake)
     with pytest.raises(QkvError, match="sha256"):
         translation.load_multi30k("val")
     assert not list((tmp_path / "cache").rglob("*.gz"))

@@ -19,11 +19,36 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _cmd_train(args) -> int:
-    if args.recipe != "translation":
-        raise QkvError(f"unknown recipe {args.recipe!r}; available: translation")
-    from .recipes.translation import resolve_config, train_translation
+RECIPES = ("translation", "lm")
 
+
+def _report_translation(summary: dict, out: str) -> None:
+    test = summary["test2016"]
+    _log(f"\nexample translations (test2016, beam {test['beam_size']}):")
+    for ex in test["examples"][:3]:
+        _log(f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}")
+    _log(f"\ntest2016 BLEU {test['bleu']:.2f} (lowercased {test['bleu_lowercase']:.2f}, chrF "
+         f"{test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training; "
+         f"run directory: {Path(out).resolve()}")
+
+
+def _report_lm(summary: dict, out: str) -> None:
+    val = summary["validation"]
+    _log(f"\nsample:\n{summary['samples'][0]}\n")
+    _log(f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
+         f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
+         f"and {summary['steps']} steps; run directory: {Path(out).resolve()}")
+
+
+def _cmd_train(args) -> int:
+    if args.recipe not in RECIPES:
+        raise QkvError(f"unknown recipe {args.recipe!r}; available: {', '.join(RECIPES)}")
+    if args.recipe == "translation":
+        from .recipes.translation import resolve_config, train_translation as train
+        report = _report_translation
+    else:
+        from .recipes.lm import resolve_config, train_lm as train
+        report = _report_lm
     overrides = list(args.overrides)
     for flag in ("max_steps", "max_minutes"):
         value = getattr(args, flag)
@@ -31,18 +56,12 @@ def _cmd_train(args) -> int:
             overrides.append(f"{flag}={value}")
     recipe = resolve_config(args.config, overrides)
     try:
-        summary = train_translation(recipe, args.out, resume=args.resume, progress=not args.quiet, log=_log)
+        summary = train(recipe, args.out, resume=args.resume, progress=not args.quiet, log=_log)
     except KeyboardInterrupt:
         _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command plus --resume")
         return 130
-    test = summary["test2016"]
-    _log(f"\nexample translations (test2016, beam {test['beam_size']}):")
-    for ex in test["examples"][:3]:
-        _log(f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}")
-    _log(f"\ntest2016 BLEU {test['bleu']:.2f} (lowercased {test['bleu_lowercase']:.2f}, chrF "
-         f"{test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training; "
-         f"run directory: {Path(args.out).resolve()}")
-    print(json.dumps({k: v for k, v in summary.items()}, ensure_ascii=False))
+    report(summary, args.out)
+    print(json.dumps(summary, ensure_ascii=False))
     return 0
 
 
@@ -71,14 +90,58 @@ def _cmd_translate(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from .recipes.translation import evaluate_run
-
+    from . import runs
     from .device import resolve_device
 
-    result = evaluate_run(args.run_dir, args.split, args.beam, args.alpha, args.limit,
-                          device=resolve_device(args.device))
+    device = resolve_device(args.device)
+    if runs.run_recipe(args.run_dir) == "lm":
+        from .recipes.lm import evaluate_lm_run
+
+        split = "val" if args.split == "test2016" else args.split
+        print(json.dumps(evaluate_lm_run(args.run_dir, split, device=device)))
+        return 0
+    from .recipes.translation import evaluate_run
+
+    result = evaluate_run(args.run_dir, args.split, args.beam, args.alpha, args.limit, device=device)
     result.pop("examples")
     print(json.dumps(result))
+    return 0
+
+
+def _cmd_generate(args) -> int:
+    from .device import resolve_device
+    from .generate.lm import TextGenerator
+
+    gen = TextGenerator.from_run(args.run_dir, device=resolve_device(args.device))
+    temperature = 1.0 if args.temperature is None else args.temperature
+    if args.top_probs is not None:
+        if args.top_probs < 1:
+            raise QkvError(f"--top-probs must be >= 1 (got {args.top_probs})")
+        for token, prob in gen.next_token_probs(args.prompt, args.top_probs, temperature, args.top_p):
+            print(f"{prob:.4f}\t{token!r}")
+        return 0
+    do_sample = not args.greedy
+    for i in range(args.num_samples):
+        if args.num_samples > 1:
+            print(f"--- sample {i + 1} ---", file=sys.stderr, flush=True)
+        # The prompt is echoed with the first new text, so a refused prompt or setting leaves
+        # nothing on stdout.
+        echoed = [False]
+
+        def stream(row: int, text: str) -> None:
+            if not echoed[0]:
+                sys.stdout.write(args.prompt)
+                echoed[0] = True
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        gen.generate([args.prompt], args.max_new_tokens, do_sample, temperature, args.top_k,
+                     args.top_p, stop=args.stop, seed=None if args.seed is None else args.seed + i,
+                     stream=stream)
+        if not echoed[0]:
+            sys.stdout.write(args.prompt)
+        sys.stdout.write("\n")
+    sys.stdout.flush()
     return 0
 
 
@@ -88,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model with a recipe")
-    p.add_argument("recipe", help="recipe name: translation")
+    p.add_argument("recipe", help="recipe name: " + ", ".join(RECIPES))
     p.add_argument("overrides", nargs="*", help="key=value settings (see the recipe's fields)")
     p.add_argument("--config", help="JSON file of settings (overridden by key=value)")
     p.add_argument("--out", required=True, help="run directory to create (or continue with --resume)")
@@ -108,18 +171,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="score a run on a data split (JSON on stdout)")
     p.add_argument("run_dir")
-    p.add_argument("--split", default="test2016", help="train, val or test2016 (default)")
+    p.add_argument("--split", default="test2016",
+                   help="translation: train, val or test2016 (default); language model: val (default) or train")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--limit", type=int, help="score only the first N sentences")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser("generate", help="continue a prompt with a trained language model (streams to stdout)")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", default="", help="text to continue (empty: start from the start token)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, help="sampling temperature > 0 (default 1.0)")
+    p.add_argument("--top-k", type=int, help="sample only among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="sample only in the nucleus of probability p, 0 < p <= 1")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
+    p.add_argument("--seed", type=int, help="random seed for reproducible samples")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--top-probs", type=int, metavar="K",
+                   help="instead of generating, print the K most likely next tokens and their probabilities")
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    p.set_defaults(func=_cmd_generate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # key=value overrides may come anywhere after the recipe, also after options.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.command != "train" or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
         return args.func(args)

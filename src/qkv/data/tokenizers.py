@@ -25,6 +25,8 @@ class SubwordTokenizer:
     training become ``<unk>``.
     """
 
+    kind = "bpe"
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
         ids = [tokenizer.token_to_id(s) for s in SPECIALS]
@@ -78,5 +80,78 @@ class SubwordTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def id_to_token(self, i: int) -> str:
+        """The piece of id ``i`` (for display)."""
+        return self._tok.id_to_token(i)
+
     def decode_batch(self, batch: list[list[int]]) -> list[str]:
         return self._tok.decode_batch(batch, skip_special_tokens=True)
+
+
+class CharTokenizer:
+    """One token per character, the vocabulary being the characters of the training corpus
+    (sorted by code point, as nanoGPT and char-rnn do: tiny-shakespeare gives 65).
+
+    There is no unknown token: a character outside the vocabulary is an error that names it,
+    since silently mapping it would make the model condition on something else. An empty
+    prompt starts from ``"\\n"`` when the vocabulary has it (nanoGPT's convention), so
+    ``bos_id`` is the id of ``"\\n"`` (or ``None``).
+    """
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        self.chars = list(chars)
+        if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+            raise QkvError("a character vocabulary needs distinct single characters")
+        self._index = {c: i for i, c in enumerate(self.chars)}
+        self.bos_id = self._index.get("\n")
+        self.eos_id = None
+
+    @classmethod
+    def train(cls, text: str) -> "CharTokenizer":
+        """The sorted set of characters of ``text``."""
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``; raises :class:`QkvError` naming characters outside the vocabulary."""
+        try:
+            return [self._index[c] for c in text]
+        except KeyError:
+            bad = sorted({c for c in text if c not in self._index})
+            where = next(i for i, c in enumerate(text) if c not in self._index)
+            shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in bad[:10])
+            raise QkvError(f"{len(bad)} character(s) not in the model's {self.vocab_size}-character "
+                           f"vocabulary: {shown}; first at position {where}") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def id_to_token(self, i: int) -> str:
+        return self.chars[i]
+
+    def save(self, path: str | Path) -> None:
+        from ..train.checkpoint import write_json
+
+        write_json(Path(path), {"type": "char", "chars": self.chars})
+
+
+def load_tokenizer(path: str | Path):
+    """Load ``tokenizer.json``: a :class:`CharTokenizer` (qkv's own JSON) or a
+    :class:`SubwordTokenizer` (HF tokenizers JSON). Raises :class:`QkvError` if unreadable."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise QkvError(f"tokenizer file not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
+    if isinstance(data, dict) and data.get("type") == "char":
+        return CharTokenizer(data["chars"])
+    return SubwordTokenizer.load(path)

@@ -8,12 +8,10 @@ repository and verified against the sha256 sums below.
 from __future__ import annotations
 
 import gzip
-import hashlib
-import os
-import urllib.request
 from pathlib import Path
 
 from ..errors import QkvError
+from .files import find_data_file
 
 LANGUAGES = ("en", "de", "fr", "cs")
 SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
@@ -34,43 +32,11 @@ SHA256 = {
 }
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _download(name: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    try:
-        urllib.request.urlretrieve(URL.format(name=name), tmp)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise QkvError(
-            f"Multi30k file {name} not found locally and the download failed ({exc}). Put the "
-            f"files in $QKV_DATA_DIR/multi30k/ (QKV_DATA_DIR={os.environ.get('QKV_DATA_DIR', 'unset')})"
-        ) from None
-    if _sha256(tmp) != SHA256[name]:
-        tmp.unlink(missing_ok=True)
-        raise QkvError(f"downloaded {name} has a wrong sha256; not using it")
-    os.replace(tmp, dest)
-
-
 def find_file(name: str, download: bool = True) -> Path:
     """Path of one Multi30k file, e.g. ``"train.de.gz"``: data dir, cache, else download."""
     if name not in SHA256:
         raise QkvError(f"unknown Multi30k file {name!r}")
-    candidates = []
-    if os.environ.get("QKV_DATA_DIR"):
-        candidates.append(Path(os.environ["QKV_DATA_DIR"]) / "multi30k" / name)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qkv" / "multi30k" / name
-    candidates.append(cache)
-    for path in candidates:
-        if path.is_file():
-            return path
-    if not download:
-        raise QkvError(f"Multi30k file {name} not found in {', '.join(map(str, candidates))}")
-    _download(name, cache)
-    return cache
+    return find_data_file("multi30k", name, URL.format(name=name), SHA256[name], download)
 
 
 def read_lines(path: Path) -> list[str]:

@@ -9,38 +9,14 @@ import torch
 
 from ..data.batching import pad_sequences
 from ..data.tokenizers import SubwordTokenizer
-from ..errors import QkvError
-from ..models.config import TransformerConfig
+from .. import runs
 from ..models.transformer import Transformer
-from ..train.checkpoint import load_weights
 from .search import beam_search, greedy_decode
-
-RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-
 
 def load_run(run_dir: str | Path, weights: str = "model.safetensors",
              device: torch.device | str = "cpu") -> tuple[Transformer, SubwordTokenizer]:
-    """Model (eval mode, on ``device``) and tokenizer of a run directory.
-
-    Raises:
-        QkvError: directory or one of ``config.json``, the weights, ``tokenizer.json`` missing,
-            unreadable or inconsistent (a half-written run directory).
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise QkvError(f"run directory not found: {run_dir}")
-    missing = [f for f in ("config.json", weights, "tokenizer.json") if not (run_dir / f).is_file()]
-    if missing:
-        raise QkvError(f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
-                       "(training not finished? `qkv train ... --resume` continues it)")
-    try:
-        config = TransformerConfig.load(run_dir / "config.json")
-    except (ValueError, TypeError) as exc:
-        raise QkvError(f"bad {run_dir / 'config.json'}: {exc}") from None
-    model = Transformer(config)
-    load_weights(model, run_dir / weights)
-    model.to(device).eval()
-    return model, SubwordTokenizer.load(run_dir / "tokenizer.json")
+    """Model (eval mode) and tokenizer of a translation run; see :func:`qkv.runs.load_run`."""
+    return runs.load_run(run_dir, weights, device, family="translation")
 
 
 class Translator:

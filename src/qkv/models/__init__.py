@@ -1,7 +1,9 @@
 """Model families composed from :mod:`qkv.nn` blocks."""
 
-from .config import TransformerConfig
-from .outputs import Seq2SeqOutput
+from .config import LMConfig, TransformerConfig
+from .decoder_lm import DecoderLM
+from .outputs import LMOutput, Seq2SeqOutput
 from .transformer import Decoder, Encoder, Transformer
 
-__all__ = ["TransformerConfig", "Seq2SeqOutput", "Decoder", "Encoder", "Transformer"]
+__all__ = ["LMConfig", "TransformerConfig", "DecoderLM", "LMOutput", "Seq2SeqOutput", "Decoder",
+           "Encoder", "Transformer"]

@@ -22,3 +22,16 @@ class Seq2SeqOutput:
     encoder_attentions: tuple = ()
     decoder_self_attentions: tuple = ()
     cross_attentions: tuple = ()
+
+
+@dataclass
+class LMOutput:
+    """Output of :meth:`qkv.models.decoder_lm.DecoderLM.forward`.
+
+    Attributes:
+        logits: ``(B, T, V)`` float, unnormalised next-token scores (position t predicts t+1).
+        attentions: one ``(B, H, T, L)`` tensor per layer; empty unless ``need_weights=True``.
+    """
+
+    logits: torch.Tensor
+    attentions: tuple = ()

@@ -150,13 +150,15 @@ class MultiHeadAttention(nn.Module):
             which applies dropout to sub-layer outputs; kept as an option).
         bias: use biases in the four projections.
         backend: ``"sdpa"`` or ``"eager"`` (see :func:`scaled_dot_product_attention`).
+        rotary: a :class:`~qkv.nn.positional.RotaryEmbedding` applied to queries and keys of
+            self-attention (RoPE), or ``None`` (positions added to the embeddings instead).
 
     Raises:
         ValueError: ``d_model`` not divisible by ``n_heads`` (when ``d_k`` is not given).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 backend: str = "sdpa", d_k: int | None = None) -> None:
+                 backend: str = "sdpa", d_k: int | None = None, rotary: nn.Module | None = None) -> None:
         super().__init__()
         if d_k is None:
             if d_model % n_heads:
@@ -171,16 +173,45 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, inner, bias=bias)
         self.w_v = nn.Linear(d_model, inner, bias=bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
+        self.rotary = rotary
+        self._fused_cache: dict = {}  # inference-only stacked projections, see _fused
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, Dh)
 
+    def train(self, mode: bool = True):
+        # Fused optimizers (AdamW(fused=True), used by make_adam) update weights in place
+        # without bumping ``_version``, so a stack cached during one validation would be stale
+        # at the next: drop it whenever the mode changes (the loop calls eval()/train()).
+        self._fused_cache.clear()
+        return super().train(mode)
+
+    def _fused(self, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stacked weight and bias of ``linears``. In eval mode without autograd
+        (inference) the stack is cached until a weight changes (in-place updates bump
+        ``_version``, moves change ``data_ptr``, and :meth:`train` / ``eval()`` clear it):
+        re-stacking every decoding step would move more memory than the matrix-vector product
+        itself reads."""
+        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+        if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            weight = torch.cat([lin.weight for lin in linears])
+            bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+            return weight, bias
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        cached = self._fused_cache.get(len(linears))
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                weight = torch.cat([lin.weight for lin in linears])
+                bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+            cached = (key, weight, bias)
+            self._fused_cache[len(linears)] = cached
+        return cached[1], cached[2]
+
     def _project(self, x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> list[torch.Tensor]:
         """Several projections of the same input as one matrix multiply (faster than one per
         projection); returns each split into heads, ``(B, H, T, Dh)``."""
-        weight = torch.cat([lin.weight for lin in linears])
-        bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+        weight, bias = self._fused(linears)
         out = F.linear(x, weight, bias)  # (B, T, len(linears) * H * Dh)
         return [self._split(part) for part in out.chunk(len(linears), dim=-1)]
 
@@ -192,6 +223,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Self-attention (``memory=None``) or cross-attention over ``memory``.
 
@@ -201,11 +233,18 @@ class MultiHeadAttention(nn.Module):
             mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend.
             is_causal: apply the look-ahead mask (self-attention).
             cache: a :class:`KVCache` updated in place for incremental decoding.
+            positions: ``(Tq,)`` or ``(B, Tq)`` long positions of the queries, used by the
+                rotary embedding (default: continue after the cached keys).
             Returns ``(output (B, Tq, D), weights (B, H, Tq, Tk) or None)``.
         """
         b, t, _ = x.shape
         if memory is None:
             q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))  # (B, H, Tq, Dh) each
+            if self.rotary is not None:
+                if positions is None:
+                    start = 0 if cache is None or cache.k is None else cache.k.size(2)
+                    positions = torch.arange(start, start + t, device=x.device)
+                q, k = self.rotary(q, positions), self.rotary(k, positions)
             if cache is not None:
                 if cache.k is not None:
                     k = torch.cat([cache.k, k], dim=2)  # (B, H, L + Tq, Dh)

@@ -13,7 +13,7 @@ from torch import nn
 
 
 class TokenEmbedding(nn.Module):
-    """Lookup ``E[token] * sqrt(d_model)``.
+    """Lookup ``E[token] * sqrt(d_model)`` (``scale=False``: plain ``E[token]``, GPT-2's choice).
 
     Shape: ``tokens (B, T)`` long → ``(B, T, D)`` float. The ``pad_id`` row starts at zero and
     gets no gradient (``padding_idx``), so padding carries no learned signal.
@@ -21,7 +21,8 @@ class TokenEmbedding(nn.Module):
     index error deep inside torch).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None) -> None:
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None,
+                 scale: bool = True) -> None:
         super().__init__()
         self.vocab_size, self.d_model = vocab_size, d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
@@ -30,10 +31,11 @@ class TokenEmbedding(nn.Module):
             with torch.no_grad():
                 self.weight[pad_id].zero_()
         self.pad_id = pad_id
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size}): "
                              f"min {int(tokens.min())}, max {int(tokens.max())}")
-        return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
+        out = nn.functional.embedding(tokens, self.weight, self.pad_id)
+        return out * self.scale if self.scale != 1.0 else out

@@ -8,7 +8,6 @@ and the lecture notes on positional encoding.
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
@@ -70,6 +69,41 @@ class LearnedPositionalEmbedding(nn.Module):
         return self.embedding(positions)
 
 
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, RoPE (Su et al. 2021, "RoFormer", Eq. 34).
+
+    Instead of adding a vector to the input, each query and key is rotated in ``d_k / 2``
+    planes by angles ``pos · θ_i``, ``θ_i = base^(-2i / d_k)`` (the frequencies of §3.5's
+    sinusoids), so ``q_m · k_n`` depends only on ``m - n``. Pairs are (i, i + d_k/2) ("rotate
+    half", the GPT-NeoX / Llama layout).
+
+    Args:
+        d_k: per-head width (even). max_len: largest position + 1. base: 10000 as in §3.5.
+
+    Shape: ``x (B, H, T, d_k)``, ``positions (T,)`` or ``(B, T)`` long → ``(B, H, T, d_k)``.
+    Raises ``ValueError`` for an odd ``d_k`` or a position >= ``max_len``.
+    """
+
+    def __init__(self, d_k: int, max_len: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_k % 2:
+            raise ValueError(f"d_k ({d_k}) must be even for rotary positions")
+        self.max_len = max_len
+        inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k/2,)
+        angle = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (L, d_k/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (L, d_k)
+        self.register_buffer("cos", angle.cos().float(), persistent=False)
+        self.register_buffer("sin", angle.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, d_k) or (B, T, d_k)
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_k)
+        half = x.size(-1) // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return (x * cos + rotated * sin).to(x.dtype)
+
+
 def _check_positions(positions: torch.Tensor, max_len: int) -> None:
     if positions.numel() and int(positions.max()) >= max_len:
         raise ValueError(
@@ -77,14 +111,20 @@ def _check_positions(positions: torch.Tensor, max_len: int) -> None:
             "shorten the input or build the model with a larger max_len")
 
 
-def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module:
-    """``"sinusoidal"`` or ``"learned"``; raises ``ValueError`` otherwise."""
+POSITIONALS = ("sinusoidal", "learned", "rotary")
+
+
+def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module | None:
+    """The module added to token embeddings: ``"sinusoidal"`` or ``"learned"``; ``None`` for
+    ``"rotary"`` (applied inside attention instead). Raises ``ValueError`` otherwise."""
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(max_len, d_model)
     if kind == "learned":
         return LearnedPositionalEmbedding(max_len, d_model)
-    raise ValueError(f"unknown positional encoding {kind!r}; choose 'sinusoidal' or 'learned'")
+    if kind == "rotary":
+        return None
+    raise ValueError(f"unknown positional encoding {kind!r}; choose one of {POSITIONALS}")
 
 
 __all__ = ["sinusoidal_positional_encoding", "SinusoidalPositionalEncoding",
-           "LearnedPositionalEmbedding", "build_positional"]
+           "LearnedPositionalEmbedding", "RotaryEmbedding", "build_positional", "POSITIONALS"]

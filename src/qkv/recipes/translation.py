@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import random
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +22,15 @@ from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import load_multi30k
 from ..device import resolve_device
-from ..errors import QkvError
 from ..evaluate.bleu import translation_scores
 from ..generate.translator import Translator, load_run
 from ..models.config import TransformerConfig
 from ..models.transformer import Transformer
 from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
 from ..train.losses import label_smoothed_nll
-from ..train.loop import LoopConfig, train_loop
+from ..train.loop import train_loop
 from ..train.optim import make_adam, noam_lr
+from .common import git_commit, loop_config, prepare_run_dir, resolve_settings
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,10 @@ class TranslationRecipe:
     threads: int | None = None
     device: str = "auto"
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` for an invalid model part (before anything is written)."""
+        self.model_config(self.vocab_size)
+
     def model_config(self, vocab_size: int) -> TransformerConfig:
         return TransformerConfig(
             src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=self.d_model,
@@ -94,38 +97,7 @@ class TranslationRecipe:
 
 def resolve_config(config_file: str | None, overrides: list[str]) -> TranslationRecipe:
     """Defaults < config file (JSON) < ``key=value`` overrides; unknown keys raise QkvError."""
-    fields = {f.name: f for f in dataclasses.fields(TranslationRecipe)}
-    values: dict = {}
-    if config_file:
-        try:
-            values.update(json.loads(Path(config_file).read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
-            raise QkvError(f"cannot read config file {config_file}: {exc}") from None
-    for item in overrides:
-        if "=" not in item:
-            raise QkvError(f"override {item!r} is not of the form key=value")
-        key, raw = item.split("=", 1)
-        try:
-            values[key] = json.loads(raw)
-        except ValueError:
-            values[key] = raw  # bare strings: src_lang=fr
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise QkvError(f"unknown config key(s): {', '.join(unknown)}; known: {', '.join(fields)}")
-    try:
-        recipe = TranslationRecipe(**values)
-        recipe.model_config(recipe.vocab_size)  # validates the model part early
-    except (TypeError, ValueError) as exc:
-        raise QkvError(f"invalid configuration: {exc}") from None
-    return recipe
-
-
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return resolve_settings(TranslationRecipe, config_file, overrides)
 
 
 def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
@@ -171,11 +143,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     Raises:
         QkvError: bad data files, an existing run directory without ``resume``, etc.
     """
-    run_dir = Path(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise QkvError(f"run directory {run_dir} is not empty; use --resume to continue it or "
-                       "choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = prepare_run_dir(run_dir, resume)
     if recipe.threads:
         torch.set_num_threads(recipe.threads)
     t_start = time.perf_counter()
@@ -194,7 +162,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     model_cfg = recipe.model_config(tok.vocab_size)
     write_json(run_dir / "config.json", model_cfg.to_dict())
     write_json(run_dir / "train_config.json", {"recipe": "translation", **dataclasses.asdict(recipe),
-                                               "git_commit": _git_commit(),
+                                               "git_commit": git_commit(),
                                                "torch": torch.__version__})
     pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
              if 0 < len(s) <= recipe.max_train_tokens and 0 < len(t) <= recipe.max_train_tokens]
@@ -221,12 +189,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     optimizer = make_adam([{"params": decay, "weight_decay": recipe.weight_decay},
                            {"params": no_decay, "weight_decay": 0.0}])
-    loop_cfg = LoopConfig(max_steps=recipe.max_steps, max_minutes=recipe.max_minutes,
-                          max_epochs=recipe.max_epochs, accum_steps=recipe.accum_steps,
-                          clip_norm=recipe.clip_norm, eval_every=recipe.eval_every,
-                          snapshot_minutes=recipe.snapshot_minutes,
-                          keep_snapshots=recipe.keep_snapshots, seed=recipe.seed,
-                          amp_bf16=recipe.amp_bf16, progress=progress)
+    loop_cfg = loop_config(recipe, progress)
     validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
     state = train_loop(
         model, optimizer, lambda step: noam_lr(step, recipe.d_model, recipe.warmup_steps, recipe.lr_factor),

@@ -12,15 +12,16 @@ import json
 import math
 import random
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_weights, save_state, save_weights, write_json
+from .checkpoint import load_weights, save_state, save_weights
 
 
 @dataclass
@@ -165,7 +166,7 @@ def train_loop(
             state.best_score = score
             save_weights(model, run_dir / "best.safetensors")
         bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-                  + (" (best)" if better else ""))
+                  + (" (best)" if better else ""), file=sys.stderr)
 
     def snapshot() -> None:
         path = run_dir / "snapshots" / f"step_{state.step}.safetensors"
@@ -241,7 +242,7 @@ def train_loop(
             snapshot()
         checkpoint()
     except KeyboardInterrupt:
-        bar.write(f"interrupted at step {state.step}; saving {run_dir / 'last.safetensors'}")
+        bar.write(f"interrupted at step {state.step}; saving {run_dir / 'last.safetensors'}", file=sys.stderr)
         checkpoint()
         raise
     finally:

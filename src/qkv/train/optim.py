@@ -6,6 +6,8 @@ lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)   (Eq. 3).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -20,3 +22,17 @@ def make_adam(params, betas=(0.9, 0.98), eps=1e-9, weight_decay: float = 0.0) ->
     # fused=True: one kernel for all parameters instead of a loop of small ops (CPU and CUDA).
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay,
                              fused=True)
+
+
+def warmup_cosine_lr(step: int, peak_lr: float, min_lr: float, warmup_steps: int,
+                     decay_steps: int) -> float:
+    """Linear warm-up to ``peak_lr``, then cosine decay to ``min_lr`` at ``decay_steps`` and
+    constant after (Loshchilov & Hutter 2017; GPT-2 / nanoGPT). ``step`` counts from 1, so step
+    ``s`` here is nanoGPT's iteration ``s - 1``."""
+    it = step - 1
+    if it < warmup_steps:
+        return peak_lr * (it + 1) / (warmup_steps + 1)
+    if it > decay_steps:
+        return min_lr
+    ratio = (it - warmup_steps) / max(decay_steps - warmup_steps, 1)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak_lr - min_lr)

@@ -1,0 +1,85 @@
+"""Plain-text corpora for language modelling, and the windows a model trains on.
+
+Self-supervised labels (lecture notes ``001_*.txt``): the target of position t is the token at
+t + 1. The default corpus is tiny-shakespeare (Karpathy's char-rnn), split as nanoGPT does:
+first 90 % of the characters for training, last 10 % for validation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import QkvError
+from .files import find_data_file
+
+TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
+                        "tinyshakespeare/input.txt")
+TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+
+def load_corpus(name: str) -> str:
+    """Text of a corpus: ``"tinyshakespeare"`` (data dir, cache or verified download) or the
+    path of a UTF-8 text file.
+
+    Raises:
+        QkvError: the file is missing, unreadable, not UTF-8, or empty.
+    """
+    if name == "tinyshakespeare":
+        path = find_data_file("tinyshakespeare", "input.txt", TINY_SHAKESPEARE_URL,
+                              TINY_SHAKESPEARE_SHA256)
+    else:
+        path = Path(name)
+        if not path.is_file():
+            raise QkvError(f"corpus {name!r} is neither 'tinyshakespeare' nor an existing text file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise QkvError(f"corpus {path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise QkvError(f"cannot read corpus {path}: {exc}") from None
+    if not text:
+        raise QkvError(f"corpus {path} is empty")
+    return text
+
+
+def split_train_val(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
+    """First ``1 - val_fraction`` of the characters for training, the rest for validation
+    (nanoGPT's ``prepare.py`` split, so numbers compare)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+    n = int(len(text) * (1 - val_fraction))
+    return text[:n], text[n:]
+
+
+def random_windows(data: torch.Tensor, block_size: int, batch_size: int,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Start offsets of ``batch_size`` random windows (nanoGPT's ``get_batch``).
+
+    Shape: ``data (N,)`` long token ids → ``(batch_size,)`` long offsets in
+    ``[0, N - block_size - 1]``. Raises :class:`QkvError` if ``data`` is too short.
+    """
+    if len(data) <= block_size:
+        raise QkvError(f"corpus of {len(data)} tokens is too short for block_size {block_size}")
+    return torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+
+
+def windows_at(data: torch.Tensor, offsets: torch.Tensor, block_size: int):
+    """Inputs and next-token targets of the windows starting at ``offsets``.
+
+    Shape: ``data (N,)``, ``offsets (B,)`` → ``(x (B, block_size), y (B, block_size))`` with
+    ``y[:, t] = x[:, t + 1]`` (the target of each position is the following token).
+    """
+    idx = offsets[:, None] + torch.arange(block_size + 1)  # (B, block_size + 1)
+    chunk = data[idx]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def consecutive_windows(data: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Offsets of non-overlapping windows covering ``data`` (every token predicted once, each
+    with between 0 and ``block_size - 1`` tokens of context): a full pass over a split for
+    evaluation. Shape: ``(n_windows,)`` long."""
+    if len(data) <= block_size:
+        raise QkvError(f"split of {len(data)} tokens is too short for block_size {block_size}")
+    return torch.arange(0, len(data) - block_size, block_size)

@@ -1,0 +1,222 @@
+"""Text generation with a decoder-only LM: incremental decoding with a key/value cache.
+
+Every path (greedy, temperature, top-k, top-p) runs the prompt once ("prefill"), then feeds one
+new token per step, reusing the keys and values of earlier positions (Vaswani et al. 2017
+§3.2.3: each position attends only to earlier ones, so their keys/values never change).
+Batched prompts of different lengths are left-padded, with a padding mask and position ids
+that start at each row's first real token.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .. import runs
+from ..errors import QkvError
+from ..models.decoder_lm import DecoderLM
+from .sampling import check_sampling, choose_next, next_token_probs
+
+
+def _left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(tokens (B, L), attention_mask (B, L) bool or None when no row is padded)``."""
+    longest = max(len(r) for r in rows)
+    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
+    mask = torch.zeros(len(rows), longest, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        tokens[i, longest - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, longest - len(r):] = True
+    padded = bool((~mask).any())
+    return tokens.to(device), mask.to(device) if padded else None
+
+
+@torch.no_grad()
+def generate_tokens(
+    model: DecoderLM,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    stop: Callable[[int, list[int]], bool] | None = None,
+    generator: torch.Generator | None = None,
+    on_tokens: Callable[[list[int | None]], None] | None = None,
+) -> list[list[int]]:
+    """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+    Args:
+        model: a :class:`DecoderLM` (put it in eval mode).
+        prompts: token ids per row (each non-empty; lengths may differ).
+        do_sample: ``False`` = greedy (argmax); else sample with ``temperature``, ``top_k``,
+            ``top_p`` (see :mod:`qkv.generate.sampling`).
+        stop_tokens: ids that end a row (the stop token is kept in its output).
+        stop: ``(row, new ids so far) -> bool``, e.g. a stop-string check.
+        generator: random generator for reproducible samples.
+        on_tokens: called after each step with the new id per row (``None`` for finished rows).
+
+    Returns:
+        the new ids of each row (prompt excluded).
+
+    A context longer than ``max_len`` is cut to its last tokens (a sliding window, with a
+    warning); the cache is then rebuilt from the window, so positions stay within the range
+    the model was trained on.
+
+    Raises:
+        QkvError: ``max_new_tokens`` < 1, an empty prompt, or meaningless sampling settings.
+    """
+    if max_new_tokens < 1:
+        raise QkvError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise QkvError("every prompt needs at least one token")
+    if do_sample:
+        check_sampling(temperature, top_k, top_p)
+    device = next(model.parameters()).device
+    max_len = model.config.max_len
+    keep = max(1, (3 * max_len) // 4)  # window kept when the context is full
+    seqs = [list(p) for p in prompts]
+    new: list[list[int]] = [[] for _ in seqs]
+    done = [False] * len(seqs)
+    stop_tokens = set(stop_tokens)
+    warned = False
+
+    def prefill(window: int):
+        nonlocal warned
+        if not warned and any(len(s) > window for s in seqs):
+            warnings.warn(f"context longer than the model's max_len ({max_len} tokens): using a "
+                          f"sliding window of the last {window} tokens")
+            warned = True
+        tokens, mask = _left_pad([s[-window:] for s in seqs], device)
+        caches = model.new_caches()
+        logits = model(tokens, attention_mask=mask, caches=caches, last_only=True).logits[:, -1]
+        return logits, caches, mask
+
+    logits, caches, mask = prefill(max_len)
+    for step in range(max_new_tokens):
+        next_ids = choose_next(logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
+        ids = next_ids.tolist()
+        emitted: list[int | None] = []
+        for i, tok in enumerate(ids):
+            if done[i]:
+                emitted.append(None)
+                continue
+            seqs[i].append(tok)
+            new[i].append(tok)
+            emitted.append(tok)
+            if tok in stop_tokens or (stop is not None and stop(i, new[i])):
+                done[i] = True
+        if on_tokens is not None:
+            on_tokens(emitted)
+        if all(done) or step == max_new_tokens - 1:
+            break
+        if caches[0].k.size(2) >= max_len:
+            logits, caches, mask = prefill(keep)
+            continue
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)  # (B, L + 1)
+        logits = model(next_ids[:, None], attention_mask=mask, caches=caches,
+                       last_only=True).logits[:, -1]
+    return new
+
+
+class TextGenerator:
+    """Prompts in, text out, for a trained language-model run.
+
+    Args:
+        model: a :class:`DecoderLM`; tokenizer: its :class:`~qkv.data.tokenizers.CharTokenizer`
+            or :class:`~qkv.data.tokenizers.SubwordTokenizer`.
+    """
+
+    def __init__(self, model: DecoderLM, tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu",
+                 weights: str = "model.safetensors") -> "TextGenerator":
+        model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
+        return cls(model, tokenizer)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Ids of ``prompt``. An empty prompt starts from the start token (``"\\n"`` for a
+        character model, ``<bos>`` for BPE).
+
+        Raises:
+            QkvError: characters outside a character vocabulary (named), or an empty prompt
+                for a model with no start token.
+        """
+        if prompt == "":
+            if self.tokenizer.bos_id is None:
+                raise QkvError("empty prompt and this model has no start token: give a prompt")
+            return [self.tokenizer.bos_id]
+        ids = self.tokenizer.encode(prompt)
+        unk = getattr(self.tokenizer, "unk_id", None)
+        if unk is not None and unk in ids:
+            warnings.warn(f"{ids.count(unk)} piece(s) of the prompt are unknown to the tokenizer "
+                          "and were mapped to <unk>")
+        return ids
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 200, do_sample: bool = True,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 stop: Sequence[str] = (), seed: int | None = None,
+                 stream: Callable[[int, str], None] | None = None) -> list[str]:
+        """Continuations of ``prompts`` (prompt text excluded).
+
+        ``stop``: strings that end a row (cut off before the stop string). ``stream(row, text)``
+        receives each row's new text as it is produced (held back only while it could still
+        be the start of a stop string). ``seed`` makes sampling reproducible.
+
+        Raises:
+            QkvError: as :func:`generate_tokens` and :meth:`encode_prompt`.
+        """
+        tok = self.tokenizer
+        ids = [self.encode_prompt(p) for p in prompts]
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=next(self.model.parameters()).device).manual_seed(seed)
+        texts = ["" for _ in prompts]
+        shown = [0] * len(prompts)
+        hold = max((len(s) for s in stop), default=1) - 1
+        eos = [] if getattr(tok, "eos_id", None) is None else [tok.eos_id]
+
+        def cut(i: int, new_ids: list[int]) -> bool:
+            texts[i] = tok.decode(new_ids)
+            hits = [texts[i].find(s) for s in stop if s and s in texts[i]]
+            if hits:
+                texts[i] = texts[i][:min(hits)]
+                return True
+            return False
+
+        def on_tokens(emitted):
+            if stream is None:
+                return
+            for i, t in enumerate(emitted):
+                if t is None and shown[i] >= len(texts[i]):
+                    continue
+                end = len(texts[i]) if t is None or t in eos else max(shown[i], len(texts[i]) - hold)
+                if end > shown[i]:
+                    stream(i, texts[i][shown[i]:end])
+                    shown[i] = end
+
+        generate_tokens(self.model, ids, max_new_tokens, do_sample, temperature, top_k, top_p,
+                        stop_tokens=eos, stop=cut, generator=generator, on_tokens=on_tokens)
+        if stream is not None:
+            for i, text in enumerate(texts):
+                if len(text) > shown[i]:
+                    stream(i, text[shown[i]:])
+        return texts
+
+    @torch.no_grad()
+    def next_token_probs(self, prompt: str, k: int = 10, temperature: float = 1.0,
+                         top_p: float | None = None) -> list[tuple[str, float]]:
+        """The ``k`` most likely next tokens after ``prompt`` and their probabilities under
+        ``temperature`` (and ``top_p``), most likely first: ``[(token text, probability)]``."""
+        ids = self.encode_prompt(prompt)[-self.model.config.max_len:]
+        device = next(self.model.parameters()).device
+        logits = self.model(torch.tensor([ids], device=device), last_only=True).logits[:, -1]
+        probs = next_token_probs(logits, temperature, None, top_p)[0]
+        top = torch.topk(probs, min(k, probs.numel()))
+        return [(self.tokenizer.id_to_token(i), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
