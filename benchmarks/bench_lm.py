@@ -15,7 +15,9 @@ repeat; medians over ``--repeats``; ratios are ours / reference)
     the ratio is ours / reference, so < 1 means ours is faster).
 (b) Generation, GPT-2 small shape: 12 layers, 12 heads, d_model 768, d_ff 3072, vocabulary
     50257, context 1024, biases, random weights. Batch 1, a 32-token prompt, 128 new tokens,
-    greedy. Ours: ``qkv.generate.lm.generate_tokens`` (KV cache). Reference: HF
+    greedy. Ours: ``qkv.generate.lm.generate_tokens`` (KV cache) on the model as
+    ``TextGenerator`` prepares it (``prepare_for_inference``: weights stored (in, out), same
+    values). Reference: HF
     ``model.generate(do_sample=False, use_cache=True, min_new_tokens=max_new_tokens)`` with its
     default dynamic cache. Measure: new tokens / second (the ratio is ours / reference, > 1
     means ours is faster).
@@ -46,6 +48,7 @@ import torch.nn.functional as F
 from common import alternate, machine, row  # noqa: E402  (benchmarks/common.py)
 from qkv.data.text import load_corpus, random_windows, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer
+from qkv.generate.layout import prepare_for_inference
 from qkv.generate.lm import generate_tokens
 from qkv.models import DecoderLM, LMConfig
 
@@ -140,14 +143,17 @@ def bench_training(args) -> dict:
             "params": (ours.num_parameters(), ref.num_parameters()), "logit_diff": diff}
 
 
-def bench_generation(args) -> dict:
+def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
     cfg = LMConfig(50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024, bias=True)
     torch.manual_seed(0)
     ours, ref = DecoderLM(cfg).eval(), hf_model(cfg).eval()
     copy_ours_into_hf(ours, ref)
+    ours, ref = ours.to(dtype), ref.to(dtype)
+    prepare_for_inference(ours)  # what qkv's TextGenerator does (layout only; values unchanged)
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(1))
     diff = logit_diff(ours, ref, prompt)
-    assert diff < 1e-3, f"reference does not compute the same function (max logit diff {diff})"
+    tolerance = 1e-3 if dtype == torch.float32 else 0.5  # bfloat16 keeps ~3 significant digits
+    assert diff < tolerance, f"reference does not compute the same function (max logit diff {diff})"
     n = args.new_tokens
     out = {}
 
@@ -171,7 +177,7 @@ def bench_generation(args) -> dict:
             "logit_diff": diff, "same_tokens": same}
 
 
-def report(args, train: dict, gen: dict) -> str:
+def report(args, train: dict, gen: dict, gen_bf16: dict) -> str:
     import transformers
 
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS",) if k in os.environ)
@@ -189,14 +195,18 @@ def report(args, train: dict, gen: dict) -> str:
         f"- (b) generation: GPT-2-small shape (12 layers, 12 heads, d_model 768, vocab 50257), "
         f"random weights, batch 1, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
         f"greedy; same weights → max logit diff {gen['logit_diff']:.1e}, greedy tokens identical "
-        f"{gen['same_tokens']:.0%}. Ratio > 1 = ours faster.",
+        f"{gen['same_tokens']:.0%} (bfloat16: {gen_bf16['logit_diff']:.1e}, "
+        f"{gen_bf16['same_tokens']:.0%}). Both models in float32, then both in bfloat16 "
+        "(`model.to(torch.bfloat16)`; `qkv generate --dtype bfloat16`). Ratio > 1 = ours faster.",
         f"- {args.repeats} repeats, alternating: medians (min–max); ratio of medians (min–max of "
         "per-repeat ratios)",
         "",
         "| measure | ours (qkv) | reference (HF GPT2LMHeadModel) | ours / reference |",
         "|---|---|---|---|",
         row("(a) training step, ms (lower is better)", train["ours"], train["ref"]),
-        row("(b) greedy generation, new tokens/s", gen["ours"], gen["ref"]),
+        row("(b) greedy generation, float32, new tokens/s", gen["ours"], gen["ref"]),
+        row("(b) greedy generation, bfloat16, new tokens/s", gen_bf16["ours"], gen_bf16["ref"]),
+        row("(b) ours bfloat16 vs HF float32 (its default)", gen_bf16["ours"], gen["ref"]),
         "",
     ]
     return "\n".join(lines)
@@ -221,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"training: ours {statistics.median(train['ours']):.2f} ms/step, "
           f"HF {statistics.median(train['ref']):.2f} ms/step", file=sys.stderr)
     gen = bench_generation(args)
-    text = report(args, train, gen)
+    gen_bf16 = bench_generation(args, torch.bfloat16)
+    text = report(args, train, gen, gen_bf16)
     print(text)
     if args.append_results:
         with open(args.results, "a", encoding="utf-8") as f:

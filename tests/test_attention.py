@@ -336,18 +336,33 @@ def test_cross_attention_cache_reuses_memory_projection():
         k_before = cache.k
         # A different memory is ignored once the cache is full: the cache really is used.
         second, _ = mha(x[:, 1:], memory=torch.zeros_like(memory), cache=cache)
-    assert cache.k is k_before and cache.k.shape == (2, 4, 5, 4)
+    assert cache.k.data_ptr() == k_before.data_ptr() and torch.equal(cache.k, k_before)
+    assert cache.k.shape == (2, 4, 5, 4)
     assert (torch.cat([first, second], 1) - ref).abs().max() <= TOL
 
 
 def test_kv_cache_reorder_selects_batch_rows():
     """KVCache.reorder picks batch rows by index (beam search bookkeeping)."""
     cache = KVCache()
-    cache.k = torch.arange(3.0)[:, None, None, None].expand(3, 1, 2, 1).clone()
-    cache.v = cache.k + 10
+    k = torch.arange(3.0)[:, None, None, None].expand(3, 1, 2, 1).clone()
+    cache.append(k, k + 10)
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
     assert cache.v[:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
+    # Appending after a reorder continues each selected row.
+    step = torch.tensor([5.0, 6.0, 7.0])[:, None, None, None]
+    cache.append(step, step + 10)
+    assert cache.length == 3 and cache.k[:, 0, :, 0].tolist() == [[2, 2, 5], [2, 2, 6], [0, 0, 7]]
+
+
+def test_kv_cache_append_grows_and_keeps_history():
+    """Appending one step at a time past the buffer's capacity keeps every earlier step."""
+    cache = KVCache()
+    steps = [torch.full((2, 1, 1, 3), float(i)) for i in range(70)]
+    for step in steps:
+        k, v = cache.append(step, -step)
+    assert k.shape == (2, 1, 70, 3) and torch.equal(k, torch.cat(steps, dim=2))
+    assert torch.equal(v, -k)
 
 
 # --------------------------------------------------------------------------- property test

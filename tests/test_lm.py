@@ -290,6 +290,48 @@ def test_inference_cache_sees_fused_optimizer_updates():
     torch.testing.assert_close(after, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_inference_layout_keeps_outputs_and_state_dict(tmp_path):
+    """prepare_for_inference changes only where float32 weights live in memory: same logits,
+    same greedy tokens, same saved weights; bfloat16 weights keep the default layout."""
+    from qkv.generate.layout import prepare_for_inference
+    from qkv.train.checkpoint import load_weights, save_weights
+
+    model = _lm(tie_embeddings=True)
+    x = torch.tensor([_prompt(9, 3)])
+    with torch.no_grad():
+        before = model(x).logits
+    tokens = generate_tokens(model, x.tolist(), 6, do_sample=False)
+    prepare_for_inference(model)
+    assert not model.lm_head.weight.is_contiguous() and model.lm_head.weight is model.embed.weight
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, before, atol=1e-5, rtol=1e-5)
+    assert generate_tokens(model, x.tolist(), 6, do_sample=False) == tokens
+    save_weights(model, tmp_path / "w.safetensors")
+    fresh = _lm(tie_embeddings=True)
+    load_weights(fresh, tmp_path / "w.safetensors")
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).logits, before, atol=1e-5, rtol=1e-5)
+    half = prepare_for_inference(_lm().to(torch.bfloat16))
+    assert all(m.weight.is_contiguous() for m in half.modules() if isinstance(m, nn.Linear))
+    assert generate_tokens(half, x.tolist(), 3, do_sample=False)  # runs in bfloat16
+
+
+def test_byte_level_bpe_is_lossless_and_starts_from_newline():
+    """The LM recipe's BPE keeps newlines and spacing exactly, and an empty prompt starts from
+    the newline token."""
+    from qkv.data.tokenizers import SubwordTokenizer
+    from qkv.recipes.lm import start_token
+
+    text = "ROMEO:\nBut soft,  what light?\n\nJULIET:\nAy me! é\n" * 20
+    tok = SubwordTokenizer.train(text.split("\n\n"), 300, byte_level=True)
+    sample = "ROMEO:\n  what   light?\tnew ☃\n"
+    assert tok.decode(tok.encode(sample)) == sample
+    assert tok.encode("\n") == [start_token(tok)]
+    chars = CharTokenizer.train("ab\n")
+    assert start_token(chars) == chars.encode("\n")[0]
+    assert start_token(CharTokenizer.train("ab")) is None
+
+
 def test_warmup_cosine_schedule():
     lr, min_lr, warmup, decay = 1e-3, 1e-4, 10, 100
     f = [warmup_cosine_lr(s, lr, min_lr, warmup, decay) for s in range(1, 131)]  # f[s - 1]

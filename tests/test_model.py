@@ -509,8 +509,7 @@ class _ScriptedModel:
     def decode(self, token, memory, src_mask, caches=None, start_pos=0, need_weights=False):
         cache = caches[0][0]
         step = token[:, :, None, None].float()  # (N, 1, 1, 1)
-        cache.k = step if cache.k is None else torch.cat([cache.k, step], dim=2)
-        cache.v = cache.k
+        cache.append(step, step)
         rows = []
         for r in range(token.size(0)):
             prefix = tuple(int(x) for x in cache.k[r, 0, 1:, 0].tolist())  # drop bos

@@ -35,17 +35,31 @@ class SubwordTokenizer:
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> "SubwordTokenizer":
-        """Learn a BPE vocabulary of at most ``vocab_size`` entries from ``texts``."""
-        tok = Tokenizer(models.BPE(unk_token=UNK))
-        # NFKC folds look-alikes (e.g. non-breaking spaces in Multi30k) into plain characters.
-        tok.normalizer = normalizers.NFKC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated"),
-            pre_tokenizers.Digits(individual_digits=True)])
-        tok.decoder = decoders.Metaspace()
+    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2,
+              byte_level: bool = False) -> "SubwordTokenizer":
+        """Learn a BPE vocabulary of at most ``vocab_size`` entries from ``texts``.
+
+        ``byte_level=False`` (sentences, translation): NFKC, words marked with ``▁``,
+        punctuation and digits split off. ``byte_level=True`` (running text, language
+        models): GPT-2's byte-level BPE, which encodes any text losslessly, newlines and
+        spacing included, and has no unknown pieces.
+        """
+        tok = Tokenizer(models.BPE(unk_token=None if byte_level else UNK))
+        if byte_level:
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            alphabet = pre_tokenizers.ByteLevel.alphabet()
+        else:
+            # NFKC folds look-alikes (e.g. non-breaking spaces in Multi30k) into plain characters.
+            tok.normalizer = normalizers.NFKC()
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated"),
+                pre_tokenizers.Digits(individual_digits=True)])
+            tok.decoder = decoders.Metaspace()
+            alphabet = []
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                      special_tokens=SPECIALS, show_progress=False)
+                                      special_tokens=SPECIALS, show_progress=False,
+                                      initial_alphabet=alphabet)
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 

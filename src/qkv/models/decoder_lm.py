@@ -96,7 +96,7 @@ class DecoderLM(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}")
         t = tokens.size(1)
-        start = 0 if caches is None or caches[0].k is None else caches[0].k.size(2)
+        start = 0 if caches is None else caches[0].length
         if positions is None:
             positions = (torch.arange(start, start + t, device=tokens.device) if attention_mask is None
                          else position_ids(attention_mask)[:, -t:])

@@ -119,21 +119,52 @@ def scaled_dot_product_attention(
 
 
 class KVCache:
-    """Keys and values of one attention module kept across decoding steps.
+    """Keys and values of one attention module kept across decoding steps (inference only).
 
-    ``k``/``v`` have shape ``(B, H, L, Dh)``. Self-attention appends one step at a time;
-    cross-attention computes them once from the encoder memory and reuses them.
+    ``k``/``v`` have shape ``(B, H, L, Dh)``. Self-attention appends the new steps with
+    :meth:`append`; cross-attention stores the encoder memory's once with :meth:`set`.
+    Appending writes into a buffer that grows by doubling, so a step copies only its own keys
+    and values, not the whole history (``torch.cat`` per step would copy O(L) every step).
     """
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    def set(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Replace the contents with ``k``, ``v`` ``(B, H, L, Dh)``."""
+        self._k, self._v, self.length = k, v, k.size(2)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add ``k``, ``v`` ``(B, H, T, Dh)`` after the cached steps; returns all keys and
+        values ``(B, H, L + T, Dh)``."""
+        end = self.length + k.size(2)
+        if self._k is None or end > self._k.size(2) or self._k.shape[:2] != k.shape[:2]:
+            capacity = max(2 * end, 32)
+            old_k, old_v = self.k, self.v
+            self._k = k.new_empty(k.size(0), k.size(1), capacity, k.size(3))
+            self._v = v.new_empty(v.size(0), v.size(1), capacity, v.size(3))
+            if old_k is not None:
+                self._k[:, :, : self.length] = old_k
+                self._v[:, :, : self.length] = old_v
+        self._k[:, :, self.length: end] = k
+        self._v[:, :, self.length: end] = v
+        self.length = end
+        return self.k, self.v
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): ``index`` is a long tensor of shape ``(B',)``."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is not None:
+            self.set(self.k.index_select(0, index), self.v.index_select(0, index))
 
 
 class MultiHeadAttention(nn.Module):
@@ -242,14 +273,11 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))  # (B, H, Tq, Dh) each
             if self.rotary is not None:
                 if positions is None:
-                    start = 0 if cache is None or cache.k is None else cache.k.size(2)
+                    start = 0 if cache is None else cache.length
                     positions = torch.arange(start, start + t, device=x.device)
                 q, k = self.rotary(q, positions), self.rotary(k, positions)
             if cache is not None:
-                if cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)  # (B, H, L + Tq, Dh)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+                k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
         elif cache is not None and cache.k is not None:
             q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
             k, v = cache.k, cache.v  # encoder memory does not change while decoding
@@ -257,7 +285,7 @@ class MultiHeadAttention(nn.Module):
             q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
             k, v = self._project(memory, (self.w_k, self.w_v))  # (B, H, S, Dh) each
             if cache is not None:
-                cache.k, cache.v = k, v
+                cache.set(k, v)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,

@@ -119,20 +119,22 @@ def resolve_config(config_file: str | None, overrides: list[str]) -> LMRecipe:
 def _build_tokenizer(recipe: LMRecipe, text: str, train_text: str):
     if recipe.tokenizer == "char":
         return CharTokenizer.train(text)  # nanoGPT's vocabulary: every character of the corpus
-    # BPE sees paragraphs with their newlines, so line breaks stay in the vocabulary.
-    return SubwordTokenizer.train(train_text.split("\n\n"), recipe.vocab_size)
+    # Byte-level BPE keeps newlines and spacing; it sees paragraphs, so merges stay within them.
+    return SubwordTokenizer.train(train_text.split("\n\n"), recipe.vocab_size, byte_level=True)
 
 
 def _encode(tok, text: str) -> torch.Tensor:
-    if isinstance(tok, SubwordTokenizer):
-        # Encode line by line (fast, bounded memory) and put the newlines back as tokens.
-        newline = tok.encode("\n")
-        ids: list[int] = []
-        for line in text.split("\n"):
-            ids.extend(tok.encode(line))
-            ids.extend(newline)
-        return torch.tensor(ids, dtype=torch.long)
     return torch.tensor(tok.encode(text), dtype=torch.long)
+
+
+def start_token(tok) -> int | None:
+    """The token an empty prompt starts from: the newline when it is one token (documents of
+    the corpus start after one, and it is nanoGPT's choice), else ``bos``."""
+    try:
+        newline = tok.encode("\n")
+    except QkvError:  # a character vocabulary without a newline
+        newline = []
+    return newline[0] if len(newline) == 1 else tok.bos_id
 
 
 def split_nll(model: DecoderLM, data: torch.Tensor, block_size: int,
@@ -178,7 +180,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         tok.save(tok_path)
     train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
     chars_per_token = len(val_text) / len(val_data)
-    model_cfg = recipe.model_config(tok.vocab_size, tok.bos_id, getattr(tok, "eos_id", None))
+    model_cfg = recipe.model_config(tok.vocab_size, start_token(tok))
     write_json(run_dir / "config.json", model_cfg.to_dict())
     write_json(run_dir / "train_config.json", {"recipe": "lm", **dataclasses.asdict(recipe),
                                                "git_commit": git_commit(),

@@ -42,8 +42,21 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Atomically save a model's parameters as safetensors (tied weights stored once)."""
-    _atomic(path, lambda tmp: save_model(model, tmp))
+    """Atomically save a model's parameters as safetensors (tied weights stored once).
+
+    Parameters stored in another memory layout (see
+    :func:`qkv.generate.layout.prepare_for_inference`) are saved in the standard one.
+    """
+    # safetensors' tied-weight detection needs contiguous tensors: lay them out
+    # contiguously while saving, then restore (model.parameters() yields tied ones once).
+    relaid = [(p, p.data) for p in model.parameters() if not p.is_contiguous()]
+    for p, _ in relaid:
+        p.data = p.data.contiguous()
+    try:
+        _atomic(path, lambda tmp: save_model(model, tmp))
+    finally:
+        for p, data in relaid:
+            p.data = data
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:

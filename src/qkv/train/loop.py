@@ -70,7 +70,7 @@ def _plot_curves(metrics_path: Path, out: Path) -> None:
     val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     if train:
-        ax.plot(*zip(*train), label="train loss (label-smoothed)")
+        ax.plot(*zip(*train), label="train loss (the training objective)")
     if val:
         ax.plot(*zip(*val), "o-", label="validation loss (NLL)")
     ax.set_xlabel("optimizer step")
