@@ -18,7 +18,7 @@ def check_sampling(temperature: float = 1.0, top_k: int | None = None,
     greedy decoding instead), top_k < 1, top_p outside (0, 1]."""
     if not temperature > 0.0:
         raise QkvError(f"temperature must be > 0 (got {temperature}); for the most likely "
-                       "token at every step use greedy decoding")
+                       "token at every step use greedy decoding (qkv generate --greedy)")
     if top_k is not None and top_k < 1:
         raise QkvError(f"top_k must be >= 1 (got {top_k})")
     if top_p is not None and not 0.0 < top_p <= 1.0:
