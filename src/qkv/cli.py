@@ -19,7 +19,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-RECIPES = ("translation", "lm")
+RECIPES = ("translation", "lm", "protein-mlm")
 
 
 def _report_translation(summary: dict, out: str) -> None:
@@ -40,15 +40,25 @@ def _report_lm(summary: dict, out: str) -> None:
          f"and {summary['steps']} steps; run directory: {Path(out).resolve()}")
 
 
+def _report_protein_mlm(summary: dict, out: str) -> None:
+    val = summary["validation"]
+    _log(f"held-out masked-residue perplexity {val['val_ppl']:.2f} (uniform over 20 residues: 20) "
+         f"after {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
+         f"{Path(out).resolve()}")
+
+
 def _cmd_train(args) -> int:
     if args.recipe not in RECIPES:
         raise QkvError(f"unknown recipe {args.recipe!r}; available: {', '.join(RECIPES)}")
     if args.recipe == "translation":
         from .recipes.translation import resolve_config, train_translation as train
         report = _report_translation
-    else:
+    elif args.recipe == "lm":
         from .recipes.lm import resolve_config, train_lm as train
         report = _report_lm
+    else:
+        from .recipes.protein_mlm import resolve_config, train_protein_mlm as train
+        report = _report_protein_mlm
     overrides = list(args.overrides)
     for flag in ("max_steps", "max_minutes"):
         value = getattr(args, flag)

@@ -168,4 +168,66 @@ def load_tokenizer(path: str | Path):
         raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
     if isinstance(data, dict) and data.get("type") == "char":
         return CharTokenizer(data["chars"])
+    if isinstance(data, dict) and data.get("type") == "amino-acid":
+        tok = AminoAcidTokenizer()
+        if data.get("tokens") != tok.tokens:
+            raise QkvError(f"tokenizer {path} has another amino-acid vocabulary than this qkv version")
+        return tok
     return SubwordTokenizer.load(path)
+
+
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard residues
+RARE_CODES = "XBZUO"  # unknown, Asx, Glx, selenocysteine, pyrrolysine
+PROTEIN_SPECIALS = ["<cls>", "<pad>", "<eos>", "<unk>", "<mask>"]  # ids 0-4 (ESM's order)
+
+
+class AminoAcidTokenizer:
+    """One token per residue: the 20 standard amino acids, the codes X B Z U O, and the
+    specials ``<cls> <pad> <eos> <unk> <mask>`` (ids 0–4, as in ESM).
+
+    ``encode`` accepts lowercase and strips one trailing ``*`` (a stop codon in translated
+    FASTA); any other character (gaps ``-``/``.``, digits, spaces) is refused with
+    :class:`QkvError` naming the sequence id, the position (1-based) and the character, because a
+    gap in a sequence is usually an alignment pasted by mistake.
+    """
+
+    kind = "amino-acid"
+
+    def __init__(self) -> None:
+        self.tokens = PROTEIN_SPECIALS + list(AMINO_ACIDS + RARE_CODES)
+        self._index = {t: i for i, t in enumerate(self.tokens)}
+        self.cls_id, self.pad_id, self.eos_id, self.unk_id, self.mask_id = range(5)
+        self.residue_ids = list(range(5, 5 + len(AMINO_ACIDS)))  # what MLM may substitute
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def clean(self, sequence: str, seq_id: str = "sequence") -> str:
+        """Upper-cased residues of ``sequence`` without a trailing ``*``; raises
+        :class:`QkvError` for characters that are not amino-acid codes."""
+        seq = sequence.strip().upper()
+        if seq.endswith("*"):
+            seq = seq[:-1]
+        for i, c in enumerate(seq):
+            if c not in self._index or c.startswith("<"):
+                raise QkvError(f"{seq_id}: character {c!r} at position {i + 1} is not an amino-acid "
+                               f"code (allowed: {AMINO_ACIDS} and {RARE_CODES}, any case, one trailing *)")
+        return seq
+
+    def encode(self, sequence: str, seq_id: str = "sequence", add_special_tokens: bool = True) -> list[int]:
+        """Ids of a protein sequence: ``<cls> residues <eos>`` (or residues only)."""
+        ids = [self._index[c] for c in self.clean(sequence, seq_id)]
+        return [self.cls_id, *ids, self.eos_id] if add_special_tokens else ids
+
+    def decode(self, ids) -> str:
+        """Residues of ``ids`` (specials dropped)."""
+        return "".join(self.tokens[i] for i in ids if i >= len(PROTEIN_SPECIALS))
+
+    def id_to_token(self, i: int) -> str:
+        return self.tokens[i]
+
+    def save(self, path: str | Path) -> None:
+        from ..train.checkpoint import write_json
+
+        write_json(Path(path), {"type": "amino-acid", "tokens": self.tokens})

@@ -168,3 +168,35 @@ class LMConfig(ModelConfig):
             raise ValueError("invalid LMConfig: " + "; ".join(problems))
 
 
+
+
+@dataclass(frozen=True)
+class EncoderConfig(LMConfig):
+    """Hyper-parameters of :class:`qkv.models.encoder.EncoderModel` (BERT/ESM-style,
+    bidirectional): the fields of :class:`LMConfig` with encoder defaults (pre-LN, GELU,
+    learned positions, biases, 4 layers of width 256), plus ``pad_id`` (keys never attended)
+    and, for classification heads, ``num_labels`` and ``pooling`` (``"cls"`` or ``"mean"``).
+    """
+
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_layers: int = 4
+    dropout: float = 0.1
+    max_len: int = 512
+    bias: bool = True
+    pad_id: int = 1
+    num_labels: int = 0
+    pooling: str = "cls"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = []
+        if not 0 <= self.pad_id < self.vocab_size:
+            problems.append(f"pad_id ({self.pad_id}) is outside the vocabulary")
+        if self.num_labels < 0:
+            problems.append(f"num_labels ({self.num_labels}) must be >= 0")
+        if self.pooling not in ("cls", "mean"):
+            problems.append(f"pooling ({self.pooling!r}) must be 'cls' or 'mean'")
+        if problems:
+            raise ValueError("invalid EncoderConfig: " + "; ".join(problems))

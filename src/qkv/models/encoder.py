@@ -1,0 +1,106 @@
+"""Bidirectional Transformer encoder with heads (BERT / ESM style), for protein sequences.
+
+Source: Vaswani et al. 2017, §3.1 (the encoder stack); Devlin et al. 2019 (BERT: masked
+language modelling, a classification token); Rives et al. 2021 (ESM: the same on proteins);
+lecture notes ``003_*.txt`` (Transformer encoders on protein sequences) and ``004_*.txt``
+(a pretrained encoder plus a feed-forward layer trained on the task).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import EncoderConfig
+from .stack import TransformerStack
+
+
+@dataclass
+class EncoderOutput:
+    """Output of :class:`EncoderModel` heads.
+
+    Attributes:
+        logits: ``(B, T, V)`` (masked LM), ``(B, num_labels)`` (sequence) or
+            ``(B, T, num_labels)`` (per residue); float.
+        hidden: ``(B, T, D)`` final hidden states. attentions: per layer ``(B, H, T, T)`` or ().
+    """
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    attentions: tuple = ()
+
+
+def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real positions only: ``hidden (B, T, D)``, ``mask (B, T)`` bool → ``(B, D)``.
+    Padding never changes the result."""
+    weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+class EncoderModel(TransformerStack):
+    """Bidirectional encoder (no look-ahead mask) with a masked-LM head and optional
+    classification heads.
+
+    Args:
+        config: an :class:`~qkv.models.config.EncoderConfig`.
+
+    Shape:
+        tokens ``(B, T)`` long, right-padded with ``pad_id`` (padding keys are masked out).
+        :meth:`forward` → masked-LM logits ``(B, T, V)`` (output projection tied to the
+        embeddings, after a dense + GELU + LayerNorm transform as in BERT/ESM);
+        :meth:`classify_sequence` → ``(B, num_labels)`` from the ``<cls>`` position or the mean
+        of real positions; :meth:`classify_residues` → ``(B, T, num_labels)``.
+
+    Raises:
+        ValueError: bad token ids, shapes or lengths (see :meth:`hidden_states`).
+    """
+
+    causal = False
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        d = config.d_model
+        self.mlm_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
+        self.mlm_head = nn.Linear(d, config.vocab_size, bias=True)
+        n = max(config.num_labels, 1)
+        self.head_dropout = nn.Dropout(config.dropout)
+        self.sequence_head = nn.Linear(d, n)
+        self.residue_head = nn.Linear(d, n)
+        self._init_weights()
+        self.mlm_head.weight = self.embed.weight
+
+    def encode(self, tokens: torch.Tensor, need_weights: bool = False):
+        """``(hidden (B, T, D), attention_mask (B, T) bool, attentions)``."""
+        attention_mask = tokens != self.config.pad_id  # (B, T)
+        hidden, weights = self.hidden_states(tokens, attention_mask, need_weights=need_weights)
+        return hidden, attention_mask, weights
+
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:
+        hidden, _, weights = self.encode(tokens, need_weights)
+        return EncoderOutput(self.mlm_head(self.mlm_transform(hidden)), hidden, weights)
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """One vector per sequence ``(B, D)``: the first (``<cls>``) position or the mean."""
+        if self.config.pooling == "cls":
+            return hidden[:, 0]
+        return masked_mean(hidden, attention_mask)
+
+    def classify_sequence(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:
+        hidden, mask, weights = self.encode(tokens, need_weights)
+        pooled = self.head_dropout(self.pool(hidden, mask))
+        return EncoderOutput(self.sequence_head(pooled), hidden, weights)
+
+    def classify_residues(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:
+        hidden, _, weights = self.encode(tokens, need_weights)
+        return EncoderOutput(self.residue_head(self.head_dropout(hidden)), hidden, weights)
+
+
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Summed cross-entropy over masked positions (``labels`` = -100 elsewhere) and their
+    count. Shapes: ``logits (B, T, V)``, ``labels (B, T)`` long."""
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                           reduction="sum")
+    return loss, int((labels != -100).sum())

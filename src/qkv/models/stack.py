@@ -1,0 +1,111 @@
+"""One stack of self-attention layers with its embeddings: the body shared by the decoder-only
+LM (causal) and the BERT/ESM-style encoder (bidirectional).
+
+Source: Vaswani et al. 2017, §3.1 (N identical layers), §3.4 (embeddings), §3.5 (positions);
+the look-ahead mask of §3.2.3 makes the stack a decoder without cross-attention (GPT), its
+absence an encoder (BERT, Devlin et al. 2019).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..nn.attention import KVCache
+from ..nn.embeddings import TokenEmbedding
+from ..nn.layers import EncoderLayer
+from ..nn.norms import build_norm
+from ..nn.positional import RotaryEmbedding, build_positional
+from .config import LMConfig
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of left-padded rows: 0 at each row's first real token.
+
+    Shape: ``attention_mask (B, T)`` bool (``True`` = real token) → ``(B, T)`` long; pad
+    positions get 0 (they are masked out anyway).
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class TransformerStack(nn.Module):
+    """Token embeddings (+ positions), N :class:`EncoderLayer`, final norm (pre-LN).
+
+    Args:
+        config: an :class:`~qkv.models.config.LMConfig` (or a subclass).
+        causal: apply the look-ahead mask (decoder-only LM) or not (encoder).
+
+    Attributes ``embed``, ``positional``, ``layers``, ``final_norm`` keep the parameter names of
+    saved checkpoints. Initialisation is GPT-2's: N(0, 0.02), residual output projections
+    scaled by 1/sqrt(2·n_layers) so the residual stream's variance does not grow with depth.
+    """
+
+    causal = True
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = cfg = config
+        self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embeddings)
+        self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
+        rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
+                         cfg.activation_dropout, cfg.activation, cfg.norm_first, cfg.bias,
+                         cfg.attention_backend, cfg.layer_norm_eps, cfg.norm, rotary)
+            for _ in range(cfg.n_layers))
+        self.final_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+                           if cfg.norm_first else nn.Identity())
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                std = 0.02
+                if name.endswith(("w_o.weight", "w_2.weight")):
+                    std /= math.sqrt(2 * self.config.n_layers)
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def new_caches(self) -> list[KVCache]:
+        """Empty key/value caches, one per layer, for incremental decoding."""
+        return [KVCache() for _ in self.layers]
+
+    def hidden_states(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None, caches: list[KVCache] | None = None,
+                      need_weights: bool = False) -> tuple[torch.Tensor, tuple]:
+        """``tokens (B, T)`` → ``(hidden (B, T, D), per-layer weights (B, H, T, L) or ())``.
+
+        ``attention_mask (B, L)`` bool covers all keys (cached + new), ``True`` = real token.
+        Raises ``ValueError`` for a bad shape, an id outside the vocabulary, or a sequence
+        longer than ``max_len``.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}")
+        t = tokens.size(1)
+        start = 0 if caches is None else caches[0].length
+        if positions is None:
+            positions = (torch.arange(start, start + t, device=tokens.device) if attention_mask is None
+                         else position_ids(attention_mask)[:, -t:])
+        if start + t > self.config.max_len:  # positions never exceed the cache length
+            raise ValueError(f"sequence of {start + t} tokens exceeds the model's context "
+                             f"length max_len ({self.config.max_len})")
+        x = self.embed(tokens)  # (B, T, D)
+        if self.positional is not None:
+            x = x + self.positional(positions)
+        x = self.embed_dropout(x)
+        mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, L)
+        # One new token with a cache attends to every cached key: no look-ahead mask needed.
+        is_causal = self.causal and t > 1
+        weights = []
+        for i, layer in enumerate(self.layers):
+            x, w = layer(x, mask, need_weights=need_weights, is_causal=is_causal,
+                         cache=None if caches is None else caches[i], positions=positions)
+            weights.append(w)
+        return self.final_norm(x), tuple(weights) if need_weights else ()
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (tied matrices counted once)."""
+        return sum(p.numel() for p in self.parameters())
