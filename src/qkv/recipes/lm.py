@@ -26,7 +26,7 @@ from ..errors import QkvError
 from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
-from ..train.checkpoint import load_weights, save_weights, write_json
+from ..train.checkpoint import load_weights, save_weights, write_json, write_text
 from ..train.loop import train_loop
 from ..train.optim import make_adam, warmup_cosine_lr
 from .common import git_commit, loop_config, prepare_run_dir, resolve_settings
@@ -244,10 +244,7 @@ def write_samples(generator: TextGenerator, path: Path, recipe: LMRecipe) -> lis
                                temperature=recipe.temperature, top_k=recipe.top_k, seed=recipe.seed)
     header = (f"# {recipe.num_samples} samples, {recipe.sample_tokens} tokens each, from the start "
               f"token; temperature {recipe.temperature}, top-k {recipe.top_k}, seed {recipe.seed}\n")
-    body = "\n---------------\n".join(texts)
-    tmp = path.with_name(".tmp-" + path.name)
-    tmp.write_text(header + body + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, header + "\n---------------\n".join(texts) + "\n")
     return texts
 
 

@@ -35,10 +35,14 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
+def write_text(path: Path, text: str) -> None:
+    """Atomically write UTF-8 text."""
+    _atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
 def write_json(path: Path, data: dict) -> None:
     """Atomically write pretty JSON (UTF-8)."""
-    _atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n",
-                                                   encoding="utf-8"))
+    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
