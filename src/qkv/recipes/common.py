@@ -47,6 +47,14 @@ def resolve_settings(recipe_cls, config_file: str | None, overrides: list[str]):
     return recipe
 
 
+def build_model_config(recipe, config_cls, **explicit):
+    """``config_cls`` from every field the recipe shares with it by name (``d_model``,
+    ``dropout``, ...), with ``explicit`` values (vocabulary size, special ids) taking
+    precedence, so a recipe never lists its model fields twice."""
+    shared = {f.name for f in dataclasses.fields(config_cls)} & {f.name for f in dataclasses.fields(recipe)}
+    return config_cls(**{**{name: getattr(recipe, name) for name in shared}, **explicit})
+
+
 def prepare_run_dir(run_dir: str | Path, resume: bool) -> Path:
     """Create ``run_dir``; refuse a non-empty one unless resuming (nothing saved is overwritten)."""
     run_dir = Path(run_dir)

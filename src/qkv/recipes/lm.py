@@ -29,12 +29,7 @@ from ..models.decoder_lm import DecoderLM
 from ..train.checkpoint import load_weights, save_weights, write_json, write_text
 from ..train.loop import train_loop
 from ..train.optim import make_adam, warmup_cosine_lr
-from .common import git_commit, loop_config, prepare_run_dir, resolve_settings
-
-MODEL_FIELDS = ("d_model", "n_heads", "d_ff", "n_layers", "dropout", "attention_dropout",
-                "activation_dropout", "activation", "norm", "norm_first", "positional", "bias",
-                "scale_embeddings", "attention_backend")
-
+from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
 
 @dataclass(frozen=True)
 class LMRecipe:
@@ -107,8 +102,8 @@ class LMRecipe:
 
     def model_config(self, vocab_size: int, bos_id: int | None = None,
                      eos_id: int | None = None) -> LMConfig:
-        return LMConfig(vocab_size=vocab_size, max_len=self.block_size, bos_id=bos_id,
-                        eos_id=eos_id, **{f: getattr(self, f) for f in MODEL_FIELDS})
+        return build_model_config(self, LMConfig, vocab_size=vocab_size, max_len=self.block_size,
+                                  bos_id=bos_id, eos_id=eos_id)
 
 
 def resolve_config(config_file: str | None, overrides: list[str]) -> LMRecipe:

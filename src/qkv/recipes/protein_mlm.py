@@ -29,12 +29,7 @@ from ..models.encoder import EncoderModel, mlm_loss
 from ..train.checkpoint import load_weights, save_weights, write_json
 from ..train.loop import train_loop
 from ..train.optim import make_adam, warmup_cosine_lr
-from .common import git_commit, loop_config, prepare_run_dir, resolve_settings
-
-MODEL_FIELDS = ("d_model", "n_heads", "d_ff", "n_layers", "dropout", "attention_dropout",
-                "activation_dropout", "activation", "norm", "norm_first", "positional", "bias",
-                "max_len", "attention_backend")
-
+from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
 
 @dataclass(frozen=True)
 class ProteinMLMRecipe:
@@ -91,8 +86,7 @@ class ProteinMLMRecipe:
         self.model_config(AminoAcidTokenizer())
 
     def model_config(self, tok: AminoAcidTokenizer) -> EncoderConfig:
-        return EncoderConfig(vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                             **{f: getattr(self, f) for f in MODEL_FIELDS})
+        return build_model_config(self, EncoderConfig, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
 
 
 def resolve_config(config_file: str | None, overrides: list[str]) -> ProteinMLMRecipe:

@@ -30,7 +30,7 @@ from ..train.checkpoint import average_weights, load_weights, save_weights, writ
 from ..train.losses import label_smoothed_nll
 from ..train.loop import train_loop
 from ..train.optim import make_adam, noam_lr
-from .common import git_commit, loop_config, prepare_run_dir, resolve_settings
+from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,8 @@ class TranslationRecipe:
         self.model_config(self.vocab_size)
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
-        return TransformerConfig(
-            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=self.d_model,
-            n_heads=self.n_heads, d_ff=self.d_ff, n_encoder_layers=self.n_encoder_layers,
-            n_decoder_layers=self.n_decoder_layers, dropout=self.dropout,
-            attention_dropout=self.attention_dropout, activation_dropout=self.activation_dropout,
-            norm_first=self.norm_first, positional=self.positional,
-            share_embeddings=self.share_embeddings, max_len=self.max_len)
+        return build_model_config(self, TransformerConfig, src_vocab_size=vocab_size,
+                                  tgt_vocab_size=vocab_size)
 
 
 def resolve_config(config_file: str | None, overrides: list[str]) -> TranslationRecipe:
