@@ -206,8 +206,13 @@ class TextGenerator:
                     stream(i, texts[i][shown[i]:end])
                     shown[i] = end
 
-        generate_tokens(self.model, ids, max_new_tokens, do_sample, temperature, top_k, top_p,
-                        stop_tokens=eos, stop=cut, generator=generator, on_tokens=on_tokens)
+        # Decoding every step is needed only to find stop strings or to stream text.
+        per_step = bool(stop) or stream is not None
+        new = generate_tokens(self.model, ids, max_new_tokens, do_sample, temperature, top_k, top_p,
+                              stop_tokens=eos, stop=cut if per_step else None, generator=generator,
+                              on_tokens=on_tokens)
+        if not per_step:
+            return [tok.decode(n) for n in new]
         if stream is not None:
             for i, text in enumerate(texts):
                 if len(text) > shown[i]:

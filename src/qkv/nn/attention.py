@@ -224,18 +224,21 @@ class MultiHeadAttention(nn.Module):
         ``_version``, moves change ``data_ptr``, and :meth:`train` / ``eval()`` clear it):
         re-stacking every decoding step would move more memory than the matrix-vector product
         itself reads."""
-        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-        if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+        def stack() -> tuple[torch.Tensor, torch.Tensor | None]:
             weight = torch.cat([lin.weight for lin in linears])
             bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
             return weight, bias
+
+        if self.training:
+            return stack()
+        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return stack()
         key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
         cached = self._fused_cache.get(len(linears))
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                weight = torch.cat([lin.weight for lin in linears])
-                bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
-            cached = (key, weight, bias)
+                cached = (key, *stack())
             self._fused_cache[len(linears)] = cached
         return cached[1], cached[2]
 

@@ -34,8 +34,9 @@ class TokenEmbedding(nn.Module):
         self.scale = math.sqrt(d_model) if scale else 1.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"token id out of range [0, {self.vocab_size}): "
-                             f"min {int(tokens.min())}, max {int(tokens.max())}")
+        if tokens.numel():
+            lo, hi = (int(v) for v in torch.aminmax(tokens))  # one pass, one host sync
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"token id out of range [0, {self.vocab_size}): min {lo}, max {hi}")
         out = nn.functional.embedding(tokens, self.weight, self.pad_id)
         return out * self.scale if self.scale != 1.0 else out
