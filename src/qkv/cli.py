@@ -7,6 +7,7 @@ one line on stderr with a non-zero exit; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import warnings
@@ -19,7 +20,6 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-RECIPES = ("translation", "lm", "protein-mlm")
 
 
 def _report_translation(summary: dict, out: str) -> None:
@@ -47,18 +47,18 @@ def _report_protein_mlm(summary: dict, out: str) -> None:
          f"{Path(out).resolve()}")
 
 
+# recipe name → (module in qkv.recipes, its train function, report); modules have resolve_config.
+RECIPES = {"translation": ("translation", "train_translation", _report_translation),
+           "lm": ("lm", "train_lm", _report_lm),
+           "protein-mlm": ("protein_mlm", "train_protein_mlm", _report_protein_mlm)}
+
+
 def _cmd_train(args) -> int:
     if args.recipe not in RECIPES:
         raise QkvError(f"unknown recipe {args.recipe!r}; available: {', '.join(RECIPES)}")
-    if args.recipe == "translation":
-        from .recipes.translation import resolve_config, train_translation as train
-        report = _report_translation
-    elif args.recipe == "lm":
-        from .recipes.lm import resolve_config, train_lm as train
-        report = _report_lm
-    else:
-        from .recipes.protein_mlm import resolve_config, train_protein_mlm as train
-        report = _report_protein_mlm
+    module_name, train_name, report = RECIPES[args.recipe]
+    module = importlib.import_module(f".recipes.{module_name}", __package__)
+    resolve_config, train = module.resolve_config, getattr(module, train_name)
     overrides = list(args.overrides)
     for flag in ("max_steps", "max_minutes"):
         value = getattr(args, flag)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .data.tokenizers import load_tokenizer  # noqa: F401  (re-exported for recipes)
+from .data.tokenizers import load_tokenizer
 from .errors import QkvError
 from .models.config import LMConfig, TransformerConfig
 from .models.decoder_lm import DecoderLM

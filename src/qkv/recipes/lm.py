@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import runs
-from ..data.tokenizers import CharTokenizer, SubwordTokenizer
+from ..data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from ..data.text import consecutive_windows, load_corpus, random_windows, split_train_val, windows_at
 from ..device import resolve_device
 from ..errors import QkvError
@@ -170,7 +170,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     text = load_corpus(recipe.corpus)
     train_text, val_text = split_train_val(text, recipe.val_fraction)
     tok_path = run_dir / "tokenizer.json"
-    tok = runs.load_tokenizer(tok_path) if resume else _build_tokenizer(recipe, text, train_text)
+    tok = load_tokenizer(tok_path) if resume else _build_tokenizer(recipe, text, train_text)
     if not resume:
         tok.save(tok_path)
     train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
