@@ -47,10 +47,25 @@ def _report_protein_mlm(summary: dict, out: str) -> None:
          f"{Path(out).resolve()}")
 
 
+def _report_protein_task(summary: dict, out: str) -> None:
+    test, score = summary["test"], "q3" if "q3" in summary["test"] else "mcc"
+    line = (f"{summary['task']} test ({summary['mode']}): {score.upper()} {test[score]:.3f}, accuracy "
+            f"{test['accuracy']:.3f}" + (f", AUROC {test['auroc']:.3f}" if "auroc" in test else ""))
+    base = summary.get("baseline_test")
+    if base:
+        line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score == 'mcc' else 'accuracy']:.3f}"
+    _log(f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
+         f"{Path(out).resolve()} (confusion.png, summary.json)")
+
+
 # recipe name → (module in qkv.recipes, its train function, report); modules have resolve_config.
 RECIPES = {"translation": ("translation", "train_translation", _report_translation),
            "lm": ("lm", "train_lm", _report_lm),
-           "protein-mlm": ("protein_mlm", "train_protein_mlm", _report_protein_mlm)}
+           "protein-mlm": ("protein_mlm", "train_protein_mlm", _report_protein_mlm),
+           "protein-cls": ("protein_tasks", "train_protein_cls", _report_protein_task),
+           "protein-residue": ("protein_tasks", "train_protein_residue", _report_protein_task)}
+# train options that are recipe settings (``--task X`` is ``task=X``)
+SETTING_FLAGS = ("max_steps", "max_minutes", "task", "init", "labels")
 
 
 def _cmd_train(args) -> int:
@@ -60,10 +75,12 @@ def _cmd_train(args) -> int:
     module = importlib.import_module(f".recipes.{module_name}", __package__)
     resolve_config, train = module.resolve_config, getattr(module, train_name)
     overrides = list(args.overrides)
-    for flag in ("max_steps", "max_minutes"):
+    for flag in SETTING_FLAGS:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{flag}={value}")
+    if args.freeze:
+        overrides.append("freeze=true")
     recipe = resolve_config(args.config, overrides)
     try:
         summary = train(recipe, args.out, resume=args.resume, progress=not args.quiet, log=_log)
@@ -104,7 +121,14 @@ def _cmd_evaluate(args) -> int:
     from .device import resolve_device
 
     device = resolve_device(args.device)
-    if runs.run_recipe(args.run_dir) == "lm":
+    recipe = runs.run_recipe(args.run_dir)
+    if recipe in ("protein-cls", "protein-residue"):
+        from .recipes.protein_tasks import evaluate_protein_run
+
+        split = "test" if args.split == "test2016" else args.split
+        print(json.dumps(evaluate_protein_run(args.run_dir, split, device=device)))
+        return 0
+    if recipe == "lm":
         from .recipes.lm import evaluate_lm_run
 
         split = "val" if args.split == "test2016" else args.split
@@ -158,6 +182,58 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _read_protein_file(path: str):
+    from .data.protein import read_fasta
+
+    records = read_fasta(path)
+    return [r.id for r in records], [r.sequence for r in records]
+
+
+def _cmd_classify(args) -> int:
+    from .device import resolve_device
+    from .recipes.protein_tasks import ProteinEncoder
+
+    encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
+    if encoder.level == "mlm":
+        raise QkvError(f"{args.run_dir} is a pretrained encoder without a task head; classify needs a "
+                       "protein-cls or protein-residue run")
+    ids, seqs = _read_protein_file(args.fasta)
+    probs = encoder.predict(seqs, ids)
+    out = sys.stdout
+    if encoder.level == "sequence":
+        out.write("\t".join(["id", "label", *(f"p_{c}" for c in encoder.classes)]) + "\n")
+        for i, p in zip(ids, probs):
+            out.write("\t".join([i, encoder.classes[int(p.argmax())], *(f"{x:.4f}" for x in p)]) + "\n")
+    else:
+        out.write("id\tlabels\n")  # one class letter per residue
+        for i, p in zip(ids, probs):
+            out.write(f"{i}\t{''.join(encoder.classes[k] for k in p.argmax(1))}\n")
+    out.flush()
+    return 0
+
+
+def _cmd_embed(args) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from .device import resolve_device
+    from .recipes.protein_tasks import ProteinEncoder
+    from .train.checkpoint import atomic_write
+
+    encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
+    ids, seqs = _read_protein_file(args.fasta)
+    pooled, residues = encoder.embed(seqs, ids, per_residue=args.per_residue)
+    tensors = {"mean": torch.from_numpy(pooled).contiguous()}
+    for i, r in zip(ids, residues):
+        tensors[f"residues/{i}"] = torch.from_numpy(r).contiguous()
+    metadata = {"ids": json.dumps(ids), "run_dir": str(Path(args.run_dir).resolve())}
+    out = Path(args.out)
+    atomic_write(out, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    _log(f"{len(ids)} embeddings of width {pooled.shape[1]} -> {out} (tensor 'mean', ids in metadata"
+         + (", per-residue tensors 'residues/<id>')" if args.per_residue else ")"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -172,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--task", help="protein-cls/-residue: signalp, amp-scanner, secondary-structure, "
+                                  "or a CSV/TSV (sequence,label) or FASTA file (with --labels)")
+    p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
+    p.add_argument("--init", metavar="RUN_DIR", help="start from a pretrained protein-mlm encoder")
+    p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("translate", help="translate text with a trained run")
@@ -209,6 +290,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weights' precision for decoding (bfloat16: faster on CPUs with native support)")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("classify", help="predict protein classes (TSV on stdout)")
+    p.add_argument("run_dir")
+    p.add_argument("fasta", help="FASTA file of sequences")
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    p.set_defaults(func=_cmd_classify)
+
+    p = sub.add_parser("embed", help="per-sequence (and per-residue) embeddings of a protein encoder")
+    p.add_argument("run_dir")
+    p.add_argument("fasta", help="FASTA file of sequences")
+    p.add_argument("--out", required=True, help="output .safetensors file")
+    p.add_argument("--per-residue", action="store_true", help="also store one (L, D) tensor per sequence")
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    p.set_defaults(func=_cmd_embed)
     return parser
 
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from ..errors import QkvError
 
 
-def _atomic(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -37,7 +37,7 @@ def _atomic(path: Path, write) -> None:
 
 def write_text(path: Path, text: str) -> None:
     """Atomically write UTF-8 text."""
-    _atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -57,7 +57,7 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     for p, _ in relaid:
         p.data = p.data.contiguous()
     try:
-        _atomic(path, lambda tmp: save_model(model, tmp))
+        atomic_write(path, lambda tmp: save_model(model, tmp))
     finally:
         for p, data in relaid:
             p.data = data
@@ -84,7 +84,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 def save_state(state: dict, path: Path) -> None:
     """Atomically ``torch.save`` a training state (optimizer, step, RNG, ...)."""
-    _atomic(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def average_weights(paths: list[Path], out: Path) -> None:
@@ -104,4 +104,4 @@ def average_weights(paths: list[Path], out: Path) -> None:
                 total[k] += v.double()
     first = load_file(str(paths[0]))
     avg = {k: (v / len(paths)).to(first[k].dtype).contiguous() for k, v in total.items()}
-    _atomic(out, lambda tmp: save_file(avg, tmp))
+    atomic_write(out, lambda tmp: save_file(avg, tmp))

@@ -75,7 +75,8 @@ def _plot_curves(metrics_path: Path, out: Path) -> None:
         ax.plot(*zip(*val), "o-", label="validation loss (NLL)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats / token)")
-    ax.legend()
+    if train or val:
+        ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     tmp = out.with_name(".tmp-" + out.name)

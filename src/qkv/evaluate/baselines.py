@@ -1,0 +1,90 @@
+"""Baselines that a Transformer must beat, on the same splits (scikit-learn logistic regression).
+
+Sequence tasks: amino-acid composition (20 residue frequencies + log length).
+Residue tasks: one-hot window of ±7 residues around each position (15 × 21 features, the
+21st symbol marking "outside the chain"), the classic secondary-structure baseline (Qian &
+Sejnowski 1988 used a ±6 window).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..data.protein_tasks import ProteinTask
+from ..data.tokenizers import AMINO_ACIDS
+from .classification import classification_metrics
+
+_INDEX = {a: i for i, a in enumerate(AMINO_ACIDS)}  # rare codes (X B Z U O) count as none
+
+
+def composition(sequence: str) -> np.ndarray:
+    """``(21,)`` float: frequency of each standard residue, then log(length)."""
+    counts = np.zeros(len(AMINO_ACIDS) + 1)
+    for c in sequence:
+        if c in _INDEX:
+            counts[_INDEX[c]] += 1
+    counts[:-1] /= max(len(sequence), 1)
+    counts[-1] = np.log(max(len(sequence), 1))
+    return counts
+
+
+def window_features(sequence: str, half: int = 7):
+    """``(L, (2·half+1)·21)`` sparse one-hot windows centred on each residue."""
+    from scipy.sparse import csr_matrix
+
+    width, n = 2 * half + 1, len(AMINO_ACIDS) + 1
+    codes = np.array([_INDEX.get(c, n - 1) for c in sequence])
+    padded = np.concatenate([np.full(half, n - 1), codes, np.full(half, n - 1)])
+    cols = np.stack([padded[i:i + len(sequence)] + i * n for i in range(width)], 1)  # (L, width)
+    rows = np.repeat(np.arange(len(sequence)), width)
+    return csr_matrix((np.ones(rows.size), (rows, cols.ravel())), shape=(len(sequence), width * n))
+
+
+def _fit_predict(x_train, y_train, x_test):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    scale = not hasattr(x_train, "tocsr")
+    clf = LogisticRegression(max_iter=2000, C=1.0)
+    model = make_pipeline(StandardScaler(), clf) if scale else clf
+    model.fit(x_train, y_train)
+    return model.predict_proba(x_test)
+
+
+def baseline_metrics(task: ProteinTask, split: str = "test", max_train_residues: int = 300_000,
+                     seed: int = 0) -> dict:
+    """Fit the task's baseline on its train split; metrics on ``split``. Residue tasks use at
+    most ``max_train_residues`` labelled training residues (a fixed random sample) to keep the
+    fit to a minute or two on a laptop."""
+    from scipy.sparse import vstack
+
+    train, test = task.split("train"), task.split(split)
+    if task.level == "sequence":
+        x_tr = np.stack([composition(r.sequence) for r in train])
+        y_tr = np.array([task.label_ids(r)[0] for r in train])
+        x_te = np.stack([composition(r.sequence) for r in test])
+        y_te = np.array([task.label_ids(r)[0] for r in test])
+        name = "amino-acid composition + logistic regression"
+    else:
+        def stack(records):
+            xs, ys = [], []
+            for r in records:
+                y = np.array(task.label_ids(r))
+                keep = y != -100
+                xs.append(window_features(r.sequence)[keep])
+                ys.append(y[keep])
+            return vstack(xs).tocsr(), np.concatenate(ys)
+
+        x_tr, y_tr = stack(train)
+        if x_tr.shape[0] > max_train_residues:
+            pick = np.random.default_rng(seed).choice(x_tr.shape[0], max_train_residues, replace=False)
+            x_tr, y_tr = x_tr[pick], y_tr[pick]
+        x_te, y_te = stack(test)
+        name = "±7-residue one-hot window + logistic regression"
+    present = sorted(set(y_tr.tolist()))
+    probs = np.zeros((x_te.shape[0], len(task.classes)))
+    probs[:, present] = _fit_predict(x_tr, y_tr, x_te)
+    metrics = classification_metrics(y_te, probs.argmax(1), probs, task.classes)
+    metrics["baseline"] = name
+    return metrics

@@ -1,0 +1,90 @@
+"""Classification metrics (scikit-learn) and the confusion-matrix picture.
+
+Accuracy; Matthews correlation coefficient (multi-class: Gorodkin 2004, the R_K statistic,
+``sklearn.metrics.matthews_corrcoef``); per-class precision/recall/F1; AUROC for two classes;
+Q3 (per-residue accuracy over H/E/C) for secondary structure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def classification_metrics(y_true, y_pred, probs, classes) -> dict:
+    """Metrics of one evaluation.
+
+    Args:
+        y_true, y_pred: ``(N,)`` int class ids. probs: ``(N, C)`` float probabilities.
+        classes: the ``C`` class names.
+
+    Returns:
+        ``accuracy``, ``mcc``, ``per_class`` {name: precision, recall, f1, support},
+        ``auroc`` (two classes only, probability of class 1), ``n``, ``confusion`` (C×C list,
+        rows = true).
+    """
+    from sklearn.metrics import (accuracy_score, confusion_matrix, matthews_corrcoef,
+                                 precision_recall_fscore_support, roc_auc_score)
+
+    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    labels = list(range(len(classes)))
+    p, r, f, s = precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
+    out = {"n": int(len(y_true)), "accuracy": float(accuracy_score(y_true, y_pred)),
+           "mcc": float(matthews_corrcoef(y_true, y_pred)),
+           "per_class": {c: {"precision": float(p[i]), "recall": float(r[i]), "f1": float(f[i]),
+                             "support": int(s[i])} for i, c in enumerate(classes)},
+           "confusion": confusion_matrix(y_true, y_pred, labels=labels).tolist()}
+    if len(classes) == 2 and len(set(y_true.tolist())) == 2:
+        out["auroc"] = float(roc_auc_score(y_true, np.asarray(probs)[:, 1]))
+    return out
+
+
+def per_group_binary_mcc(y_true, y_pred, groups, classes, negative: str) -> dict:
+    """MCC of "class T" vs "not T" for every positive class T and every group (e.g. SignalP
+    type per kingdom, SignalP 6.0's MCC2), plus "any positive class" vs ``negative``.
+    Groups or classes without a true positive are left out."""
+    from sklearn.metrics import matthews_corrcoef
+
+    y_true, y_pred, groups = np.asarray(y_true), np.asarray(y_pred), np.asarray(groups)
+    neg = classes.index(negative)
+    out = {}
+    for g in sorted(set(groups.tolist())):
+        sel = groups == g
+        t, p = y_true[sel], y_pred[sel]
+        row = {"n": int(sel.sum()), "any_vs_" + negative: float(matthews_corrcoef(t != neg, p != neg))}
+        for i, c in enumerate(classes):
+            if i != neg and (t == i).any():
+                row[c] = float(matthews_corrcoef(t == i, p == i))
+        out[g] = row
+    return out
+
+
+def plot_confusion(confusion, classes, path: Path, title: str) -> None:
+    """Write a confusion-matrix PNG (rows = true class, columns = predicted; counts and
+    row-normalised shading), atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = np.asarray(confusion, dtype=float)
+    norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    size = 1.2 + 0.6 * len(classes)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
+    ax.set_yticks(range(len(classes)), classes)
+    for i in range(len(classes)):
+        for j in range(len(classes)):
+            ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center",
+                    color="white" if norm[i, j] > 0.5 else "black", fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="share of true class")
+    fig.tight_layout()
+    tmp = path.with_name(".tmp-" + path.name)
+    fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
