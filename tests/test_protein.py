@@ -161,3 +161,6 @@ def test_protein_mlm_smoke_on_real_data(tmp_path, capsys, monkeypatch):
     assert summary["steps"] == 4 and 1.0 < val["val_ppl"] < 40 and 15 < val["unigram_ppl"] < 20
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"):
         assert (out / name).is_file()
+    assert main(["evaluate", str(out)]) == 0  # recomputed from the saved run: the same figure
+    again = json.loads(capsys.readouterr().out)
+    assert again["val_ppl"] == pytest.approx(val["val_ppl"], rel=1e-4) and again["uniform_ppl"] == 20.0

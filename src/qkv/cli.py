@@ -128,6 +128,11 @@ def _cmd_evaluate(args) -> int:
         split = "test" if args.split == "test2016" else args.split
         print(json.dumps(evaluate_protein_run(args.run_dir, split, device=device)))
         return 0
+    if recipe == "protein-mlm":
+        from .recipes.protein_mlm import evaluate_mlm_run
+
+        print(json.dumps(evaluate_mlm_run(args.run_dir, device=device)))
+        return 0
     if recipe == "lm":
         from .recipes.lm import evaluate_lm_run
 
