@@ -32,15 +32,11 @@ from ..train.optim import make_adam, warmup_cosine_lr
 from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
 
 @dataclass(frozen=True)
-class ProteinMLMRecipe:
-    """Every setting of ``qkv train protein-mlm`` (``key=value`` overrides; unknown keys fail).
+class ProteinEncoderSettings:
+    """The encoder architecture shared by the protein recipes (pre-LN, GELU, rotary positions,
+    4 layers of width 256, 3.2 M parameters): scratch models of ``protein-cls`` are the same
+    network as the pretrained one, so scratch vs fine-tune compares like with like."""
 
-    ``max_len`` counts ``<cls>`` and ``<eos>``; longer proteins are cropped to a random window
-    each epoch. ``max_tokens``: padded tokens per micro-batch. ``lr_decay_steps``: end of the
-    cosine decay (defaults to ``max_steps``; required when training by time only).
-    """
-
-    val_fraction: float = 0.02
     d_model: int = 256
     n_heads: int = 4
     d_ff: int = 1024
@@ -55,6 +51,19 @@ class ProteinMLMRecipe:
     bias: bool = True
     max_len: int = 256
     attention_backend: str = "sdpa"
+
+
+@dataclass(frozen=True)
+class ProteinMLMRecipe(ProteinEncoderSettings):
+    """Every setting of ``qkv train protein-mlm`` (``key=value`` overrides; unknown keys fail).
+
+    ``max_len`` counts ``<cls>`` and ``<eos>``; longer proteins are cropped to a random window
+    each epoch. ``max_tokens``: padded tokens per micro-batch. ``lr_decay_steps``: end of the
+    cosine decay (defaults to ``max_steps``; required when training by time only).
+    """
+
+    val_fraction: float = 0.02
+    dropout: float = 0.0
     mask_prob: float = 0.15
     max_tokens: int = 8192
     accum_steps: int = 1

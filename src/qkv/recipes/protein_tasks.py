@@ -40,6 +40,7 @@ from ..models.encoder import EncoderModel
 from ..train.checkpoint import load_weights, save_weights, write_json
 from ..train.loop import train_loop
 from ..train.optim import make_adam, warmup_cosine_lr
+from .protein_mlm import ProteinEncoderSettings
 from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
 
 IGNORE = -100
@@ -47,7 +48,7 @@ HEADS = ("sequence_head", "residue_head")
 
 
 @dataclass(frozen=True)
-class ProteinTaskRecipe:
+class ProteinTaskRecipe(ProteinEncoderSettings):
     """Every setting of ``qkv train protein-cls`` / ``protein-residue`` (``key=value``).
 
     ``task``: ``signalp``, ``amp-scanner``, ``secondary-structure`` or a file (CSV/TSV with
@@ -64,20 +65,7 @@ class ProteinTaskRecipe:
     fold: int = 0
     split_seed: int = 0
     pooling: str = "cls"
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    n_layers: int = 4
     dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "gelu"
-    norm: str = "layernorm"
-    norm_first: bool = True
-    positional: str = "rotary"
-    bias: bool = True
-    max_len: int = 256
-    attention_backend: str = "sdpa"
     max_tokens: int = 8192
     accum_steps: int = 1
     lr: float | None = None
