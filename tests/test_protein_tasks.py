@@ -243,6 +243,12 @@ def test_cli_refuses_wrong_task_level_and_probe_without_init(toy_csv, tmp_path, 
     assert main(["train", "protein-cls", "--task", str(toy_csv), "--freeze", "--out", str(tmp_path / "p")]) == 2
     assert "needs init=RUN_DIR" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+    fasta, labels = tmp_path / "x.fasta", tmp_path / "x.txt"
+    fasta.write_text(">a\nMKT\n>b\nACD\n>c\nKKK\n")
+    labels.write_text("1\n0\n")
+    assert main(["train", "protein-cls", "--task", str(fasta), "--labels", str(labels), "--out", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 2 labels but" in err[0] and "has 3 records" in err[0]
 
 
 def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, capsys):
