@@ -121,9 +121,9 @@ def test_signalp_partitions_and_types(data_dir):
 def test_amp_scanner_and_flip(data_dir):
     need_data("peptides", "amp_ascan", "seqs.fasta")
     amp = load_amp_scanner()
-    assert len(amp.records) == 3556 and amp.classes == ("0", "1")
+    assert len(amp.records) == 3556 and amp.classes == ("non-AMP", "AMP")
     test = amp.split("test")
-    assert len(test) in (355, 356, 357) and abs(sum(r.label == "1" for r in test) / len(test) - 0.5) < 0.01
+    assert len(test) in (355, 356, 357) and abs(sum(r.label == "AMP" for r in test) / len(test) - 0.5) < 0.01
     need_data("flip_secondary_structure", "sampled.fasta")
     flip = load_flip_secondary_structure()
     assert {s: len(flip.split(s)) for s in ("train", "val", "test")} == {"train": 9712, "val": 1080, "test": 364}

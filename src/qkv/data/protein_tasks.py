@@ -141,17 +141,22 @@ def load_amp_scanner(seed: int = 0) -> ProteinTask:
                            AMP_SHA256["seqs.fasta"])
     classes = find_data_file("peptides/amp_ascan", "classes.txt", AMP_URL.format(name="classes.txt"),
                              AMP_SHA256["classes.txt"])
-    task = _from_fasta_and_labels(fasta, classes, seed, "amp-scanner")
+    task = _from_fasta_and_labels(fasta, classes, seed, "amp-scanner", {"0": "non-AMP", "1": "AMP"})
     task.citation = "AMP Scanner v2: Veltri et al., Bioinformatics 2018 (via peptidereactor, MIT)"
     return task
 
 
-def _from_fasta_and_labels(fasta: Path, labels_path: Path, seed: int, name: str) -> ProteinTask:
+def _from_fasta_and_labels(fasta: Path, labels_path: Path, seed: int, name: str,
+                           names: dict[str, str] | None = None) -> ProteinTask:
+    """Records of ``fasta`` labelled line by line from ``labels_path``; ``names`` renames
+    label values (classes keep the sorted order of the original values)."""
     recs = read_fasta(fasta)
     labels = read_labels(labels_path, len(recs), fasta)
     splits = stratified_split(labels, seed)
-    records = [LabelledProtein(r.id, r.sequence, lab, s) for r, lab, s in zip(recs, labels, splits)]
-    return ProteinTask(name, "sequence", tuple(sorted(set(labels))), records)
+    names = names or {}
+    records = [LabelledProtein(r.id, r.sequence, names.get(lab, lab), s)
+               for r, lab, s in zip(recs, labels, splits)]
+    return ProteinTask(name, "sequence", tuple(names.get(c, c) for c in sorted(set(labels))), records)
 
 
 def _fasta_dict(path: Path) -> dict[str, tuple[str, str]]:
