@@ -1,6 +1,9 @@
 """Baselines that a Transformer must beat, on the same splits (scikit-learn logistic regression).
 
-Sequence tasks: amino-acid composition (20 residue frequencies + log length).
+Sequence tasks: amino-acid composition of the whole sequence and of its first 20 residues (where
+targeting signals such as signal peptides sit) + log length, 42 features; classes weighted
+inversely to their frequency. (Chosen on SignalP validation: whole-sequence composition alone
+gave MCC 0.19, with the N-terminal window 0.54.)
 Residue tasks: one-hot window of ±7 residues around each position (15 × 21 features, the
 21st symbol marking "outside the chain"), the classic secondary-structure baseline (Qian &
 Sejnowski 1988 used a ±6 window).
@@ -40,13 +43,21 @@ def window_features(sequence: str, half: int = 7):
     return csr_matrix((np.ones(rows.size), (rows, cols.ravel())), shape=(len(sequence), width * n))
 
 
-def _fit_predict(x_train, y_train, x_test):
+N_TERMINAL = 20
+
+
+def composition_features(sequence: str) -> np.ndarray:
+    """``(42,)``: :func:`composition` of the whole sequence, then of its first 20 residues."""
+    return np.concatenate([composition(sequence), composition(sequence[:N_TERMINAL])])
+
+
+def _fit_predict(x_train, y_train, x_test, class_weight=None):
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     scale = not hasattr(x_train, "tocsr")
-    clf = LogisticRegression(max_iter=2000, C=1.0)
+    clf = LogisticRegression(max_iter=3000, C=1.0, class_weight=class_weight)
     model = make_pipeline(StandardScaler(), clf) if scale else clf
     model.fit(x_train, y_train)
     return model.predict_proba(x_test)
@@ -61,11 +72,11 @@ def baseline_metrics(task: ProteinTask, split: str = "test", max_train_residues:
 
     train, test = task.split("train"), task.split(split)
     if task.level == "sequence":
-        x_tr = np.stack([composition(r.sequence) for r in train])
+        x_tr = np.stack([composition_features(r.sequence) for r in train])
         y_tr = np.array([task.label_ids(r)[0] for r in train])
-        x_te = np.stack([composition(r.sequence) for r in test])
+        x_te = np.stack([composition_features(r.sequence) for r in test])
         y_te = np.array([task.label_ids(r)[0] for r in test])
-        name = "amino-acid composition + logistic regression"
+        name = "amino-acid composition (whole + first 20 residues) + logistic regression"
     else:
         def stack(records):
             xs, ys = [], []
@@ -84,7 +95,9 @@ def baseline_metrics(task: ProteinTask, split: str = "test", max_train_residues:
         name = "±7-residue one-hot window + logistic regression"
     present = sorted(set(y_tr.tolist()))
     probs = np.zeros((x_te.shape[0], len(task.classes)))
-    probs[:, present] = _fit_predict(x_tr, y_tr, x_te)
+    # Balanced weights help rare SignalP types; Q3 counts every residue, so no weights there.
+    weights = "balanced" if task.level == "sequence" else None
+    probs[:, present] = _fit_predict(x_tr, y_tr, x_te, weights)
     metrics = classification_metrics(y_te, probs.argmax(1), probs, task.classes)
     metrics["baseline"] = name
     return metrics
