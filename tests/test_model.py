@@ -280,7 +280,7 @@ def copy_model() -> Transformer:
     model = Transformer(cfg)
     opt = make_adam(model.parameters())
     g = torch.Generator().manual_seed(1)
-    batch_size, steps, warmup, peak = 64, 400, 50, 3e-3
+    batch_size, steps, warmup, peak = 64, 600, 50, 3e-3
     for step in range(1, steps + 1):
         seqs = _copy_sequences(batch_size, g)
         batch = make_batch([(s, s) for s in seqs], list(range(batch_size)), PAD, BOS, EOS)
