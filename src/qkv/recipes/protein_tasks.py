@@ -171,17 +171,19 @@ class ProteinEncoder:
         load_weights(model, run_dir / "model.safetensors")
         return cls(model.to(device).eval(), meta.get("classes", ()), meta.get("level", "mlm"), device)
 
-    def rows(self, sequences: list[str], ids: list[str] | None = None) -> tuple[list[list[int]], list[int]]:
-        """Token rows and, per row, the index of its sequence. Sequence level: one row per
-        sequence, cut to its first ``max_len - 2`` residues (warned once). Residue level:
-        consecutive windows covering the whole chain."""
+    def rows(self, sequences: list[str], ids: list[str] | None = None,
+             whole_chain: bool | None = None) -> tuple[list[list[int]], list[int]]:
+        """Token rows and, per row, the index of its sequence. ``whole_chain`` (default: a
+        residue-level model) splits a long chain into consecutive windows covering it all;
+        otherwise each sequence is one row cut to its first ``max_len - 2`` residues (warned)."""
+        whole_chain = self.level == "residue" if whole_chain is None else whole_chain
         ids = ids or [f"sequence {i + 1}" for i in range(len(sequences))]
         rows, owner, cut = [], [], 0
         for i, (seq, sid) in enumerate(zip(sequences, ids)):
             res = self.tok.encode(seq, sid, add_special_tokens=False)
             if not res:
                 raise QkvError(f"{sid}: empty sequence")
-            if self.level == "residue":
+            if whole_chain:
                 chunks = [res[s:s + self.width] for s in range(0, len(res), self.width)]
             else:
                 cut += len(res) > self.width
@@ -225,11 +227,7 @@ class ProteinEncoder:
         """``(N, D)`` mean of the final hidden states over each sequence's residues (specials
         and padding excluded) and, if ``per_residue``, one ``(L, D)`` array per sequence.
         Long sequences are embedded window by window."""
-        level, self.level = self.level, "residue"  # windows cover the whole chain
-        try:
-            rows, owner = self.rows(sequences, ids)
-        finally:
-            self.level = level
+        rows, owner = self.rows(sequences, ids, whole_chain=True)
         per_row: list = [None] * len(rows)
         for idx in self.batches(rows):
             tokens = pad_sequences([rows[i] for i in idx], self.tok.pad_id)
