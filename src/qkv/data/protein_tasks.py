@@ -65,12 +65,15 @@ class ProteinTask:
     citation: str = ""
     notes: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._index = {c: i for i, c in enumerate(self.classes)}  # built once, used per record
+
     def split(self, name: str) -> list[LabelledProtein]:
         return [r for r in self.records if r.split == name]
 
     def label_ids(self, record: LabelledProtein) -> list[int]:
         """Class ids: one for a sequence task, one per residue (-100 = unresolved)."""
-        index = {c: i for i, c in enumerate(self.classes)}
+        index = self._index
         if self.level == "sequence":
             return [index[record.label]]
         return [index[c] if ok else -100 for c, ok in zip(record.label, record.resolved)]

@@ -308,12 +308,13 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     optimizer = make_adam([{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": recipe.weight_decay},
                            {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}],
                           betas=(0.9, 0.98), eps=1e-8)
-    per_epoch = len(token_batches([(len(r), 0) for r in rows], recipe.max_tokens))
+    lengths = [(len(r), 0) for r in rows]
+    per_epoch = len(token_batches(lengths, recipe.max_tokens))
     total = recipe.max_steps or per_epoch * recipe.max_epochs // recipe.accum_steps
     peak = recipe.peak_lr
 
     def batches(epoch: int):
-        return token_batches([(len(r), 0) for r in rows], recipe.max_tokens, shuffle=True,
+        return token_batches(lengths, recipe.max_tokens, shuffle=True,
                              seed=recipe.seed * 1000 + epoch)
 
     def loss_fn(model, idx):
