@@ -24,3 +24,48 @@ def no_torch_fastpath():
     torch.backends.mha.set_fastpath_enabled(False)
     yield
     torch.backends.mha.set_fastpath_enabled(previous)
+
+
+def _write_run(run, model, config, recipe: str, tokenizer, extra: dict | None = None):
+    from qkv.train.checkpoint import save_weights, write_json
+
+    run.mkdir(parents=True)
+    save_weights(model, run / "model.safetensors")
+    write_json(run / "config.json", config.to_dict())
+    write_json(run / "train_config.json", {"recipe": recipe})
+    tokenizer.save(run / "tokenizer.json")
+    for name, data in (extra or {}).items():
+        write_json(run / name, data)
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory) -> dict:
+    """Run directories of the three model families with tiny random models (2 layers, 2
+    heads): ``{"translation": path, "lm": path, "protein": path}`` (protein: a 2-class
+    sequence classifier). For code that reads runs; nothing here is trained."""
+    from qkv.data.tokenizers import AminoAcidTokenizer, CharTokenizer, SubwordTokenizer
+    from qkv.models import DecoderLM, LMConfig, Transformer, TransformerConfig
+    from qkv.models.config import EncoderConfig
+    from qkv.models.encoder import EncoderModel
+
+    root = tmp_path_factory.mktemp("tiny_runs")
+    torch.manual_seed(0)
+    sentences = ["Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch im Park.",
+                 "A man rides a bike.", "A woman reads a book in the park."] * 5
+    bpe = SubwordTokenizer.train(sentences, vocab_size=120, min_frequency=1)
+    mt_cfg = TransformerConfig(src_vocab_size=bpe.vocab_size, tgt_vocab_size=bpe.vocab_size, d_model=16,
+                               n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, max_len=64)
+    chars = CharTokenizer.train("ROMEO:\nBut soft, what light through yonder window breaks?")
+    lm_cfg = LMConfig(vocab_size=chars.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=64,
+                      positional="rotary")
+    aa = AminoAcidTokenizer()
+    enc_cfg = EncoderConfig(vocab_size=aa.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2,
+                            max_len=64, num_labels=2, dropout=0.0, positional="rotary")
+    return {
+        "translation": _write_run(root / "mt", Transformer(mt_cfg), mt_cfg, "translation", bpe),
+        "lm": _write_run(root / "lm", DecoderLM(lm_cfg), lm_cfg, "lm", chars),
+        "protein": _write_run(root / "protein", EncoderModel(enc_cfg), enc_cfg, "protein-cls", aa,
+                              {"task.json": {"task": "toy", "level": "sequence",
+                                             "classes": ["non-AMP", "AMP"]}}),
+    }

@@ -249,6 +249,47 @@ class MultiHeadAttention(nn.Module):
         out = F.linear(x, weight, bias)  # (B, T, len(linears) * H * Dh)
         return [self._split(part) for part in out.chunk(len(linears), dim=-1)]
 
+    def _heads(self, x: torch.Tensor, memory: torch.Tensor | None, cache: KVCache | None,
+               positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values split into heads, ``(B, H, T, Dh)`` each (rotary applied,
+        the cache read and updated)."""
+        t = x.size(1)
+        if memory is None:
+            q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))  # (B, H, Tq, Dh) each
+            if self.rotary is not None:
+                if positions is None:
+                    start = 0 if cache is None else cache.length
+                    positions = torch.arange(start, start + t, device=x.device)
+                q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
+        elif cache is not None and cache.k is not None:
+            q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
+            k, v = cache.k, cache.v  # encoder memory does not change while decoding
+        else:
+            q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
+            k, v = self._project(memory, (self.w_k, self.w_v))  # (B, H, S, Dh) each
+            if cache is not None:
+                cache.set(k, v)
+        return q, k, v
+
+    def steps(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None, is_causal: bool = False,
+              positions: torch.Tensor | None = None) -> AttentionSteps:
+        """Every intermediate of Eq. 1 for all heads of this call, for inspection.
+
+        Same inputs as :meth:`forward` (without a cache); the look-ahead mask is folded into
+        ``mask`` so ``AttentionSteps.masked`` shows it. ``steps(...).output`` concatenated over
+        heads and multiplied by ``W_O`` is :meth:`forward`'s output (tested).
+
+        Shape: ``x (B, Tq, D)`` → :class:`AttentionSteps` with ``(B, H, Tq, Tk)`` scores and
+        weights and ``(B, H, T, Dh)`` q, k, v and output.
+        """
+        q, k, v = self._heads(x, memory, None, positions)
+        if is_causal:
+            mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+        return attention_steps(q, k, v, mask)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -272,23 +313,7 @@ class MultiHeadAttention(nn.Module):
             Returns ``(output (B, Tq, D), weights (B, H, Tq, Tk) or None)``.
         """
         b, t, _ = x.shape
-        if memory is None:
-            q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))  # (B, H, Tq, Dh) each
-            if self.rotary is not None:
-                if positions is None:
-                    start = 0 if cache is None else cache.length
-                    positions = torch.arange(start, start + t, device=x.device)
-                q, k = self.rotary(q, positions), self.rotary(k, positions)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
-        elif cache is not None and cache.k is not None:
-            q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
-            k, v = cache.k, cache.v  # encoder memory does not change while decoding
-        else:
-            q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
-            k, v = self._project(memory, (self.w_k, self.w_v))  # (B, H, S, Dh) each
-            if cache is not None:
-                cache.set(k, v)
+        q, k, v = self._heads(x, memory, cache, positions)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,

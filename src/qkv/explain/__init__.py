@@ -1,0 +1,11 @@
+"""Look inside a trained model: attention weights, Eq. 1 step by step, pictures, a local page.
+
+Model code never imports this package; it imports the models (see ``DESIGN.md``).
+"""
+
+from .capture import capture_steps
+from .explainers import AttentionMap, Explanation, load_explainer
+from .labels import merge_attention, piece_labels, word_groups
+
+__all__ = ["capture_steps", "AttentionMap", "Explanation", "load_explainer", "merge_attention",
+           "piece_labels", "word_groups"]

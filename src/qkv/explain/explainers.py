@@ -1,0 +1,358 @@
+"""One explainer per model family: input text in, the model's output and its attention out.
+
+An :class:`Explainer` loads a run directory and answers two questions about an input:
+:meth:`~Explainer.explain` (the output, and the attention weights of every layer and head of
+every attention kind) and :meth:`~Explainer.steps` (Eq. 1 step by step for one head). The CLI's
+pictures and the web page are both drawn from these answers.
+
+Attention kinds: ``"encoder"`` (encoder self-attention), ``"decoder"`` (masked decoder
+self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-decoder attention,
+§3.2.3 of Vaswani et al. 2017).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import runs
+from ..errors import QkvError
+from ..generate.lm import TextGenerator
+from ..generate.search import beam_search, greedy_decode
+from ..nn.attention import MultiHeadAttention
+from .capture import capture_steps
+from .labels import merge_attention, piece_labels, word_groups
+
+DEFAULT_MAX_CHARS = 400
+KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention (masked)",
+               "cross": "cross-attention (rows: target token produced, columns: source)"}
+
+
+class InputTooLong(QkvError):
+    """The input is over the explainer's cap (characters, or the model's context in tokens)."""
+
+
+@dataclass
+class DecodingOptions:
+    """How the output is produced: ``beam_size`` (translation; 1 = greedy), ``alpha`` (length
+    penalty), and for language models ``max_new_tokens``, ``temperature`` (0 = greedy),
+    ``top_k``, ``top_p`` and ``seed`` (sampling is reproducible for a given seed)."""
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_new_tokens: int = 40
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = 0
+
+
+@dataclass
+class AttentionMap:
+    """Attention weights of one kind, every layer and head, for one input.
+
+    Attributes:
+        kind: ``"encoder"``, ``"decoder"`` or ``"cross"``. title: a caption.
+        query_tokens / key_tokens: display labels of the rows / columns.
+        weights: ``(n_layers, n_heads, Tq, Tk)`` float32; each row sums to 1 (0 where masked).
+    """
+
+    kind: str
+    title: str
+    query_tokens: list[str]
+    key_tokens: list[str]
+    weights: torch.Tensor
+
+    def to_dict(self, digits: int = 4) -> dict:
+        return {"kind": self.kind, "title": self.title, "query_tokens": self.query_tokens,
+                "key_tokens": self.key_tokens, "weights": _rounded(self.weights, digits)}
+
+
+@dataclass
+class Explanation:
+    """What the model made of one input: ``output`` (JSON-ready: ``text``, ``next_tokens``,
+    ``classes``, ``residues``) and one :class:`AttentionMap` per attention kind."""
+
+    family: str
+    text: str
+    output: dict
+    attention: list[AttentionMap] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "input": self.text, "output": self.output,
+                "attention": [a.to_dict() for a in self.attention]}
+
+
+@dataclass
+class _Pass:
+    """One prepared input: ``forward(need_weights)`` reruns the model on it and returns
+    ``{kind: per-layer weights (1, H, Tq, Tk)}``; ``pieces[kind] = (query pieces, key pieces)``."""
+
+    forward: Callable[[bool], dict]
+    pieces: dict[str, tuple[list[str], list[str]]]
+    output: dict
+
+
+def _rounded(t: torch.Tensor, digits: int) -> list:
+    return torch.round(t.float(), decimals=digits).tolist()
+
+
+class Explainer:
+    """Base class: loads nothing itself; subclasses set ``model`` and implement
+    :meth:`_prepare` and :meth:`attention_module`.
+
+    Args:
+        run_dir: the run directory (for display). max_chars: inputs longer than this are
+            refused with :class:`InputTooLong` (the page's JSON grows with the square of the
+            length).
+    """
+
+    family = ""
+    kinds: tuple[str, ...] = ()
+    input_label = "input"
+    example = ""
+    subword = False
+
+    def __init__(self, model, run_dir: str | Path, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self.model, self.run_dir, self.max_chars = model, str(run_dir), max_chars
+        self.config = model.config
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers("encoder" if "encoder" in self.kinds else "decoder"))
+
+    def layers(self, kind: str):
+        raise NotImplementedError
+
+    def attention_module(self, kind: str, layer: int) -> MultiHeadAttention:
+        """The :class:`MultiHeadAttention` of ``kind`` in ``layer`` (0-based).
+        Raises :class:`QkvError` for an unknown kind or layer."""
+        if kind not in self.kinds:
+            raise QkvError(f"a {self.family} model has no {kind!r} attention; it has {', '.join(self.kinds)}")
+        layers = self.layers(kind)
+        if not 0 <= layer < len(layers):
+            raise QkvError(f"layer {layer} out of range: the model has layers 0..{len(layers) - 1}")
+        return layers[layer].cross_attn if kind == "cross" else layers[layer].self_attn
+
+    def info(self) -> dict:
+        """What the page needs to know about the model (JSON-ready)."""
+        attn = self.attention_module(self.kinds[0], 0)
+        return {"family": self.family, "run_dir": self.run_dir, "n_layers": self.n_layers,
+                "n_heads": attn.n_heads, "d_k": attn.d_k, "max_chars": self.max_chars,
+                "kinds": list(self.kinds), "input_label": self.input_label, "example": self.example,
+                "classes": list(getattr(self, "classes", ())), "level": getattr(self, "level", None)}
+
+    def _check(self, text: str) -> str:
+        if not text.strip():
+            raise QkvError("empty input: type some text")
+        if len(text) > self.max_chars:
+            raise InputTooLong(f"input too long: {len(text)} characters, the cap is {self.max_chars}")
+        return text
+
+    def _check_tokens(self, n: int, limit: int) -> None:
+        if n > limit:
+            raise InputTooLong(f"input too long: {n} tokens, the model's limit is {limit}")
+
+    def _prepare(self, text: str, options: DecodingOptions) -> _Pass:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def explain(self, text: str, options: DecodingOptions | None = None,
+                merge_words: bool = True) -> Explanation:
+        """Run the model on ``text`` and collect the attention of every layer and head.
+
+        ``merge_words`` (subword models): attention between words (see
+        :func:`~qkv.explain.labels.merge_attention`) instead of between pieces.
+
+        Raises:
+            QkvError: empty input, or an input the tokenizer refuses.
+            InputTooLong: over ``max_chars`` characters or the model's context.
+        """
+        prepared = self._prepare(self._check(text), options or DecodingOptions())
+        weights = prepared.forward(True)
+        maps = []
+        for kind in self.kinds:
+            w = torch.stack([layer_w[0] for layer_w in weights[kind]]).float()  # (L, H, Tq, Tk)
+            q_pieces, k_pieces = prepared.pieces[kind]
+            if merge_words and self.subword:
+                q_groups, q_labels = word_groups(q_pieces)
+                k_groups, k_labels = word_groups(k_pieces)
+                w = merge_attention(w, q_groups, k_groups)
+            else:
+                q_labels = piece_labels(q_pieces, self.subword)
+                k_labels = piece_labels(k_pieces, self.subword)
+            maps.append(AttentionMap(kind, KIND_TITLES[kind], q_labels, k_labels, w))
+        return Explanation(self.family, text, prepared.output, maps)
+
+    @torch.no_grad()
+    def steps(self, text: str, kind: str, layer: int, head: int,
+              options: DecodingOptions | None = None) -> dict:
+        """Eq. 1 of one head, with the actual numbers (JSON-ready lists, rows = query tokens):
+        ``q``, ``k``, ``v`` ``(T, d_k)``; ``scores`` (QKᵀ), ``scaled`` (÷ sqrt(d_k)), ``mask``
+        (True = may attend), ``masked`` (None where masked), ``weights`` (softmax) ``(Tq, Tk)``;
+        ``output`` (weights × V) ``(Tq, d_k)``. Tokens are pieces (never merged).
+
+        Raises:
+            QkvError: unknown kind, layer or head; as :meth:`explain` for the input.
+        """
+        module = self.attention_module(kind, layer)
+        if not 0 <= head < module.n_heads:
+            raise QkvError(f"head {head} out of range: the model has heads 0..{module.n_heads - 1}")
+        prepared = self._prepare(self._check(text), options or DecodingOptions())
+        s = capture_steps(module, lambda: prepared.forward(False))
+        allowed = s.masked[0, head] > torch.finfo(s.masked.dtype).min  # (Tq, Tk)
+        masked = [[v if ok else None for v, ok in zip(row, oks)]
+                  for row, oks in zip(_rounded(s.masked[0, head], 5), allowed.tolist())]
+        q_pieces, k_pieces = prepared.pieces[kind]
+        return {"kind": kind, "layer": layer, "head": head, "d_k": module.d_k,
+                "query_tokens": piece_labels(q_pieces, self.subword),
+                "key_tokens": piece_labels(k_pieces, self.subword),
+                **{name: _rounded(getattr(s, name)[0, head], 5)
+                   for name in ("q", "k", "v", "scores", "scaled", "weights", "output")},
+                "mask": allowed.tolist(), "masked": masked}
+
+
+class TranslationExplainer(Explainer):
+    """Encoder-decoder runs (``qkv train translation``): the source is translated with beam
+    search, then the model is rerun teacher-forced on its own translation to read the encoder,
+    decoder and cross-attention of the output it produced."""
+
+    family, kinds, subword = "translation", ("encoder", "decoder", "cross"), True
+
+    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+        model, self.tokenizer = runs.load_run(run_dir, device=device, family="translation")
+        super().__init__(model, run_dir, max_chars)
+        meta = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8")) \
+            if (Path(run_dir) / "train_config.json").is_file() else {}
+        src, tgt = meta.get("src_lang", "de"), meta.get("tgt_lang", "en")
+        self.input_label = f"sentence to translate ({src} → {tgt})"
+        self.example = {"de": "Ein Mann fährt mit dem Fahrrad durch den Park.",
+                        "fr": "Un homme fait du vélo dans le parc.",
+                        "cs": "Muž jede na kole parkem."}.get(src, "")
+
+    def layers(self, kind):
+        return self.model.encoder.layers if kind == "encoder" else self.model.decoder.layers
+
+    def _prepare(self, text, options):
+        cfg, tok = self.config, self.tokenizer
+        ids = tok.encode(text)
+        self._check_tokens(len(ids) + 1, cfg.max_len)
+        device = next(self.model.parameters()).device
+        src = torch.tensor([ids + [cfg.eos_id]], device=device)
+        hyp = (greedy_decode(self.model, src) if options.beam_size <= 1
+               else beam_search(self.model, src, options.beam_size, options.alpha))[0]
+        tgt_in = torch.tensor([[cfg.bos_id] + hyp[: cfg.max_len - 1]], device=device)
+
+        def forward(need_weights):
+            out = self.model(src, tgt_in, need_weights=need_weights)
+            return {"encoder": out.encoder_attentions, "decoder": out.decoder_self_attentions,
+                    "cross": out.cross_attentions}
+
+        src_pieces = [tok.id_to_token(i) for i in ids] + ["<eos>"]
+        tgt_in_pieces = ["<bos>"] + [tok.id_to_token(i) for i in tgt_in[0, 1:].tolist()]
+        produced = tgt_in_pieces[1:] + ["<eos>"]
+        return _Pass(forward, {"encoder": (src_pieces, src_pieces),
+                               "decoder": (tgt_in_pieces, tgt_in_pieces),
+                               "cross": (produced, src_pieces)},
+                     {"text": tok.decode(hyp), "next_tokens": [], "classes": [], "residues": None})
+
+
+class LMExplainer(Explainer):
+    """Decoder-only language models (``qkv train lm``): attention over the prompt, a sampled
+    continuation and the next-token probabilities after the prompt."""
+
+    family, kinds, input_label = "lm", ("decoder",), "prompt"
+
+    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+        model, tokenizer = runs.load_run(run_dir, device=device, family="lm")
+        self.generator = TextGenerator(model, tokenizer)
+        super().__init__(self.generator.model, run_dir, max_chars)
+        self.tokenizer, self.subword = tokenizer, tokenizer.kind == "bpe"
+        self.example = "ROMEO:\nBut soft, what light" if tokenizer.kind == "char" else "The meaning of"
+
+    def layers(self, kind):
+        return self.model.layers
+
+    def _prepare(self, text, options):
+        gen, tok = self.generator, self.tokenizer
+        ids = gen.encode_prompt(text)
+        self._check_tokens(len(ids), self.config.max_len)
+        tokens = torch.tensor([ids], device=next(self.model.parameters()).device)
+
+        def forward(need_weights):
+            return {"decoder": self.model(tokens, need_weights=need_weights).attentions}
+
+        sample = options.temperature > 0
+        continuation = gen.generate([text], options.max_new_tokens, do_sample=sample,
+                                    temperature=options.temperature if sample else 1.0,
+                                    top_k=options.top_k, top_p=options.top_p, seed=options.seed)[0]
+        top = gen.next_token_probs(text, 10, options.temperature if sample else 1.0, options.top_p)
+        pieces = [tok.id_to_token(i) for i in ids]
+        next_tokens = [{"token": piece_labels([t], False)[0].replace("Ġ", "␣"), "prob": round(p, 5)}
+                       for t, p in top]
+        return _Pass(forward, {"decoder": (pieces, pieces)},
+                     {"text": continuation, "next_tokens": next_tokens, "classes": [], "residues": None})
+
+
+class ProteinExplainer(Explainer):
+    """Protein encoders (``protein-cls``, ``protein-residue``, ``protein-mlm`` runs): attention
+    between residues and the predicted class probabilities (or per-residue labels)."""
+
+    family, kinds, input_label = "protein", ("encoder",), "protein sequence (one-letter codes)"
+    example = "GIGKFLHSAKKFGKAFVGEIMNS"  # magainin 2, an antimicrobial peptide
+
+    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+        from ..recipes.protein_tasks import ProteinEncoder
+
+        self.encoder = ProteinEncoder.from_run(run_dir, device)
+        super().__init__(self.encoder.model, run_dir, max_chars)
+        self.classes, self.level = self.encoder.classes, self.encoder.level
+
+    def layers(self, kind):
+        return self.model.layers
+
+    def _prepare(self, text, options):
+        tok, model = self.encoder.tok, self.model
+        ids = tok.encode("".join(text.split()), "input")
+        self._check_tokens(len(ids), self.config.max_len)
+        tokens = torch.tensor([ids], device=self.encoder.device)
+        head = {"sequence": model.classify_sequence, "residue": model.classify_residues}.get(
+            self.level, model.forward)
+
+        def forward(need_weights):
+            return {"encoder": head(tokens, need_weights=need_weights).attentions}
+
+        output = {"text": None, "next_tokens": [], "classes": [], "residues": None}
+        if self.level in ("sequence", "residue"):
+            probs = head(tokens).logits.float().softmax(-1)[0]
+            if self.level == "sequence":
+                output["classes"] = [{"label": c, "prob": round(float(p), 5)}
+                                     for c, p in zip(self.classes, probs)]
+            else:
+                output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
+        pieces = [tok.id_to_token(i) for i in ids]
+        return _Pass(forward, {"encoder": (pieces, pieces)}, output)
+
+
+EXPLAINERS = {"translation": TranslationExplainer, "lm": LMExplainer,
+              "protein-cls": ProteinExplainer, "protein-residue": ProteinExplainer,
+              "protein-mlm": ProteinExplainer}
+
+
+def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
+                   max_chars: int = DEFAULT_MAX_CHARS) -> Explainer:
+    """The explainer for a run directory of any qkv model family.
+
+    Raises:
+        QkvError: a missing or incomplete run directory, or a recipe with no explainer.
+    """
+    if not Path(run_dir).is_dir():
+        raise QkvError(f"run directory not found: {run_dir}")
+    recipe = runs.run_recipe(run_dir)
+    if recipe not in EXPLAINERS:
+        raise QkvError(f"{run_dir} is a {recipe!r} run; explain supports {', '.join(EXPLAINERS)}")
+    return EXPLAINERS[recipe](run_dir, device=device, max_chars=max_chars)
