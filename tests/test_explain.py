@@ -143,3 +143,51 @@ def test_bad_input_is_named(tiny_runs, tmp_path):
         ex.steps("AAA", "encoder", 5, 0)
     with pytest.raises(QkvError, match="not found"):
         load_explainer(tmp_path / "nope")
+
+
+EXPECTED_FILES = {
+    "translation": {"attention_encoder.png", "attention_decoder.png", "attention_cross.png", "alignment.png",
+                    "positional_encoding.png", "explanation.json"},
+    "lm": {"attention_decoder.png", "positional_encoding.png", "next_tokens.png", "explanation.json"},
+    "protein": {"attention_encoder.png", "positional_encoding.png", "classes.png", "explanation.json"},
+}
+
+
+@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+def test_explain_cli_writes_the_pictures(tiny_runs, tmp_path, family):
+    from PIL import Image
+
+    from qkv.cli import main
+
+    out = tmp_path / family
+    assert main(["explain", str(tiny_runs[family]), "--input", INPUTS[family], "--out", str(out),
+                 "--max-new-tokens", "4", "--beam", "2"]) == 0
+    assert {p.name for p in out.iterdir()} == EXPECTED_FILES[family]
+    for png in out.glob("*.png"):
+        with Image.open(png) as im:
+            assert im.format == "PNG" and min(im.size) > 200
+
+
+def test_attention_grid_has_one_heatmap_per_layer_and_head():
+    from qkv.explain.plots import plot_attention_grid
+
+    weights = torch.softmax(torch.randn(3, 4, 5, 6), -1)
+    fig = plot_attention_grid(weights, list("abcde"), list("uvwxyz"), "test")
+    heatmaps = [ax for ax in fig.axes if ax.get_images() and ax.get_title()]
+    assert len(heatmaps) == 12 and len(fig.axes) == 13  # + the colour bar
+    assert heatmaps[5].get_title() == "layer 2, head 2"
+    assert [t.get_text() for t in heatmaps[0].get_xticklabels()] == list("uvwxyz")
+    with pytest.raises(ValueError, match="labels"):
+        plot_attention_grid(weights, list("abc"), list("uvwxyz"), "test")
+
+
+def test_explain_cli_errors_are_one_line(tiny_runs, tmp_path, capsys):
+    from qkv.cli import main
+
+    assert main(["explain", str(tiny_runs["protein"]), "--input", "AXZ-", "--out", str(tmp_path)]) == 2
+    assert "character '-' at position 4" in capsys.readouterr().err
+    assert main(["explain", str(tiny_runs["lm"]), "--out", str(tmp_path)]) == 2
+    assert "either --input" in capsys.readouterr().err
+    assert main(["explain", str(tmp_path / "missing"), "--input", "x", "--out", str(tmp_path)]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written for a refused input

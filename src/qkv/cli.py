@@ -239,6 +239,34 @@ def _cmd_embed(args) -> int:
     return 0
 
 
+def _decoding_options(args):
+    from .explain.explainers import DecodingOptions
+
+    return DecodingOptions(beam_size=args.beam, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def _cmd_explain(args) -> int:
+    from .device import resolve_device
+    from .explain.explainers import load_explainer
+
+    if args.serve == (args.input is not None):
+        raise QkvError("give either --input TEXT (with --out DIR) or --serve")
+    explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=args.max_chars)
+    if args.serve:
+        from .explain.server import serve
+
+        return serve(explainer, host=args.host, port=args.port, log=_log)
+    if args.out is None:
+        raise QkvError("--input needs --out DIR (where the pictures go)")
+    from .explain.plots import write_pictures
+
+    for path in write_pictures(explainer, args.input, args.out, _decoding_options(args),
+                               merge_words=not args.pieces, alignment_layer=args.layer):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -309,6 +337,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-residue", action="store_true", help="also store one (L, D) tensor per sequence")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_embed)
+
+    p = sub.add_parser("explain", help="pictures of a model's attention on an input, or a local web page")
+    p.add_argument("run_dir")
+    p.add_argument("--input", help="the text (sentence, prompt or protein sequence) to explain")
+    p.add_argument("--out", help="directory for the PNG files (with --input)")
+    p.add_argument("--serve", action="store_true", help="start the interactive page instead")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--max-chars", type=int, default=400, help="longest input accepted (default 400)")
+    p.add_argument("--pieces", action="store_true", help="label subword pieces instead of merging them into words")
+    p.add_argument("--layer", type=int, default=-1, help="layer of the translation alignment picture (default: last)")
+    p.add_argument("--beam", type=int, default=4, help="translation: beam size (1 = greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=40, help="LM: length of the sampled continuation")
+    p.add_argument("--temperature", type=float, default=1.0, help="LM: sampling temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    p.set_defaults(func=_cmd_explain)
     return parser
 
 

@@ -1,0 +1,194 @@
+"""Pictures of attention (matplotlib, written as PNG): what ``qkv explain --out DIR`` draws.
+
+- :func:`plot_attention_grid`: one heatmap per layer and head (rows: layers, columns: heads),
+  query tokens down, key tokens across, one shared colour bar (weights in [0, 1]).
+- :func:`plot_alignment`: cross-attention of a translation, source × target, averaged over the
+  heads of one layer (the "alignment" picture of Bahdanau et al. 2015 and the notes).
+- :func:`plot_positional_encoding`: the positions × dimensions matrix a model adds (sinusoidal
+  PE of §3.5, learned embeddings) or the rotary angles' cosines.
+- :func:`plot_bars`: probabilities as horizontal bars (next tokens, classes).
+
+Every function returns the :class:`~matplotlib.figure.Figure` (and closes nothing) so tests
+can count axes; :func:`save` writes it atomically and closes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from ..train.checkpoint import atomic_write  # noqa: E402
+
+CMAP = "Blues"
+MAX_LABELLED = 60  # beyond this many tokens an axis is drawn without token labels
+
+
+def _label_axes(ax, query_tokens, key_tokens, fontsize):
+    if len(key_tokens) <= MAX_LABELLED:
+        ax.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=fontsize)
+    else:
+        ax.set_xticks([])
+    if len(query_tokens) <= MAX_LABELLED:
+        ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=fontsize)
+    else:
+        ax.set_yticks([])
+
+
+def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str],
+                        title: str):
+    """Heads × layers grid of attention heatmaps.
+
+    Args:
+        weights: ``(n_layers, n_heads, Tq, Tk)`` float, values in [0, 1].
+        query_tokens / key_tokens: labels of the ``Tq`` rows / ``Tk`` columns.
+        title: figure title (the attention kind).
+
+    Returns the figure: ``n_layers * n_heads`` heatmap axes, then one colour-bar axis.
+    Raises ``ValueError`` if the labels do not match the weights' shape.
+    """
+    n_layers, n_heads, tq, tk = weights.shape
+    if (tq, tk) != (len(query_tokens), len(key_tokens)):
+        raise ValueError(f"weights are {tq}×{tk} but got {len(query_tokens)}×{len(key_tokens)} labels")
+    cell = 0.16 if max(tq, tk) <= MAX_LABELLED else 0.05
+    side = max(2.2, cell * max(tq, tk) + 1.0)
+    fig, axes = plt.subplots(n_layers, n_heads, figsize=(side * n_heads + 1.2, side * n_layers + 0.8),
+                             squeeze=False, layout="constrained")
+    fontsize = 8 if max(tq, tk) <= 30 else 6
+    image = None
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            ax = axes[layer][head]
+            image = ax.imshow(weights[layer, head].float().numpy(), cmap=CMAP, vmin=0.0, vmax=1.0,
+                              aspect="auto", interpolation="nearest")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            _label_axes(ax, query_tokens, key_tokens, fontsize)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(f"{title} (rows: queries, columns: keys)")
+    return fig
+
+
+def plot_alignment(cross_weights: torch.Tensor, target_tokens: list[str], source_tokens: list[str],
+                   layer: int = -1):
+    """Translation alignment: cross-attention of one layer averaged over its heads.
+
+    Shape: ``cross_weights (n_layers, n_heads, T, S)``; ``layer`` indexes the first axis
+    (default: the last layer). Rows are target tokens, columns source tokens.
+    """
+    n_layers = cross_weights.size(0)
+    layer = layer % n_layers
+    mean = cross_weights[layer].float().mean(0)  # (T, S)
+    t, s = mean.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
+    image = ax.imshow(mean.numpy(), cmap=CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    _label_axes(ax, target_tokens, source_tokens, 9)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target (token produced)")
+    ax.set_title(f"cross-attention alignment, layer {layer + 1} of {n_layers}, mean of heads")
+    fig.colorbar(image, ax=ax, label="attention weight")
+    return fig
+
+
+def positional_matrix(model: torch.nn.Module, n_positions: int = 100) -> tuple[torch.Tensor, str]:
+    """The position matrix of ``model`` and a caption: ``(n_positions, width)`` float.
+
+    Sinusoidal PE (§3.5) and learned embeddings are what is added to the token embeddings;
+    a rotary model adds nothing, so its ``cos(pos · θ_i)`` per rotation plane is shown.
+    Raises ``ValueError`` for a model without positional information.
+    """
+    from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+    for module in model.modules():
+        if isinstance(module, SinusoidalPositionalEncoding):
+            return module.pe[:n_positions], "sinusoidal positional encoding PE (Vaswani et al. 2017, §3.5)"
+        if isinstance(module, LearnedPositionalEmbedding):
+            return module.embedding.weight.detach()[:n_positions], "learned positional embeddings"
+        if isinstance(module, RotaryEmbedding):
+            half = module.cos.size(1) // 2
+            return module.cos[:n_positions, :half], "rotary positions (RoPE): cos(pos · θ_i) per plane"
+    raise ValueError("this model has no positional encoding to draw")
+
+
+def plot_positional_encoding(matrix: torch.Tensor, title: str):
+    """Heatmap of a ``(positions, dimensions)`` matrix, diverging colours around 0."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    limit = float(matrix.abs().max()) or 1.0
+    image = ax.imshow(matrix.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
+                      interpolation="nearest")
+    ax.set_xlabel("dimension")
+    ax.set_ylabel("position")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax)
+    return fig
+
+
+def plot_bars(labels: list[str], probs: list[float], title: str):
+    """Horizontal probability bars, the first label on top."""
+    fig, ax = plt.subplots(figsize=(5.5, 0.35 * len(labels) + 1.2), layout="constrained")
+    ax.barh(range(len(labels)), probs, color="#1f5fa8")
+    ax.set_yticks(range(len(labels)), [repr(x)[1:-1] if x.strip() != x or not x else x for x in labels])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("probability")
+    ax.set_title(title, fontsize=10)
+    for i, p in enumerate(probs):
+        ax.text(min(p + 0.01, 0.9), i, f"{p:.3f}", va="center", fontsize=8)
+    return fig
+
+
+def save(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` as PNG atomically (nothing half-written on Ctrl-C) and close it."""
+    path = Path(path)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    finally:
+        plt.close(fig)
+    return path
+
+
+def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
+                   merge_words: bool = True, alignment_layer: int = -1) -> list[Path]:
+    """Every picture of one input, as PNG files in ``out_dir`` (created), plus
+    ``explanation.json`` (the numbers drawn). Returns the paths written.
+
+    Files: ``attention_<kind>.png`` per attention kind (heads × layers grid),
+    ``alignment.png`` (translation), ``positional_encoding.png``, ``next_tokens.png`` (LM) or
+    ``classes.png`` (protein sequence classifier).
+
+    Raises: as :meth:`~qkv.explain.explainers.Explainer.explain`.
+    """
+    import json
+
+    from ..train.checkpoint import write_text
+
+    result = explainer.explain(text, options, merge_words=merge_words)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for amap in result.attention:
+        fig = plot_attention_grid(amap.weights, amap.query_tokens, amap.key_tokens, amap.title)
+        written.append(save(fig, out / f"attention_{amap.kind}.png"))
+        if amap.kind == "cross":
+            fig = plot_alignment(amap.weights, amap.query_tokens, amap.key_tokens, alignment_layer)
+            written.append(save(fig, out / "alignment.png"))
+    try:
+        matrix, title = positional_matrix(explainer.model)
+        written.append(save(plot_positional_encoding(matrix, title), out / "positional_encoding.png"))
+    except ValueError:
+        pass  # a model without positions has nothing to draw
+    output = result.output
+    if output["next_tokens"]:
+        fig = plot_bars([t["token"] for t in output["next_tokens"]], [t["prob"] for t in output["next_tokens"]],
+                        "next-token probabilities after the prompt")
+        written.append(save(fig, out / "next_tokens.png"))
+    if output["classes"]:
+        fig = plot_bars([c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]],
+                        "class probabilities")
+        written.append(save(fig, out / "classes.png"))
+    write_text(out / "explanation.json", json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+    written.append(out / "explanation.json")
+    return written

@@ -1,0 +1,128 @@
+"""The local interactive explainer: a FastAPI app over an :class:`~qkv.explain.explainers.Explainer`.
+
+``qkv explain RUN_DIR --serve`` binds to 127.0.0.1 (this machine only) and serves:
+
+- ``GET /``: the page (``static/index.html``), its script and style under ``/static/``. Every
+  asset ships inside the package and the page may load nothing from any other host (a
+  Content-Security-Policy of ``'self'`` says so to the browser).
+- ``GET /api/info``: the model (family, layers, heads, d_k, the input cap, an example input).
+- ``POST /api/explain``: the model's output and every layer's and head's attention.
+- ``POST /api/steps``: Eq. 1 step by step for one ``kind``/``layer``/``head``.
+
+Errors are JSON ``{"detail": message}``: 413 for an input over the cap (``max_chars``
+characters, the model's context in tokens, or a request body over :data:`MAX_BODY_BYTES`),
+422 for anything else wrong with the input (unknown characters, layer out of range, bad
+settings). Requests are answered one at a time (a lock): a model is not re-entrant while
+a step-through's hook is attached, and one user on a laptop needs no more.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import QkvError
+from .explainers import DecodingOptions, Explainer, InputTooLong
+
+STATIC_DIR = Path(__file__).parent / "static"
+MAX_BODY_BYTES = 64 * 1024
+CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"
+
+
+class ExplainRequest(BaseModel):
+    """Body of ``POST /api/explain``: the input and the decoding settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    beam_size: int = Field(4, ge=1, le=16)
+    max_new_tokens: int = Field(40, ge=0, le=400)
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = 0
+    merge_words: bool = True
+
+    def options(self) -> DecodingOptions:
+        return DecodingOptions(beam_size=self.beam_size, max_new_tokens=self.max_new_tokens,
+                               temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                               seed=self.seed)
+
+
+class StepsRequest(ExplainRequest):
+    """Body of ``POST /api/steps``: an explain body plus the head to step through."""
+
+    kind: str
+    layer: int = Field(ge=0)
+    head: int = Field(ge=0)
+
+
+def create_app(explainer: Explainer) -> FastAPI:
+    """The web app for one loaded model. Raises nothing; errors become JSON responses."""
+    app = FastAPI(title="qkv explain", docs_url=None, redoc_url=None, openapi_url=None)
+    lock = threading.Lock()
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return JSONResponse({"detail": f"request body too large: {length} bytes, the cap is "
+                                           f"{MAX_BODY_BYTES}"}, status_code=413)
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    @app.exception_handler(QkvError)
+    async def input_error(request: Request, exc: QkvError):
+        return JSONResponse({"detail": str(exc)}, status_code=413 if isinstance(exc, InputTooLong) else 422)
+
+    @app.get("/")
+    def index():
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    @app.get("/api/info")
+    def info():
+        return explainer.info()
+
+    @app.post("/api/explain")
+    def explain(body: ExplainRequest):
+        with lock:
+            return explainer.explain(body.text, body.options(), body.merge_words).to_dict()
+
+    @app.post("/api/steps")
+    def steps(body: StepsRequest):
+        with lock:
+            return explainer.steps(body.text, body.kind, body.layer, body.head, body.options())
+
+    # StaticFiles resolves paths inside STATIC_DIR only: "..", encoded or not, gets a 404.
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def serve(explainer: Explainer, host: str = "127.0.0.1", port: int = 8765,
+          log: Callable[[str], None] = print) -> int:
+    """Serve the page until Ctrl-C (uvicorn finishes the request in flight, then returns 0).
+
+    Raises:
+        QkvError: the port is taken or the address cannot be bound.
+    """
+    import socket
+
+    import uvicorn
+
+    try:  # a clear message instead of uvicorn's log line and exit(1)
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise QkvError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    log(f"qkv explain: {explainer.family} model {explainer.run_dir} at http://{host}:{port}/ "
+        "(Ctrl-C to stop)")
+    uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning")
+    log("qkv explain: stopped")
+    return 0

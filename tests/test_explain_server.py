@@ -1,0 +1,151 @@
+"""The explainer's web server: JSON for each model family, caps, no traversal, loopback soak,
+clean Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from qkv.explain import load_explainer
+from qkv.explain.server import MAX_BODY_BYTES, create_app
+
+INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+
+
+@pytest.fixture(scope="module")
+def clients(tiny_runs):
+    return {family: TestClient(create_app(load_explainer(run, max_chars=60)))
+            for family, run in tiny_runs.items()}
+
+
+@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+def test_server_answers_json_for_each_family(clients, family):
+    client = clients[family]
+    info = client.get("/api/info").json()
+    assert info["family"] == family and info["n_layers"] == 2 and info["n_heads"] == 2
+    body = {"text": INPUTS[family], "max_new_tokens": 5, "beam_size": 2}
+    res = client.post("/api/explain", json=body)
+    assert res.status_code == 200 and res.headers["content-type"] == "application/json"
+    data = res.json()
+    assert [a["kind"] for a in data["attention"]] == info["kinds"]
+    for amap in data["attention"]:
+        assert len(amap["weights"]) == 2 and len(amap["weights"][0]) == 2
+        assert len(amap["weights"][0][0]) == len(amap["query_tokens"])
+    steps = client.post("/api/steps", json={**body, "kind": info["kinds"][-1], "layer": 1, "head": 1}).json()
+    assert {"q", "k", "v", "scores", "scaled", "mask", "masked", "weights", "output"} <= set(steps)
+    assert len(steps["q"][0]) == info["d_k"]
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
+
+
+def test_server_refuses_input_over_the_cap_with_a_message(clients):
+    client = clients["protein"]
+    res = client.post("/api/explain", json={"text": "A" * 61})
+    assert res.status_code == 413 and res.json()["detail"] == "input too long: 61 characters, the cap is 60"
+    res = client.post("/api/explain", content=b'{"text": "' + b"A" * MAX_BODY_BYTES + b'"}',
+                      headers={"content-type": "application/json"})
+    assert res.status_code == 413 and "request body too large" in res.json()["detail"]
+    res = client.post("/api/explain", json={"text": "AB1"})
+    assert res.status_code == 422 and "'1' at position 3" in res.json()["detail"]
+    res = client.post("/api/steps", json={"text": "AAA", "kind": "cross", "layer": 0, "head": 0})
+    assert res.status_code == 422 and "no 'cross' attention" in res.json()["detail"]
+    assert client.post("/api/explain", json={"text": "AAA", "top_p": 2}).status_code == 422
+    assert client.post("/api/explain", json={"txt": "AAA"}).status_code == 422
+
+
+@pytest.mark.parametrize("path", ["/static/../server.py", "/static/%2e%2e/server.py",
+                                  "/static/..%2fserver.py", "/static/%2e%2e%2f%2e%2e%2fcli.py",
+                                  "/static//etc/passwd", "/../../etc/passwd"])
+def test_server_rejects_paths_outside_its_assets(clients, path):
+    client = clients["lm"]
+    assert client.get("/static/app.js").status_code == 200
+    res = client.get(path)
+    assert res.status_code == 404 and b"import" not in res.content and b"root:" not in res.content
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc to read memory")
+def test_200_sequential_requests_on_loopback_without_errors_or_memory_growth(tiny_runs):
+    """A real uvicorn server on 127.0.0.1; bound: resident memory grows < 40 MiB over 200
+    requests after 20 warm-up requests."""
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(load_explainer(tiny_runs["protein"])),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for _ in range(100):
+                if server.started:
+                    break
+                time.sleep(0.1)
+            body = {"text": INPUTS["protein"] * 2}
+            for _ in range(20):
+                assert http.post("/api/explain", json=body).status_code == 200
+            before = _rss_mib()
+            codes = [http.post("/api/explain", json=body).status_code for _ in range(150)]
+            codes += [http.post("/api/steps", json={**body, "kind": "encoder", "layer": i % 2,
+                                                    "head": 0}).status_code for i in range(50)]
+            grown = _rss_mib() - before
+        assert codes == [200] * 200
+        assert grown < 40, f"resident memory grew {grown:.1f} MiB over 200 requests"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_serve_shuts_down_cleanly_on_ctrl_c(tiny_runs):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve",
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/info", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("server did not start: " + proc.stderr.read1().decode())
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"stopped" in err
+
+
+def test_serve_on_a_taken_port_is_a_clean_error(tiny_runs):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve",
+                              "--port", str(port)], capture_output=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.decode().startswith("error: cannot listen on 127.0.0.1")
