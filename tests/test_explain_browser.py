@@ -1,0 +1,77 @@
+"""End to end in a real headless browser: the explainer page of each model family.
+
+Needs Debian's ``chromium`` (``.ci/run`` installs it) and the ``playwright`` Python package,
+driven with ``executable_path`` set to the system browser (no browser download). Screenshots
+go to ``$QKV_TEST_ARTIFACTS`` (default ``test-artifacts/``) as ``explain_<family>.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from qkv.explain import load_explainer
+from qkv.explain.server import create_app
+
+CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium; "
+                                                         ".ci/run installs it)")
+playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+ARTIFACTS = Path(os.environ.get("QKV_TEST_ARTIFACTS", "test-artifacts"))
+
+
+def _serve(app):
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.1)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+def test_page_types_input_and_renders_every_head(tiny_runs, family):
+    explainer = load_explainer(tiny_runs[family])
+    server, thread, base = _serve(create_app(explainer))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    hosts = set()
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("request", lambda req: hosts.add(req.url.split("/")[2]))
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(base + "/")
+            page.fill("#input", INPUTS[family])
+            page.click("#run")
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            page.wait_for_selector("#overview .head")
+            heads = page.locator("#overview .head").count()
+            info = explainer.info()
+            assert heads == info["n_layers"] * info["n_heads"]
+            page.locator("#steps").scroll_into_view_if_needed()
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(ARTIFACTS / f"explain_{family}.png"), full_page=True)
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not errors, errors
+    assert hosts == {base.split("/")[2]}, f"the page asked other hosts: {hosts}"
+    assert (ARTIFACTS / f"explain_{family}.png").stat().st_size > 10_000
