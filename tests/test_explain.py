@@ -147,9 +147,9 @@ def test_bad_input_is_named(tiny_runs, tmp_path):
 
 EXPECTED_FILES = {
     "translation": {"attention_encoder.png", "attention_decoder.png", "attention_cross.png", "alignment.png",
-                    "positional_encoding.png", "explanation.json"},
-    "lm": {"attention_decoder.png", "positional_encoding.png", "next_tokens.png", "explanation.json"},
-    "protein": {"attention_encoder.png", "positional_encoding.png", "classes.png", "explanation.json"},
+                    "positional_encoding.png", "steps.png", "explanation.json"},
+    "lm": {"attention_decoder.png", "positional_encoding.png", "next_tokens.png", "steps.png", "explanation.json"},
+    "protein": {"attention_encoder.png", "positional_encoding.png", "classes.png", "steps.png", "explanation.json"},
 }
 
 

@@ -262,7 +262,7 @@ def _cmd_explain(args) -> int:
     from .explain.plots import write_pictures
 
     for path in write_pictures(explainer, args.input, args.out, _decoding_options(args),
-                               merge_words=not args.pieces, alignment_layer=args.layer):
+                               merge_words=not args.pieces, layer=args.layer, head=args.head - 1):
         print(path)
     return 0
 
@@ -347,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--max-chars", type=int, default=400, help="longest input accepted (default 400)")
     p.add_argument("--pieces", action="store_true", help="label subword pieces instead of merging them into words")
-    p.add_argument("--layer", type=int, default=-1, help="layer of the translation alignment picture (default: last)")
+    p.add_argument("--layer", type=int, default=-1,
+                   help="layer (0-based, -1 = last) of the alignment and step-through pictures")
+    p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
     p.add_argument("--beam", type=int, default=4, help="translation: beam size (1 = greedy)")
     p.add_argument("--max-new-tokens", type=int, default=40, help="LM: length of the sampled continuation")
     p.add_argument("--temperature", type=float, default=1.0, help="LM: sampling temperature (0 = greedy)")

@@ -1,7 +1,7 @@
 """Pictures of attention (matplotlib, written as PNG): what ``qkv explain --out DIR`` draws.
 
 - :func:`plot_attention_grid`: one heatmap per layer and head (rows: layers, columns: heads),
-  query tokens down, key tokens across, one shared colour bar (weights in [0, 1]).
+  query tokens down, key tokens across, one shared colour bar (0 to the largest weight).
 - :func:`plot_alignment`: cross-attention of a translation, source × target, averaged over the
   heads of one layer (the "alignment" picture of Bahdanau et al. 2015 and the notes).
 - :func:`plot_positional_encoding`: the positions × dimensions matrix a model adds (sinusoidal
@@ -44,7 +44,8 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
     """Heads × layers grid of attention heatmaps.
 
     Args:
-        weights: ``(n_layers, n_heads, Tq, Tk)`` float, values in [0, 1].
+        weights: ``(n_layers, n_heads, Tq, Tk)`` float, values in [0, 1]; the colour scale
+            runs from 0 to the largest of them.
         query_tokens / key_tokens: labels of the ``Tq`` rows / ``Tk`` columns.
         title: figure title (the attention kind).
 
@@ -59,11 +60,14 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
     fig, axes = plt.subplots(n_layers, n_heads, figsize=(side * n_heads + 1.2, side * n_layers + 0.8),
                              squeeze=False, layout="constrained")
     fontsize = 8 if max(tq, tk) <= 30 else 6
+    # One colour scale for the whole grid, up to its largest weight: diffuse heads (weights
+    # near 1/Tk) would all look white on a fixed 0..1 scale.
+    vmax = float(weights.max()) or 1.0
     image = None
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            image = ax.imshow(weights[layer, head].float().numpy(), cmap=CMAP, vmin=0.0, vmax=1.0,
+            image = ax.imshow(weights[layer, head].float().numpy(), cmap=CMAP, vmin=0.0, vmax=vmax,
                               aspect="auto", interpolation="nearest")
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             _label_axes(ax, query_tokens, key_tokens, fontsize)
@@ -84,7 +88,8 @@ def plot_alignment(cross_weights: torch.Tensor, target_tokens: list[str], source
     mean = cross_weights[layer].float().mean(0)  # (T, S)
     t, s = mean.shape
     fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
-    image = ax.imshow(mean.numpy(), cmap=CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    image = ax.imshow(mean.numpy(), cmap=CMAP, vmin=0.0, vmax=float(mean.max()) or 1.0, aspect="auto",
+                      interpolation="nearest")
     _label_axes(ax, target_tokens, source_tokens, 9)
     ax.set_xlabel("source")
     ax.set_ylabel("target (token produced)")
@@ -140,6 +145,44 @@ def plot_bars(labels: list[str], probs: list[float], title: str):
     return fig
 
 
+def plot_steps(steps: dict, title: str = ""):
+    """Eq. 1 of one head in four panels: QKᵀ, ÷ sqrt(d_k), mask (−∞ shown blank), softmax.
+
+    Args:
+        steps: one head's step-through as returned by
+            :meth:`~qkv.explain.explainers.Explainer.steps` (``scores``, ``scaled``, ``masked``,
+            ``weights`` as ``(Tq, Tk)`` nested lists, ``query_tokens``, ``key_tokens``, ``d_k``).
+
+    Returns the figure: four heatmap axes, each with its own colour bar.
+    """
+    import math
+
+    import numpy as np
+
+    panels = [("scores", "S = Q Kᵀ", "RdBu_r"),
+              ("scaled", f"S / √d_k  (√{steps['d_k']} = {math.sqrt(steps['d_k']):.2f})", "RdBu_r"),
+              ("masked", "masked: −∞ where not allowed (blank)", "RdBu_r"),
+              ("weights", "A = softmax(rows)  (each row sums to 1)", CMAP)]
+    tq, tk = len(steps["query_tokens"]), len(steps["key_tokens"])
+    side = max(2.6, 0.22 * max(tq, tk) + 1.2)
+    fig, axes = plt.subplots(1, 4, figsize=(4 * side + 2, side + 0.9), layout="constrained")
+    for ax, (name, caption, cmap) in zip(axes, panels):
+        values = np.array([[np.nan if v is None else v for v in row] for row in steps[name]], dtype=float)
+        if name == "weights":
+            image = ax.imshow(values, cmap=cmap, vmin=0, vmax=float(np.nanmax(values)) or 1.0, aspect="auto",
+                              interpolation="nearest")
+        else:
+            limit = float(np.nanmax(np.abs(values))) or 1.0
+            image = ax.imshow(values, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto",
+                              interpolation="nearest")
+        ax.set_title(caption, fontsize=9)
+        _label_axes(ax, steps["query_tokens"], steps["key_tokens"], 8 if max(tq, tk) <= 30 else 6)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(title or f"Eq. 1 step by step: {steps['kind']} layer {steps['layer'] + 1}, "
+                          f"head {steps['head'] + 1}")
+    return fig
+
+
 def save(fig, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as PNG atomically (nothing half-written on Ctrl-C) and close it."""
     path = Path(path)
@@ -151,13 +194,14 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
 
 
 def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
-                   merge_words: bool = True, alignment_layer: int = -1) -> list[Path]:
+                   merge_words: bool = True, layer: int = -1, head: int = 0) -> list[Path]:
     """Every picture of one input, as PNG files in ``out_dir`` (created), plus
     ``explanation.json`` (the numbers drawn). Returns the paths written.
 
     Files: ``attention_<kind>.png`` per attention kind (heads × layers grid),
     ``alignment.png`` (translation), ``positional_encoding.png``, ``next_tokens.png`` (LM) or
-    ``classes.png`` (protein sequence classifier).
+    ``classes.png`` (protein sequence classifier), ``steps.png`` (Eq. 1 step by step for
+    ``head`` of ``layer`` of the first attention kind; ``layer`` also picks the alignment's).
 
     Raises: as :meth:`~qkv.explain.explainers.Explainer.explain`.
     """
@@ -173,7 +217,7 @@ def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
         fig = plot_attention_grid(amap.weights, amap.query_tokens, amap.key_tokens, amap.title)
         written.append(save(fig, out / f"attention_{amap.kind}.png"))
         if amap.kind == "cross":
-            fig = plot_alignment(amap.weights, amap.query_tokens, amap.key_tokens, alignment_layer)
+            fig = plot_alignment(amap.weights, amap.query_tokens, amap.key_tokens, layer)
             written.append(save(fig, out / "alignment.png"))
     try:
         matrix, title = positional_matrix(explainer.model)
@@ -189,6 +233,9 @@ def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
         fig = plot_bars([c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]],
                         "class probabilities")
         written.append(save(fig, out / "classes.png"))
+    kind = explainer.kinds[0]
+    steps = explainer.steps(text, kind, layer % explainer.n_layers, head, options)
+    written.append(save(plot_steps(steps), out / "steps.png"))
     write_text(out / "explanation.json", json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
     written.append(out / "explanation.json")
     return written
