@@ -1,0 +1,565 @@
+// qkv explain — the page's only script. Vanilla JS with no dependencies, so the page works
+// offline and is served as three static files. Every string that comes from the model
+// (tokens, output text, class labels) is inserted with textContent, never as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SVG_NS = "http://www.w3.org/2000/svg";
+const MAX_TABLE = 64;  // step tables beyond this many rows/columns would freeze the page
+
+const state = {
+  info: null,   // GET /api/info
+  data: null,   // last successful POST /api/explain
+  body: null,   // the request that produced `data`; /api/steps must describe the same run
+  kind: null, layer: 0, head: 0,
+  runSeq: 0, stepSeq: 0, stepTimer: null,
+  heat: null,   // geometry of the drawn heatmap, for the hover read-out
+  stretch: false,  // colour scale 0..head's max instead of 0..1 (diffuse heads look blank otherwise)
+};
+
+// ---------- small helpers
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v !== null && v !== undefined) node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);  // strings become text nodes: safe for data
+  return node;
+}
+
+function svgEl(tag, attrs = {}) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+// Whitespace-only tokens would be invisible; the server already maps most, this is a fallback.
+function showToken(t) {
+  if (t === "") return "∅";
+  if (/^\s+$/.test(t)) return t.replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  return t;
+}
+
+function shorten(t, n = 16) { return t.length > n ? t.slice(0, n - 1) + "…" : t; }
+
+// Fixed decimals with a real minus sign, and no "−0.00".
+function fmt(x, digits = 2) {
+  if (x === null || x === undefined) return "−∞";
+  const s = Math.abs(x).toFixed(digits);
+  return x < 0 && Number(s) !== 0 ? "−" + s : s;
+}
+
+// Sequential white → dark blue (ColorBrewer "Blues" stops) for weights in [0, 1].
+const BLUES = [[255, 255, 255], [222, 235, 247], [158, 202, 225], [66, 146, 198], [8, 48, 107]];
+function blues(t) {
+  t = Math.min(1, Math.max(0, t || 0)) * (BLUES.length - 1);
+  const i = Math.min(Math.floor(t), BLUES.length - 2), f = t - i;
+  return BLUES[i].map((c, j) => Math.round(c + (BLUES[i + 1][j] - c) * f));
+}
+const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+
+// The top of the colour scale for one head's weights: 1, or their maximum when stretched.
+function scaleMax(W) {
+  if (!state.stretch) return 1;
+  let m = 0;
+  for (const row of W) for (const v of row) m = Math.max(m, v);
+  return m > 0 ? m : 1;
+}
+
+// Signed values (Q, K, V, scores): blue for positive, orange for negative, pale so the
+// numbers stay readable; t in [-1, 1].
+function diverging(t) {
+  if (t >= 0) return blues(t * 0.6);
+  const a = Math.min(1, -t) * 0.6;
+  return [255, 255, 255].map((c, j) => Math.round(c + ([230, 120, 30][j] - c) * a));
+}
+
+// ---------- API
+
+async function api(path, body) {
+  const init = body === undefined ? {} : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  };
+  const res = await fetch(path, init);
+  const text = await res.text();
+  let payload = null;
+  try { payload = JSON.parse(text); } catch (_) { /* not JSON: reported below */ }
+  if (!res.ok) throw new Error(errorMessage(res, payload, text));
+  if (payload === null) throw new Error(`${path}: the server's answer is not JSON`);
+  return payload;
+}
+
+// FastAPI sends {"detail": "message"} for our own errors and {"detail": [{loc, msg}, ...]}
+// for request validation; show both as one readable line.
+function errorMessage(res, payload, text) {
+  const d = payload && payload.detail;
+  if (typeof d === "string") return d;
+  if (Array.isArray(d)) {
+    return d.map((e) => {
+      if (typeof e === "string") return e;
+      const loc = Array.isArray(e.loc) ? e.loc.filter((p) => p !== "body").join(".") : "";
+      return (loc ? loc + ": " : "") + (e.msg || JSON.stringify(e));
+    }).join("; ");
+  }
+  return `HTTP ${res.status} ${res.statusText}${text ? ": " + text.slice(0, 200) : ""}`;
+}
+
+function showError(msg) { const box = $("error"); box.textContent = msg; box.hidden = false; }
+function hideError() { const box = $("error"); box.textContent = ""; box.hidden = true; }
+
+// ---------- set-up
+
+async function init() {
+  $("run").addEventListener("click", run);
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+  });
+  $("input").addEventListener("input", updateCount);
+  $("kind").addEventListener("change", () => { state.kind = $("kind").value; selectKind(); });
+  $("layer").addEventListener("change", () => select(+$("layer").value, state.head));
+  $("head").addEventListener("change", () => select(state.layer, +$("head").value));
+  $("stretch").addEventListener("change", () => {
+    state.stretch = $("stretch").checked;
+    if (state.data && state.kind) { renderOverview(entry()); drawHead(); }
+  });
+  $("heatmap").addEventListener("mousemove", heatHover);
+  $("heatmap").addEventListener("mouseleave", () => { $("heat-tip").textContent = "\u00a0"; });
+  drawColorbar();
+  try {
+    applyInfo(await api("/api/info"));
+  } catch (e) {
+    showError("Could not load the model's description (/api/info): " + e.message);
+  }
+}
+
+function applyInfo(info) {
+  state.info = info;
+  $("family").textContent = info.family;
+  $("run-dir").textContent = info.run_dir;
+  $("dims").textContent = `${info.n_layers} layers × ${info.n_heads} heads, d_k = ${info.d_k}`;
+  $("input-label").textContent = info.input_label || "Input";
+  const input = $("input");
+  if (info.max_chars) input.maxLength = info.max_chars;
+  input.value = info.example || "";
+  for (const node of document.querySelectorAll("[data-family]")) {
+    node.hidden = node.dataset.family !== info.family;
+  }
+  document.title = `qkv · explain · ${info.family}`;
+  updateCount();
+}
+
+function updateCount() {
+  const max = state.info ? state.info.max_chars : null;
+  const n = $("input").value.length;
+  $("char-count").textContent = max ? `${n} / ${max}` : `${n}`;
+  $("char-count").classList.toggle("over", Boolean(max) && n > max);
+}
+
+// ---------- running the model
+
+function requestBody() {
+  const num = (id, parse) => {
+    const v = $(id).value.trim();
+    const n = v === "" ? NaN : parse(v);
+    return Number.isFinite(n) ? n : null;
+  };
+  const body = {
+    text: $("input").value,
+    beam_size: num("beam-size", parseInt) ?? 4,
+    max_new_tokens: num("max-new-tokens", parseInt) ?? 40,
+    temperature: num("temperature", parseFloat) ?? 1.0,
+    top_k: num("top-k", parseInt),
+    top_p: num("top-p", parseFloat),
+    seed: num("seed", parseInt),
+  };
+  // An LM samples its continuation and /api/steps runs the model again: both requests must
+  // use one seed or the step-through would describe a different sample than the heatmap.
+  if (state.info && state.info.family === "lm" && body.seed === null) {
+    body.seed = Math.floor(Math.random() * 2 ** 31);
+  }
+  return body;
+}
+
+function setBusy(on) {
+  $("run").disabled = on;
+  $("run").textContent = on ? "Running…" : "Run";
+}
+
+async function run() {
+  const seq = ++state.runSeq;  // a newer run makes older answers stale
+  hideError();
+  delete document.body.dataset.ready;
+  setBusy(true);
+  const body = requestBody();
+  try {
+    const data = await api("/api/explain", body);
+    if (seq !== state.runSeq) return;
+    state.data = data;
+    state.body = body;
+    renderOutput(data, body);
+    if ((data.attention || []).length) {
+      setupSelectors();
+    } else {  // nothing to draw: clear the views of a previous run rather than leave them stale
+      ["head-view", "overview", "steps"].forEach((id) => $(id).replaceChildren());
+      state.heat = null;
+    }
+    document.body.dataset.ready = "1";
+  } catch (e) {
+    if (seq === state.runSeq) showError(e.message);
+  } finally {
+    if (seq === state.runSeq) setBusy(false);
+  }
+}
+
+// ---------- output panel
+
+function renderOutput(data, body) {
+  const out = $("output"), o = data.output || {};
+  out.replaceChildren();
+  if (data.family === "translation") {
+    out.append(el("p", { class: "out-text", id: "output-text" }, o.text ?? ""));
+  } else if (data.family === "lm") {
+    // The prompt in grey, the model's own continuation in the accent colour.
+    out.append(el("p", { class: "out-text lm", id: "output-text" },
+      el("span", { class: "prompt" }, body.text), el("span", { class: "continuation" }, o.text ?? "")));
+    out.append(el("p", { class: "muted small" },
+      (body.temperature === 0 ? "greedy decoding" : `sampled with temperature ${body.temperature}, seed ${body.seed}`) +
+      (body.top_k ? `, top-k ${body.top_k}` : "") + (body.top_p ? `, top-p ${body.top_p}` : "")));
+    out.append(el("h3", {}, "Next-token probabilities after the prompt"));
+    out.append(bars("next-tokens", (o.next_tokens || []).map((t) => [showToken(t.token), t.prob])));
+  } else if (data.family === "protein") {
+    if (o.classes && o.classes.length) {
+      out.append(el("h3", {}, "Class probabilities"));
+      out.append(bars("classes", o.classes.map((c) => [c.label, c.prob])));
+    } else if (o.residues) {
+      out.append(el("h3", {}, "Predicted class of each residue"));
+      out.append(residueView(body.text.replace(/\s+/g, ""), o.residues));
+    } else {
+      out.append(el("p", { class: "muted" }, "This run has no classification head: attention only."));
+    }
+  }
+}
+
+// Horizontal bars; widths are absolute probabilities so charts of different runs compare.
+function bars(id, items) {
+  const wrap = el("div", { class: "bars", id });
+  const best = Math.max(...items.map((it) => it[1]));
+  for (const [label, p] of items) {
+    const fill = el("div", { class: "bar-fill" });
+    fill.style.width = `${Math.max(0, Math.min(1, p)) * 100}%`;
+    wrap.append(el("div", { class: "bar-row" + (p === best ? " best" : "") },
+      el("span", { class: "bar-label", title: label }, label),
+      el("div", { class: "bar-track" }, fill),
+      el("span", { class: "bar-value" }, `${(p * 100).toFixed(1)} %`)));
+  }
+  return wrap;
+}
+
+// Sequence and predicted labels in monospace blocks of 50, so label i sits under residue i.
+function residueView(seq, labels) {
+  const wrap = el("div", { class: "residues", id: "residues" });
+  const letters = [...new Set(labels)].sort();
+  const tint = (c) => `lab-${letters.indexOf(c) % 6}`;
+  for (let start = 0; start < Math.max(seq.length, labels.length); start += 50) {
+    const lab = el("div", { class: "res-line labels" });
+    for (const c of labels.slice(start, start + 50)) lab.append(el("span", { class: tint(c) }, c));
+    wrap.append(el("div", { class: "res-block" },
+      el("div", { class: "res-pos" }, String(start + 1)),
+      el("div", { class: "res-lines" }, el("div", { class: "res-line seq" }, seq.slice(start, start + 50)), lab)));
+  }
+  const share = (c) => (100 * [...labels].filter((x) => x === c).length / labels.length).toFixed(0);
+  const counts = letters.map((c) => `${c} ${share(c)} %`);
+  wrap.append(el("p", { class: "muted small" }, "labels: " + counts.join(" · ")));
+  return wrap;
+}
+
+// ---------- attention panel
+
+function fillSelect(sel, items, value) {
+  sel.replaceChildren(...items.map(([v, label]) => el("option", { value: v }, label)));
+  sel.value = String(value);
+  sel.disabled = false;
+}
+
+function entry() { return state.data.attention.find((a) => a.kind === state.kind); }
+
+function setupSelectors() {
+  const kinds = state.data.attention.map((a) => a.kind);
+  if (!kinds.includes(state.kind)) state.kind = kinds[0];
+  fillSelect($("kind"), state.data.attention.map((a) => [a.kind, a.kind]), state.kind);
+  selectKind();
+}
+
+function selectKind() {
+  const e = entry(), L = e.weights.length, H = e.weights[0].length;
+  state.layer = Math.min(state.layer, L - 1);
+  state.head = Math.min(state.head, H - 1);
+  fillSelect($("layer"), [...Array(L).keys()].map((i) => [i, String(i + 1)]), state.layer);
+  fillSelect($("head"), [...Array(H).keys()].map((i) => [i, String(i + 1)]), state.head);
+  $("attn-title").textContent = e.title || "";
+  renderOverview(e);
+  select(state.layer, state.head);
+}
+
+// Layers and heads are 0-based in the API and 1-based on screen.
+function select(layer, head) {
+  state.layer = layer;
+  state.head = head;
+  $("layer").value = String(layer);
+  $("head").value = String(head);
+  drawHead();
+  // Debounced: arrowing through heads should not queue a model run per keystroke.
+  delete document.body.dataset.stepsReady;
+  clearTimeout(state.stepTimer);
+  state.stepTimer = setTimeout(loadSteps, 150);
+}
+
+function drawHead() {
+  const e = entry(), W = e.weights[state.layer][state.head];
+  renderHeadView(e, W);  // opacity stays ∝ weight: stretched, a diffuse head is a solid block of lines
+  renderHeatmap(e, W, scaleMax(W));
+  for (const tile of $("overview").querySelectorAll(".head")) {
+    tile.classList.toggle("selected", +tile.dataset.layer === state.layer && +tile.dataset.head === state.head);
+  }
+}
+
+// bertviz-style: two token columns, one line per (query, key) pair.
+function renderHeadView(e, W) {
+  const q = e.query_tokens.map(showToken), k = e.key_tokens.map(showToken);
+  const rowH = 20, pad = 8, colW = 130, gap = 150;
+  const width = 2 * colW + gap, height = Math.max(q.length, k.length) * rowH + 2 * pad;
+  const y = (i) => pad + i * rowH + rowH / 2;
+  const svg = svgEl("svg", { class: "hv", width, height, viewBox: `0 0 ${width} ${height}` });
+  const lines = svgEl("g");
+  svg.append(lines);
+  const byQ = q.map(() => []), byK = k.map(() => []);
+  W.forEach((row, i) => row.forEach((w, j) => {
+    if (w < 0.005) return;  // invisible anyway; skipping keeps long inputs responsive
+    const line = svgEl("line", { x1: colW + 6, y1: y(i), x2: colW + gap - 6, y2: y(j),
+      "stroke-opacity": w.toFixed(3) });
+    lines.append(line); byQ[i].push(line); byK[j].push(line);
+  }));
+  const token = (label, x, yy, anchor, links, tip) => {
+    const t = svgEl("text", { x, y: yy, "text-anchor": anchor, class: "tok" });
+    t.textContent = shorten(label);
+    const title = svgEl("title"); title.textContent = tip; t.append(title);
+    t.addEventListener("mouseenter", () => {
+      svg.classList.add("focus"); t.classList.add("hl");
+      links.forEach((l) => l.classList.add("hl"));
+    });
+    t.addEventListener("mouseleave", () => {
+      svg.classList.remove("focus"); t.classList.remove("hl");
+      links.forEach((l) => l.classList.remove("hl"));
+    });
+    svg.append(t);
+  };
+  q.forEach((s, i) => token(s, colW, y(i), "end", byQ[i], `query ${i}: ${s}`));
+  k.forEach((s, j) => token(s, colW + gap, y(j), "start", byK[j], `key ${j}: ${s}`));
+  $("head-view").replaceChildren(svg);
+}
+
+function renderHeatmap(e, W, vmax) {
+  const q = e.query_tokens.map(showToken), k = e.key_tokens.map(showToken);
+  const cv = $("heatmap"), ctx = cv.getContext("2d");
+  const n = Math.max(q.length, k.length);
+  const cell = Math.max(3, Math.min(26, Math.floor(420 / n)));
+  const labels = cell >= 9;  // below that, labels would overlap: the hover read-out names cells
+  ctx.font = "11px system-ui, sans-serif";
+  const textW = (arr) => Math.min(110, Math.max(0, ...arr.map((s) => ctx.measureText(shorten(s, 14)).width)));
+  // Whole pixels: fractional offsets would anti-alias every cell edge into faint seams.
+  const left = Math.ceil(labels ? textW(q) + 10 : 6), top = Math.ceil(labels ? textW(k) + 10 : 6);
+  const w = left + k.length * cell + 4, h = top + q.length * cell + 4;
+  const dpr = window.devicePixelRatio || 1;
+  cv.width = w * dpr; cv.height = h * dpr;
+  cv.style.width = `${w}px`; cv.style.height = `${h}px`;
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  W.forEach((row, i) => row.forEach((v, j) => {
+    ctx.fillStyle = rgb(blues(v / vmax));
+    ctx.fillRect(left + j * cell, top + i * cell, cell, cell);
+  }));
+  ctx.strokeStyle = "#c9ced6";
+  ctx.strokeRect(left - 0.5, top - 0.5, k.length * cell + 1, q.length * cell + 1);
+  if (labels) {
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#333";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    q.forEach((s, i) => ctx.fillText(shorten(s, 14), left - 5, top + i * cell + cell / 2));
+    ctx.textAlign = "left";
+    k.forEach((s, j) => {
+      ctx.save();
+      ctx.translate(left + j * cell + cell / 2, top - 5);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(shorten(s, 14), 0, 0);
+      ctx.restore();
+    });
+  }
+  state.heat = { left, top, cell, q, k, W };
+  drawColorbar(Math.max(120, q.length * cell), top, vmax);
+}
+
+function heatHover(ev) {
+  const g = state.heat;
+  if (!g) return;
+  const r = ev.target.getBoundingClientRect();
+  const i = Math.floor((ev.clientY - r.top - g.top) / g.cell), j = Math.floor((ev.clientX - r.left - g.left) / g.cell);
+  const ok = i >= 0 && j >= 0 && i < g.q.length && j < g.k.length;
+  $("heat-tip").textContent = ok ? `query ${i} “${g.q[i]}” → key ${j} “${g.k[j]}”: ${fmt(g.W[i][j], 3)}` : "\u00a0";
+}
+
+function drawColorbar(height = 200, top = 6, vmax = 1) {
+  const cv = $("colorbar"), ctx = cv.getContext("2d"), dpr = window.devicePixelRatio || 1;
+  const w = 60, h = top + height + 8;
+  cv.width = w * dpr; cv.height = h * dpr;
+  cv.style.width = `${w}px`; cv.style.height = `${h}px`;
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  for (let y = 0; y < height; y++) {
+    ctx.fillStyle = rgb(blues(1 - y / (height - 1)));
+    ctx.fillRect(6, top + y, 14, 1);
+  }
+  ctx.strokeStyle = "#c9ced6";
+  ctx.strokeRect(5.5, top - 0.5, 15, height + 1);
+  ctx.fillStyle = "#333";
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.textBaseline = "middle";
+  for (const t of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText((t * vmax).toFixed(vmax < 0.1 ? 3 : 2), 25, top + (1 - t) * (height - 1));
+}
+
+// One small canvas per head, drawn pixel-per-cell and scaled up by CSS: cheap even for long inputs.
+function renderOverview(e) {
+  const host = $("overview"), L = e.weights.length, H = e.weights[0].length;
+  host.style.gridTemplateColumns = `auto repeat(${H}, max-content)`;
+  const nodes = [el("div", { class: "ov-corner" })];
+  for (let h = 0; h < H; h++) nodes.push(el("div", { class: "ov-label col" }, `head ${h + 1}`));
+  for (let l = 0; l < L; l++) {
+    nodes.push(el("div", { class: "ov-label row" }, `layer ${l + 1}`));
+    for (let h = 0; h < H; h++) {
+      const W = e.weights[l][h], tq = W.length, tk = W[0] ? W[0].length : 0, vmax = scaleMax(W);
+      const cv = el("canvas", { width: Math.max(1, tk), height: Math.max(1, tq) });
+      if (tq && tk) {
+        const ctx = cv.getContext("2d"), img = ctx.createImageData(tk, tq);
+        W.forEach((row, i) => row.forEach((v, j) => {
+          const c = blues(v / vmax), o = 4 * (i * tk + j);
+          img.data[o] = c[0]; img.data[o + 1] = c[1]; img.data[o + 2] = c[2]; img.data[o + 3] = 255;
+        }));
+        ctx.putImageData(img, 0, 0);
+      }
+      const tile = el("button", { type: "button", class: "head", title: `layer ${l + 1}, head ${h + 1}`,
+        "data-layer": l, "data-head": h, "aria-label": `layer ${l + 1}, head ${h + 1}` }, cv);
+      tile.addEventListener("click", () => select(l, h));
+      nodes.push(tile);
+    }
+  }
+  host.replaceChildren(...nodes);
+}
+
+// ---------- step-through of Eq. 1
+
+async function loadSteps() {
+  if (!state.data) return;
+  const seq = ++state.stepSeq, host = $("steps");
+  delete document.body.dataset.stepsReady;
+  host.replaceChildren(el("p", { class: "muted" },
+    `Computing ${state.kind}, layer ${state.layer + 1}, head ${state.head + 1}…`));
+  try {
+    const s = await api("/api/steps",
+      { ...state.body, kind: state.kind, layer: state.layer, head: state.head });
+    if (seq !== state.stepSeq) return;
+    renderSteps(s);
+    document.body.dataset.stepsReady = "1";
+  } catch (e) {
+    if (seq !== state.stepSeq) return;
+    host.replaceChildren(el("p", { class: "muted" }, "The step-through could not be computed."));
+    showError(e.message);
+  }
+}
+
+function renderSteps(s) {
+  const q = s.query_tokens.map(showToken), k = s.key_tokens.map(showToken);
+  const dims = [...Array(s.d_k).keys()].map((d) => `d${d}`);
+  const root = Math.sqrt(s.d_k);
+  const tq = q.length, tk = k.length;
+  // [key, title, shape, caption, rows, cols, colour scheme, decimals]
+  const stages = [
+    ["q", "Q — queries", `${tq} × ${s.d_k}`, "One row per query token: this head's projection X·W_i^Q (§3.2.2).", q, dims, "signed", 2],
+    ["k", "K — keys", `${tk} × ${s.d_k}`, "One row per key token, X·W_i^K; each query is compared with every key.", k, dims, "signed", 2],
+    ["v", "V — values", `${tk} × ${s.d_k}`, "X·W_i^V: what each key position hands over once it is attended to.", k, dims, "signed", 2],
+    ["scores", "QKᵀ — dot products", `${tq} × ${tk}`, "Similarity of every query with every key: the QKᵀ of Eq. 1 (Vaswani et al. 2017, §3.2.1).", q, k, "signed", 2],
+    ["scaled", `÷ √d_k = ÷ ${root.toFixed(2)}`, `${tq} × ${tk}`, `Scaled by 1/√${s.d_k} so large d_k does not push the softmax into tiny gradients (§3.2.1, Eq. 1).`, q, k, "signed", 2],
+    ["masked", "mask", `${tq} × ${tk}`, "Positions a query may not see (padding, or later tokens in a decoder) become −∞ before the softmax (§3.2.3).", q, k, "signed", 2],
+    ["weights", "softmax — attention weights", `${tq} × ${tk}`, "softmax over each row of Eq. 1: weights in [0, 1], each row sums to 1 (Σ column).", q, k, "weights", 3],
+    ["output", "× V — output", `${tq} × ${s.d_k}`, "weights × V: each query's output is the weighted average of the value rows (Eq. 1).", q, dims, "signed", 2],
+  ];
+  const host = $("steps");
+  const note = el("p", { class: "muted small" },
+    `${s.kind}, layer ${s.layer + 1}, head ${s.head + 1}; d_k = ${s.d_k}. Rows are query tokens` +
+    (state.data.family === "translation" ? " (subword pieces, as the model sees them)." : ".") +
+    " Cell colours are scaled to each table's largest |value|." +
+    " Hover a score cell to see which rows of Q and K produced it.");
+  const tables = {};
+  const sections = stages.map(([key, title, shape, caption, rows, cols, scheme, digits], n) => {
+    const { wrap, trs } = matrixTable(s[key], rows, cols, scheme, digits, key === "weights", key === "masked");
+    tables[key] = trs;
+    wrap.dataset.stage = key;
+    return el("section", { class: "stage", id: `step-${key}` },
+      el("h3", {}, el("span", { class: "step-no" }, String(n + 1)), title, el("span", { class: "shape" }, shape)),
+      el("p", { class: "caption" }, caption), wrap);
+  });
+  host.replaceChildren(note, el("div", { class: "stages" }, ...sections));
+  // Cell (i, j) of a score matrix is q_i · k_j: light up those two rows.
+  host.onmouseover = (ev) => {
+    const td = ev.target.closest("td[data-r]"), wrap = ev.target.closest("[data-stage]");
+    for (const tr of host.querySelectorAll("tr.hl")) tr.classList.remove("hl");
+    if (!td || !wrap || !["scores", "scaled", "masked", "weights"].includes(wrap.dataset.stage)) return;
+    const i = +td.dataset.r, j = +td.dataset.c;
+    if (tables.q[i]) tables.q[i].classList.add("hl");
+    if (tables.k[j]) tables.k[j].classList.add("hl");
+    if (tables.v[j]) tables.v[j].classList.add("hl");
+  };
+}
+
+// A numeric table with token/dimension headers and colour-coded cells. Large matrices are
+// cut to MAX_TABLE rows and columns (with a note) and scroll inside their box.
+function matrixTable(M, rows, cols, scheme, digits, sumColumn, maskedStage) {
+  M = M || [];
+  const nr = Math.min(rows.length, MAX_TABLE), nc = Math.min(cols.length, MAX_TABLE);
+  // Colours are relative to the table's largest |value| so diffuse heads still show structure;
+  // the numbers in the cells are the real ones.
+  let scale = 1e-9;
+  for (const row of M.slice(0, nr)) for (const v of row.slice(0, nc)) if (v !== null) scale = Math.max(scale, Math.abs(v));
+  const head = el("tr", {}, el("th", { class: "corner" }));
+  for (const c of cols.slice(0, nc)) head.append(el("th", { class: "col", title: c }, shorten(c, 8)));
+  if (sumColumn) head.append(el("th", { class: "col sum" }, "Σ"));
+  const body = el("tbody");
+  const trs = [];
+  for (let i = 0; i < nr; i++) {
+    const tr = el("tr", {}, el("th", { class: "row", title: rows[i] }, shorten(rows[i], 12)));
+    const row = M[i] || [];
+    for (let j = 0; j < nc; j++) {
+      const v = row[j];
+      const td = el("td", { "data-r": i, "data-c": j }, fmt(v, digits));
+      if (v === null || v === undefined) {
+        td.className = "neg-inf";
+      } else {
+        const c = scheme === "weights" ? blues(v / scale) : diverging(v / scale);
+        td.style.background = rgb(c);
+        if (c[0] + c[1] + c[2] < 360) td.style.color = "#fff";
+      }
+      tr.append(td);
+    }
+    if (sumColumn) tr.append(el("td", { class: "sum" }, fmt(row.reduce((a, b) => a + (b || 0), 0), 3)));
+    trs.push(tr);
+    body.append(tr);
+  }
+  const table = el("table", { class: "matrix" + (maskedStage ? " masked" : "") }, el("thead", {}, head), body);
+  const wrap = el("div", { class: "matrix-wrap" }, table);
+  if (rows.length > nr || cols.length > nc) {
+    wrap.append(el("p", { class: "muted small" },
+      `showing the first ${nr} of ${rows.length} rows and ${nc} of ${cols.length} columns`));
+  }
+  return { wrap, trs };
+}
+
+init();
