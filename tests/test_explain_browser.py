@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from qkv.explain import load_explainer
-from qkv.explain.server import create_app
+from qkv.explain.server import create_app, serve_in_thread
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium; "
@@ -28,26 +25,10 @@ INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "
 ARTIFACTS = Path(os.environ.get("QKV_TEST_ARTIFACTS", "test-artifacts"))
 
 
-def _serve(app):
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(100):
-        if server.started:
-            break
-        time.sleep(0.1)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.parametrize("family", ["translation", "lm", "protein"])
 def test_page_types_input_and_renders_every_head(tiny_runs, family):
     explainer = load_explainer(tiny_runs[family])
-    server, thread, base = _serve(create_app(explainer))
+    server, thread, base = serve_in_thread(create_app(explainer))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     hosts = set()
     try:

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from qkv.explain import load_explainer
-from qkv.explain.server import MAX_BODY_BYTES, create_app
+from qkv.explain.server import MAX_BODY_BYTES, create_app, serve_in_thread
 
 INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
 
@@ -91,19 +90,9 @@ def _rss_mib() -> float:
 def test_200_sequential_requests_on_loopback_without_errors_or_memory_growth(tiny_runs):
     """A real uvicorn server on 127.0.0.1; bound: resident memory grows < 40 MiB over 200
     requests after 20 warm-up requests."""
-    import uvicorn
-
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(load_explainer(tiny_runs["protein"])),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    server, thread, base = serve_in_thread(create_app(load_explainer(tiny_runs["protein"])))
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            for _ in range(100):
-                if server.started:
-                    break
-                time.sleep(0.1)
+        with httpx.Client(base_url=base, timeout=30) as http:
             body = {"text": INPUTS["protein"] * 2}
             for _ in range(20):
                 assert http.post("/api/explain", json=body).status_code == 200

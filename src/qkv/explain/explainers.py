@@ -120,6 +120,16 @@ class Explainer:
     def __init__(self, model, run_dir: str | Path, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.model, self.run_dir, self.max_chars = model, str(run_dir), max_chars
         self.config = model.config
+        self._last: tuple | None = None  # (text, options, _Pass) of the latest input
+
+    def _prepared(self, text: str, options: DecodingOptions | None) -> _Pass:
+        """:meth:`_prepare`, reused for the same input and options: the page asks for the
+        steps of the input it just explained, and decoding (beam search, sampling with a
+        seed) is deterministic, so it need not run twice."""
+        options = options or DecodingOptions()
+        if self._last is None or self._last[:2] != (text, options):
+            self._last = (text, options, self._prepare(self._check(text), options))
+        return self._last[2]
 
     @property
     def n_layers(self) -> int:
@@ -172,7 +182,7 @@ class Explainer:
             QkvError: empty input, or an input the tokenizer refuses.
             InputTooLong: over ``max_chars`` characters or the model's context.
         """
-        prepared = self._prepare(self._check(text), options or DecodingOptions())
+        prepared = self._prepared(text, options)
         weights = prepared.forward(True)
         maps = []
         for kind in self.kinds:
@@ -202,7 +212,7 @@ class Explainer:
         module = self.attention_module(kind, layer)
         if not 0 <= head < module.n_heads:
             raise QkvError(f"head {head} out of range: the model has heads 0..{module.n_heads - 1}")
-        prepared = self._prepare(self._check(text), options or DecodingOptions())
+        prepared = self._prepared(text, options)
         s = capture_steps(module, lambda: prepared.forward(False))
         allowed = s.masked[0, head] > torch.finfo(s.masked.dtype).min  # (Tq, Tk)
         masked = [[v if ok else None for v, ok in zip(row, oks)]

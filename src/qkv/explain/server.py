@@ -126,3 +126,31 @@ def serve(explainer: Explainer, host: str = "127.0.0.1", port: int = 8765,
     uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning")
     log("qkv explain: stopped")
     return 0
+
+
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0):
+    """Start ``app`` on a background thread (tests, screenshots); ``port=0`` picks a free port.
+
+    Returns ``(server, thread, base_url)``; stop with ``server.should_exit = True`` then
+    ``thread.join()``. Raises ``RuntimeError`` if the server has not started within ``timeout``
+    seconds.
+    """
+    import socket
+    import time
+
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError(f"the explainer server did not start on {host}:{port}")
+        time.sleep(0.05)
+    return server, thread, f"http://{host}:{port}"
