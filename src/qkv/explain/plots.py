@@ -28,7 +28,15 @@ CMAP = "Blues"
 MAX_LABELLED = 60  # beyond this many tokens an axis is drawn without token labels
 
 
+MAX_LABEL_CHARS = 16  # longer labels (a long merged word) are cut with "…"
+
+
+def _short(labels: list[str]) -> list[str]:
+    return [x if len(x) <= MAX_LABEL_CHARS else x[: MAX_LABEL_CHARS - 1] + "…" for x in labels]
+
+
 def _label_axes(ax, query_tokens, key_tokens, fontsize):
+    query_tokens, key_tokens = _short(query_tokens), _short(key_tokens)
     if len(key_tokens) <= MAX_LABELLED:
         ax.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=fontsize)
     else:
