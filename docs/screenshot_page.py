@@ -1,0 +1,47 @@
+"""Screenshot of the explainer page for a run: python docs/screenshot_page.py RUN_DIR "input" OUT.png
+
+Starts the page on a free loopback port, types the input, waits for the attention of every
+head, opens the step-through, and saves a full-page screenshot. Needs the playwright package
+and a Chromium (``QKV_CHROMIUM`` or ``chromium`` on PATH; Debian: apt-get install chromium).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from playwright.sync_api import sync_playwright
+
+from qkv.explain import load_explainer
+from qkv.explain.server import create_app, serve_in_thread
+
+
+def main(run_dir: str, text: str, out: str) -> None:
+    chromium = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        sys.exit("no Chromium found: set QKV_CHROMIUM or install chromium")
+    explainer = load_explainer(run_dir)
+    server, thread, base = serve_in_thread(create_app(explainer))
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(base + "/")
+            page.fill("#input", text)
+            page.click("#run")
+            page.wait_for_selector('body[data-ready="1"]', timeout=120_000)
+            page.wait_for_selector('body[data-steps-ready="1"]', timeout=120_000)
+            page.screenshot(path=out, full_page=True)
+            heads = page.locator("#overview .head").count()
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    print(f"{out}: {explainer.family} page, {heads} heads rendered")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(__doc__.splitlines()[0])
+    main(*sys.argv[1:])
