@@ -191,3 +191,18 @@ def test_explain_cli_errors_are_one_line(tiny_runs, tmp_path, capsys):
     assert main(["explain", str(tmp_path / "missing"), "--input", "x", "--out", str(tmp_path)]) == 2
     assert "run directory not found" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written for a refused input
+
+
+def test_residue_classifier_labels_every_residue(tiny_runs, tmp_path):
+    import json
+    import shutil
+
+    run = tmp_path / "residue"
+    shutil.copytree(tiny_runs["protein"], run)
+    (run / "task.json").write_text(json.dumps({"task": "toy", "level": "residue", "classes": ["H", "C"]}))
+    (run / "train_config.json").write_text(json.dumps({"recipe": "protein-residue"}))
+    ex = load_explainer(run)
+    result = ex.explain("gigkflhs*")  # lowercase and a trailing stop codon are accepted
+    assert result.output["classes"] == [] and len(result.output["residues"]) == 8
+    assert set(result.output["residues"]) <= {"H", "C"}
+    assert ex.info()["level"] == "residue" and ex.info()["layers_per_kind"] == {"encoder": 2}

@@ -133,7 +133,9 @@ class Explainer:
 
     @property
     def n_layers(self) -> int:
-        return len(self.layers("encoder" if "encoder" in self.kinds else "decoder"))
+        """Layers of the first attention kind (an encoder-decoder's stacks may differ: see
+        ``info()["layers_per_kind"]``)."""
+        return len(self.layers(self.kinds[0]))
 
     def layers(self, kind: str):
         raise NotImplementedError
@@ -153,7 +155,8 @@ class Explainer:
         attn = self.attention_module(self.kinds[0], 0)
         return {"family": self.family, "run_dir": self.run_dir, "n_layers": self.n_layers,
                 "n_heads": attn.n_heads, "d_k": attn.d_k, "max_chars": self.max_chars,
-                "kinds": list(self.kinds), "input_label": self.input_label, "example": self.example,
+                "kinds": list(self.kinds), "layers_per_kind": {k: len(self.layers(k)) for k in self.kinds},
+                "input_label": self.input_label, "example": self.example,
                 "classes": list(getattr(self, "classes", ())), "level": getattr(self, "level", None)}
 
     def _check(self, text: str) -> str:
