@@ -28,10 +28,12 @@ def fmt(metrics: dict, key: str) -> str:
 
 def main(root: str) -> None:
     root = Path(root)
+    # protein_gpu.sh fits the baselines once, apart from the runs: {task: metrics}
+    separate = json.loads((root / "baselines.json").read_text()) if (root / "baselines.json").is_file() else {}
     print("| task | model | test | validation | train min | steps |")
     print("|---|---|---|---|---|---|")
     for prefix, title, key in TASKS:
-        baseline = None
+        baseline = separate.get(prefix)
         for mode in MODES:
             path = root / f"{prefix}_{mode}" / "summary.json"
             if not path.is_file():
