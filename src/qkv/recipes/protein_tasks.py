@@ -320,13 +320,9 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     def loss_fn(model, idx):
         tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
         target = pad_sequences([labels[i] for i in idx], IGNORE).to(device)
-        if recipe.freeze:  # no graph through the frozen encoder
-            with torch.no_grad():
-                hidden, mask, _ = model.encode(tokens)
-            features = model.pool(hidden, mask) if level == "sequence" else hidden
-            logits = head(features)
-        else:
-            logits = encoder.logits(tokens)
+        # A probe needs no special path: with the encoder's weights frozen autograd records
+        # nothing through it, and model_config sets its dropouts to 0.
+        logits = encoder.logits(tokens)
         if level == "sequence":
             target = target[:, 0]
         loss = F.cross_entropy(logits.flatten(0, -2).float(), target.flatten(), ignore_index=IGNORE,
