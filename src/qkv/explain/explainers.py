@@ -90,11 +90,14 @@ class Explanation:
 @dataclass
 class _Pass:
     """One prepared input: ``forward(need_weights)`` reruns the model on it and returns
-    ``{kind: per-layer weights (1, H, Tq, Tk)}``; ``pieces[kind] = (query pieces, key pieces)``."""
+    ``{kind: per-layer weights (1, H, Tq, Tk)}``; ``pieces[kind] = (query pieces, key pieces)``;
+    ``weights``: the result of ``forward(True)`` once computed (a family whose output needs
+    that pass anyway fills it in :meth:`Explainer._prepare`)."""
 
     forward: Callable[[bool], dict]
     pieces: dict[str, tuple[list[str], list[str]]]
     output: dict
+    weights: dict | None = None
 
 
 def _rounded(t: torch.Tensor, digits: int) -> list:
@@ -102,8 +105,8 @@ def _rounded(t: torch.Tensor, digits: int) -> list:
 
 
 class Explainer:
-    """Base class: loads nothing itself; subclasses set ``model`` and implement
-    :meth:`_prepare` and :meth:`attention_module`.
+    """Base class: subclasses load the run, pass its model here, and implement :meth:`layers`
+    (the layers holding each attention kind) and :meth:`_prepare` (decode one input).
 
     Args:
         run_dir: the run directory (for display). max_chars: inputs longer than this are
@@ -186,7 +189,9 @@ class Explainer:
             InputTooLong: over ``max_chars`` characters or the model's context.
         """
         prepared = self._prepared(text, options)
-        weights = prepared.forward(True)
+        if prepared.weights is None:
+            prepared.weights = prepared.forward(True)
+        weights = prepared.weights
         maps = []
         for kind in self.kinds:
             w = torch.stack([layer_w[0] for layer_w in weights[kind]]).float()  # (L, H, Tq, Tk)
@@ -339,16 +344,17 @@ class ProteinExplainer(Explainer):
         def forward(need_weights):
             return {"encoder": head(tokens, need_weights=need_weights).attentions}
 
+        out = head(tokens, need_weights=True)  # the prediction and the weights in one pass
         output = {"text": None, "next_tokens": [], "classes": [], "residues": None}
         if self.level in ("sequence", "residue"):
-            probs = head(tokens).logits.float().softmax(-1)[0]
+            probs = out.logits.float().softmax(-1)[0]
             if self.level == "sequence":
                 output["classes"] = [{"label": c, "prob": round(float(p), 5)}
                                      for c, p in zip(self.classes, probs)]
             else:
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
         pieces = [tok.id_to_token(i) for i in ids]
-        return _Pass(forward, {"encoder": (pieces, pieces)}, output)
+        return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})
 
 
 EXPLAINERS = {"translation": TranslationExplainer, "lm": LMExplainer,

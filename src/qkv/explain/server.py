@@ -18,6 +18,7 @@ a step-through's hook is attached, and one user on a laptop needs no more.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from .explainers import DecodingOptions, Explainer, InputTooLong
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 64 * 1024
+DECODING_FIELDS = {f.name for f in dataclasses.fields(DecodingOptions)}  # body keys that decode
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"
 
 
@@ -49,9 +51,7 @@ class ExplainRequest(BaseModel):
     merge_words: bool = True
 
     def options(self) -> DecodingOptions:
-        return DecodingOptions(beam_size=self.beam_size, max_new_tokens=self.max_new_tokens,
-                               temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                               seed=self.seed)
+        return DecodingOptions(**self.model_dump(include=DECODING_FIELDS))
 
 
 class StepsRequest(ExplainRequest):
