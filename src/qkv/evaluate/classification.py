@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..train.checkpoint import atomic_write
+
 
 def classification_metrics(y_true, y_pred, probs, classes) -> dict:
     """Metrics of one evaluation.
@@ -84,7 +86,7 @@ def plot_confusion(confusion, classes, path: Path, title: str) -> None:
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="share of true class")
     fig.tight_layout()
-    tmp = path.with_name(".tmp-" + path.name)
-    fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(fig)

@@ -14,15 +14,20 @@ can count axes; :func:`save` writes it atomically and closes it.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ..train.checkpoint import atomic_write  # noqa: E402
+from ..nn.positional import (LearnedPositionalEmbedding, RotaryEmbedding,  # noqa: E402
+                             SinusoidalPositionalEncoding)
+from ..train.checkpoint import atomic_write, write_text  # noqa: E402
 
 CMAP = "Blues"
 MAX_LABELLED = 60  # beyond this many tokens an axis is drawn without token labels
@@ -113,8 +118,6 @@ def positional_matrix(model: torch.nn.Module, n_positions: int = 100) -> tuple[t
     a rotary model adds nothing, so its ``cos(pos · θ_i)`` per rotation plane is shown.
     Raises ``ValueError`` for a model without positional information.
     """
-    from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-
     for module in model.modules():
         if isinstance(module, SinusoidalPositionalEncoding):
             return module.pe[:n_positions], "sinusoidal positional encoding PE (Vaswani et al. 2017, §3.5)"
@@ -163,10 +166,6 @@ def plot_steps(steps: dict, title: str = ""):
 
     Returns the figure: four heatmap axes, each with its own colour bar.
     """
-    import math
-
-    import numpy as np
-
     panels = [("scores", "S = Q Kᵀ", "RdBu_r"),
               ("scaled", f"S / √d_k  (√{steps['d_k']} = {math.sqrt(steps['d_k']):.2f})", "RdBu_r"),
               ("masked", "masked: −∞ where not allowed (blank)", "RdBu_r"),
@@ -213,10 +212,6 @@ def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
 
     Raises: as :meth:`~qkv.explain.explainers.Explainer.explain`.
     """
-    import json
-
-    from ..train.checkpoint import write_text
-
     result = explainer.explain(text, options, merge_words=merge_words)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
