@@ -241,12 +241,12 @@ def test_attention_hand_computed_example():
 
 
 
-def _mha_pair(d_model=16, n_heads=4, backend="sdpa"):
+def _mha_pair(d_model=16, n_heads=4, backend="sdpa", cross=False):
     theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
     with torch.no_grad():  # non-zero biases so a wrong bias mapping cannot pass
         theirs.in_proj_bias.normal_()
         theirs.out_proj.bias.normal_()
-    ours = MultiHeadAttention(d_model, n_heads, backend=backend).eval()
+    ours = MultiHeadAttention(d_model, n_heads, backend=backend, cross=cross).eval()
     copy_attention_from_torch(ours, theirs)
     return ours, theirs
 
@@ -281,7 +281,7 @@ def test_mha_causal_self_attention_matches_torch(no_torch_fastpath):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mha_cross_attention_matches_torch(backend, no_torch_fastpath):
     """Cross-attention (queries from x, keys/values from memory, padded memory) equals torch's."""
-    ours, theirs = _mha_pair(backend=backend)
+    ours, theirs = _mha_pair(backend=backend, cross=True)
     x, memory = torch.randn(2, 4, 16), torch.randn(2, 7, 16)
     keep = _key_mask([7, 3], 7)
     with torch.no_grad():
@@ -295,6 +295,104 @@ def test_mha_rejects_indivisible_d_model():
     """d_model not divisible by n_heads (and no explicit d_k) fails at construction, naming both."""
     with pytest.raises(ValueError, match=r"d_model \(10\).*n_heads \(3\)"):
         MultiHeadAttention(10, 3)
+
+
+def test_mha_packed_projection_shapes_and_row_order():
+    """Self-attention packs Q, K, V rows into one w_qkv (torch's in_proj layout); cross-attention
+    keeps w_q for the queries and packs K, V rows into w_kv; no separate w_k / w_v remain."""
+    self_attn, cross = MultiHeadAttention(16, 4, d_k=3), MultiHeadAttention(16, 4, d_k=3, cross=True)
+    assert self_attn.w_qkv.weight.shape == (3 * 12, 16) and self_attn.w_o.weight.shape == (16, 12)
+    assert cross.w_q.weight.shape == (12, 16) and cross.w_kv.weight.shape == (2 * 12, 16)
+    assert {n.split(".")[0] for n, _ in self_attn.named_parameters()} == {"w_qkv", "w_o"}
+    assert {n.split(".")[0] for n, _ in cross.named_parameters()} == {"w_q", "w_kv", "w_o"}
+    # Head i's queries are rows i*d_k:(i+1)*d_k, keys the same rows + H*d_k, values + 2*H*d_k.
+    x = torch.randn(1, 5, 16)
+    s = self_attn.steps(x)
+    w, b = self_attn.w_qkv.weight, self_attn.w_qkv.bias
+    for part, got in enumerate((s.q, s.k, s.v)):
+        rows = slice(part * 12 + 3, part * 12 + 6)  # head 1
+        torch.testing.assert_close(got[0, 1], x[0] @ w[rows].T + b[rows])
+
+
+def test_mha_memory_must_match_the_kind():
+    """memory given to a self-attention module, or missing for a cross one, is a ValueError
+    (not a silent self-attention); rotary positions are refused for cross-attention."""
+    x = torch.randn(1, 3, 16)
+    with pytest.raises(ValueError, match="cross=True"):
+        MultiHeadAttention(16, 4)(x, memory=x)
+    with pytest.raises(ValueError, match="needs memory"):
+        MultiHeadAttention(16, 4, cross=True)(x)
+    with pytest.raises(ValueError, match="needs memory"):
+        MultiHeadAttention(16, 4, cross=True).steps(x)
+    from qkv.nn.positional import RotaryEmbedding
+    with pytest.raises(ValueError, match="rotary"):
+        MultiHeadAttention(16, 4, rotary=RotaryEmbedding(4, 8), cross=True)
+
+
+# --------------------------------------------------------------------------- old checkpoints
+
+
+def _old_state_dict(module: MultiHeadAttention, prefix: str = "") -> dict:
+    """The state dict the pre-packing code saved: separate w_q, w_k, w_v (same values)."""
+    inner = module.n_heads * module.d_k
+    sd = {}
+    for kind in ("weight", "bias"):
+        packed = (torch.cat([module.w_q.state_dict()[kind], module.w_kv.state_dict()[kind]])
+                  if module.cross else module.w_qkv.state_dict()[kind])
+        for i, name in enumerate(("w_q", "w_k", "w_v")):
+            sd[f"{prefix}{name}.{kind}"] = packed[i * inner:(i + 1) * inner].clone()
+        sd[f"{prefix}w_o.{kind}"] = module.w_o.state_dict()[kind].clone()
+    return sd
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_old_checkpoint_with_separate_projections_loads(cross):
+    """A state dict with w_q/w_k/w_v (the layout before packing) loads through the pre-hook,
+    nested in a larger model, to the same outputs; nothing is reported missing or unexpected."""
+    torch.manual_seed(1)
+    source = nn.ModuleDict({"attn": MultiHeadAttention(16, 4, cross=cross)}).eval()
+    target = nn.ModuleDict({"attn": MultiHeadAttention(16, 4, cross=cross)}).eval()
+    old = _old_state_dict(source["attn"], "attn.")
+    assert "attn.w_k.weight" in old and not any("w_qkv" in k or "w_kv" in k for k in old)
+    result = target.load_state_dict(old, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 4, 16)
+    kw = {"memory": memory} if cross else {}
+    with torch.no_grad():
+        torch.testing.assert_close(target["attn"](x, **kw)[0], source["attn"](x, **kw)[0])
+
+
+def test_old_checkpoint_file_loads_through_load_weights(tmp_path):
+    """qkv.train.checkpoint.load_weights (safetensors load_model, strict=False) goes through the
+    pre-hook; an incomplete old file reports the packed key as missing and the leftover old keys
+    as unexpected, by name."""
+    from safetensors.torch import save_file
+
+    from qkv.errors import QkvError
+    from qkv.train.checkpoint import load_weights, save_weights
+
+    torch.manual_seed(2)
+    make = lambda: nn.ModuleDict({"self_attn": MultiHeadAttention(16, 4),  # noqa: E731
+                                  "cross_attn": MultiHeadAttention(16, 4, cross=True)}).eval()
+    source, target = make(), make()
+    old = {**_old_state_dict(source["self_attn"], "self_attn."),
+           **_old_state_dict(source["cross_attn"], "cross_attn.")}
+    save_file(old, str(tmp_path / "old.safetensors"))
+    load_weights(target, tmp_path / "old.safetensors")
+    for name, p in source.state_dict().items():
+        assert torch.equal(target.state_dict()[name], p), name
+    save_weights(target, tmp_path / "new.safetensors")  # saved in the packed layout
+    load_weights(make(), tmp_path / "new.safetensors")
+
+    del old["self_attn.w_v.weight"]
+    save_file(old, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(QkvError) as err:
+        load_weights(make(), tmp_path / "broken.safetensors")
+    msg = str(err.value)
+    missing, unexpected = msg.split("unexpected")
+    assert "self_attn.w_qkv.weight" in missing and "self_attn.w_qkv.bias" not in missing
+    assert "self_attn.w_q.weight" in unexpected and "self_attn.w_k.weight" in unexpected
+    assert "cross_attn" not in msg
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -327,7 +425,7 @@ def test_kv_cache_in_chunks_equals_full_causal(backend):
 
 def test_cross_attention_cache_reuses_memory_projection():
     """The cross-attention cache is filled once and gives the same output as recomputing."""
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = MultiHeadAttention(16, 4, cross=True).eval()
     x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
     with torch.no_grad():
         ref, _ = mha(x, memory=memory)
@@ -391,3 +489,66 @@ def test_property_eager_equals_sdpa_random_shapes(b, h, tq, extra_k, dh, kind, s
     fast = _sdpa(q, k, v, "sdpa", **kw)
     assert not torch.isnan(fast).any() and not torch.isnan(eager).any()
     assert (eager - fast).abs().max() <= TOL
+
+
+# --------------------------------------------------------------------------- weights are read live
+
+
+def test_eval_mode_weight_edits_take_effect_immediately():
+    """In eval mode under no_grad (inference), editing weights in place changes the very next
+    output: zeroing head h's columns of W_O leaves exactly the other heads' contributions
+    (computed from steps()), and editing w_qkv changes the output. (Nothing caches weights.)"""
+    torch.manual_seed(3)
+    mha, h, d_k = MultiHeadAttention(16, 4).eval(), 2, 4
+    x, mask = torch.randn(2, 5, 16), _key_mask([5, 3], 5)
+    with torch.no_grad():
+        first, _ = mha(x, mask=mask)
+        heads = mha.steps(x, mask=mask).output  # (B, H, T, Dh)
+        w_o = mha.w_o.weight.clone()
+        contribution = [heads[:, j] @ w_o[:, j * d_k:(j + 1) * d_k].T for j in range(4)]
+        # forward == sum of the per-head contributions + bias (so the split above is right)
+        torch.testing.assert_close(first, sum(contribution) + mha.w_o.bias)
+
+        mha.w_o.weight[:, h * d_k:(h + 1) * d_k] = 0.0
+        second, _ = mha(x, mask=mask)
+        others = sum(c for j, c in enumerate(contribution) if j != h) + mha.w_o.bias
+        torch.testing.assert_close(second, others)
+        assert (second - first).abs().max() > 1e-3
+
+        mha.w_qkv.weight[2 * 16:].mul_(2.0)  # the value rows (and bias): V doubles, so does
+        mha.w_qkv.bias[2 * 16:].mul_(2.0)  # every head's output
+        third, _ = mha(x, mask=mask)
+        torch.testing.assert_close(third - mha.w_o.bias, 2 * (second - mha.w_o.bias))
+        mha.w_qkv.weight[:16].mul_(3.0)  # the query rows: sharper attention
+        assert (mha(x, mask=mask)[0] - third).abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------- no graph breaks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_compiles_without_graph_breaks(backend):
+    """No host syncs in forward: torch._dynamo traces self-attention with a bool padding mask
+    (rows with no legal key included), causal self-attention and cross-attention, in training
+    mode with autograd, as one graph each."""
+    import torch._dynamo as dynamo
+
+    x, memory = torch.randn(2, 5, 16, requires_grad=True), torch.randn(2, 4, 16)
+    pad = _key_mask([5, 0], 5)  # sentence 1 is empty: every query row fully masked
+    self_attn = MultiHeadAttention(16, 4, dropout=0.1, backend=backend).train()
+    cross = MultiHeadAttention(16, 4, dropout=0.1, backend=backend, cross=True).train()
+    calls = {
+        "padding": lambda: self_attn(x, mask=pad)[0],
+        "causal": lambda: self_attn(x, is_causal=True)[0],
+        "causal+padding": lambda: self_attn(x, mask=pad, is_causal=True)[0],
+        "cross": lambda: cross(x, memory=memory, mask=_key_mask([4, 2], 4))[0],
+    }
+    for name, call in calls.items():
+        dynamo.reset()
+        explanation = dynamo.explain(call)()
+        assert explanation.graph_break_count == 0, (name, explanation.break_reasons)
+        assert explanation.graph_count == 1, name
+    dynamo.reset()
+    out = calls["padding"]()
+    out.sum().backward()
+    assert not torch.isnan(out).any() and torch.equal(out[1], out[1, :1].expand(5, 16))

@@ -14,10 +14,16 @@ import torch
 
 from qkv.nn import (MultiHeadAttention, SinusoidalPositionalEncoding, attention_steps,
                     sinusoidal_positional_encoding)
+from qkv.nn.positional import check_positions
 
 # --------------------------------------------------------------------------- 001: shape table
 
 N, D, D_K, H = 2, 4, 3, 5
+
+
+def _per_projection(packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """W_Q, W_K, W_V (or their biases) from the packed w_qkv: rows Q, then K, then V."""
+    return packed.chunk(3, dim=0)
 
 
 @pytest.fixture
@@ -26,11 +32,13 @@ def mha_001():
 
 
 def test_001_projection_and_output_weight_shapes(mha_001):
-    """W_q^h, W_k^h, W_v^h are d x d_k = 4x3 per head; W^o is d x H·d_k = 4x15."""
-    for lin in (mha_001.w_q, mha_001.w_k, mha_001.w_v):
-        assert lin.weight.shape == (H * D_K, D)  # the 5 per-head matrices, stacked
+    """W_q^h, W_k^h, W_v^h are d x d_k = 4x3 per head; W^o is d x H·d_k = 4x15. The 3·5 per-head
+    matrices are stacked into one packed w_qkv (all Q heads, then K, then V)."""
+    assert mha_001.w_qkv.weight.shape == (3 * H * D_K, D)
+    for w in _per_projection(mha_001.w_qkv.weight):  # W_Q, W_K, W_V: the 5 heads stacked
+        assert w.shape == (H * D_K, D)
         for h in range(H):
-            assert lin.weight[h * D_K:(h + 1) * D_K].T.shape == (4, 3)
+            assert w[h * D_K:(h + 1) * D_K].T.shape == (4, 3)
     assert mha_001.w_o.weight.shape == (4, 15)
 
 
@@ -47,8 +55,8 @@ def test_001_per_head_shapes_and_concatenated_output(mha_001):
     heads = []
     for h in range(H):
         rows = slice(h * D_K, (h + 1) * D_K)
-        qh, kh, vh = (x[0] @ lin.weight[rows].T + lin.bias[rows]
-                      for lin in (mha_001.w_q, mha_001.w_k, mha_001.w_v))
+        qh, kh, vh = (x[0] @ w[rows].T + b[rows] for w, b in zip(
+            _per_projection(mha_001.w_qkv.weight), _per_projection(mha_001.w_qkv.bias)))
         assert qh.shape == kh.shape == vh.shape == (2, 3)
         a = torch.softmax(qh @ kh.T / math.sqrt(D_K), dim=-1)
         assert a.shape == (2, 2)
@@ -176,11 +184,14 @@ def test_003_positional_vectors_are_the_first_pe_columns():
 
 
 def test_positional_module_lookup_and_limits():
-    """The module returns PE rows for given positions and rejects positions >= max_len or odd d."""
+    """The module returns PE rows for given positions; check_positions (called where positions
+    enter, not in forward) rejects positions >= max_len; an odd d is refused."""
     module = SinusoidalPositionalEncoding(max_len=10, d_model=6)
     table = sinusoidal_positional_encoding(10, 6)
     assert torch.equal(module(torch.tensor([[3, 0, 9]])), table[[3, 0, 9]][None])
-    with pytest.raises(ValueError, match=r"max_len \(10\)"):
-        module(torch.tensor([10]))
+    check_positions(torch.tensor([[3, 0, 9]]), 10)
+    check_positions(torch.zeros(0, dtype=torch.long), 10)
+    with pytest.raises(ValueError, match=r"position 10 exceeds .*max_len \(10\)"):
+        check_positions(torch.tensor([[3, 10, 2]]), 10)
     with pytest.raises(ValueError, match=r"d_model \(5\)"):
         sinusoidal_positional_encoding(4, 5)

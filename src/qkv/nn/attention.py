@@ -101,21 +101,22 @@ def scaled_dot_product_attention(
     if fast and is_causal and mask is None and q.size(-2) == k.size(-2):
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return out, None
+    may_have_empty_rows = mask is not None  # the look-ahead mask alone leaves every row a key
     if is_causal:
         mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
-        is_causal = False
     if fast:
-        # SDPA gives NaN for a query row with no legal key; such rows are rare (empty
-        # sequences), so route them through the explicit path instead of paying on every call.
-        if mask is None or bool(mask.any(-1).all()):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            return out, None
+        if not may_have_empty_rows:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        # SDPA gives NaN for a query row with no legal key (an empty sequence). Finding such
+        # rows would cost a host sync, so instead let them attend to every key (a finite
+        # result) and zero their output afterwards.
+        has_key = mask.any(-1, keepdim=True)  # (..., Tq, 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+        return out * has_key, None
     steps = attention_steps(q, k, v, mask)
-    weights = steps.weights
     if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-        return weights @ v, steps.weights
-    return steps.output, weights if need_weights else None
+        return F.dropout(steps.weights, p=dropout_p) @ v, steps.weights if need_weights else None
+    return steps.output, steps.weights if need_weights else None
 
 
 class KVCache:
@@ -167,29 +168,57 @@ class KVCache:
             self.set(self.k.index_select(0, index), self.v.index_select(0, index))
 
 
+def _pack_old_projections(module: "MultiHeadAttention", state_dict: dict, prefix: str,
+                          *args) -> None:
+    """Load-state-dict pre-hook: checkpoints written before the projections were packed hold
+    separate ``w_q``/``w_k``/``w_v``; stack their rows into ``w_qkv`` (self-attention) or
+    ``w_kv`` (cross-attention, which keeps ``w_q``), in place. Anything else is left alone, so
+    a checkpoint that is neither layout still reports its missing/unexpected keys."""
+    names = ("w_q", "w_k", "w_v") if not module.cross else ("w_k", "w_v")
+    packed = "w_kv" if module.cross else "w_qkv"
+    for kind in ("weight", "bias"):
+        keys = [f"{prefix}{name}.{kind}" for name in names]
+        if all(key in state_dict for key in keys) and f"{prefix}{packed}.{kind}" not in state_dict:
+            state_dict[f"{prefix}{packed}.{kind}"] = torch.cat([state_dict.pop(key) for key in keys])
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O, head_i = Attention(Q W_Q_i, K W_K_i, V W_V_i).
 
     Source: Vaswani et al. 2017, §3.2.2; notes ``001_*.txt`` ("Multi-head Attention").
-    The per-head projections are stored stacked as ``w_q``, ``w_k``, ``w_v``:
-    ``nn.Linear(d_model, n_heads * d_k)``, and ``w_o``: ``nn.Linear(n_heads * d_k, d_model)``.
+    The h per-head matrices ``W_Q_i``, ``W_K_i``, ``W_V_i`` (each ``d_model × d_k``) are stored
+    stacked, and the projections of one input are packed into one ``nn.Linear``, so they run as
+    one matrix multiply (the layout of ``torch.nn.MultiheadAttention.in_proj_weight``):
+
+    - self-attention (``cross=False``): ``w_qkv = nn.Linear(D, 3·H·d_k)``; output rows
+      ``[0, H·d_k)`` are Q (head i at rows ``i·d_k ... (i+1)·d_k``), then K, then V;
+    - cross-attention (``cross=True``): ``w_q = nn.Linear(D, H·d_k)`` on the decoder side and
+      ``w_kv = nn.Linear(D, 2·H·d_k)`` (K rows, then V rows) on the encoder memory;
+    - ``w_o = nn.Linear(H·d_k, D)`` (``W_O``).
+
+    Checkpoints with separate ``w_q``/``w_k``/``w_v`` (before packing) still load: a
+    load-state-dict pre-hook packs them.
 
     Args:
         d_model: model width D.
         n_heads: number of heads H; ``d_k = d_model // n_heads`` unless given.
         dropout: dropout on the attention weights (0 in the paper's base model description,
             which applies dropout to sub-layer outputs; kept as an option).
-        bias: use biases in the four projections.
+        bias: use biases in the projections.
         backend: ``"sdpa"`` or ``"eager"`` (see :func:`scaled_dot_product_attention`).
+        d_k: per-head width (default ``d_model // n_heads``).
         rotary: a :class:`~qkv.nn.positional.RotaryEmbedding` applied to queries and keys of
             self-attention (RoPE), or ``None`` (positions added to the embeddings instead).
+        cross: encoder-decoder attention (keys and values from ``memory``, §3.2.3).
 
     Raises:
-        ValueError: ``d_model`` not divisible by ``n_heads`` (when ``d_k`` is not given).
+        ValueError: ``d_model`` not divisible by ``n_heads`` (when ``d_k`` is not given), an
+            unknown backend, or ``rotary`` with ``cross=True``.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 backend: str = "sdpa", d_k: int | None = None, rotary: nn.Module | None = None) -> None:
+                 backend: str = "sdpa", d_k: int | None = None, rotary: nn.Module | None = None,
+                 cross: bool = False) -> None:
         super().__init__()
         if d_k is None:
             if d_model % n_heads:
@@ -197,80 +226,50 @@ class MultiHeadAttention(nn.Module):
             d_k = d_model // n_heads
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        if cross and rotary is not None:
+            raise ValueError("rotary positions apply to self-attention only, not cross-attention "
+                             "(the memory's positions are already encoded)")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_k
-        self.dropout, self.backend = dropout, backend
+        self.dropout, self.backend, self.cross = dropout, backend, cross
         inner = n_heads * d_k
-        self.w_q = nn.Linear(d_model, inner, bias=bias)
-        self.w_k = nn.Linear(d_model, inner, bias=bias)
-        self.w_v = nn.Linear(d_model, inner, bias=bias)
+        if cross:
+            self.w_q = nn.Linear(d_model, inner, bias=bias)
+            self.w_kv = nn.Linear(d_model, 2 * inner, bias=bias)
+        else:
+            self.w_qkv = nn.Linear(d_model, 3 * inner, bias=bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
-        self._fused_cache: dict = {}  # inference-only stacked projections, see _fused
+        self._register_load_state_dict_pre_hook(_pack_old_projections, with_module=True)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
+    def _split(self, x: torch.Tensor, parts: int) -> list[torch.Tensor]:
+        """``(B, T, parts·H·Dh)`` → ``parts`` tensors ``(B, H, T, Dh)`` (views, no copy)."""
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, Dh)
-
-    def train(self, mode: bool = True):
-        # Fused optimizers (AdamW(fused=True), used by make_adam) update weights in place
-        # without bumping ``_version``, so a stack cached during one validation would be stale
-        # at the next: drop it whenever the mode changes (the loop calls eval()/train()).
-        self._fused_cache.clear()
-        return super().train(mode)
-
-    def _fused(self, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The stacked weight and bias of ``linears``. In eval mode without autograd
-        (inference) the stack is cached until a weight changes (in-place updates bump
-        ``_version``, moves change ``data_ptr``, and :meth:`train` / ``eval()`` clear it):
-        re-stacking every decoding step would move more memory than the matrix-vector product
-        itself reads."""
-        def stack() -> tuple[torch.Tensor, torch.Tensor | None]:
-            weight = torch.cat([lin.weight for lin in linears])
-            bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
-            return weight, bias
-
-        if self.training:
-            return stack()
-        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return stack()
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
-        cached = self._fused_cache.get(len(linears))
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = (key, *stack())
-            self._fused_cache[len(linears)] = cached
-        return cached[1], cached[2]
-
-    def _project(self, x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> list[torch.Tensor]:
-        """Several projections of the same input as one matrix multiply (faster than one per
-        projection); returns each split into heads, ``(B, H, T, Dh)``."""
-        weight, bias = self._fused(linears)
-        out = F.linear(x, weight, bias)  # (B, T, len(linears) * H * Dh)
-        return [self._split(part) for part in out.chunk(len(linears), dim=-1)]
+        x = x.view(b, t, parts, self.n_heads, self.d_k)  # (B, T, parts, H, Dh)
+        return list(x.permute(2, 0, 3, 1, 4).unbind(0))  # parts × (B, H, T, Dh)
 
     def _heads(self, x: torch.Tensor, memory: torch.Tensor | None, cache: KVCache | None,
                positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values split into heads, ``(B, H, T, Dh)`` each (rotary applied,
         the cache read and updated)."""
-        t = x.size(1)
-        if memory is None:
-            q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v))  # (B, H, Tq, Dh) each
+        if self.cross != (memory is not None):
+            raise ValueError("cross-attention needs memory" if self.cross else
+                             "memory given to a self-attention module (build it with cross=True)")
+        if not self.cross:
+            q, k, v = self._split(self.w_qkv(x), 3)  # (B, H, Tq, Dh) each
             if self.rotary is not None:
                 if positions is None:
                     start = 0 if cache is None else cache.length
-                    positions = torch.arange(start, start + t, device=x.device)
+                    positions = torch.arange(start, start + x.size(1), device=x.device)
                 q, k = self.rotary(q, positions), self.rotary(k, positions)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
-        elif cache is not None and cache.k is not None:
-            q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
-            k, v = cache.k, cache.v  # encoder memory does not change while decoding
-        else:
-            q = self._split(self.w_q(x))  # (B, H, Tq, Dh)
-            k, v = self._project(memory, (self.w_k, self.w_v))  # (B, H, S, Dh) each
-            if cache is not None:
-                cache.set(k, v)
+            return q, k, v
+        (q,) = self._split(self.w_q(x), 1)  # (B, H, Tq, Dh)
+        if cache is not None and cache.k is not None:
+            return q, cache.k, cache.v  # encoder memory does not change while decoding
+        k, v = self._split(self.w_kv(memory), 2)  # (B, H, S, Dh) each
+        if cache is not None:
+            cache.set(k, v)
         return q, k, v
 
     def steps(self, x: torch.Tensor, memory: torch.Tensor | None = None,
@@ -300,17 +299,20 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Self-attention (``memory=None``) or cross-attention over ``memory``.
+        """Self-attention (``cross=False``, no ``memory``) or cross-attention over ``memory``.
 
         Shape:
             x: ``(B, Tq, D)`` queries (and keys/values for self-attention).
-            memory: ``(B, S, D)`` encoder output for cross-attention, or ``None``.
+            memory: ``(B, S, D)`` encoder output for cross-attention, ``None`` for self-attention.
             mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend.
             is_causal: apply the look-ahead mask (self-attention).
             cache: a :class:`KVCache` updated in place for incremental decoding.
             positions: ``(Tq,)`` or ``(B, Tq)`` long positions of the queries, used by the
                 rotary embedding (default: continue after the cached keys).
             Returns ``(output (B, Tq, D), weights (B, H, Tq, Tk) or None)``.
+
+        Raises:
+            ValueError: ``memory`` given to a self-attention module or missing for a cross one.
         """
         b, t, _ = x.shape
         q, k, v = self._heads(x, memory, cache, positions)

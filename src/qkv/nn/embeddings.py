@@ -12,13 +12,26 @@ import torch
 from torch import nn
 
 
+def check_token_ids(tokens: torch.Tensor, vocab_size: int) -> None:
+    """Raise ``ValueError`` for an id outside ``[0, vocab_size)``: a clear message instead of an
+    index error deep inside torch (or a device-side assert on a GPU).
+
+    One pass and one host sync, so it belongs where ids enter from a user (generation and
+    translation entry points), not in ``forward``. Shape: ``tokens`` any shape, integer.
+    """
+    if tokens.numel():
+        lo, hi = (int(v) for v in torch.aminmax(tokens))
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"token id out of range [0, {vocab_size}): min {lo}, max {hi}")
+
+
 class TokenEmbedding(nn.Module):
     """Lookup ``E[token] * sqrt(d_model)`` (``scale=False``: plain ``E[token]``, GPT-2's choice).
 
     Shape: ``tokens (B, T)`` long → ``(B, T, D)`` float. The ``pad_id`` row starts at zero and
     gets no gradient (``padding_idx``), so padding carries no learned signal.
-    Raises ``ValueError`` for an id outside ``[0, vocab_size)`` (a clear message instead of an
-    index error deep inside torch).
+    Ids are not checked here (that would be a host sync on every call): entry points that take
+    ids from users call :func:`check_token_ids` once.
     """
 
     def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None,
@@ -34,9 +47,5 @@ class TokenEmbedding(nn.Module):
         self.scale = math.sqrt(d_model) if scale else 1.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.numel():
-            lo, hi = (int(v) for v in torch.aminmax(tokens))  # one pass, one host sync
-            if lo < 0 or hi >= self.vocab_size:
-                raise ValueError(f"token id out of range [0, {self.vocab_size}): min {lo}, max {hi}")
         out = nn.functional.embedding(tokens, self.weight, self.pad_id)
         return out * self.scale if self.scale != 1.0 else out

@@ -39,7 +39,7 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Adds nothing learnable: returns PE rows for the given positions (a fixed buffer).
 
     Shape: ``positions (B, T)`` or ``(T,)`` long → ``(B, T, D)`` / ``(T, D)`` float.
-    Raises ``ValueError`` for a position >= ``max_len``.
+    Positions must be below ``max_len`` (unchecked here, see :func:`check_positions`).
     """
 
     def __init__(self, max_len: int, d_model: int) -> None:
@@ -48,14 +48,14 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        _check_positions(positions, self.max_len)
         return self.pe[positions]
 
 
 class LearnedPositionalEmbedding(nn.Module):
     """Learned absolute positions (the paper's §3.5 alternative, "nearly identical results").
 
-    Shape: ``positions (B, T)`` or ``(T,)`` long → ``(..., T, D)``.
+    Shape: ``positions (B, T)`` or ``(T,)`` long → ``(..., T, D)``. Positions must be below
+    ``max_len`` (unchecked here, see :func:`check_positions`).
     """
 
     def __init__(self, max_len: int, d_model: int) -> None:
@@ -65,7 +65,6 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        _check_positions(positions, self.max_len)
         return self.embedding(positions)
 
 
@@ -81,7 +80,8 @@ class RotaryEmbedding(nn.Module):
         d_k: per-head width (even). max_len: largest position + 1. base: 10000 as in §3.5.
 
     Shape: ``x (B, H, T, d_k)``, ``positions (T,)`` or ``(B, T)`` long → ``(B, H, T, d_k)``.
-    Raises ``ValueError`` for an odd ``d_k`` or a position >= ``max_len``.
+    Raises ``ValueError`` for an odd ``d_k``; positions must be below ``max_len`` (unchecked
+    in ``forward``, see :func:`check_positions`).
     """
 
     def __init__(self, d_k: int, max_len: int, base: float = 10000.0) -> None:
@@ -104,10 +104,14 @@ class RotaryEmbedding(nn.Module):
         return (x * cos + rotated * sin).to(x.dtype)
 
 
-def _check_positions(positions: torch.Tensor, max_len: int) -> None:
-    if positions.numel() and int(positions.max()) >= max_len:
+def check_positions(positions: torch.Tensor, max_len: int) -> None:
+    """Raise ``ValueError`` for a position >= ``max_len``. One host sync, so it belongs where
+    positions enter from a user, not in ``forward`` (models compare ``start + T`` with
+    ``max_len`` as Python ints instead)."""
+    last = int(positions.max()) if positions.numel() else -1
+    if last >= max_len:
         raise ValueError(
-            f"sequence position {int(positions.max())} exceeds the model's max_len ({max_len}); "
+            f"sequence position {last} exceeds the model's max_len ({max_len}); "
             "shorten the input or build the model with a larger max_len")
 
 
@@ -126,5 +130,5 @@ def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module | None:
     raise ValueError(f"unknown positional encoding {kind!r}; choose one of {POSITIONALS}")
 
 
-__all__ = ["sinusoidal_positional_encoding", "SinusoidalPositionalEncoding",
+__all__ = ["sinusoidal_positional_encoding", "check_positions", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "build_positional", "POSITIONALS"]
