@@ -4,6 +4,7 @@ the encoder (padding never matters, pooling), and a pretraining smoke run on rea
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -66,10 +67,12 @@ def test_fasta_problems_are_named(tmp_path, text, needle):
         read_fasta(_write(tmp_path / "bad.fasta", text))
 
 
-def test_fasta_skip_invalid_keeps_the_good_records(tmp_path):
+def test_fasta_skip_invalid_keeps_the_good_records(tmp_path, caplog):
     path = _write(tmp_path / "c.fasta", ">p1\nMKT\n>p2\nMK-T\n>p3\nAC\n")
-    with pytest.warns(UserWarning, match="skipped 1"):
+    with caplog.at_level(logging.WARNING, logger="qkv.data.protein"):
         recs = read_fasta(path, skip_invalid=True)
+    assert [(r.name, r.levelno) for r in caplog.records if "skipped 1" in r.getMessage()] == \
+        [("qkv.data.protein", logging.WARNING)]
     assert [r.id for r in recs] == ["p1", "p3"]
     with pytest.raises(QkvError, match="not found"):
         read_fasta(tmp_path / "missing.fasta")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import warnings
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
 from .files import find_data_file
 from .tokenizers import AminoAcidTokenizer
+
+logger = logging.getLogger(__name__)
 
 REFSEQ_URL = "https://raw.githubusercontent.com/fteufel/signalp-6.0/main/data/reference_genomes/{name}"
 REFSEQ_SHA256 = {
@@ -59,8 +61,9 @@ def read_fasta(path: str | Path, tokenizer: AminoAcidTokenizer | None = None,
     Windows line endings and lowercase residues are accepted; one trailing ``*`` is stripped.
 
     Args:
-        skip_invalid: drop (with one warning) records that are empty or hold non-protein
-            characters instead of failing — for large pretraining corpora.
+        skip_invalid: drop records that are empty or hold non-protein characters (one
+            WARNING on the ``qkv.data.protein`` logger says how many) instead of failing — for
+            large pretraining corpora.
 
     Raises:
         QkvError: missing/unreadable file, no records, an empty sequence, a duplicate id, or a
@@ -101,7 +104,7 @@ def read_fasta(path: str | Path, tokenizer: AminoAcidTokenizer | None = None,
             reason = "text before the first '>' header (is it a FASTA file?)"
         raise QkvError(f"cannot read FASTA file {path}: {reason}") from None
     if skipped:
-        warnings.warn(f"{path.name}: skipped {skipped} empty or non-protein record(s)")
+        logger.warning("%s: skipped %d empty or non-protein record(s)", path.name, skipped)
     if not records:
         raise QkvError(f"{path}: no FASTA records found (is it a FASTA file?)")
     return records

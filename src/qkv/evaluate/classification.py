@@ -65,15 +65,13 @@ def per_group_binary_mcc(y_true, y_pred, groups, classes, negative: str) -> dict
 def plot_confusion(confusion, classes, path: Path, title: str) -> None:
     """Write a confusion-matrix PNG (rows = true class, columns = predicted; counts and
     row-normalised shading), atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # the object API: no pyplot, no backend chosen
 
     cm = np.asarray(confusion, dtype=float)
     norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
     size = 1.2 + 0.6 * len(classes)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
+    fig = Figure(figsize=(size + 1, size))
+    ax = fig.subplots()
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
     ax.set_yticks(range(len(classes)), classes)
@@ -86,7 +84,4 @@ def plot_confusion(confusion, classes, path: Path, title: str) -> None:
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="share of true class")
     fig.tight_layout()
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    finally:
-        plt.close(fig)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))

@@ -8,8 +8,10 @@
   PE of §3.5, learned embeddings) or the rotary angles' cosines.
 - :func:`plot_bars`: probabilities as horizontal bars (next tokens, classes).
 
-Every function returns the :class:`~matplotlib.figure.Figure` (and closes nothing) so tests
-can count axes; :func:`save` writes it atomically and closes it.
+Every function returns the :class:`~matplotlib.figure.Figure` so tests can count axes;
+:func:`save` writes it atomically. Figures are built with matplotlib's object API
+(``Figure()``, no pyplot): nothing global changes (no backend chosen, no figure manager, no
+display needed), and a figure is freed like any object once unreferenced.
 """
 
 from __future__ import annotations
@@ -18,16 +20,12 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from ..nn.positional import (LearnedPositionalEmbedding, RotaryEmbedding,  # noqa: E402
-                             SinusoidalPositionalEncoding)
-from ..train.checkpoint import atomic_write, write_text  # noqa: E402
+from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from ..train.checkpoint import atomic_write, write_text
 
 CMAP = "Blues"
 MAX_LABELLED = 60  # beyond this many tokens an axis is drawn without token labels
@@ -70,8 +68,8 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
         raise ValueError(f"weights are {tq}×{tk} but got {len(query_tokens)}×{len(key_tokens)} labels")
     cell = 0.16 if max(tq, tk) <= MAX_LABELLED else 0.05
     side = max(2.2, cell * max(tq, tk) + 1.0)
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(side * n_heads + 1.2, side * n_layers + 0.8),
-                             squeeze=False, layout="constrained")
+    fig = Figure(figsize=(side * n_heads + 1.2, side * n_layers + 0.8), layout="constrained")
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
     fontsize = 8 if max(tq, tk) <= 30 else 6
     # One colour scale for the whole grid, up to its largest weight: diffuse heads (weights
     # near 1/Tk) would all look white on a fixed 0..1 scale.
@@ -100,7 +98,8 @@ def plot_alignment(cross_weights: torch.Tensor, target_tokens: list[str], source
     layer = layer % n_layers
     mean = cross_weights[layer].float().mean(0)  # (T, S)
     t, s = mean.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
+    fig = Figure(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
+    ax = fig.subplots()
     image = ax.imshow(mean.numpy(), cmap=CMAP, vmin=0.0, vmax=float(mean.max()) or 1.0, aspect="auto",
                       interpolation="nearest")
     _label_axes(ax, target_tokens, source_tokens, 9)
@@ -131,7 +130,8 @@ def positional_matrix(model: torch.nn.Module, n_positions: int = 100) -> tuple[t
 
 def plot_positional_encoding(matrix: torch.Tensor, title: str):
     """Heatmap of a ``(positions, dimensions)`` matrix, diverging colours around 0."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
     limit = float(matrix.abs().max()) or 1.0
     image = ax.imshow(matrix.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
                       interpolation="nearest")
@@ -144,7 +144,8 @@ def plot_positional_encoding(matrix: torch.Tensor, title: str):
 
 def plot_bars(labels: list[str], probs: list[float], title: str):
     """Horizontal probability bars, the first label on top."""
-    fig, ax = plt.subplots(figsize=(5.5, 0.35 * len(labels) + 1.2), layout="constrained")
+    fig = Figure(figsize=(5.5, 0.35 * len(labels) + 1.2), layout="constrained")
+    ax = fig.subplots()
     ax.barh(range(len(labels)), probs, color="#1f5fa8")
     ax.set_yticks(range(len(labels)), [repr(x)[1:-1] if x.strip() != x or not x else x for x in labels])
     ax.invert_yaxis()
@@ -172,7 +173,8 @@ def plot_steps(steps: dict, title: str = ""):
               ("weights", "A = softmax(rows)  (each row sums to 1)", CMAP)]
     tq, tk = len(steps["query_tokens"]), len(steps["key_tokens"])
     side = max(2.6, 0.22 * max(tq, tk) + 1.2)
-    fig, axes = plt.subplots(1, 4, figsize=(4 * side + 2, side + 0.9), layout="constrained")
+    fig = Figure(figsize=(4 * side + 2, side + 0.9), layout="constrained")
+    axes = fig.subplots(1, 4)
     for ax, (name, caption, cmap) in zip(axes, panels):
         values = np.array([[np.nan if v is None else v for v in row] for row in steps[name]], dtype=float)
         if name == "weights":
@@ -191,12 +193,12 @@ def plot_steps(steps: dict, title: str = ""):
 
 
 def save(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` as PNG atomically (nothing half-written on Ctrl-C) and close it."""
+    """Write ``fig`` as PNG atomically (nothing half-written on Ctrl-C).
+
+    ``fig`` is a pyplot-free :class:`~matplotlib.figure.Figure`: there is nothing to close.
+    """
     path = Path(path)
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
-    finally:
-        plt.close(fig)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
     return path
 
 

@@ -19,6 +19,7 @@ a step-through's hook is attached, and one user on a laptop needs no more.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 from typing import Callable
@@ -35,6 +36,8 @@ STATIC_DIR = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 64 * 1024
 DECODING_FIELDS = {f.name for f in dataclasses.fields(DecodingOptions)}  # body keys that decode
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"
+
+logger = logging.getLogger(__name__)
 
 
 class ExplainRequest(BaseModel):
@@ -106,8 +109,12 @@ def create_app(explainer: Explainer) -> FastAPI:
 
 
 def serve(explainer: Explainer, host: str = "127.0.0.1", port: int = 8765,
-          log: Callable[[str], None] = print) -> int:
+          log: Callable[[str], None] | None = None) -> int:
     """Serve the page until Ctrl-C (uvicorn finishes the request in flight, then returns 0).
+
+    ``log`` receives the two status lines (address, stopped); by default they go to the
+    ``qkv.explain.server`` logger at INFO. uvicorn's own logging is left unconfigured
+    (``log_config=None``): its records propagate to whatever the caller set up.
 
     Raises:
         QkvError: the port is taken or the address cannot be bound.
@@ -121,9 +128,10 @@ def serve(explainer: Explainer, host: str = "127.0.0.1", port: int = 8765,
             pass
     except OSError as exc:
         raise QkvError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    log = log or logger.info
     log(f"qkv explain: {explainer.family} model {explainer.run_dir} at http://{host}:{port}/ "
         "(Ctrl-C to stop)")
-    uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning", log_config=None)
     log("qkv explain: stopped")
     return 0
 
@@ -144,7 +152,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeou
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -1,0 +1,322 @@
+"""The package's shape, read from its source: no import cycle between qkv modules, no ``print``
+in the library (only ``cli.py`` writes to the terminal), and importing any qkv module changes
+no global state (DESIGN.md: "Importing qkv changes no global state")."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "qkv"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (packages by their ``__init__``)."""
+    return {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The qkv modules ``name`` imports anywhere in its file (module level, functions,
+    conditionals). ``from pkg import x`` names module ``pkg.x`` when that is a module, else
+    ``pkg`` (its ``__init__``). Edges to the module's own enclosing packages are left out: a
+    submodule importing from its package's ``__init__`` is how packages are built."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                targets.add(sub if sub in modules else module)
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    return {t for t in targets if t in modules and t != name and t not in ancestors}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected component with more than one
+    module (Tarjan), in a stable order."""
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+
+    def strong(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                components.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    cycles = []
+    for comp in components:  # shortest way back to the component's first module
+        start = min(comp)
+        paths, seen = [[start]], {start}
+        while paths:
+            path = paths.pop(0)
+            nxt = sorted(w for w in graph[path[-1]] if w in comp)
+            if start in nxt:
+                cycles.append(path + [start])
+                break
+            for w in nxt:
+                if w not in seen:
+                    seen.add(w)
+                    paths.append(path + [w])
+    return sorted(cycles)
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"], ["e", "f", "e"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_import_graph_resolves_relative_and_function_level_imports():
+    graph = import_graph()
+    assert "qkv.runs" in graph["qkv.explain.explainers"]  # `from .. import runs` is the module
+    assert "qkv.explain.capture" in graph["qkv.explain"]
+    assert "qkv.explain" not in graph["qkv.explain.plots"]  # own package: not an edge
+    assert "qkv.cli" in graph["qkv.__main__"]
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles between qkv modules (one per tangle; break each):\n" + \
+        "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _print_uses(path: Path) -> list[str]:
+    """Calls of the builtin ``print`` and references to it (``log=print`` defaults)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    shadowed = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                and n.name == "print"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "print" and isinstance(node.ctx, ast.Load) \
+                and not shadowed:
+            found.append(f"{path.relative_to(SRC.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_library_never_prints():
+    """Only the CLI writes to the terminal; the library logs to ``logging.getLogger("qkv...")``.
+    Any use of the builtin ``print`` counts: a call, or a ``log=print`` default."""
+    found = [hit for path in sorted(PKG.rglob("*.py")) if path != PKG / "cli.py" for hit in _print_uses(path)]
+    assert not found, "print used in the library (log instead):\n" + "\n".join(found)
+
+
+# Run in a fresh interpreter: snapshot global state, import every qkv module one by one
+# (found on disk, so nothing is imported before the first snapshot), and name the module
+# whose import changed something.
+_PROBE = r'''
+import json, logging, os, pkgutil, random, sys, warnings
+import importlib, importlib.util
+import matplotlib
+import numpy as np
+import torch
+
+def snapshot():
+    root = logging.getLogger()
+    return {
+        "matplotlib backend": repr(matplotlib.rcParams._get("backend")),
+        "matplotlib.pyplot imported": "matplotlib.pyplot" in sys.modules,
+        "warnings.formatwarning": repr(warnings.formatwarning),
+        "warnings.showwarning": repr(warnings.showwarning),
+        "warnings.filters": repr(warnings.filters),
+        "root logger handlers": repr(root.handlers),
+        "root logger level": root.level,
+        "logging.disable": logging.root.manager.disable,
+        "torch threads": torch.get_num_threads(),
+        "torch initial seed": torch.random.initial_seed(),
+        "torch rng state": hash(torch.get_rng_state().numpy().tobytes()),
+        "torch default dtype": str(torch.get_default_dtype()),
+        "torch deterministic": torch.are_deterministic_algorithms_enabled(),
+        "torch float32 matmul precision": torch.get_float32_matmul_precision(),
+        "random state": repr(random.getstate()),
+        "numpy random state": repr(np.random.get_state()[1].tolist()),
+        "os.environ": repr(sorted(os.environ.items())),
+        "sys.stdout/stderr": repr((sys.stdout, sys.stderr)),
+        "sys.excepthook": repr(sys.excepthook),
+    }
+
+spec = importlib.util.find_spec("qkv")
+names = []
+def walk(paths, prefix):
+    for info in pkgutil.iter_modules(paths, prefix):
+        names.append(info.name)
+        if info.ispkg:
+            walk([os.path.join(p, info.name.rpartition(".")[2]) for p in paths], info.name + ".")
+names.append("qkv")
+walk(spec.submodule_search_locations, "qkv.")
+
+first = before = snapshot()
+changes, errors = [], {}
+for name in sorted(names):
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:  # SystemExit too: importing must not run anything
+        errors[name] = f"{type(exc).__name__}: {exc}"
+    after = snapshot()
+    changes += [[name, key] for key in after if after[key] != before[key]]
+    before = after
+walked = sorted(m.name for m in pkgutil.walk_packages(importlib.import_module("qkv").__path__, "qkv."))
+final = snapshot()
+print(json.dumps({"modules": sorted(names), "walked": walked, "errors": errors, "changes": changes,
+                  "changed": [k for k in final if final[k] != first[k]]}))
+'''
+
+
+def test_importing_every_module_changes_no_global_state(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop("MPLBACKEND", None)
+    res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(report["modules"]) > 40 and set(report["walked"]) <= set(report["modules"])
+    problems = [f"importing {name} failed: {err}" for name, err in report["errors"].items()]
+    problems += [f"importing {name} changed {key}" for name, key in report["changes"]]
+    problems += [f"net change after importing everything: {key}" for key in report["changed"]]
+    assert not problems, "\n".join(problems)
+
+
+# --- the explainer's pictures and server write nothing to stdout and change no global state ---
+
+INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+
+
+def _global_state():
+    import logging
+    import warnings
+
+    import matplotlib
+
+    return {"backend": repr(matplotlib.rcParams._get("backend")),
+            "pyplot": "matplotlib.pyplot" in sys.modules,
+            "formatwarning": warnings.formatwarning, "showwarning": warnings.showwarning,
+            "root handlers": list(logging.getLogger().handlers), "root level": logging.getLogger().level,
+            "logger handlers": {name: list(lg.handlers)
+                                for name, lg in logging.root.manager.loggerDict.items()
+                                if isinstance(lg, logging.Logger) and lg.handlers}}
+
+
+@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+def test_pictures_print_nothing_and_leave_matplotlib_alone(tiny_runs, tmp_path, capsys, family):
+    from qkv.explain import load_explainer
+    from qkv.explain.explainers import DecodingOptions
+    from qkv.explain.plots import write_pictures
+
+    explainer = load_explainer(tiny_runs[family])
+    before = _global_state()
+    capsys.readouterr()
+    options = DecodingOptions(max_new_tokens=4, beam_size=2)
+    written = write_pictures(explainer, INPUTS[family], tmp_path, options)
+    assert capsys.readouterr().out == ""
+    assert _global_state() == before
+    assert all(p.exists() for p in written) and any(p.suffix == ".png" for p in written)
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written if p.suffix == ".png")
+
+
+def test_confusion_plot_prints_nothing_and_leaves_matplotlib_alone(tmp_path, capsys):
+    from qkv.evaluate.classification import plot_confusion
+
+    before = _global_state()
+    capsys.readouterr()
+    plot_confusion([[3, 1], [0, 4]], ["a", "b"], tmp_path / "confusion.png", "test")
+    assert capsys.readouterr().out == ""
+    assert _global_state() == before
+    assert (tmp_path / "confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_server_prints_nothing(tiny_runs, capsys):
+    import httpx
+
+    from qkv.explain import load_explainer
+    from qkv.explain.server import create_app, serve_in_thread
+
+    before = _global_state()
+    capsys.readouterr()
+    server, thread, base = serve_in_thread(create_app(load_explainer(tiny_runs["lm"])))
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            assert http.get("/").status_code == 200
+            assert http.get("/api/info").status_code == 200
+            body = {"text": INPUTS["lm"], "max_new_tokens": 3}
+            assert http.post("/api/explain", json=body).status_code == 200
+            assert http.post("/api/steps", json={"text": INPUTS["lm"], "kind": "decoder", "layer": 0,
+                                                 "head": 0}).status_code == 200
+            assert http.post("/api/explain", json={"text": ""}).status_code == 422  # an error: no print
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert capsys.readouterr().out == ""
+    assert _global_state() == before  # uvicorn was told to leave logging alone
+
+
+def test_serve_logs_its_status_lines_instead_of_printing(tiny_runs, capsys, caplog, monkeypatch):
+    """``serve`` without ``log=`` sends its two lines to the ``qkv.explain.server`` logger."""
+    import logging
+    import socket
+
+    import uvicorn
+
+    from qkv.explain import load_explainer
+    from qkv.explain.server import serve
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="qkv.explain.server"):
+        assert serve(load_explainer(tiny_runs["lm"]), port=port) == 0
+    assert capsys.readouterr().out == ""
+    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records
+             if r.name == "qkv.explain.server"]
+    assert [(n, lv) for n, lv, _ in lines] == [("qkv.explain.server", logging.INFO)] * 2
+    assert f"http://127.0.0.1:{port}/" in lines[0][2] and "stopped" in lines[1][2]
+    assert calls and calls[0]["port"] == port
+    got = []  # the CLI's callable still works
+    assert serve(load_explainer(tiny_runs["lm"]), port=port, log=got.append) == 0
+    assert len(got) == 2 and "stopped" in got[1]
