@@ -51,7 +51,8 @@ def test_smoke_run_writes_a_complete_run_directory(run_dir):
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     assert len(val) == 2 and val[-1] < val[0], "validation loss must fall on real data"
     train_cfg = json.loads((run_dir / "train_config.json").read_text())
-    assert train_cfg["max_steps"] == 40 and train_cfg["seed"] == 1
+    assert train_cfg["train"]["max_steps"] == 40 and train_cfg["train"]["seed"] == 1
+    assert train_cfg["model"] == json.loads((run_dir / "config.json").read_text())
 
 
 def test_translate_args_and_stdin_keep_order_and_empty_lines(run_dir):

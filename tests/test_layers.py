@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.nn import DecoderLayer, EncoderLayer, MultiHeadAttention, ResidualNorm
+from qkv.nn import DecoderLayer, EncoderLayer, LayerConfig, MultiHeadAttention, ResidualNorm
 from torch_ref import copy_attention_from_torch
 
 D, H, FF = 16, 4, 32
@@ -39,11 +39,16 @@ def _copy_self_attention_and_ffn(ours, theirs) -> None:
     _copy_norm(ours.self_attn_block.norm, theirs.norm1)
 
 
+def _config(norm_first: bool, backend: str) -> LayerConfig:
+    return LayerConfig(d_model=D, n_heads=H, d_ff=FF, dropout=0.1, norm_first=norm_first,
+                       attention_backend=backend)
+
+
 def _encoder_pair(norm_first: bool, backend: str):
     theirs = nn.TransformerEncoderLayer(D, H, FF, dropout=0.1, activation="relu", batch_first=True,
                                         norm_first=norm_first)
     _randomise(theirs)
-    ours = EncoderLayer(D, H, FF, dropout=0.1, norm_first=norm_first, backend=backend)
+    ours = EncoderLayer(_config(norm_first, backend))
     with torch.no_grad():
         _copy_self_attention_and_ffn(ours, theirs)
         _copy_norm(ours.ffn_block.norm, theirs.norm2)
@@ -54,7 +59,7 @@ def _decoder_pair(norm_first: bool, backend: str):
     theirs = nn.TransformerDecoderLayer(D, H, FF, dropout=0.1, activation="relu", batch_first=True,
                                         norm_first=norm_first)
     _randomise(theirs)
-    ours = DecoderLayer(D, H, FF, dropout=0.1, norm_first=norm_first, backend=backend)
+    ours = DecoderLayer(_config(norm_first, backend))
     with torch.no_grad():
         _copy_self_attention_and_ffn(ours, theirs)
         copy_attention_from_torch(ours.cross_attn, theirs.multihead_attn)

@@ -20,7 +20,8 @@ from qkv.errors import QkvError
 from qkv.models import Transformer, TransformerConfig
 from qkv.train.checkpoint import average_weights, save_weights
 from qkv.train.losses import label_smoothed_nll
-from qkv.train.loop import LoopConfig, train_loop
+from qkv.train.loop import train_loop
+from qkv.train.settings import TrainSettings
 from qkv.train.optim import make_adam, noam_lr
 
 CFG = TransformerConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=16, n_heads=2, d_ff=32,
@@ -43,10 +44,10 @@ def _train(run_dir, max_steps, resume=False, loss_fn=_loss):
     torch.manual_seed(0)
     model = Transformer(CFG)
     opt = make_adam(model.parameters())
-    cfg = LoopConfig(max_steps=max_steps, eval_every=4, snapshot_minutes=1e9, progress=False, seed=3)
+    cfg = TrainSettings(max_steps=max_steps, eval_every=4, snapshot_minutes=1e9, seed=3)
     validate = lambda m: {"val_loss": 1.0}  # noqa: E731
     state = train_loop(model, opt, lambda s: noam_lr(s, 16, 4), _batches, loss_fn, validate,
-                       run_dir, cfg, resume=resume)
+                       run_dir, cfg, progress=False, resume=resume)
     return model, state
 
 
@@ -91,10 +92,11 @@ def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
         # SGD: the update is the gradient itself (Adam would magnify round-off, e.g. in the
         # key bias, whose true gradient is zero).
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        cfg = LoopConfig(max_steps=1, accum_steps=accum, eval_every=100, snapshot_minutes=1e9,
-                         progress=False, clip_norm=None)
+        cfg = TrainSettings(max_steps=1, accum_steps=accum, eval_every=100, snapshot_minutes=1e9,
+                            clip_norm=None)
         model.train = lambda mode=True: model  # keep eval mode inside the loop
-        train_loop(model, opt, lambda s: 0.5, lambda e: data, _loss, None, tmp_path / str(accum), cfg)
+        train_loop(model, opt, lambda s: 0.5, lambda e: data, _loss, None, tmp_path / str(accum), cfg,
+                   progress=False)
         results.append(model.state_dict())
     for k in results[0]:
         assert torch.allclose(results[0][k], results[1][k], atol=1e-6), k

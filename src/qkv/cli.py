@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
-import warnings
 from pathlib import Path
 
 from .errors import QkvError
@@ -18,6 +18,31 @@ from .errors import QkvError
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+class _StderrHandler(logging.Handler):
+    """Log records to stderr through ``tqdm.write``, so a progress bar is redrawn below them
+    instead of being broken; warnings and errors say so."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        msg = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            msg = f"{record.levelname.lower()}: {msg}"
+        tqdm.write(msg, file=sys.stderr)
+
+
+def _setup_logging(quiet: bool, debug: bool) -> None:
+    """The library logs to ``logging.getLogger("qkv")``; the CLI shows INFO and up on stderr
+    (``--quiet``: warnings only, ``--debug``: everything), and Python warnings the same way."""
+    handler = _StderrHandler()
+    for name in ("qkv", "py.warnings"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
+    logging.captureWarnings(True)
 
 
 
@@ -58,32 +83,69 @@ def _report_protein_task(summary: dict, out: str) -> None:
          f"{Path(out).resolve()} (confusion.png, summary.json)")
 
 
-# recipe name → (module in qkv.recipes, its train function, report); modules have resolve_config.
-RECIPES = {"translation": ("translation", "train_translation", _report_translation),
-           "lm": ("lm", "train_lm", _report_lm),
-           "protein-mlm": ("protein_mlm", "train_protein_mlm", _report_protein_mlm),
-           "protein-cls": ("protein_tasks", "train_protein_cls", _report_protein_task),
-           "protein-residue": ("protein_tasks", "train_protein_residue", _report_protein_task)}
-# train options that are recipe settings (``--task X`` is ``task=X``)
-SETTING_FLAGS = ("max_steps", "max_minutes", "task", "init", "labels")
+def _evaluate_translation(module, run_dir, args, device) -> dict:
+    result = module.evaluate_run(run_dir, args.split, args.beam, args.alpha, args.limit, device=device)
+    result.pop("examples")
+    return result
+
+
+def _evaluate_lm(module, run_dir, args, device) -> dict:
+    return module.evaluate_lm_run(run_dir, "val" if args.split == "test2016" else args.split, device=device)
+
+
+def _evaluate_protein_mlm(module, run_dir, args, device) -> dict:
+    return module.evaluate_mlm_run(run_dir, device=device)
+
+
+def _evaluate_protein_task(module, run_dir, args, device) -> dict:
+    return module.evaluate_protein_run(run_dir, "test" if args.split == "test2016" else args.split,
+                                       device=device)
+
+
+# The recipe table, the one place that imports recipes (qkv.recipes.<module>):
+# recipe name → (module, settings class, train function, evaluation, report).
+RECIPES = {
+    "translation": ("translation", "TranslationRecipe", "train_translation", _evaluate_translation,
+                    _report_translation),
+    "lm": ("lm", "LMRecipe", "train_lm", _evaluate_lm, _report_lm),
+    "protein-mlm": ("protein_mlm", "ProteinMLMRecipe", "train_protein_mlm", _evaluate_protein_mlm,
+                    _report_protein_mlm),
+    "protein-cls": ("protein_tasks", "ProteinTaskRecipe", "train_protein_cls", _evaluate_protein_task,
+                    _report_protein_task),
+    "protein-residue": ("protein_tasks", "ProteinTaskRecipe", "train_protein_residue",
+                        _evaluate_protein_task, _report_protein_task),
+}
+# train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
+SETTING_FLAGS = {"max_steps": "train.max_steps", "max_minutes": "train.max_minutes", "task": "task",
+                 "init": "init", "labels": "labels"}
+
+
+def _recipe_module(name: str):
+    if name not in RECIPES:
+        raise QkvError(f"unknown recipe {name!r}; available: {', '.join(RECIPES)}")
+    return importlib.import_module(f".recipes.{RECIPES[name][0]}", __package__)
 
 
 def _cmd_train(args) -> int:
-    if args.recipe not in RECIPES:
-        raise QkvError(f"unknown recipe {args.recipe!r}; available: {', '.join(RECIPES)}")
-    module_name, train_name, report = RECIPES[args.recipe]
-    module = importlib.import_module(f".recipes.{module_name}", __package__)
-    resolve_config, train = module.resolve_config, getattr(module, train_name)
+    from .settings import resolve, to_dict
+
+    module = _recipe_module(args.recipe)
+    _, settings_name, train_name, _, report = RECIPES[args.recipe]
     overrides = list(args.overrides)
-    for flag in SETTING_FLAGS:
+    for flag, key in SETTING_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            overrides.append(f"{flag}={value}")
+            overrides.append(f"{key}={value}")
     if args.freeze:
         overrides.append("freeze=true")
-    recipe = resolve_config(args.config, overrides)
+    recipe = resolve(getattr(module, settings_name), args.config, overrides)
+    if args.print_config:
+        print(json.dumps(to_dict(recipe), indent=2, ensure_ascii=False))
+        return 0
+    if args.out is None:
+        raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
     try:
-        summary = train(recipe, args.out, resume=args.resume, progress=not args.quiet, log=_log)
+        summary = getattr(module, train_name)(recipe, args.out, resume=args.resume, progress=not args.quiet)
     except KeyboardInterrupt:
         _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command plus --resume")
         return 130
@@ -122,28 +184,10 @@ def _cmd_evaluate(args) -> int:
 
     device = resolve_device(args.device)
     recipe = runs.run_recipe(args.run_dir)
-    if recipe in ("protein-cls", "protein-residue"):
-        from .recipes.protein_tasks import evaluate_protein_run
-
-        split = "test" if args.split == "test2016" else args.split
-        print(json.dumps(evaluate_protein_run(args.run_dir, split, device=device)))
-        return 0
-    if recipe == "protein-mlm":
-        from .recipes.protein_mlm import evaluate_mlm_run
-
-        print(json.dumps(evaluate_mlm_run(args.run_dir, device=device)))
-        return 0
-    if recipe == "lm":
-        from .recipes.lm import evaluate_lm_run
-
-        split = "val" if args.split == "test2016" else args.split
-        print(json.dumps(evaluate_lm_run(args.run_dir, split, device=device)))
-        return 0
-    from .recipes.translation import evaluate_run
-
-    result = evaluate_run(args.run_dir, args.split, args.beam, args.alpha, args.limit, device=device)
-    result.pop("examples")
-    print(json.dumps(result))
+    evaluate = RECIPES[recipe][3] if recipe in RECIPES else None
+    if evaluate is None:
+        raise QkvError(f"{args.run_dir} is a {recipe!r} run, which qkv evaluate does not know")
+    print(json.dumps(evaluate(_recipe_module(recipe), args.run_dir, args, device)))
     return 0
 
 
@@ -196,7 +240,7 @@ def _read_protein_file(path: str):
 
 def _cmd_classify(args) -> int:
     from .device import resolve_device
-    from .recipes.protein_tasks import ProteinEncoder
+    from .generate.protein import ProteinEncoder
 
     encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
     if encoder.level == "mlm":
@@ -222,7 +266,7 @@ def _cmd_embed(args) -> int:
     from safetensors.torch import save_file
 
     from .device import resolve_device
-    from .recipes.protein_tasks import ProteinEncoder
+    from .generate.protein import ProteinEncoder
     from .train.checkpoint import atomic_write
 
     encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
@@ -256,7 +300,7 @@ def _cmd_explain(args) -> int:
     if args.serve:
         from .explain.server import serve
 
-        return serve(explainer, host=args.host, port=args.port, log=_log)
+        return serve(explainer, host=args.host, port=args.port)
     if args.out is None:
         raise QkvError("--input needs --out DIR (where the pictures go)")
     from .explain.plots import write_pictures
@@ -269,18 +313,22 @@ def _cmd_explain(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qkv", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--debug", action="store_true", help="show debug messages and tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model with a recipe")
     p.add_argument("recipe", help="recipe name: " + ", ".join(RECIPES))
-    p.add_argument("overrides", nargs="*", help="key=value settings (see the recipe's fields)")
+    p.add_argument("overrides", nargs="*",
+                   help="settings as dotted key=value (model.d_model=256 train.lr=3e-4 src_lang=fr); "
+                        "a key of one section may be given flat (d_model=256)")
     p.add_argument("--config", help="JSON file of settings (overridden by key=value)")
-    p.add_argument("--out", required=True, help="run directory to create (or continue with --resume)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved settings as JSON (what --config reads) and exit")
+    p.add_argument("--out", help="run directory to create (or continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue training in --out")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only warnings from the library")
     p.add_argument("--task", help="protein-cls/-residue: signalp, amp-scanner, secondary-structure, "
                                   "or a CSV/TSV (sequence,label) or FASTA file (with --labels)")
     p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
@@ -369,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command != "train" or any(x.startswith("-") or "=" not in x for x in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
-    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+    _setup_logging(getattr(args, "quiet", False), args.debug)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -14,13 +14,16 @@ import torch
 
 from .data.tokenizers import load_tokenizer
 from .errors import QkvError
-from .models.config import LMConfig, TransformerConfig
+from .models.config import EncoderConfig, LMConfig, TransformerConfig
 from .models.decoder_lm import DecoderLM
+from .models.encoder import EncoderModel
 from .models.transformer import Transformer
 from .train.checkpoint import load_weights
 
+PROTEIN_RECIPES = ("protein-mlm", "protein-cls", "protein-residue")
 # recipe name → (config class, model class)
-FAMILIES = {"translation": (TransformerConfig, Transformer), "lm": (LMConfig, DecoderLM)}
+FAMILIES = {"translation": (TransformerConfig, Transformer), "lm": (LMConfig, DecoderLM),
+            **{name: (EncoderConfig, EncoderModel) for name in PROTEIN_RECIPES}}
 
 
 def run_recipe(run_dir: str | Path) -> str:
@@ -37,11 +40,13 @@ def run_recipe(run_dir: str | Path) -> str:
 
 
 def load_run(run_dir: str | Path, weights: str = "model.safetensors",
-             device: torch.device | str = "cpu", family: str | None = None):
-    """Model (eval mode, on ``device``) and tokenizer of a run directory.
+             device: torch.device | str = "cpu", family: str | tuple[str, ...] | None = None):
+    """Model (eval mode, on ``device``) and tokenizer of a run directory of any family
+    (translation, lm, protein-mlm/-cls/-residue).
 
     Args:
-        family: expected recipe (``"translation"``, ``"lm"``); ``None`` accepts any.
+        family: the recipe(s) expected (``"translation"``, ``"lm"``, or a tuple such as
+            :data:`PROTEIN_RECIPES`); ``None`` accepts any.
 
     Raises:
         QkvError: directory or one of ``config.json``, the weights, ``tokenizer.json`` missing,
@@ -55,8 +60,9 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors",
         raise QkvError(f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
                        "(training not finished? `qkv train ... --resume` continues it)")
     recipe = run_recipe(run_dir)
-    if recipe not in FAMILIES or (family is not None and recipe != family):
-        wanted = family or " or ".join(FAMILIES)
+    wanted = (family,) if isinstance(family, str) else family or tuple(FAMILIES)
+    if recipe not in FAMILIES or recipe not in wanted:
+        wanted = " or ".join(wanted)
         raise QkvError(f"{run_dir} is a {recipe!r} run; this needs a {wanted} run")
     config_cls, model_cls = FAMILIES[recipe]
     try:

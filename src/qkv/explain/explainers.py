@@ -324,7 +324,7 @@ class ProteinExplainer(Explainer):
     example = "GIGKFLHSAKKFGKAFVGEIMNS"  # magainin 2, an antimicrobial peptide
 
     def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
-        from ..recipes.protein_tasks import ProteinEncoder
+        from ..generate.protein import ProteinEncoder
 
         self.encoder = ProteinEncoder.from_run(run_dir, device)
         super().__init__(self.encoder.model, run_dir, max_chars)

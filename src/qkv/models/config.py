@@ -1,8 +1,13 @@
-"""Frozen, validated configuration of the encoder-decoder Transformer.
+"""Frozen, validated configurations of the model families.
 
-Defaults are the paper's base model (Vaswani et al. 2017, Table 3, row "base"): d_model 512,
-8 heads, d_ff 2048, 6 + 6 layers, dropout 0.1, post-LN, sinusoidal positions, ReLU, shared
-embedding / pre-softmax weights.
+One base, :class:`ModelConfig` (a :class:`~qkv.nn.layers.LayerConfig` plus positions and the
+context length: what every stack shares), and one config per family that adds only its own
+fields: :class:`TransformerConfig` (encoder-decoder, Vaswani et al. 2017), and, over the
+single-stack :class:`StackConfig`, :class:`LMConfig` (decoder-only, GPT) and
+:class:`EncoderConfig` (bidirectional, BERT/ESM). Saved as ``config.json`` beside the weights.
+
+Vocabulary sizes and special ids are ``None`` in a recipe's settings: the recipe fills them in
+from its tokenizer before it builds the model.
 """
 
 from __future__ import annotations
@@ -11,50 +16,87 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
-from ..nn.attention import BACKENDS
-from ..nn.norms import NORMS
-from ..nn.positional import POSITIONALS
+from ..nn.layers import LayerConfig
+from ..settings import field_problems
 
 
-class ModelConfig:
-    """What the model configs share: validation of the common fields, the derived ``d_k``,
-    and the ``config.json`` round trip (HF layout: beside the weights)."""
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(LayerConfig):
+    """What every model family shares: the layer settings, the kind of positions (§3.5) and
+    ``max_len``, the longest sequence (positions ``0 .. max_len - 1``).
 
-    @property
-    def d_k(self) -> int:
-        """Per-head width d_k = d_v = d_model / n_heads (§3.2.2)."""
-        return self.d_model // self.n_heads
+    Construction validates every field and raises ``ValueError`` naming every bad value
+    (:meth:`problems` lists them); ``to_dict``/``from_dict``/``load`` are the ``config.json``
+    round trip.
+    """
 
-    def _layer_problems(self, positive: tuple[str, ...], positionals: tuple[str, ...]) -> list[str]:
-        """What is wrong with the fields every model family has (widths, heads, dropouts,
-        activation, positions, attention backend), plus ``positive`` fields that must be >= 1."""
-        problems = []
-        for name in (*positive, "d_model", "n_heads", "d_ff", "max_len"):
+    positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
+    max_len: int = 1024
+
+    # keys older config.json files hold that this family no longer has, with the value the
+    # model always used: dropped on load when they hold that value.
+    legacy_keys: ClassVar[dict] = {}
+
+    def __post_init__(self) -> None:
+        problems = field_problems(self)
+        try:
+            problems += self.problems()
+        except TypeError:  # a value of the wrong type, already named: range checks cannot run
+            pass
+        if problems:
+            raise ValueError(f"invalid {type(self).__name__}: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every out-of-range or inconsistent value, as messages that name the field (empty:
+        valid). Types are checked before, against the annotations."""
+        out = []
+        for name in ("d_model", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
-                problems.append(f"{name} ({getattr(self, name)}) must be >= 1")
+                out.append(f"{name} ({getattr(self, name)}) must be >= 1")
         if self.n_heads >= 1 and self.d_model % self.n_heads:
-            problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            out.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.positional == "sinusoidal" and self.d_model % 2:
-            problems.append(f"d_model ({self.d_model}) must be even for sinusoidal positions")
+            out.append(f"d_model ({self.d_model}) must be even for sinusoidal positions")
+        if self.positional == "rotary" and self.n_heads >= 1 and self.d_k % 2:
+            out.append(f"d_k ({self.d_k}) must be even for rotary positions")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                problems.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
-        if self.activation not in ("relu", "gelu"):
-            problems.append(f"activation ({self.activation!r}) must be 'relu' or 'gelu'")
-        if self.positional not in positionals:
-            problems.append(f"positional ({self.positional!r}) must be one of {positionals}")
-        if self.attention_backend not in BACKENDS:
-            problems.append(f"attention_backend ({self.attention_backend!r}) must be one of {BACKENDS}")
-        return problems
+                out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
+        if self.layer_norm_eps <= 0:
+            out.append(f"layer_norm_eps ({self.layer_norm_eps}) must be > 0")
+        return out
+
+    def _vocab_problems(self, sizes: tuple[str, ...], ids: tuple[str, ...]) -> list[str]:
+        """Vocabulary sizes >= 1 and special ids inside every vocabulary (unset ones skipped)."""
+        out = [f"{n} ({getattr(self, n)}) must be >= 1" for n in sizes
+               if getattr(self, n) is not None and getattr(self, n) < 1]
+        known = [getattr(self, n) for n in sizes if getattr(self, n) is not None]
+        for name in ids:
+            value = getattr(self, name)
+            if value is not None and (value < 0 or (known and value >= min(known))):
+                out.append(f"{name} ({value}) is outside the vocabulary")
+        return out
+
+    def require(self, *names: str) -> None:
+        """Raise ``ValueError`` if a field the model needs is still unset (``None``)."""
+        unset = [n for n in names if getattr(self, n) is None]
+        if unset:
+            raise ValueError(f"{type(self).__name__}: {', '.join(unset)} not set (the recipe sets "
+                             "vocabulary sizes from its tokenizer)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict):
-        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
+        """Build from a dict (``config.json``); unknown keys raise ``ValueError`` naming them.
+        Keys an older qkv wrote that this family dropped are accepted when they hold the value
+        the model always used."""
         known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items()
+                if not (k in cls.legacy_keys and k not in known and v == cls.legacy_keys[k])}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown {cls.__name__} keys: {', '.join(unknown)}")
@@ -65,138 +107,117 @@ class ModelConfig:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
-    """Hyper-parameters of :class:`qkv.models.transformer.Transformer`.
+    """Hyper-parameters of :class:`qkv.models.transformer.Transformer` (encoder-decoder, §3).
 
-    Vocabulary: ``src_vocab_size``/``tgt_vocab_size`` and the special ids ``pad_id``,
-    ``bos_id``, ``eos_id``. ``share_embeddings`` ties source embeddings, target embeddings and
-    the output projection (needs one joint vocabulary, §3.4); ``tie_output`` ties only target
-    embeddings and the output projection.
+    Defaults are the paper's base model (Table 3): 6 + 6 layers, post-LN, sinusoidal positions,
+    ReLU. ``share_embeddings`` ties source embeddings, target embeddings and the output
+    projection (one joint vocabulary, §3.4); ``tie_output`` ties only the target embeddings and
+    the output projection. ``pad_id``/``bos_id``/``eos_id`` are the special ids.
 
     Raises:
         ValueError: on construction, naming every bad value.
     """
 
-    src_vocab_size: int
-    tgt_vocab_size: int
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
+    src_vocab_size: int | None = None
+    tgt_vocab_size: int | None = None
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "relu"
-    norm_first: bool = False
-    positional: str = "sinusoidal"
-    max_len: int = 1024
-    bias: bool = True
+    positional: Literal["sinusoidal", "learned"] = "sinusoidal"
     tie_output: bool = True
     share_embeddings: bool = False
-    attention_backend: str = "sdpa"
-    layer_norm_eps: float = 1e-5
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
 
-    def __post_init__(self) -> None:
-        problems = self._layer_problems(("src_vocab_size", "tgt_vocab_size"), ("sinusoidal", "learned"))
+    def problems(self) -> list[str]:
+        out = super().problems() + self._vocab_problems(("src_vocab_size", "tgt_vocab_size"),
+                                                        ("pad_id", "bos_id", "eos_id"))
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 0:
-                problems.append(f"{name} ({getattr(self, name)}) must be >= 0")
-        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            problems.append(f"share_embeddings needs one joint vocabulary, but src_vocab_size "
-                            f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            if not 0 <= getattr(self, name) < min(self.src_vocab_size, self.tgt_vocab_size):
-                problems.append(f"{name} ({getattr(self, name)}) is outside the vocabulary")
-        if problems:
-            raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
+                out.append(f"{name} ({getattr(self, name)}) must be >= 0")
+        if (self.share_embeddings and None not in (self.src_vocab_size, self.tgt_vocab_size)
+                and self.src_vocab_size != self.tgt_vocab_size):
+            out.append(f"share_embeddings needs one joint vocabulary, but src_vocab_size "
+                       f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})")
+        return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class StackConfig(ModelConfig):
+    """One stack of self-attention layers over one vocabulary (decoder-only or encoder):
+    ``vocab_size``, ``n_layers`` and ``scale_embeddings`` (multiply embeddings by
+    sqrt(d_model), §3.4; GPT-2 and BERT do not)."""
 
-@dataclass(frozen=True)
-class LMConfig(ModelConfig):
+    vocab_size: int | None = None
+    n_layers: int = 4
+    scale_embeddings: bool = False
+
+    def problems(self) -> list[str]:
+        out = super().problems() + self._vocab_problems(("vocab_size",), self._special_ids)
+        if self.n_layers < 1:
+            out.append(f"n_layers ({self.n_layers}) must be >= 1")
+        return out
+
+    _special_ids: ClassVar[tuple[str, ...]] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LMConfig(StackConfig):
     """Hyper-parameters of :class:`qkv.models.decoder_lm.DecoderLM` (GPT-style, decoder-only).
 
     Defaults are nanoGPT's CPU "baby GPT" for tiny-shakespeare (4 layers, 4 heads, d_model 128,
-    block 64): pre-LN, GELU, learned positions, no biases, tied embeddings, no sqrt(d) scaling
-    of embeddings (GPT-2's choice; the paper's ``scale_embeddings`` is an option).
-
-    ``max_len`` is the context length (nanoGPT's ``block_size``). ``norm``: ``"layernorm"``,
-    ``"rmsnorm"`` or ``"dyt"``. ``positional``: ``"learned"``, ``"sinusoidal"`` or ``"rotary"``.
-    ``bos_id`` is the token an empty prompt starts from (``None``: empty prompts are refused).
+    context 64): pre-LN, GELU, learned positions, no biases, tied embeddings.
+    ``max_len`` is the context length (nanoGPT's ``block_size``). ``bos_id`` is the token an
+    empty prompt starts from (``None``: empty prompts are refused).
 
     Raises:
         ValueError: on construction, naming every bad value.
     """
 
-    vocab_size: int
     d_model: int = 128
     n_heads: int = 4
     d_ff: int = 512
-    n_layers: int = 4
     dropout: float = 0.0
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "gelu"
-    norm: str = "layernorm"
+    activation: Literal["relu", "gelu"] = "gelu"
     norm_first: bool = True
-    positional: str = "learned"
+    positional: Literal["sinusoidal", "learned", "rotary"] = "learned"
     max_len: int = 64
     bias: bool = False
     tie_embeddings: bool = True
-    scale_embeddings: bool = False
-    attention_backend: str = "sdpa"
-    layer_norm_eps: float = 1e-5
     bos_id: int | None = None
     eos_id: int | None = None
 
-    def __post_init__(self) -> None:
-        problems = self._layer_problems(("vocab_size", "n_layers"), POSITIONALS)
-        if self.positional == "rotary" and self.n_heads >= 1 and (self.d_model // self.n_heads) % 2:
-            problems.append(f"d_k ({self.d_model // self.n_heads}) must be even for rotary positions")
-        if self.norm not in NORMS:
-            problems.append(f"norm ({self.norm!r}) must be one of {NORMS}")
-        for name in ("bos_id", "eos_id"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                problems.append(f"{name} ({value}) is outside the vocabulary")
-        if problems:
-            raise ValueError("invalid LMConfig: " + "; ".join(problems))
+    _special_ids: ClassVar[tuple[str, ...]] = ("bos_id", "eos_id")
 
 
-
-
-@dataclass(frozen=True)
-class EncoderConfig(LMConfig):
+@dataclass(frozen=True, kw_only=True)
+class EncoderConfig(StackConfig):
     """Hyper-parameters of :class:`qkv.models.encoder.EncoderModel` (BERT/ESM-style,
-    bidirectional): the fields of :class:`LMConfig` with encoder defaults (pre-LN, GELU,
-    learned positions, biases, 4 layers of width 256), plus ``pad_id`` (keys never attended)
-    and, for classification heads, ``num_labels`` and ``pooling`` (``"cls"`` or ``"mean"``).
+    bidirectional). Defaults are qkv's protein encoder (3.2 M parameters): 4 pre-LN layers of
+    width 256, GELU, rotary positions, 256 tokens. ``pad_id``: keys never attended;
+    ``num_labels`` and ``pooling`` (``"cls"`` or ``"mean"``) for the classification heads.
+    The masked-LM head is always tied to the embeddings.
     """
 
     d_model: int = 256
     n_heads: int = 4
     d_ff: int = 1024
-    n_layers: int = 4
-    dropout: float = 0.1
-    max_len: int = 512
-    bias: bool = True
+    dropout: float = 0.0
+    activation: Literal["relu", "gelu"] = "gelu"
+    norm_first: bool = True
+    positional: Literal["sinusoidal", "learned", "rotary"] = "rotary"
+    max_len: int = 256
     pad_id: int = 1
     num_labels: int = 0
-    pooling: str = "cls"
+    pooling: Literal["cls", "mean"] = "cls"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = []
-        if not 0 <= self.pad_id < self.vocab_size:
-            problems.append(f"pad_id ({self.pad_id}) is outside the vocabulary")
+    legacy_keys: ClassVar[dict] = {"tie_embeddings": True, "bos_id": None, "eos_id": None}
+    _special_ids: ClassVar[tuple[str, ...]] = ("pad_id",)
+
+    def problems(self) -> list[str]:
+        out = super().problems()
         if self.num_labels < 0:
-            problems.append(f"num_labels ({self.num_labels}) must be >= 0")
-        if self.pooling not in ("cls", "mean"):
-            problems.append(f"pooling ({self.pooling!r}) must be 'cls' or 'mean'")
-        if problems:
-            raise ValueError("invalid EncoderConfig: " + "; ".join(problems))
+            out.append(f"num_labels ({self.num_labels}) must be >= 0")
+        return out

@@ -15,10 +15,10 @@ from torch import nn
 
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
-from ..nn.layers import EncoderLayer
+from ..nn.layers import SelfAttentionLayer
 from ..nn.norms import build_norm
 from ..nn.positional import RotaryEmbedding, build_positional
-from .config import LMConfig
+from .config import StackConfig
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -31,11 +31,14 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class TransformerStack(nn.Module):
-    """Token embeddings (+ positions), N :class:`EncoderLayer`, final norm (pre-LN).
+    """Token embeddings (+ positions), N :class:`~qkv.nn.layers.SelfAttentionLayer`, final
+    norm (pre-LN).
 
     Args:
-        config: an :class:`~qkv.models.config.LMConfig` (or a subclass).
-        causal: apply the look-ahead mask (decoder-only LM) or not (encoder).
+        config: a :class:`~qkv.models.config.StackConfig` (``LMConfig`` or ``EncoderConfig``).
+
+    The class attribute ``causal`` says whether the layers carry the look-ahead mask
+    (decoder-only LM) or not (encoder).
 
     Attributes ``embed``, ``positional``, ``layers``, ``final_norm`` keep the parameter names of
     saved checkpoints. Initialisation is GPT-2's: N(0, 0.02), residual output projections
@@ -44,18 +47,15 @@ class TransformerStack(nn.Module):
 
     causal = True
 
-    def __init__(self, config: LMConfig) -> None:
+    def __init__(self, config: StackConfig) -> None:
         super().__init__()
+        config.require("vocab_size")
         self.config = cfg = config
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embeddings)
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None
         self.embed_dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
-                         cfg.activation_dropout, cfg.activation, cfg.norm_first, cfg.bias,
-                         cfg.attention_backend, cfg.layer_norm_eps, cfg.norm, rotary)
-            for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(SelfAttentionLayer(cfg, rotary) for _ in range(cfg.n_layers))
         self.final_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
                            if cfg.norm_first else nn.Identity())
 
@@ -79,8 +79,9 @@ class TransformerStack(nn.Module):
         """``tokens (B, T)`` → ``(hidden (B, T, D), per-layer weights (B, H, T, L) or ())``.
 
         ``attention_mask (B, L)`` bool covers all keys (cached + new), ``True`` = real token.
-        Raises ``ValueError`` for a bad shape, an id outside the vocabulary, or a sequence
-        longer than ``max_len``.
+        Raises ``ValueError`` for a bad shape or a sequence longer than ``max_len`` (checked on
+        shapes only: token ids are checked where they enter, by the tokenizer or
+        :func:`~qkv.nn.embeddings.check_token_ids`, so forward never waits on the device).
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}")

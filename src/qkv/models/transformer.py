@@ -15,28 +15,38 @@ from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
 from ..nn.layers import DecoderLayer, EncoderLayer
 from ..nn.masks import padding_mask
+from ..nn.norms import build_norm
 from ..nn.positional import build_positional
 from .config import TransformerConfig
 from .outputs import Seq2SeqOutput
 
 
-def _layer_kwargs(cfg: TransformerConfig) -> dict:
-    return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
-                attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-                activation=cfg.activation, norm_first=cfg.norm_first, bias=cfg.bias,
-                backend=cfg.attention_backend, eps=cfg.layer_norm_eps)
+def final_norm(cfg: TransformerConfig) -> nn.Module:
+    """The norm after the last layer of a pre-LN stack (post-LN layers end normalised)."""
+    return build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.norm_first else nn.Identity()
+
+
+def projection_matrices(name: str, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The separate matrices inside a packed parameter (views): ``W_Q; W_K; W_V`` of a
+    self-attention ``w_qkv`` and ``W_K; W_V`` of a cross-attention ``w_kv``, so each is
+    initialised as a matrix of its own shape."""
+    if name.endswith("w_qkv.weight"):
+        return p.chunk(3)
+    if name.endswith("w_kv.weight"):
+        return p.chunk(2)
+    return (p,)
 
 
 class Encoder(nn.Module):
-    """A stack of N :class:`EncoderLayer` (§3.1), plus a final LayerNorm when pre-LN.
+    """A stack of N :class:`EncoderLayer` (§3.1), plus a final norm when pre-LN.
 
     Shape: ``x (B, S, D)``, ``mask`` bool ``(B, 1, 1, S)`` → ``(B, S, D)`` and per-layer weights.
     """
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_encoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.final_norm = final_norm(cfg)
 
     def forward(self, x, mask=None, need_weights=False):
         weights = []
@@ -47,18 +57,19 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A stack of N :class:`DecoderLayer` (§3.1), plus a final LayerNorm when pre-LN.
+    """A stack of N :class:`DecoderLayer` (§3.1), plus a final norm when pre-LN.
 
-    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``memory_mask`` ``(B, 1, 1, S)`` →
+    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``self_mask`` broadcastable to
+    ``(B, 1, T, T)`` or ``None`` (causal masking), ``memory_mask`` ``(B, 1, 1, S)`` →
     ``(B, T, D)``, per-layer self and cross weights.
     """
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(**_layer_kwargs(cfg)) for _ in range(cfg.n_decoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.final_norm = final_norm(cfg)
 
-    def forward(self, x, memory, memory_mask=None, self_mask=None, caches=None, need_weights=False):
+    def forward(self, x, memory, self_mask=None, memory_mask=None, caches=None, need_weights=False):
         self_ws, cross_ws = [], []
         # Causal masking is enough for right-padded targets: a real query never sees a later
         # pad key, and pad queries are ignored by the loss. Incremental decoding (one query,
@@ -88,6 +99,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
+        config.require("src_vocab_size", "tgt_vocab_size")
         self.config = cfg = config
         self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
         self.tgt_embed = (self.src_embed if cfg.share_embeddings
@@ -105,10 +117,16 @@ class Transformer(nn.Module):
         # Xavier-uniform projections, as in the reference Tensor2Tensor / nn.Transformer code.
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
-                nn.init.xavier_uniform_(p)
+                for matrix in projection_matrices(name, p):
+                    nn.init.xavier_uniform_(matrix)
 
     def embed(self, tokens: torch.Tensor, embedding: TokenEmbedding, start_pos: int = 0) -> torch.Tensor:
-        """Dropout(E[tokens]·sqrt(d_model) + PE[pos]) (§3.4, §3.5, §5.4). ``(B, T) → (B, T, D)``."""
+        """Dropout(E[tokens]·sqrt(d_model) + PE[pos]) (§3.4, §3.5, §5.4). ``(B, T) → (B, T, D)``.
+
+        Raises ``ValueError`` for positions past ``max_len`` (a shape check: no host sync)."""
+        if start_pos + tokens.size(1) > self.config.max_len:
+            raise ValueError(f"sequence of {start_pos + tokens.size(1)} tokens exceeds the model's "
+                             f"max_len ({self.config.max_len})")
         positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
         return self.embed_dropout(embedding(tokens) + self.positional(positions))
 
@@ -127,7 +145,8 @@ class Transformer(nn.Module):
         new tokens, at positions ``start_pos ...``.
         """
         x = self.embed(tgt, self.tgt_embed, start_pos)
-        h, self_w, cross_w = self.decoder(x, memory, src_mask, caches=caches, need_weights=need_weights)
+        h, self_w, cross_w = self.decoder(x, memory, memory_mask=src_mask, caches=caches,
+                                          need_weights=need_weights)
         return self.generator(h), self_w, cross_w
 
     def new_caches(self) -> list[tuple[KVCache, KVCache]]:

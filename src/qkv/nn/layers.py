@@ -1,13 +1,19 @@
-"""Encoder and decoder layers (one of the N identical layers of each stack).
+"""The layers a Transformer stack repeats N times, built from one :class:`LayerConfig`.
 
 Source: Vaswani et al. 2017, §3.1 (Figure 1): an encoder layer is self-attention then FFN; a
 decoder layer is masked self-attention, encoder-decoder (cross) attention, then FFN; each
-sub-layer wrapped in residual + LayerNorm with dropout (§5.4). A decoder-only language model's
-block (GPT) is the decoder layer without cross-attention, i.e. an encoder layer whose
-self-attention carries the look-ahead mask.
+sub-layer is wrapped in residual + normalisation with dropout (§5.4). A decoder-only language
+model's block (GPT; Radford et al. 2019) is the decoder layer without cross-attention: a
+self-attention block that carries the look-ahead mask (§3.2.3).
+
+Mask arguments come in one order everywhere: ``self_mask`` (over the layer's own positions)
+before ``memory_mask`` (over the encoder output).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -17,34 +23,82 @@ from .feedforward import PositionwiseFeedForward
 from .norms import ResidualNorm
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention + position-wise FFN, each with residual + normalisation.
+@dataclass(frozen=True, kw_only=True)
+class LayerConfig:
+    """What one layer needs; every model config extends it (``qkv.models.config``).
 
-    Args:
-        d_model, n_heads, d_ff: widths (§3.2.2, §3.3). dropout: on sub-layer outputs (§5.4).
-        attention_dropout / activation_dropout: on attention weights / the FFN's inner layer.
-        activation: ``"relu"`` (paper) or ``"gelu"``. norm_first: pre-LN instead of post-LN.
-        bias: biases in linears and norms. backend: attention backend. eps: norm epsilon.
-        norm: ``"layernorm"``, ``"rmsnorm"`` or ``"dyt"``. rotary: a shared
-        :class:`~qkv.nn.positional.RotaryEmbedding` or ``None``.
+    Defaults are the paper's base model (Table 3): d_model 512, 8 heads, d_ff 2048, dropout 0.1
+    on sub-layer outputs (§5.4), ReLU (Eq. 2), LayerNorm after the residual add (post-LN, §3.1).
 
-    Shape: ``x (B, S, D)``, ``mask`` bool broadcastable to ``(B, H, S, S)`` →
-    ``(output (B, S, D), self-attention weights (B, H, S, S) or None)``. With
-    ``is_causal=True`` and a ``cache`` it is the block of a decoder-only LM.
+    Fields:
+        d_model, n_heads, d_ff: widths (§3.2.2, §3.3); ``d_k = d_model / n_heads``.
+        dropout: on each sub-layer's output and on the embeddings (P_drop, §5.4).
+        attention_dropout: on the attention weights. activation_dropout: on the FFN's inner layer.
+        activation: ``"relu"`` (paper) or ``"gelu"`` (GPT/BERT).
+        norm: ``"layernorm"`` (paper), ``"rmsnorm"`` (Zhang & Sennrich 2019) or ``"dyt"``
+            (Zhu et al. 2025). norm_first: pre-LN (Xiong et al. 2020) instead of post-LN.
+        bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused) or ``"eager"``
+            (explicit Eq. 1). layer_norm_eps: the norm's epsilon.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 activation: str = "relu", norm_first: bool = False, bias: bool = True,
-                 backend: str = "sdpa", eps: float = 1e-5, norm: str = "layernorm",
-                 rotary: nn.Module | None = None) -> None:
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
+    norm_first: bool = False
+    bias: bool = True
+    attention_backend: Literal["sdpa", "eager"] = "sdpa"
+    layer_norm_eps: float = 1e-5
+
+    @property
+    def d_k(self) -> int:
+        """Per-head width d_k = d_v = d_model / n_heads (§3.2.2)."""
+        return self.d_model // self.n_heads
+
+
+def attention(config: LayerConfig, cross: bool = False, rotary: nn.Module | None = None) -> MultiHeadAttention:
+    """A :class:`MultiHeadAttention` of ``config`` (self-attention, or ``cross`` over memory)."""
+    return MultiHeadAttention(config.d_model, config.n_heads, config.attention_dropout, config.bias,
+                              config.attention_backend, rotary=rotary, cross=cross)
+
+
+def residual(config: LayerConfig) -> ResidualNorm:
+    """The residual + normalisation + dropout wrapper of one sub-layer (§3.1, §5.4)."""
+    return ResidualNorm(config.d_model, config.dropout, config.norm_first, config.layer_norm_eps,
+                        config.norm, config.bias)
+
+
+def feedforward(config: LayerConfig) -> PositionwiseFeedForward:
+    """The position-wise FFN of ``config`` (Eq. 2)."""
+    return PositionwiseFeedForward(config.d_model, config.d_ff, config.activation_dropout,
+                                   config.activation, config.bias)
+
+
+class SelfAttentionLayer(nn.Module):
+    """Self-attention + position-wise FFN, each with residual + normalisation (§3.1).
+
+    Without a mask over later positions this is the paper's encoder layer
+    (:data:`EncoderLayer`); with ``is_causal=True`` (and a ``cache`` when decoding) it is the
+    block of a decoder-only LM (GPT): a decoder layer without cross-attention.
+
+    Args:
+        config: the layer's settings. rotary: a shared
+            :class:`~qkv.nn.positional.RotaryEmbedding` for queries and keys, or ``None``.
+
+    Shape: ``x (B, S, D)``, ``mask`` bool broadcastable to ``(B, H, S, S)`` (``True`` = may
+    attend) → ``(output (B, S, D), self-attention weights (B, H, S, S) or None)``.
+    """
+
+    def __init__(self, config: LayerConfig, rotary: nn.Module | None = None) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias, backend,
-                                            rotary=rotary)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff, activation_dropout, activation, bias)
-        self._residual_args = (d_model, dropout, norm_first, eps, norm, bias)
-        self.self_attn_block = ResidualNorm(*self._residual_args)
-        self.ffn_block = ResidualNorm(*self._residual_args)
+        self.self_attn = attention(config, rotary=rotary)
+        self.self_attn_block = residual(config)
+        self.ffn = feedforward(config)
+        self.ffn_block = residual(config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False,
                 is_causal: bool = False, cache: KVCache | None = None,
@@ -56,9 +110,13 @@ class EncoderLayer(nn.Module):
         return x, weights
 
 
-class DecoderLayer(EncoderLayer):
-    """Masked self-attention + cross-attention over ``memory`` + FFN (same arguments as
-    :class:`EncoderLayer`).
+EncoderLayer = SelfAttentionLayer  # the paper's name for the bidirectional use
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over ``memory``, then the FFN (§3.1), each with
+    residual + normalisation. Cross-attention has no rotary positions: the encoder output
+    already carries its positions.
 
     Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``self_mask`` broadcastable to
     ``(B, H, T, T)`` (or ``None`` with ``is_causal=True``), ``memory_mask`` broadcastable to
@@ -66,13 +124,14 @@ class DecoderLayer(EncoderLayer):
     ``caches``: ``(self KVCache, cross KVCache)`` for incremental decoding, or ``None``.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        sa = self.self_attn
-        # Cross-attention has no rotary positions: memory positions are already encoded.
-        self.cross_attn = MultiHeadAttention(sa.d_model, sa.n_heads, sa.dropout,
-                                             sa.w_q.bias is not None, sa.backend)
-        self.cross_attn_block = ResidualNorm(*self._residual_args)
+    def __init__(self, config: LayerConfig) -> None:
+        super().__init__()
+        self.self_attn = attention(config)
+        self.self_attn_block = residual(config)
+        self.cross_attn = attention(config, cross=True)
+        self.cross_attn_block = residual(config)
+        self.ffn = feedforward(config)
+        self.ffn_block = residual(config)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None, is_causal: bool = True,

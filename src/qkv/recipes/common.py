@@ -1,58 +1,20 @@
-"""What every recipe shares: settings resolution, run directory checks, provenance."""
+"""What every recipe shares: run directory checks, the settings file, provenance, and the
+start of a run (threads, device, seed)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import logging
 import subprocess
 from pathlib import Path
 
+import torch
+
+from ..device import resolve_device
 from ..errors import QkvError
+from ..settings import to_dict
+from ..train.checkpoint import write_json
 
-
-def resolve_settings(recipe_cls, config_file: str | None, overrides: list[str]):
-    """Build a recipe dataclass from defaults < config file (JSON) < ``key=value`` overrides.
-
-    Values are parsed as JSON (``lr=3e-4``, ``bias=true``), else kept as bare strings
-    (``corpus=my.txt``). Calls the recipe's ``validate()`` if it has one.
-
-    Raises:
-        QkvError: unreadable config file, malformed override, unknown key (naming the known
-            ones), or an invalid value.
-    """
-    fields = {f.name for f in dataclasses.fields(recipe_cls)}
-    values: dict = {}
-    if config_file:
-        try:
-            values.update(json.loads(Path(config_file).read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
-            raise QkvError(f"cannot read config file {config_file}: {exc}") from None
-    for item in overrides:
-        if "=" not in item:
-            raise QkvError(f"override {item!r} is not of the form key=value")
-        key, raw = item.split("=", 1)
-        try:
-            values[key] = json.loads(raw)
-        except ValueError:
-            values[key] = raw
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise QkvError(f"unknown config key(s): {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
-    try:
-        recipe = recipe_cls(**values)
-        if hasattr(recipe, "validate"):
-            recipe.validate()
-    except (TypeError, ValueError) as exc:
-        raise QkvError(f"invalid configuration: {exc}") from None
-    return recipe
-
-
-def build_model_config(recipe, config_cls, **explicit):
-    """``config_cls`` from every field the recipe shares with it by name (``d_model``,
-    ``dropout``, ...), with ``explicit`` values (vocabulary size, special ids) taking
-    precedence, so a recipe never lists its model fields twice."""
-    shared = {f.name for f in dataclasses.fields(config_cls)} & {f.name for f in dataclasses.fields(recipe)}
-    return config_cls(**{**{name: getattr(recipe, name) for name in shared}, **explicit})
+logger = logging.getLogger(__name__)
 
 
 def prepare_run_dir(run_dir: str | Path, resume: bool) -> Path:
@@ -76,11 +38,21 @@ def git_commit() -> str | None:
         return None
 
 
-def loop_config(recipe, progress: bool = True):
-    """The :class:`~qkv.train.loop.LoopConfig` of a recipe: every loop field the recipe has
-    (budgets, accumulation, clipping, evaluation and snapshot cadence, seed, bf16)."""
-    from ..train.loop import LoopConfig
+def write_settings(run_dir: Path, recipe: str, settings, model_config) -> None:
+    """``config.json`` (the model's config, vocabulary filled in) and ``train_config.json``
+    (the recipe name, the resolved settings tree with the same model config, the git commit
+    and torch version)."""
+    write_json(run_dir / "config.json", model_config.to_dict())
+    tree = {**to_dict(settings), "model": model_config.to_dict()}
+    write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, "git_commit": git_commit(),
+                                               "torch": torch.__version__})
 
-    names = {f.name for f in dataclasses.fields(LoopConfig)} - {"progress"}
-    return LoopConfig(**{n: getattr(recipe, n) for n in names if hasattr(recipe, n)},
-                      progress=progress)
+
+def start(train) -> torch.device:
+    """Apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed; return its device."""
+    if train.threads:
+        torch.set_num_threads(train.threads)
+    torch.manual_seed(train.seed)
+    device = resolve_device(train.device)
+    logger.debug(f"device {device}, {torch.get_num_threads()} CPU threads, seed {train.seed}")
+    return device

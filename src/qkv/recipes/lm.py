@@ -9,11 +9,13 @@ with the best validation loss → ``model.safetensors`` → ``samples.txt``.
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,94 +23,59 @@ import torch.nn.functional as F
 from .. import runs
 from ..data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from ..data.text import consecutive_windows, load_corpus, random_windows, split_train_val, windows_at
-from ..device import resolve_device
 from ..errors import QkvError
 from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
 from ..train.checkpoint import load_weights, save_weights, write_json, write_text
 from ..train.loop import train_loop
-from ..train.optim import make_adam, warmup_cosine_lr
-from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
+from ..train.optim import make_optimizer
+from ..train.settings import TrainSettings
+from .common import prepare_run_dir, start, write_settings
 
-@dataclass(frozen=True)
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LMRecipe:
-    """Every setting of the LM recipe (CLI: ``key=value`` overrides; unknown keys fail).
+    """Settings of ``qkv train lm``: ``model`` (an :class:`LMConfig`; ``model.max_len`` is the
+    context, nanoGPT's ``block_size``), ``train`` (:class:`TrainSettings`: AdamW, warm-up +
+    cosine decay), and the data fields.
 
     Defaults reproduce nanoGPT's CPU tiny-shakespeare run (``train_shakespeare_char.py`` with
     ``n_layer=4 n_head=4 n_embd=128 block_size=64 batch_size=12 max_iters=2000
     lr_decay_iters=2000 dropout=0``). ``corpus``: ``"tinyshakespeare"`` or a UTF-8 text file.
-    ``tokenizer``: ``"char"`` or ``"bpe"`` (``vocab_size`` pieces). ``block_size`` is the
-    context length (the model's ``max_len``). ``lr_decay_steps`` defaults to ``max_steps``.
-    ``eval_batches``: number of 128-window batches for validation (``None`` = the whole split).
-    The samples file uses ``num_samples``, ``sample_tokens``, ``temperature``, ``top_k``.
+    ``tokenizer``: ``"char"`` or ``"bpe"`` (``vocab_size`` pieces). ``batch_size``: windows per
+    micro-batch. ``eval_batches``: number of 128-window batches for validation (``None`` = the
+    whole split). The samples file uses ``num_samples``, ``sample_tokens``, ``temperature``,
+    ``top_k``.
     """
 
+    model: LMConfig = LMConfig()
+    train: TrainSettings = TrainSettings(
+        lr=1e-3, min_lr_ratio=0.1, warmup_steps=100, beta2=0.99, weight_decay=0.1, max_steps=2000,
+        eval_every=250, snapshot_minutes=10.0, keep_snapshots=1, seed=1337)
     corpus: str = "tinyshakespeare"
-    tokenizer: str = "char"
+    tokenizer: Literal["char", "bpe"] = "char"
     vocab_size: int = 8000
     val_fraction: float = 0.1
-    d_model: int = 128
-    n_heads: int = 4
-    d_ff: int = 512
-    n_layers: int = 4
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "gelu"
-    norm: str = "layernorm"
-    norm_first: bool = True
-    positional: str = "learned"
-    bias: bool = False
-    scale_embeddings: bool = False
-    attention_backend: str = "sdpa"
-    block_size: int = 64
     batch_size: int = 12
-    accum_steps: int = 1
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    lr_decay_steps: int | None = None
-    beta1: float = 0.9
-    beta2: float = 0.99
-    weight_decay: float = 0.1
-    clip_norm: float | None = 1.0
-    max_steps: int | None = 2000
-    max_minutes: float | None = None
-    eval_every: int = 250
     eval_batches: int | None = None
-    snapshot_minutes: float = 10.0
-    keep_snapshots: int = 1
-    amp_bf16: bool = False
-    seed: int = 1337
-    threads: int | None = None
-    device: str = "auto"
     num_samples: int = 3
     sample_tokens: int = 500
     temperature: float = 0.8
     top_k: int | None = 200
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` for invalid settings (before anything is written)."""
-        if self.tokenizer not in ("char", "bpe"):
-            raise ValueError(f"tokenizer ({self.tokenizer!r}) must be 'char' or 'bpe'")
-        if self.max_steps is None and self.lr_decay_steps is None:
-            raise ValueError("training by time (max_steps=null) needs lr_decay_steps for the "
-                             "cosine schedule")
-        for name in ("batch_size", "accum_steps", "eval_every", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
-        self.model_config(self.vocab_size)
+    def __post_init__(self) -> None:
+        self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size ({self.batch_size}) must be >= 1")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
 
-    def model_config(self, vocab_size: int, bos_id: int | None = None,
-                     eos_id: int | None = None) -> LMConfig:
-        return build_model_config(self, LMConfig, vocab_size=vocab_size, max_len=self.block_size,
-                                  bos_id=bos_id, eos_id=eos_id)
-
-
-def resolve_config(config_file: str | None, overrides: list[str]) -> LMRecipe:
-    """Defaults < config file (JSON) < ``key=value`` overrides; unknown keys raise QkvError."""
-    return resolve_settings(LMRecipe, config_file, overrides)
+    def model_config(self, tok) -> LMConfig:
+        """``model`` with the tokenizer's vocabulary and start token."""
+        return replace(self.model, vocab_size=tok.vocab_size, bos_id=start_token(tok))
 
 
 def _build_tokenizer(recipe: LMRecipe, text: str, train_text: str):
@@ -156,8 +123,7 @@ def _metrics(nll: float, n_tokens: int, chars_per_token: float, prefix: str = "v
             f"{prefix}bits_per_char": loss / chars_per_token / math.log(2)}
 
 
-def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True,
-             log=print) -> dict:
+def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
     """Train, keep the best-on-validation weights, write samples. Returns a summary dict.
 
     Raises:
@@ -165,8 +131,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     """
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume)
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
+    device = start(recipe.train)
     text = load_corpus(recipe.corpus)
     train_text, val_text = split_train_val(text, recipe.val_fraction)
     tok_path = run_dir / "tokenizer.json"
@@ -175,53 +140,41 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         tok.save(tok_path)
     train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
     chars_per_token = len(val_text) / len(val_data)
-    model_cfg = recipe.model_config(tok.vocab_size, start_token(tok))
-    write_json(run_dir / "config.json", model_cfg.to_dict())
-    write_json(run_dir / "train_config.json", {"recipe": "lm", **dataclasses.asdict(recipe),
-                                               "git_commit": git_commit(),
-                                               "torch": torch.__version__})
-    log(f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
+    model_cfg = recipe.model_config(tok)
+    write_settings(run_dir, "lm", recipe, model_cfg)
+    logger.info(f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
         f"{tok.kind} vocabulary of {tok.vocab_size}")
-    device = resolve_device(recipe.device)
-    torch.manual_seed(recipe.seed)
     model = DecoderLM(model_cfg).to(device)
-    log(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
-    # Weight decay on matrices only (embeddings and linears), not on norms and biases.
-    params = list(model.parameters())
-    optimizer = make_adam([{"params": [p for p in params if p.dim() >= 2], "weight_decay": recipe.weight_decay},
-                           {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                          betas=(recipe.beta1, recipe.beta2), eps=1e-8)
-    decay_steps = recipe.lr_decay_steps or recipe.max_steps
-    steps_per_epoch = max(1, len(train_data) // (recipe.batch_size * recipe.block_size))
+    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
+    block_size = model_cfg.max_len
+    steps_per_epoch = max(1, len(train_data) // (recipe.batch_size * block_size))
 
     def batches(epoch: int) -> list[torch.Tensor]:
         # An "epoch" is as many random windows as the split has tokens; fixed per epoch so a
         # resumed run sees the same batches.
-        g = torch.Generator().manual_seed(recipe.seed * 1000 + epoch)
-        return [random_windows(train_data, recipe.block_size, recipe.batch_size, g)
+        g = torch.Generator().manual_seed(recipe.train.seed * 1000 + epoch)
+        return [random_windows(train_data, block_size, recipe.batch_size, g)
                 for _ in range(steps_per_epoch)]
 
     def loss_fn(model, offsets):
-        x, y = windows_at(train_data, offsets, recipe.block_size)
+        x, y = windows_at(train_data, offsets, block_size)
         logits = model(x.to(device)).logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum")
         return loss, y.numel()
 
     def validate(model) -> dict:
-        nll, n = split_nll(model, val_data, recipe.block_size, recipe.eval_batches)
+        nll, n = split_nll(model, val_data, block_size, recipe.eval_batches)
         return _metrics(nll, n, chars_per_token)
 
-    state = train_loop(model, optimizer,
-                       lambda step: warmup_cosine_lr(step, recipe.lr, recipe.min_lr,
-                                                     recipe.warmup_steps, decay_steps),
-                       batches, loss_fn, validate, run_dir, loop_config(recipe, progress),
-                       score_key="val_loss", higher_is_better=False, resume=resume)
+    state = train_loop(model, make_optimizer(model, recipe.train),
+                       recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
+                       run_dir, recipe.train, progress, resume=resume)
     best = run_dir / "best.safetensors"
     load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
     save_weights(model, run_dir / "model.safetensors")
     model.eval()
     with torch.no_grad():
-        nll, n = split_nll(model, val_data, recipe.block_size)
+        nll, n = split_nll(model, val_data, block_size)
     summary = {"validation": {**_metrics(nll, n, chars_per_token), "tokens": n},
                "train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
                "parameters": model.num_parameters()}
@@ -236,9 +189,9 @@ def write_samples(generator: TextGenerator, path: Path, recipe: LMRecipe) -> lis
     """``num_samples`` samples from the start token, written to ``path`` (nanoGPT's sample.py
     settings by default: temperature 0.8, top-k 200)."""
     texts = generator.generate([""] * recipe.num_samples, recipe.sample_tokens,
-                               temperature=recipe.temperature, top_k=recipe.top_k, seed=recipe.seed)
+                               temperature=recipe.temperature, top_k=recipe.top_k, seed=recipe.train.seed)
     header = (f"# {recipe.num_samples} samples, {recipe.sample_tokens} tokens each, from the start "
-              f"token; temperature {recipe.temperature}, top-k {recipe.top_k}, seed {recipe.seed}\n")
+              f"token; temperature {recipe.temperature}, top-k {recipe.top_k}, seed {recipe.train.seed}\n")
     write_text(path, header + "\n---------------\n".join(texts) + "\n")
     return texts
 
@@ -247,8 +200,6 @@ def evaluate_lm_run(run_dir: str | Path, split: str = "val", device: torch.devic
                     weights: str = "model.safetensors") -> dict:
     """Loss, perplexity, bits per token and per character of a run on its corpus split
     (``"val"`` or ``"train"``), every token predicted once (consecutive windows)."""
-    import json
-
     run_dir = Path(run_dir)
     model, tok = runs.load_run(run_dir, weights, device, family="lm")
     meta = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))

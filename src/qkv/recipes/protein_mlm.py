@@ -10,11 +10,12 @@ with the best validation perplexity → ``model.safetensors``.
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,84 +24,48 @@ from ..data.batching import pad_sequences, token_batches
 from ..data.masking import mask_tokens
 from ..data.protein import load_pretraining_corpus
 from ..data.tokenizers import PROTEIN_SPECIALS, AminoAcidTokenizer
-from ..device import resolve_device
+from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
 from ..train.checkpoint import load_weights, save_weights, write_json
 from ..train.loop import train_loop
-from ..train.optim import make_adam, warmup_cosine_lr
-from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
+from ..train.optim import make_optimizer
+from ..train.settings import TrainSettings
+from .common import prepare_run_dir, start, write_settings
 
-@dataclass(frozen=True)
-class ProteinEncoderSettings:
-    """The encoder architecture shared by the protein recipes (pre-LN, GELU, rotary positions,
-    4 layers of width 256, 3.2 M parameters): scratch models of ``protein-cls`` are the same
-    network as the pretrained one, so scratch vs fine-tune compares like with like."""
-
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    n_layers: int = 4
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "gelu"
-    norm: str = "layernorm"
-    norm_first: bool = True
-    positional: str = "rotary"
-    bias: bool = True
-    max_len: int = 256
-    attention_backend: str = "sdpa"
+logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ProteinMLMRecipe(ProteinEncoderSettings):
-    """Every setting of ``qkv train protein-mlm`` (``key=value`` overrides; unknown keys fail).
-
-    ``max_len`` counts ``<cls>`` and ``<eos>``; longer proteins are cropped to a random window
-    each epoch. ``max_tokens``: padded tokens per micro-batch. ``lr_decay_steps``: end of the
-    cosine decay (defaults to ``max_steps``; required when training by time only).
+@dataclass(frozen=True, kw_only=True)
+class ProteinMLMRecipe:
+    """Settings of ``qkv train protein-mlm``: ``model`` (an :class:`EncoderConfig`, qkv's
+    protein encoder by default; ``model.max_len`` counts ``<cls>`` and ``<eos>``, longer
+    proteins are cropped to a random window each epoch), ``train`` (:class:`TrainSettings`:
+    AdamW, warm-up + cosine decay; training by time needs ``train.lr_decay_steps``), and the
+    data fields: ``val_fraction`` held out by record id, ``mask_prob`` (residues corrupted,
+    80/10/10), ``max_tokens`` (padded tokens per micro-batch), ``train_limit``/``val_limit``.
     """
 
+    model: EncoderConfig = EncoderConfig()
+    train: TrainSettings = TrainSettings(
+        lr=1e-3, min_lr_ratio=0.1, warmup_steps=500, weight_decay=0.01, max_steps=3300,
+        max_minutes=115.0, eval_every=500, snapshot_minutes=10.0, keep_snapshots=1)
     val_fraction: float = 0.02
-    dropout: float = 0.0
     mask_prob: float = 0.15
     max_tokens: int = 8192
-    accum_steps: int = 1
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 500
-    lr_decay_steps: int | None = None
-    weight_decay: float = 0.01
-    clip_norm: float | None = 1.0
-    max_steps: int | None = None
-    max_minutes: float | None = 115.0
-    eval_every: int = 500
-    snapshot_minutes: float = 10.0
-    keep_snapshots: int = 1
-    amp_bf16: bool = False  # bf16 autocast is ~40x slower on CPUs without native bf16
-    seed: int = 1
-    threads: int | None = None
-    device: str = "auto"
     train_limit: int | None = None
     val_limit: int | None = None
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` for invalid settings (before anything is written)."""
-        if self.max_steps is None and self.lr_decay_steps is None:
-            raise ValueError("training by time (max_steps=null) needs lr_decay_steps for the "
-                             "cosine schedule")
+    def __post_init__(self) -> None:
+        self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
-        self.model_config(AminoAcidTokenizer())
+        if self.model.max_len < 3:
+            raise ValueError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
+                             "a residue and <eos>")
 
     def model_config(self, tok: AminoAcidTokenizer) -> EncoderConfig:
-        return build_model_config(self, EncoderConfig, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-
-
-def resolve_config(config_file: str | None, overrides: list[str]) -> ProteinMLMRecipe:
-    """Defaults < config file (JSON) < ``key=value`` overrides; unknown keys raise QkvError."""
-    return resolve_settings(ProteinMLMRecipe, config_file, overrides)
+        return replace(self.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
 
 
 def _windows(seqs: list[list[int]], width: int, rng: random.Random | None) -> list[list[int]]:
@@ -142,10 +107,6 @@ def validation_batches(val_ids: list[list[int]], width: int, collate: MaskedBatc
 def evaluate_mlm_run(run_dir: str | Path, device="cpu") -> dict:
     """Held-out masked-residue perplexity of a ``protein-mlm`` run (its own split and
     settings, from ``train_config.json``), beside the uniform-20 baseline."""
-    import json
-
-    from ..recipes.protein_tasks import ProteinEncoder
-
     settings = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
     model = ProteinEncoder.from_run(run_dir, device).model
     tok = AminoAcidTokenizer()
@@ -181,12 +142,11 @@ def unigram_ppl(train_ids: list[list[int]], batches, vocab_size: int) -> float:
 
 
 def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: bool = False,
-                      progress: bool = True, log=print) -> dict:
+                      progress: bool = True) -> dict:
     """Pretrain; keep the best-on-validation weights. Returns a summary dict."""
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume)
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
+    device = start(recipe.train)
     tok = AminoAcidTokenizer()
     tok.save(run_dir / "tokenizer.json")
     train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
@@ -194,29 +154,20 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     train_ids = [tok.encode(s, add_special_tokens=False) for s in train_seqs]
     val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs]
     model_cfg = recipe.model_config(tok)
-    write_json(run_dir / "config.json", model_cfg.to_dict())
-    write_json(run_dir / "train_config.json", {"recipe": "protein-mlm", **dataclasses.asdict(recipe),
-                                               "git_commit": git_commit(), "torch": torch.__version__})
-    log(f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
+    write_settings(run_dir, "protein-mlm", recipe, model_cfg)
+    logger.info(f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
         f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)")
-    width = recipe.max_len - 2
+    width = model_cfg.max_len - 2
     collate = MaskedBatches(tok, recipe.mask_prob)
     val_batches = validation_batches(val_ids, width, collate)
-    device = resolve_device(recipe.device)
-    torch.manual_seed(recipe.seed)
     model = EncoderModel(model_cfg).to(device)
-    log(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
-    params = list(model.parameters())
-    optimizer = make_adam([{"params": [p for p in params if p.dim() >= 2], "weight_decay": recipe.weight_decay},
-                           {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                          betas=(0.9, 0.98), eps=1e-8)
-    decay_steps = recipe.lr_decay_steps or recipe.max_steps
+    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
 
     def batches(epoch: int):
-        rng = random.Random(recipe.seed * 1000 + epoch)
+        rng = random.Random(recipe.train.seed * 1000 + epoch)
         rows = _windows(train_ids, width, rng)
         order = token_batches([(len(r), 0) for r in rows], recipe.max_tokens, shuffle=True,
-                              seed=recipe.seed * 1000 + epoch)
+                              seed=recipe.train.seed * 1000 + epoch)
         return [[rows[i] for i in idx] for idx in order]
 
     def loss_fn(model, rows):
@@ -227,11 +178,9 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
         nll, n = masked_nll(model, val_batches)
         return {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
 
-    state = train_loop(model, optimizer,
-                       lambda step: warmup_cosine_lr(step, recipe.lr, recipe.min_lr,
-                                                     recipe.warmup_steps, decay_steps),
-                       batches, loss_fn, validate, run_dir, loop_config(recipe, progress),
-                       score_key="val_loss", higher_is_better=False, resume=resume)
+    state = train_loop(model, make_optimizer(model, recipe.train),
+                       recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
+                       run_dir, recipe.train, progress, resume=resume)
     best = run_dir / "best.safetensors"
     load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
     save_weights(model, run_dir / "model.safetensors")

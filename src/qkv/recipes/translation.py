@@ -8,12 +8,12 @@ choose among the last, best and averaged checkpoints on *validation* BLEU → wr
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -21,78 +21,63 @@ import torch
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import load_multi30k
-from ..device import resolve_device
 from ..evaluate.bleu import translation_scores
-from ..generate.translator import Translator, load_run
+from ..generate.translator import Translator
 from ..models.config import TransformerConfig
 from ..models.transformer import Transformer
+from ..runs import load_run
 from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
 from ..train.losses import label_smoothed_nll
 from ..train.loop import train_loop
-from ..train.optim import make_adam, noam_lr
-from .common import build_model_config, git_commit, loop_config, prepare_run_dir, resolve_settings
+from ..train.optim import make_optimizer
+from ..train.settings import TrainSettings
+from .common import prepare_run_dir, start, write_settings
+
+logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TranslationRecipe:
-    """Every setting of the translation recipe (CLI: ``key=value`` overrides, unknown keys fail).
-
-    Model keys mirror :class:`TransformerConfig`. ``lr_factor`` scales Eq. 3 of the paper;
-    ``max_tokens`` is the padded token budget of one micro-batch; ``accum_steps`` micro-batches
-    make one optimizer step. ``train_limit`` keeps only the first N training pairs (smoke runs).
+    """Settings of ``qkv train translation``: ``model`` (a :class:`TransformerConfig`; its
+    vocabulary is the joint BPE's, set at run time), ``train`` (:class:`TrainSettings`: the
+    paper's Adam + warm-up schedule, Eq. 3 scaled by ``lr_factor``), and the data fields:
+    ``src_lang``/``tgt_lang``, ``vocab_size`` (joint BPE pieces), ``max_train_tokens``
+    (longer training pairs are dropped), ``train_limit``/``val_limit`` (first N pairs; smoke
+    runs), ``label_smoothing`` (§5.4), ``max_tokens`` (padded tokens per micro-batch),
+    ``val_bleu`` (greedy BLEU at each validation, else loss picks checkpoints), and the test
+    decoding's ``beam_size`` and length penalty ``alpha`` (§6.1).
     """
 
+    model: TransformerConfig = TransformerConfig(
+        d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, dropout=0.2,
+        attention_dropout=0.1, activation_dropout=0.1, share_embeddings=True, max_len=256)
+    train: TrainSettings = TrainSettings(
+        schedule="noam", lr_factor=0.5, warmup_steps=300, beta2=0.98, eps=1e-9, max_minutes=7.0,
+        eval_every=250, snapshot_minutes=2.0, keep_snapshots=5)
     src_lang: str = "de"
     tgt_lang: str = "en"
     vocab_size: int = 8000
     max_train_tokens: int = 100
     train_limit: int | None = None
     val_limit: int | None = None
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    dropout: float = 0.2
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.1
-    norm_first: bool = False
-    positional: str = "sinusoidal"
-    share_embeddings: bool = True
-    max_len: int = 256
     label_smoothing: float = 0.1
-    lr_factor: float = 0.5
-    warmup_steps: int = 300
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0
     max_tokens: int = 4096
-    accum_steps: int = 1
-    max_steps: int | None = None
-    max_minutes: float | None = 7.0
-    max_epochs: int | None = None
-    eval_every: int = 250
     val_bleu: bool = True
-    snapshot_minutes: float = 2.0
-    keep_snapshots: int = 5
     beam_size: int = 4
     alpha: float = 0.6
-    seed: int = 1
-    amp_bf16: bool = False
-    threads: int | None = None
-    device: str = "auto"
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` for an invalid model part (before anything is written)."""
-        self.model_config(self.vocab_size)
+    def __post_init__(self) -> None:
+        if self.vocab_size < 8:
+            raise ValueError(f"vocab_size ({self.vocab_size}) must be >= 8")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
+        if self.max_tokens < 1 or self.beam_size < 1:
+            raise ValueError("max_tokens and beam_size must be >= 1")
 
-    def model_config(self, vocab_size: int) -> TransformerConfig:
-        return build_model_config(self, TransformerConfig, src_vocab_size=vocab_size,
-                                  tgt_vocab_size=vocab_size)
-
-
-def resolve_config(config_file: str | None, overrides: list[str]) -> TranslationRecipe:
-    """Defaults < config file (JSON) < ``key=value`` overrides; unknown keys raise QkvError."""
-    return resolve_settings(TranslationRecipe, config_file, overrides)
+    def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:
+        """``model`` with the joint vocabulary and the tokenizer's special ids."""
+        return replace(self.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                       pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
 
 
 def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
@@ -132,15 +117,14 @@ def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
 
 
 def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bool = False,
-                      progress: bool = True, log=print) -> dict:
+                      progress: bool = True) -> dict:
     """Train, pick the final weights on validation BLEU, and score test2016. Returns a summary.
 
     Raises:
         QkvError: bad data files, an existing run directory without ``resume``, etc.
     """
     run_dir = prepare_run_dir(run_dir, resume)
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
+    device = start(recipe.train)
     t_start = time.perf_counter()
     train_src, train_tgt = load_multi30k("train", recipe.src_lang, recipe.tgt_lang)
     val_src, val_tgt = load_multi30k("val", recipe.src_lang, recipe.tgt_lang)
@@ -154,20 +138,17 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     else:
         tok = SubwordTokenizer.train(train_src + train_tgt, recipe.vocab_size)
         tok.save(tok_path)
-    model_cfg = recipe.model_config(tok.vocab_size)
-    write_json(run_dir / "config.json", model_cfg.to_dict())
-    write_json(run_dir / "train_config.json", {"recipe": "translation", **dataclasses.asdict(recipe),
-                                               "git_commit": git_commit(),
-                                               "torch": torch.__version__})
+    model_cfg = recipe.model_config(tok)
+    write_settings(run_dir, "translation", recipe, model_cfg)
     pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
              if 0 < len(s) <= recipe.max_train_tokens and 0 < len(t) <= recipe.max_train_tokens]
     val_pairs = _encode_pairs(tok, val_src, val_tgt)
     lengths = [(len(s), len(t)) for s, t in pairs]
-    log(f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
+    logger.info(f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
         f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}")
 
     def batches(epoch: int):
-        order = token_batches(lengths, recipe.max_tokens, shuffle=True, seed=recipe.seed * 1000 + epoch)
+        order = token_batches(lengths, recipe.max_tokens, shuffle=True, seed=recipe.train.seed * 1000 + epoch)
         return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order]
 
     def loss_fn(model, batch):
@@ -175,20 +156,13 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         loss, _ = label_smoothed_nll(logits, batch.tgt_out.to(device), recipe.label_smoothing, tok.pad_id)
         return loss, batch.n_tgt_tokens
 
-    torch.manual_seed(recipe.seed)
-    random.seed(recipe.seed)
-    device = resolve_device(recipe.device)
+    random.seed(recipe.train.seed)
     model = Transformer(model_cfg).to(device)
-    log(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
-    decay = [p for p in model.parameters() if p.dim() > 1]
-    no_decay = [p for p in model.parameters() if p.dim() <= 1]
-    optimizer = make_adam([{"params": decay, "weight_decay": recipe.weight_decay},
-                           {"params": no_decay, "weight_decay": 0.0}])
-    loop_cfg = loop_config(recipe, progress)
+    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
     validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
     state = train_loop(
-        model, optimizer, lambda step: noam_lr(step, recipe.d_model, recipe.warmup_steps, recipe.lr_factor),
-        batches, loss_fn, validate, run_dir, loop_cfg,
+        model, make_optimizer(model, recipe.train), recipe.train.lr_schedule(model_cfg.d_model),
+        batches, loss_fn, validate, run_dir, recipe.train, progress,
         score_key="val_bleu" if recipe.val_bleu else "val_loss", higher_is_better=recipe.val_bleu,
         resume=resume)
     train_minutes = state.elapsed_s / 60
@@ -206,7 +180,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
             model.eval()
             with torch.no_grad():
                 choice[name] = validate(model)
-            log(f"validation with {name} weights: " + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items()))
+            logger.info(f"validation with {name} weights: " + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items()))
     key = "val_bleu" if recipe.val_bleu else "val_loss"
     pick = (max if recipe.val_bleu else min)(choice, key=lambda n: choice[n][key])
     load_weights(model, candidates[pick])
@@ -223,7 +197,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 
                  limit: int | None = None, device: torch.device | str = "cpu") -> dict:
     """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
     run_dir = Path(run_dir)
-    model, tok = load_run(run_dir, device=device)
+    model, tok = load_run(run_dir, device=device, family="translation")
     meta = json.loads((run_dir / "train_config.json").read_text()) if (run_dir / "train_config.json").is_file() else {}
     src, ref = load_multi30k(split, meta.get("src_lang", "de"), meta.get("tgt_lang", "en"))
     if limit:

@@ -9,10 +9,10 @@ checkpoints, resume, and a clean stop on Ctrl-C.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import signal
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,29 +21,10 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_weights, save_state, save_weights
+from .checkpoint import atomic_write, load_weights, save_state, save_weights
+from .settings import TrainSettings
 
-
-@dataclass
-class LoopConfig:
-    """Budgets and schedule of :func:`train_loop` (``None`` = unlimited budget).
-
-    ``lr(step)`` is given by the recipe; ``accum_steps`` micro-batches make one optimizer step.
-    ``eval_every`` (optimizer steps) runs validation; ``snapshot_minutes`` spaces the snapshots
-    kept for checkpoint averaging (``keep_snapshots`` newest are kept).
-    """
-
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    max_epochs: int | None = None
-    accum_steps: int = 1
-    clip_norm: float | None = 1.0
-    eval_every: int = 500
-    snapshot_minutes: float = 5.0
-    keep_snapshots: int = 5
-    seed: int = 1
-    amp_bf16: bool = False
-    progress: bool = True
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,15 +41,14 @@ class LoopState:
 
 
 def _plot_curves(metrics_path: Path, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # The object API draws without pyplot, so no global matplotlib backend is touched.
+    from matplotlib.figure import Figure
 
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     train = [(r["step"], r["train_loss"]) for r in rows if "train_loss" in r]
     val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4), layout="tight")
+    ax = fig.subplots()
     if train:
         ax.plot(*zip(*train), label="train loss (the training objective)")
     if val:
@@ -78,11 +58,7 @@ def _plot_curves(metrics_path: Path, out: Path) -> None:
     if train or val:
         ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = out.with_name(".tmp-" + out.name)
-    fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
 
 def _stop_on_sigterm():
@@ -105,7 +81,8 @@ def train_loop(
     loss_fn: Callable[[torch.nn.Module, object], tuple[torch.Tensor, int]],
     validate: Callable[[torch.nn.Module], dict] | None,
     run_dir: Path,
-    cfg: LoopConfig,
+    cfg: TrainSettings,
+    progress: bool = True,
     score_key: str = "val_loss",
     higher_is_better: bool = False,
     resume: bool = False,
@@ -117,6 +94,8 @@ def train_loop(
         batches: epoch number → list of batches (the loop remembers its position for resume).
         loss_fn: ``(model, batch) → (summed loss, number of target tokens)``.
         validate: ``model → metrics dict`` (run in eval mode, no grad) or ``None``.
+        cfg: budgets, accumulation, clipping, cadence, seed, precision, ``compile``.
+        progress: show a progress bar (stderr).
         score_key / higher_is_better: which validation metric picks ``best.safetensors``.
         resume: continue from ``run_dir/last.safetensors`` + ``train_state.pt``.
 
@@ -150,7 +129,7 @@ def train_loop(
         save_weights(model, run_dir / "last.safetensors")
         save_state({"optimizer": optimizer.state_dict(), "loop": asdict(state),
                     "py_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
-                    "config": asdict(cfg)}, run_dir / "train_state.pt")
+                    "settings": asdict(cfg)}, run_dir / "train_state.pt")
 
     def run_validation() -> None:
         if validate is None:
@@ -166,8 +145,8 @@ def train_loop(
         if better:
             state.best_score = score
             save_weights(model, run_dir / "best.safetensors")
-        bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-                  + (" (best)" if better else ""), file=sys.stderr)
+        logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+                    + (" (best)" if better else ""))
 
     def snapshot() -> None:
         path = run_dir / "snapshots" / f"step_{state.step}.safetensors"
@@ -185,7 +164,10 @@ def train_loop(
     device_type = next(model.parameters()).device.type
     previous_sigterm = _stop_on_sigterm()
     model.train()
-    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not cfg.progress, unit="step",
+    # Compiled for the training steps only; validation and checkpoints use the module itself
+    # (its state dict has no compile wrapper).
+    step_model = torch.compile(model) if cfg.compile else model
+    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not progress, unit="step",
                dynamic_ncols=True, desc="train")
     t0 = time.perf_counter() - state.elapsed_s
     window_loss, window_tokens, window_t = 0.0, 0, time.perf_counter()
@@ -197,7 +179,7 @@ def train_loop(
                 losses, n_tokens = [], 0
                 for batch in group:
                     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp_bf16):
-                        loss, n = loss_fn(model, batch)
+                        loss, n = loss_fn(step_model, batch)
                     losses.append(loss)
                     n_tokens += n
                     loss.backward()  # summed loss; normalised by all target tokens below
@@ -243,7 +225,7 @@ def train_loop(
             snapshot()
         checkpoint()
     except KeyboardInterrupt:
-        bar.write(f"interrupted at step {state.step}; saving {run_dir / 'last.safetensors'}", file=sys.stderr)
+        logger.warning(f"interrupted at step {state.step}; saving {run_dir / 'last.safetensors'}")
         checkpoint()
         raise
     finally:

@@ -24,6 +24,16 @@ def make_adam(params, betas=(0.9, 0.98), eps=1e-9, weight_decay: float = 0.0) ->
                              fused=True)
 
 
+def make_optimizer(model: torch.nn.Module, settings) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s trainable parameters with ``settings``' (a
+    :class:`~qkv.train.settings.TrainSettings`) betas and eps; weight decay on matrices
+    (embeddings, linears) only, not on norms and biases."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return make_adam([{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": settings.weight_decay},
+                      {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}],
+                     betas=(settings.beta1, settings.beta2), eps=settings.eps)
+
+
 def warmup_cosine_lr(step: int, peak_lr: float, min_lr: float, warmup_steps: int,
                      decay_steps: int) -> float:
     """Linear warm-up to ``peak_lr``, then cosine decay to ``min_lr`` at ``decay_steps`` and

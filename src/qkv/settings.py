@@ -1,0 +1,237 @@
+"""Typed settings trees: defaults < config file (JSON) < ``key=value`` overrides.
+
+A recipe's settings are a frozen dataclass whose sections are dataclasses too: ``model`` (the
+family's config from :mod:`qkv.models.config`), ``train`` (:class:`qkv.train.settings.TrainSettings`)
+and the recipe's own data/task fields at the top. Keys are dotted (``model.d_model=256``,
+``train.lr=3e-4``, ``src_lang=fr``). A flat key that names a field of exactly one section is
+accepted for it (``d_model=256`` is ``model.d_model=256``); one that several sections have is
+refused with the dotted names to use.
+
+Every value is converted and checked against its field's annotation (``int``, ``float``,
+``bool``, ``str``, ``X | None``, ``Literal[...]``) before anything else happens; every problem
+is reported at once, each naming the key, the expected type and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from .errors import QkvError
+
+_NULLS = ("null", "none", "None")
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def type_name(tp) -> str:
+    """How an annotation reads in an error message: ``int``, ``float or null``, ``one of 'a', 'b'``."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else type_name(a) for a in typing.get_args(tp))
+    if tp is bool:
+        return "bool (true or false)"
+    return getattr(tp, "__name__", str(tp))
+
+
+class _Invalid(Exception):
+    pass
+
+
+def convert(value: Any, tp, from_text: bool = False) -> Any:
+    """``value`` as the annotation ``tp`` wants it, or :class:`_Invalid`.
+
+    ``from_text``: ``value`` is a command-line string (``"3"``, ``"true"``, ``"null"``, ``"relu"``);
+    otherwise a JSON value. An ``int`` field takes whole numbers only (``2.0`` is refused), a
+    ``float`` field takes ints and floats, a ``bool`` field only true/false.
+    """
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if type(None) in options and (value is None or (from_text and value in _NULLS)):
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return convert(value, option, from_text)
+            except _Invalid:
+                pass
+        raise _Invalid
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise _Invalid
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Invalid
+    if from_text and isinstance(value, str):
+        if tp is bool:
+            if value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            raise _Invalid
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _Invalid from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Invalid
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Invalid
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Invalid
+    raise _Invalid
+
+
+def field_problems(obj) -> list[str]:
+    """Fields of the dataclass instance ``obj`` whose value does not match its annotation
+    (constructing a config in Python gets the same checks as the command line)."""
+    out = []
+    for name, tp in _hints(type(obj)).items():
+        if name not in {f.name for f in dataclasses.fields(obj)} or _is_section(tp):
+            continue
+        value = getattr(obj, name)
+        try:
+            convert(value, tp)
+        except _Invalid:
+            out.append(f"{name} must be {type_name(tp)}, got {value!r}")
+    return out
+
+
+def field_names(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of the settings class ``cls``."""
+    names = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        names += field_names(tp, f"{prefix}{f.name}.") if _is_section(tp) else [prefix + f.name]
+    return names
+
+
+def dotted_key(cls, key: str) -> str:
+    """The full dotted key for ``key`` (see the module docstring); raises ``KeyError`` with
+    the message to show."""
+    names = field_names(cls)
+    if key in names:
+        return key
+    if "." not in key:
+        matches = [n for n in names if n.rsplit(".", 1)[-1] == key]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise KeyError(f"{key} is ambiguous: use {' or '.join(matches)}")
+    close = difflib.get_close_matches(key, names, n=3) or difflib.get_close_matches(
+        key.rsplit(".", 1)[-1], [n.rsplit(".", 1)[-1] for n in names], n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise KeyError(f"unknown key {key}{hint}")
+
+
+def _annotation(cls, dotted: str):
+    *sections, name = dotted.split(".")
+    for section in sections:
+        cls = _hints(cls)[section]
+    return _hints(cls)[name]
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    items = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            items += _flatten(value, f"{prefix}{key}.")
+        else:
+            items.append((prefix + key, value))
+    return items
+
+
+def _build(cls, values: dict[str, Any], problems: list[str]):
+    """An instance of ``cls`` from its defaults and the converted ``values`` (dotted keys);
+    validation messages are appended to ``problems`` with their section."""
+    return _replace(cls(), values, problems, cls.__name__)
+
+
+def _replace(default, values: dict[str, Any], problems: list[str], where: str):
+    """``default`` with ``values`` (dotted keys) applied, section by section; what a section's
+    validation refuses is appended to ``problems``."""
+    changes = {}
+    for f in dataclasses.fields(default):
+        if _is_section(_hints(type(default))[f.name]):
+            own = {k[len(f.name) + 1:]: v for k, v in values.items() if k.startswith(f.name + ".")}
+            if own:
+                section = _replace(getattr(default, f.name), own, problems, f.name)
+                changes[f.name] = section if section is not None else getattr(default, f.name)
+        elif f.name in values:
+            changes[f.name] = values[f.name]
+    try:
+        return dataclasses.replace(default, **changes)
+    except (ValueError, TypeError) as exc:
+        problems.append(f"{where}: {exc}")
+        return None
+
+
+def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = ()):
+    """The settings ``cls`` from its defaults < ``config_file`` (JSON, nested sections or flat
+    keys) < ``overrides`` (``"key=value"`` strings).
+
+    Raises:
+        QkvError: one line listing every problem: an unreadable file, a malformed override, an
+            unknown or ambiguous key, a value of the wrong type (key, expected type, value), or
+            a value the section's validation refuses.
+    """
+    raw: list[tuple[str, Any, bool]] = []  # (key, value, from_text)
+    problems: list[str] = []
+    if config_file:
+        try:
+            data = json.loads(Path(config_file).read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
+        except (OSError, ValueError) as exc:
+            raise QkvError(f"cannot read config file {config_file}: {exc}") from None
+        raw += [(k, v, False) for k, v in _flatten(data)]
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"override {item!r} is not of the form key=value")
+            continue
+        key, text = item.split("=", 1)
+        raw.append((key, text, True))
+    values: dict[str, Any] = {}
+    for key, value, from_text in raw:
+        try:
+            dotted = dotted_key(cls, key)
+        except KeyError as exc:
+            problems.append(exc.args[0])
+            continue
+        tp = _annotation(cls, dotted)
+        try:
+            values[dotted] = convert(value, tp, from_text)
+        except _Invalid:
+            problems.append(f"{dotted} must be {type_name(tp)}, got {value!r}")
+    if not problems:
+        settings = _build(cls, values, problems)
+    if problems:
+        raise QkvError("invalid settings: " + "; ".join(problems))
+    return settings
+
+
+def to_dict(settings) -> dict:
+    """The nested JSON-ready dict of a settings tree (what ``--print-config`` prints and
+    ``--config`` reads back)."""
+    return dataclasses.asdict(settings)

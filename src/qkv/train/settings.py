@@ -1,0 +1,122 @@
+"""The ``train`` section every recipe shares: loop, optimiser, schedule, precision, budgets,
+device and threads (one declaration; each recipe only chooses its defaults).
+
+Sources: Vaswani et al. 2017, §5.3 (Adam, β1 0.9, β2 0.98, ε 1e-9, and the warm-up schedule of
+Eq. 3, ``schedule="noam"``); Loshchilov & Hutter 2017/2019 (AdamW, cosine decay,
+``schedule="cosine"``, as GPT-2 / nanoGPT); §6.1 (averaging the last checkpoints: snapshots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from ..settings import field_problems
+from .optim import noam_lr, warmup_cosine_lr
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """Settings of :func:`qkv.train.loop.train_loop` and the optimiser (``None`` budgets are
+    unlimited; training stops at the first budget reached).
+
+    Budgets: ``max_steps`` optimizer steps, ``max_minutes`` of training (wall clock),
+    ``max_epochs`` passes over the training data.
+    Steps: ``accum_steps`` micro-batches make one optimizer step; gradients are clipped to
+    ``clip_norm`` (``None``: no clipping).
+    Optimiser: AdamW (``beta1``, ``beta2``, ``eps``); ``weight_decay`` applies to matrices only.
+    Schedule: ``"noam"`` is Eq. 3 times ``lr_factor`` with ``warmup_steps``; ``"cosine"``
+    warms up linearly to ``lr`` over ``warmup_steps``, then decays to ``lr * min_lr_ratio`` at
+    ``lr_decay_steps`` (default: the run's total steps, ``max_steps``). ``lr=None`` lets the
+    recipe choose (protein tasks: by mode).
+    Evaluation and checkpoints: validation every ``eval_every`` steps; a snapshot for averaging
+    every ``snapshot_minutes`` (0: at every step), the newest ``keep_snapshots`` kept.
+    Hardware: ``amp_bf16`` (bfloat16 autocast; slow on CPUs without native bf16), ``device``
+    (``"auto"``: CUDA, then MPS, then CPU), ``threads`` (torch CPU threads; ``None``: torch's
+    choice), ``compile`` (``torch.compile`` the training forward/backward).
+    ``seed``: every random choice of the run (init, batches, dropout).
+
+    Raises:
+        ValueError: on construction, naming every bad value.
+    """
+
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    max_epochs: int | None = None
+    accum_steps: int = 1
+    clip_norm: float | None = 1.0
+    schedule: Literal["noam", "cosine"] = "cosine"
+    lr: float | None = 1e-3
+    lr_factor: float = 1.0
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    lr_decay_steps: int | None = None
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    eval_every: int = 500
+    snapshot_minutes: float = 5.0
+    keep_snapshots: int = 5
+    seed: int = 1
+    amp_bf16: bool = False
+    device: str = "auto"
+    threads: int | None = None
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        problems = field_problems(self)
+        try:
+            problems += self.problems()
+        except TypeError:  # a value of the wrong type, already named: range checks cannot run
+            pass
+        if problems:
+            raise ValueError("invalid TrainSettings: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every out-of-range value, naming the field."""
+        out = []
+        at_least_one = ("max_steps", "max_epochs", "accum_steps", "eval_every", "keep_snapshots",
+                        "threads", "lr_decay_steps")
+        for name in at_least_one:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                out.append(f"{name} ({value}) must be >= 1")
+        for name in ("max_minutes", "clip_norm", "lr", "lr_factor", "eps"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                out.append(f"{name} ({value}) must be > 0")
+        for name in ("warmup_steps", "weight_decay", "snapshot_minutes"):
+            if getattr(self, name) < 0:
+                out.append(f"{name} ({getattr(self, name)}) must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            out.append(f"min_lr_ratio ({self.min_lr_ratio}) must be in [0, 1]")
+        return out
+
+    def lr_schedule(self, d_model: int, total_steps: int | None = None,
+                    peak_lr: float | None = None) -> Callable[[int], float]:
+        """Optimizer step (from 1) → learning rate.
+
+        Args:
+            d_model: the model width (Eq. 3 scales by d_model^-0.5).
+            total_steps: where the cosine decay ends when ``lr_decay_steps`` is unset (default
+                ``max_steps``). peak_lr: the recipe's choice when ``lr`` is ``None``.
+
+        Raises:
+            ValueError: a cosine schedule with no end (training by time or epochs only needs
+                ``lr_decay_steps``), or no peak learning rate.
+        """
+        if self.schedule == "noam":
+            return lambda step: noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
+        decay = self.lr_decay_steps or total_steps or self.max_steps
+        if decay is None:
+            raise ValueError("train.schedule=cosine needs an end: set train.max_steps or "
+                             "train.lr_decay_steps (training by time or epochs only)")
+        peak = self.lr if self.lr is not None else peak_lr
+        if peak is None:
+            raise ValueError("train.lr is not set")
+        return lambda step: warmup_cosine_lr(step, peak, peak * self.min_lr_ratio,
+                                             self.warmup_steps, decay)
