@@ -16,7 +16,7 @@ repeat; medians over ``--repeats``; ratios are ours / reference)
 (b) Generation, GPT-2 small shape: 12 layers, 12 heads, d_model 768, d_ff 3072, vocabulary
     50257, context 1024, biases, random weights. Batch 1, a 32-token prompt, 128 new tokens,
     greedy. Ours: ``qkv.generate.lm.generate_tokens`` (KV cache) on the model as
-    ``TextGenerator`` prepares it (``prepare_for_inference``: weights stored (in, out), same
+    ``TextGenerator.from_run`` prepares it (``prepare_for_inference``: weights stored (in, out), same
     values). Reference: HF
     ``model.generate(do_sample=False, use_cache=True, min_new_tokens=max_new_tokens)`` with its
     default dynamic cache. Measure: new tokens / second (the ratio is ours / reference, > 1
@@ -83,9 +83,8 @@ def copy_ours_into_hf(ours: DecoderLM, ref: GPT2LMHeadModel) -> None:
 
     for block, layer in zip(tr.h, ours.layers):
         att = layer.self_attn
-        qkv_w = torch.cat([att.w_q.weight, att.w_k.weight, att.w_v.weight])
-        qkv_b = None if att.w_q.bias is None else torch.cat([att.w_q.bias, att.w_k.bias, att.w_v.bias])
-        copy(block.attn.c_attn.weight, block.attn.c_attn.bias, qkv_w, qkv_b)
+        # Both pack Q, K, V output rows in that order (GPT-2's c_attn stores them as columns).
+        copy(block.attn.c_attn.weight, block.attn.c_attn.bias, att.w_qkv.weight, att.w_qkv.bias)
         copy(block.attn.c_proj.weight, block.attn.c_proj.bias, att.w_o.weight, att.w_o.bias)
         copy(block.mlp.c_fc.weight, block.mlp.c_fc.bias, layer.ffn.w_1.weight, layer.ffn.w_1.bias)
         copy(block.mlp.c_proj.weight, block.mlp.c_proj.bias, layer.ffn.w_2.weight, layer.ffn.w_2.bias)
@@ -149,7 +148,7 @@ def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
     ours, ref = DecoderLM(cfg).eval(), hf_model(cfg).eval()
     copy_ours_into_hf(ours, ref)
     ours, ref = ours.to(dtype), ref.to(dtype)
-    prepare_for_inference(ours)  # what qkv's TextGenerator does (layout only; values unchanged)
+    prepare_for_inference(ours)  # what TextGenerator.from_run does (layout only; values unchanged)
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(1))
     diff = logit_diff(ours, ref, prompt)
     tolerance = 1e-3 if dtype == torch.float32 else 0.5  # bfloat16 keeps ~3 significant digits

@@ -258,11 +258,15 @@ def ref_logits(model: ReferenceSeq2Seq, src, tgt_in):
 
 
 def copy_ours_into_reference(ours: Transformer, ref: ReferenceSeq2Seq) -> None:
-    """Load our weights into the reference (q/k/v stacked into ``in_proj``; the reference's
-    extra final LayerNorms stay identity-like, its generator bias is zeroed)."""
+    """Load our weights into the reference (our packed q/k/v rows are ``in_proj``'s layout;
+    the reference's extra final LayerNorms stay identity-like, its generator bias is zeroed)."""
     def mha(dst: nn.MultiheadAttention, src) -> None:
-        dst.in_proj_weight.copy_(torch.cat([src.w_q.weight, src.w_k.weight, src.w_v.weight]))
-        dst.in_proj_bias.copy_(torch.cat([src.w_q.bias, src.w_k.bias, src.w_v.bias]))
+        if src.cross:  # queries from w_q, keys and values from w_kv
+            dst.in_proj_weight.copy_(torch.cat([src.w_q.weight, src.w_kv.weight]))
+            dst.in_proj_bias.copy_(torch.cat([src.w_q.bias, src.w_kv.bias]))
+        else:
+            dst.in_proj_weight.copy_(src.w_qkv.weight)
+            dst.in_proj_bias.copy_(src.w_qkv.bias)
         dst.out_proj.weight.copy_(src.w_o.weight)
         dst.out_proj.bias.copy_(src.w_o.bias)
 

@@ -24,7 +24,7 @@ from qkv.models.decoder_lm import DecoderLM, position_ids
 from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.norms import DyT, build_norm
 from qkv.nn.positional import RotaryEmbedding
-from qkv.train.optim import make_adam, warmup_cosine_lr
+from qkv.train.optim import warmup_cosine_lr
 from torch_ref import copy_attention_from_torch
 
 POSITIONALS = ["learned", "sinusoidal", "rotary"]
@@ -265,14 +265,13 @@ def test_tiny_lm_overfits_a_sentence():
     assert tok.decode(ids[0, :1].tolist() + new) == text
 
 
-def test_inference_cache_sees_fused_optimizer_updates():
-    """Stacked q/k/v weights cached for inference must not go stale when a fused AdamW (which
-    does not bump tensor versions) trains between two validations (train_loop's pattern)."""
+def test_eval_outputs_follow_fused_optimizer_updates():
+    """Validation after training steps sees the new weights: a fused AdamW (which updates in
+    place without bumping tensor versions) trains between two eval-mode passes, and the second
+    pass equals the attention recomputed by hand from the current packed weights."""
     mha = MultiHeadAttention(16, 2)
     x = torch.randn(2, 5, 16)
-    opt = make_adam(mha.parameters())
-    for g in opt.param_groups:
-        g["lr"] = 0.1
+    opt = torch.optim.AdamW(mha.parameters(), lr=0.1, fused=True)
     mha.eval()
     with torch.no_grad():
         before = mha(x)[0]
@@ -282,17 +281,21 @@ def test_inference_cache_sees_fused_optimizer_updates():
     mha.eval()
     with torch.no_grad():
         after = mha(x)[0]
-        q, k, v = mha.w_q(x), mha.w_k(x), mha.w_v(x)
-    split = lambda t: t.view(2, 5, 2, 8).transpose(1, 2)
+        q, k, v = mha.w_qkv(x).chunk(3, dim=-1)  # rows: Q, then K, then V
+    split = lambda t: t.view(2, 5, 2, 8).transpose(1, 2)  # noqa: E731  (B, H, T, Dh)
     ref = nn.functional.scaled_dot_product_attention(split(q), split(k), split(v))
     ref = mha.w_o(ref.transpose(1, 2).reshape(2, 5, 16))
     assert (after - before).abs().max() > 1e-3
     torch.testing.assert_close(after, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_inference_layout_keeps_outputs_and_state_dict(tmp_path):
-    """prepare_for_inference changes only where float32 weights live in memory: same logits,
-    same greedy tokens, same saved weights; bfloat16 weights keep the default layout."""
+def test_inference_layout_assigns_new_parameters(tmp_path):
+    """prepare_for_inference gives float32 Linear weights (in, out) storage by assigning new
+    Parameters (the old ones are left as they were: no .data surgery), keeps tied weights tied,
+    and changes neither the outputs nor the saved file; save_weights leaves the model's layout
+    alone. bfloat16 weights keep the default layout; a second call changes nothing."""
+    from safetensors.torch import load_file
+
     from qkv.generate.layout import prepare_for_inference
     from qkv.train.checkpoint import load_weights, save_weights
 
@@ -301,19 +304,81 @@ def test_inference_layout_keeps_outputs_and_state_dict(tmp_path):
     with torch.no_grad():
         before = model(x).logits
     tokens = generate_tokens(model, x.tolist(), 6, do_sample=False)
+    save_weights(model, tmp_path / "before.safetensors")
+    old = {name: p for name, p in model.named_parameters()}
+    old_ptr = {name: p.data_ptr() for name, p in old.items()}
+
     prepare_for_inference(model)
-    assert not model.lm_head.weight.is_contiguous() and model.lm_head.weight is model.embed.weight
+    new = dict(model.named_parameters())
+    head = model.lm_head.weight
+    assert head is model.embed.weight and head is not old["embed.weight"]
+    assert head.shape == (V, 16) and head.t().is_contiguous() and not head.is_contiguous()
+    qkv = model.layers[0].self_attn.w_qkv.weight
+    assert qkv is not old["layers.0.self_attn.w_qkv.weight"] and qkv.t().is_contiguous()
+    assert all(p.is_contiguous() and p.data_ptr() == old_ptr[n] for n, p in old.items())
+    assert model.layers[0].self_attn_block.norm.weight is old["layers.0.self_attn_block.norm.weight"]
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, before, atol=1e-5, rtol=1e-5)
     assert generate_tokens(model, x.tolist(), 6, do_sample=False) == tokens
-    save_weights(model, tmp_path / "w.safetensors")
+
+    save_weights(model, tmp_path / "after.safetensors")
+    assert dict(model.named_parameters()) == new and not head.is_contiguous()  # untouched
+    assert (tmp_path / "after.safetensors").read_bytes() == (tmp_path / "before.safetensors").read_bytes()
+    assert "lm_head.weight" not in load_file(tmp_path / "after.safetensors")  # tied: stored once
     fresh = _lm(tie_embeddings=True)
-    load_weights(fresh, tmp_path / "w.safetensors")
+    load_weights(fresh, tmp_path / "after.safetensors")
     with torch.no_grad():
         torch.testing.assert_close(fresh(x).logits, before, atol=1e-5, rtol=1e-5)
-    half = prepare_for_inference(_lm().to(torch.bfloat16))
+
+    prepare_for_inference(model)
+    assert dict(model.named_parameters()) == new, "a second call changes nothing"
+    half = prepare_for_inference(prepare_for_inference(_lm()).to(torch.bfloat16))
     assert all(m.weight.is_contiguous() for m in half.modules() if isinstance(m, nn.Linear))
     assert generate_tokens(half, x.tolist(), 3, do_sample=False)  # runs in bfloat16
+
+
+def test_text_generator_from_run_lays_out_once(tiny_runs):
+    """Loading a run for generation chooses the layout for its dtype (float32: (in, out));
+    a model handed to TextGenerator directly is used as given."""
+    from qkv.generate.lm import TextGenerator
+
+    gen = TextGenerator.from_run(tiny_runs["lm"])
+    assert gen.model.lm_head.weight.t().is_contiguous()
+    half = TextGenerator.from_run(tiny_runs["lm"], dtype=torch.bfloat16)
+    assert half.model.lm_head.weight.is_contiguous()
+    model = _lm()
+    assert TextGenerator(model, gen.tokenizer).model.lm_head.weight.is_contiguous()
+
+
+# ---------------------------------------------------------------- input checks at entry points
+
+
+def test_generate_tokens_checks_token_ids():
+    """Ids are checked where they enter (generate_tokens), not in the model's forward (no
+    host syncs there): an id outside the vocabulary is a ValueError naming the range."""
+    model = _lm()
+    with pytest.raises(ValueError, match=rf"out of range \[0, {V}\): min 0, max {V}"):
+        generate_tokens(model, [[1, 2], [0, V]], 3)
+    with pytest.raises(ValueError, match="min -1"):
+        generate_tokens(model, [[-1]], 3, do_sample=False)
+    assert len(generate_tokens(model, [[0, V - 1]], 2, do_sample=False)[0]) == 2
+
+
+def test_translation_search_checks_source_ids_and_length(tiny_runs):
+    """greedy_decode and beam_search (what Translator calls) check user-given source tensors:
+    ids outside the source vocabulary and sources longer than max_len are ValueErrors."""
+    from qkv.generate.search import beam_search, greedy_decode
+    from qkv.generate.translator import load_run
+
+    model, _ = load_run(tiny_runs["translation"])
+    cfg = model.config
+    good = torch.tensor([[5, 6, cfg.eos_id]])
+    assert isinstance(greedy_decode(model, good, max_new_tokens=3)[0], list)
+    for search in (greedy_decode, beam_search):
+        with pytest.raises(ValueError, match=rf"out of range \[0, {cfg.src_vocab_size}\)"):
+            search(model, torch.tensor([[5, cfg.src_vocab_size]]), max_new_tokens=3)
+        with pytest.raises(ValueError, match=rf"max_len \({cfg.max_len}\)"):
+            search(model, torch.full((1, cfg.max_len + 1), 5), max_new_tokens=3)
 
 
 def test_byte_level_bpe_is_lossless_and_starts_from_newline():

@@ -18,6 +18,7 @@ import torch
 from .. import runs
 from ..errors import QkvError
 from ..models.decoder_lm import DecoderLM
+from ..nn.embeddings import check_token_ids
 from .layout import prepare_for_inference
 from .sampling import check_sampling, choose_next, next_token_probs
 
@@ -69,6 +70,7 @@ def generate_tokens(
 
     Raises:
         QkvError: ``max_new_tokens`` < 1, an empty prompt, or meaningless sampling settings.
+        ValueError: a token id outside the model's vocabulary.
     """
     if max_new_tokens < 1:
         raise QkvError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
@@ -76,6 +78,8 @@ def generate_tokens(
         raise QkvError("every prompt needs at least one token")
     if do_sample:
         check_sampling(temperature, top_k, top_p)
+    # The model's forward does not check ids (no host syncs there): check the user's once here.
+    check_token_ids(torch.tensor([i for p in prompts for i in p]), model.config.vocab_size)
     device = next(model.parameters()).device
     max_len = model.config.max_len
     keep = max(1, (3 * max_len) // 4)  # window kept when the context is full
@@ -128,22 +132,24 @@ class TextGenerator:
     """Prompts in, text out, for a trained language-model run.
 
     Args:
-        model: a :class:`DecoderLM` (its weights are re-laid out for fast CPU decoding, see
-            :func:`~qkv.generate.layout.prepare_for_inference`; values unchanged);
-            tokenizer: its :class:`~qkv.data.tokenizers.CharTokenizer` or
+        model: a :class:`DecoderLM`, used as given (:meth:`from_run` also lays its weights out
+            for fast CPU decoding, see :func:`~qkv.generate.layout.prepare_for_inference`);
+        tokenizer: its :class:`~qkv.data.tokenizers.CharTokenizer` or
             :class:`~qkv.data.tokenizers.SubwordTokenizer`.
     """
 
     def __init__(self, model: DecoderLM, tokenizer) -> None:
-        self.model, self.tokenizer = prepare_for_inference(model), tokenizer
+        self.model, self.tokenizer = model, tokenizer
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu",
                  weights: str = "model.safetensors", dtype: torch.dtype = torch.float32) -> "TextGenerator":
         """Load a trained LM run. ``dtype=torch.bfloat16`` casts the weights for faster
-        decoding (about 1.9× on a CPU with native bfloat16; logits differ slightly)."""
+        decoding (about 1.9× on a CPU with native bfloat16; logits differ slightly). The
+        weights' memory layout is chosen here, once, for the dtype and device (values
+        unchanged; see :func:`~qkv.generate.layout.prepare_for_inference`)."""
         model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
-        return cls(model.to(dtype), tokenizer)
+        return cls(prepare_for_inference(model.to(dtype)), tokenizer)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Ids of ``prompt``. An empty prompt starts from the start token (``"\\n"`` for a

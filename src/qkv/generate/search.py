@@ -10,9 +10,15 @@ from __future__ import annotations
 import torch
 
 from ..models.transformer import Transformer
+from ..nn.embeddings import check_token_ids
 
 
 def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, extra: int):
+    # Check the user's ids and length once here: the model's forward does not (no host syncs).
+    if src.dim() != 2 or src.size(1) > model.config.max_len:
+        raise ValueError(f"src must have shape (batch, seq_len) with seq_len <= max_len "
+                         f"({model.config.max_len}), got {tuple(src.shape)}")
+    check_token_ids(src, model.config.src_vocab_size)
     memory, src_mask, _ = model.encode(src)
     src_len = (src != model.config.pad_id).sum(1)
     limit = int(src_len.max()) + extra if max_new_tokens is None else max_new_tokens
@@ -27,7 +33,8 @@ def greedy_decode(model: Transformer, src: torch.Tensor, max_new_tokens: int | N
 
     Shape: ``src (B, S)`` long, right-padded. Returns B lists of ids (no bos/eos).
     The limit is ``max_new_tokens``, else the longest source + ``extra_len`` (§6.1), capped at
-    the model's ``max_len``.
+    the model's ``max_len``. Raises ``ValueError`` for an id outside the source vocabulary or
+    ``S > max_len``.
     """
     cfg = model.config
     memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
@@ -69,7 +76,8 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
     (scored at the current length, as in Hugging Face's ``BeamSearchScorer``); the winner
     maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals greedy decoding.
 
-    Shape: ``src (B, S)`` long. Raises ``ValueError`` for ``beam_size < 1``.
+    Shape: ``src (B, S)`` long. Raises ``ValueError`` for ``beam_size < 1``, an id outside the
+    source vocabulary or ``S > max_len``.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size ({beam_size}) must be >= 1")

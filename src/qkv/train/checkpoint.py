@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 
 from ..errors import QkvError
 
@@ -46,21 +46,24 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Atomically save a model's parameters as safetensors (tied weights stored once).
+    """Atomically save a model's parameters and persistent buffers as safetensors.
 
-    Parameters stored in another memory layout (see
-    :func:`qkv.generate.layout.prepare_for_inference`) are saved in the standard one.
+    Tied weights (one parameter under several names) are stored once, under the first name in
+    sorted order, as safetensors' ``save_model`` does, so ``load_weights`` re-ties them. Every
+    tensor is saved as a contiguous copy, whatever its memory layout in the model (see
+    :func:`qkv.generate.layout.prepare_for_inference`); the model is not touched.
     """
-    # safetensors' tied-weight detection needs contiguous tensors: lay them out
-    # contiguously while saving, then restore (model.parameters() yields tied ones once).
-    relaid = [(p, p.data) for p in model.parameters() if not p.is_contiguous()]
-    for p, _ in relaid:
-        p.data = p.data.contiguous()
-    try:
-        atomic_write(path, lambda tmp: save_model(model, tmp))
-    finally:
-        for p, data in relaid:
-            p.data = data
+    names: dict[int, list[str]] = {}
+    tensors: dict[int, torch.Tensor] = {}
+    for name, t in model.state_dict(keep_vars=True).items():  # keep_vars: tied = same object
+        names.setdefault(id(t), []).append(name)
+        tensors[id(t)] = t
+    state, metadata = {}, {}
+    for key, group in names.items():
+        keep, *dropped = sorted(group)
+        state[keep] = tensors[key].detach().contiguous()
+        metadata.update({name: keep for name in dropped})  # what save_model records
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata or None))
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
