@@ -49,7 +49,7 @@ for key, task, level in [("signalp", "signalp", "sequence"), ("amp", "amp-scanne
 print(json.dumps(out, indent=1, default=float))
 PY
 run protein_mlm $Q train protein-mlm $ARCH --quiet amp_bf16=true threads=4 max_tokens=32768 \
-    lr=8e-4 min_lr=4e-5 warmup_steps=150 max_steps=$MLM_STEPS max_minutes=$MLM_MINUTES eval_every=350 &
+    lr=8e-4 min_lr_ratio=0.05 warmup_steps=150 max_steps=$MLM_STEPS max_minutes=$MLM_MINUTES eval_every=350 &
 MLM_PID=$!
 if [ "$SCRATCH" = 1 ]; then
 run signalp_scratch_lr1e-3 $Q train protein-cls $SP $ARCH $C lr=1e-3 &

@@ -118,6 +118,19 @@ def field_problems(obj) -> list[str]:
     return out
 
 
+def check(obj) -> None:
+    """Raise ``ValueError`` listing every problem of the dataclass instance ``obj``: values of
+    the wrong type (:func:`field_problems`), then what its ``problems()`` method finds (range
+    and consistency checks, skipped where a wrong type makes them impossible)."""
+    problems = field_problems(obj)
+    try:
+        problems += obj.problems()
+    except TypeError:  # a value of the wrong type, already named: range checks cannot run
+        pass
+    if problems:
+        raise ValueError(f"invalid {type(obj).__name__}: " + "; ".join(problems))
+
+
 def field_names(cls, prefix: str = "") -> list[str]:
     """Every dotted key of the settings class ``cls``."""
     names = []

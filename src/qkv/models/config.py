@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from ..nn.layers import LayerConfig
-from ..settings import field_problems
+from ..settings import check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,13 +40,7 @@ class ModelConfig(LayerConfig):
     legacy_keys: ClassVar[dict] = {}
 
     def __post_init__(self) -> None:
-        problems = field_problems(self)
-        try:
-            problems += self.problems()
-        except TypeError:  # a value of the wrong type, already named: range checks cannot run
-            pass
-        if problems:
-            raise ValueError(f"invalid {type(self).__name__}: " + "; ".join(problems))
+        check(self)
 
     def problems(self) -> list[str]:
         """Every out-of-range or inconsistent value, as messages that name the field (empty:
@@ -148,8 +142,13 @@ class TransformerConfig(ModelConfig):
 class StackConfig(ModelConfig):
     """One stack of self-attention layers over one vocabulary (decoder-only or encoder):
     ``vocab_size``, ``n_layers`` and ``scale_embeddings`` (multiply embeddings by
-    sqrt(d_model), §3.4; GPT-2 and BERT do not)."""
+    sqrt(d_model), §3.4; GPT-2 and BERT do not). Defaults follow those models: pre-LN, GELU,
+    4 heads, no dropout."""
 
+    n_heads: int = 4
+    dropout: float = 0.0
+    activation: Literal["relu", "gelu"] = "gelu"
+    norm_first: bool = True
     vocab_size: int | None = None
     n_layers: int = 4
     scale_embeddings: bool = False
@@ -177,11 +176,7 @@ class LMConfig(StackConfig):
     """
 
     d_model: int = 128
-    n_heads: int = 4
     d_ff: int = 512
-    dropout: float = 0.0
-    activation: Literal["relu", "gelu"] = "gelu"
-    norm_first: bool = True
     positional: Literal["sinusoidal", "learned", "rotary"] = "learned"
     max_len: int = 64
     bias: bool = False
@@ -202,11 +197,7 @@ class EncoderConfig(StackConfig):
     """
 
     d_model: int = 256
-    n_heads: int = 4
     d_ff: int = 1024
-    dropout: float = 0.0
-    activation: Literal["relu", "gelu"] = "gelu"
-    norm_first: bool = True
     positional: Literal["sinusoidal", "learned", "rotary"] = "rotary"
     max_len: int = 256
     pad_id: int = 1

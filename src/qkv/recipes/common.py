@@ -12,7 +12,7 @@ import torch
 from ..device import resolve_device
 from ..errors import QkvError
 from ..settings import to_dict
-from ..train.checkpoint import write_json
+from ..train.checkpoint import load_weights, save_weights, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def write_settings(run_dir: Path, recipe: str, settings, model_config) -> None:
                                                "torch": torch.__version__})
 
 
-def start(train) -> torch.device:
+def start_run(train) -> torch.device:
     """Apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed; return its device."""
     if train.threads:
         torch.set_num_threads(train.threads)
@@ -56,3 +56,12 @@ def start(train) -> torch.device:
     device = resolve_device(train.device)
     logger.debug(f"device {device}, {torch.get_num_threads()} CPU threads, seed {train.seed}")
     return device
+
+
+def keep_best(model: torch.nn.Module, run_dir: Path) -> None:
+    """Load the best-on-validation weights (the last ones if validation never ran), save them
+    as ``model.safetensors`` and leave ``model`` in eval mode."""
+    best = run_dir / "best.safetensors"
+    load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
+    save_weights(model, run_dir / "model.safetensors")
+    model.eval()

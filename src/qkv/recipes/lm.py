@@ -27,11 +27,11 @@ from ..errors import QkvError
 from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
-from ..train.checkpoint import load_weights, save_weights, write_json, write_text
+from ..train.checkpoint import write_json, write_text
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import prepare_run_dir, start, write_settings
+from .common import keep_best, prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     """
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start(recipe.train)
+    device = start_run(recipe.train)
     text = load_corpus(recipe.corpus)
     train_text, val_text = split_train_val(text, recipe.val_fraction)
     tok_path = run_dir / "tokenizer.json"
@@ -169,10 +169,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     state = train_loop(model, make_optimizer(model, recipe.train),
                        recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
                        run_dir, recipe.train, progress, resume=resume)
-    best = run_dir / "best.safetensors"
-    load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
-    save_weights(model, run_dir / "model.safetensors")
-    model.eval()
+    keep_best(model, run_dir)
     with torch.no_grad():
         nll, n = split_nll(model, val_data, block_size)
     summary = {"validation": {**_metrics(nll, n, chars_per_token), "tokens": n},

@@ -27,11 +27,11 @@ from ..data.tokenizers import PROTEIN_SPECIALS, AminoAcidTokenizer
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
-from ..train.checkpoint import load_weights, save_weights, write_json
+from ..train.checkpoint import write_json
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import prepare_run_dir, start, write_settings
+from .common import keep_best, prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     """Pretrain; keep the best-on-validation weights. Returns a summary dict."""
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start(recipe.train)
+    device = start_run(recipe.train)
     tok = AminoAcidTokenizer()
     tok.save(run_dir / "tokenizer.json")
     train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
@@ -181,10 +181,7 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     state = train_loop(model, make_optimizer(model, recipe.train),
                        recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
                        run_dir, recipe.train, progress, resume=resume)
-    best = run_dir / "best.safetensors"
-    load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
-    save_weights(model, run_dir / "model.safetensors")
-    model.eval()
+    keep_best(model, run_dir)
     with torch.no_grad():
         metrics = validate(model)
     summary = {"validation": {**metrics, "uniform_ppl": 20.0,

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 from ..data.batching import pad_sequences, token_batches
@@ -35,11 +34,11 @@ from ..evaluate.classification import classification_metrics, per_group_binary_m
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
-from ..train.checkpoint import load_weights, save_weights, write_json
+from ..train.checkpoint import load_weights, write_json
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import prepare_run_dir, start, write_settings
+from .common import keep_best, prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +155,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
     cfg = model_config(recipe, len(task.classes))
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start(recipe.train)
+    device = start_run(recipe.train)
     tok = AminoAcidTokenizer()
     tok.save(run_dir / "tokenizer.json")
     mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
@@ -213,10 +212,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
                        train_cfg.lr_schedule(cfg.d_model, total_steps=total, peak_lr=recipe.peak_lr),
                        batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
                        progress, score_key=score_key, higher_is_better=True, resume=resume)
-    best = run_dir / "best.safetensors"
-    load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
-    save_weights(model, run_dir / "model.safetensors")
-    model.eval()
+    keep_best(model, run_dir)
     summary = {"task": task.name, "mode": mode, "init": recipe.init,
                "validation": evaluate_split(encoder, task, "val"),
                "test": evaluate_split(encoder, task, "test")}

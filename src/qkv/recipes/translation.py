@@ -31,7 +31,7 @@ from ..train.losses import label_smoothed_nll
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import prepare_run_dir, start, write_settings
+from .common import prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         QkvError: bad data files, an existing run directory without ``resume``, etc.
     """
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start(recipe.train)
+    device = start_run(recipe.train)
     t_start = time.perf_counter()
     train_src, train_tgt = load_multi30k("train", recipe.src_lang, recipe.tgt_lang)
     val_src, val_tgt = load_multi30k("val", recipe.src_lang, recipe.tgt_lang)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from ..settings import field_problems
+from ..settings import check
 from .optim import noam_lr, warmup_cosine_lr
 
 
@@ -65,13 +65,7 @@ class TrainSettings:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        problems = field_problems(self)
-        try:
-            problems += self.problems()
-        except TypeError:  # a value of the wrong type, already named: range checks cannot run
-            pass
-        if problems:
-            raise ValueError("invalid TrainSettings: " + "; ".join(problems))
+        check(self)
 
     def problems(self) -> list[str]:
         """Every out-of-range value, naming the field."""
