@@ -234,12 +234,26 @@ class MultiHeadAttention(nn.Module):
         inner = n_heads * d_k
         if cross:
             self.w_q = nn.Linear(d_model, inner, bias=bias)
-            self.w_kv = nn.Linear(d_model, 2 * inner, bias=bias)
+            self.w_kv = self._packed(d_model, inner, 2, bias)
         else:
-            self.w_qkv = nn.Linear(d_model, 3 * inner, bias=bias)
+            self.w_qkv = self._packed(d_model, inner, 3, bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
         self._register_load_state_dict_pre_hook(_pack_old_projections, with_module=True)
+
+    @staticmethod
+    @torch.no_grad()
+    def _packed(d_model: int, inner: int, parts: int, bias: bool) -> nn.Linear:
+        """``nn.Linear(d_model, parts·inner)`` initialised part by part as ``parts`` separate
+        ``nn.Linear(d_model, inner)`` would be (weight, then bias, in order): packed projections
+        start from the same distribution, and for a seed the same values, as separate ones."""
+        packed = nn.utils.skip_init(nn.Linear, d_model, parts * inner, bias=bias)
+        for i in range(parts):
+            rows = slice(i * inner, (i + 1) * inner)
+            nn.init.kaiming_uniform_(packed.weight[rows], a=math.sqrt(5))  # nn.Linear's init
+            if bias:
+                nn.init.uniform_(packed.bias[rows], -d_model ** -0.5, d_model ** -0.5)
+        return packed
 
     def _split(self, x: torch.Tensor, parts: int) -> list[torch.Tensor]:
         """``(B, T, parts·H·Dh)`` → ``parts`` tensors ``(B, H, T, Dh)`` (views, no copy)."""

@@ -128,10 +128,12 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attention(config)
         self.self_attn_block = residual(config)
-        self.cross_attn = attention(config, cross=True)
-        self.cross_attn_block = residual(config)
+        # The FFN is registered before cross-attention so that a seed draws the same initial
+        # weights (in parameter order) as earlier qkv versions: runs stay reproducible.
         self.ffn = feedforward(config)
         self.ffn_block = residual(config)
+        self.cross_attn = attention(config, cross=True)
+        self.cross_attn_block = residual(config)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None, is_causal: bool = True,
