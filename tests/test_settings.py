@@ -165,3 +165,44 @@ def test_old_encoder_config_with_fields_it_never_used_still_loads():
     assert EncoderConfig.from_dict(old) == EncoderConfig(vocab_size=30)
     with pytest.raises(ValueError, match="unknown EncoderConfig keys: tie_embeddings"):
         EncoderConfig.from_dict({**old, "tie_embeddings": False})  # a value the model cannot honour
+
+
+def _documented_train_commands():
+    """Every ``qkv train RECIPE ...`` line of the README, the docs and the benchmark scripts."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("benchmarks/*.sh")]
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = re.search(r"(?:qkv|\$Q) train ([a-z-]+) (.*)", line)
+            if match and match.group(1) != "RECIPE":
+                text = match.group(2).split("#")[0].split(">")[0].split("`")[0].replace("\\", "")
+                words = [w for w in shlex.split(text) if not w.startswith("[")]  # [optional] usage
+                yield path.name, match.group(1), words
+
+
+@pytest.mark.parametrize("where, recipe, words", list(_documented_train_commands()))
+def test_documented_train_commands_resolve(where, recipe, words, capsys):
+    """The settings of every documented command are accepted (keys exist, types fit)."""
+    from pathlib import Path
+
+    args, skip = [], False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if word in ("--config", "--task", "--init", "--labels", "--max-minutes", "--max-steps"):
+            value = words[i + 1]
+            skip = True
+            if "$" in value or value in ("FILE", "N", "M"):
+                value = {"--config": None, "--max-minutes": "1", "--max-steps": "1"}.get(word, "x")
+            elif word == "--config":
+                value = str(Path(__file__).resolve().parent.parent / value)
+            if value is not None:
+                args += [word, value]
+        elif word == "--freeze" or ("=" in word and "$" not in word):
+            args.append(word)
+    assert main(["train", recipe, "--print-config", *args]) == 0, (where, args, capsys.readouterr().err)
