@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -44,18 +45,22 @@ TASKS = {
 }
 
 
-def run(task: str, norm: str, seed: int, out: Path, mt_steps: int) -> dict:
-    """Train one run (unless its summary exists) and return its summary."""
+def run(task: str, norm: str, seed: int, out: Path, mt_steps: int) -> float:
+    """Train one run (unless it has finished before) and return its metric (NaN: the run
+    failed, e.g. diverged; its log says why)."""
     run_dir = out / f"{task}-{norm}-seed{seed}"
     summary = run_dir / "summary.json"
-    if not summary.is_file():
+    if not summary.is_file() and not (out / f"{run_dir.name}.failed").is_file():
         spec = TASKS[task]
         extra = [f"train.max_steps={mt_steps}", f"train.eval_every={mt_steps}"] if task == "translation" else []
         cmd = [sys.executable, "-m", "qkv", "train", spec["recipe"], "--out", str(run_dir), "--quiet",
                f"model.norm={norm}", f"train.seed={seed}", *spec["args"], *extra]
         print(" ".join(cmd[1:]), file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return json.loads(summary.read_text())
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+            (out / f"{run_dir.name}.failed").write_text("see the command's stderr\n")
+    if not summary.is_file():
+        return math.nan
+    return TASKS[task]["metric"](json.loads(summary.read_text()))
 
 
 def table(out: Path, seeds: list[int], mt_steps: int, train: bool) -> str:
@@ -66,13 +71,19 @@ def table(out: Path, seeds: list[int], mt_steps: int, train: bool) -> str:
             values = []
             for seed in seeds:
                 if train or (out / f"{task}-{norm}-seed{seed}" / "summary.json").is_file():
-                    values.append(spec["metric"](run(task, norm, seed, out, mt_steps)))
+                    values.append(run(task, norm, seed, out, mt_steps))
             if not values:
                 cells.append("–")
                 continue
+            failed = sum(math.isnan(v) for v in values)
+            values = [v for v in values if not math.isnan(v)]
+            if not values:
+                cells.append(f"failed ({failed} runs)")
+                continue
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.3f} ± {spread:.3f} "
-                         f"({', '.join(f'{v:.3f}' for v in values)})")
+                         f"({', '.join(f'{v:.3f}' for v in values)})"
+                         + (f", {failed} failed" if failed else ""))
         lines.append(f"| {task} | {spec['name']} ({spec['better']} is better) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

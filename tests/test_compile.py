@@ -68,3 +68,33 @@ def test_training_step_compiles_with_no_graph_break(family, norm):
     explanation = torch._dynamo.explain(step)(model, *inputs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     torch._dynamo.reset()
+
+
+def test_train_compile_setting_compiles_the_training_steps(tmp_path, monkeypatch):
+    """``train.compile=true`` sends the training steps through torch.compile (here with the
+    fast ``aot_eager`` backend) and still writes a plain, loadable run (no compile wrapper in
+    the saved names). Protein tasks run their heads through ``forward(head=...)``, so the
+    compiled module is what trains."""
+    from safetensors.torch import load_file
+
+    from qkv import runs
+    from qkv.cli import main
+
+    compiled = []
+    real_compile = torch.compile
+
+    def compile_fast(model, **kwargs):
+        compiled.append(model)
+        return real_compile(model, backend="aot_eager")
+
+    monkeypatch.setattr(torch, "compile", compile_fast)
+    out = tmp_path / "run"
+    assert main(["train", "protein-cls", "--task", "amp-scanner", "--out", str(out), "--quiet",
+                 "train.compile=true", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
+                 "model.n_layers=1", "model.max_len=32", "train.max_steps=3", "train.eval_every=3",
+                 "baseline=false", "max_tokens=1024", "train.threads=1"]) == 0
+    torch._dynamo.reset()
+    assert len(compiled) == 1
+    assert not any("_orig_mod" in k for k in load_file(str(out / "model.safetensors")))
+    model, _ = runs.load_run(out)
+    assert model.config.num_labels == 2

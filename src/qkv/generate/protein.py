@@ -81,9 +81,7 @@ class ProteinEncoder:
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(B, C)`` (sequence) or ``(B, T, C)`` (residue) float logits."""
-        if self.level == "residue":
-            return self.model.classify_residues(tokens.to(self.device)).logits
-        return self.model.classify_sequence(tokens.to(self.device)).logits
+        return self.model(tokens.to(self.device), head=self.level).logits
 
     @torch.no_grad()
     def predict(self, sequences: list[str], ids: list[str] | None = None) -> list[np.ndarray]:

@@ -78,9 +78,20 @@ class EncoderModel(TransformerStack):
         hidden, weights = self.hidden_states(tokens, attention_mask, need_weights=need_weights)
         return hidden, attention_mask, weights
 
-    def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:
-        hidden, _, weights = self.encode(tokens, need_weights)
-        return EncoderOutput(self.mlm_head(self.mlm_transform(hidden)), hidden, weights)
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False, head: str = "mlm") -> EncoderOutput:
+        """Run the encoder and one head: ``"mlm"`` (masked-LM logits ``(B, T, V)``),
+        ``"sequence"`` (``(B, num_labels)``) or ``"residue"`` (``(B, T, num_labels)``). One entry
+        point for every head, so a compiled model (``torch.compile``) covers all of them."""
+        hidden, mask, weights = self.encode(tokens, need_weights)
+        if head == "mlm":
+            logits = self.mlm_head(self.mlm_transform(hidden))
+        elif head == "sequence":
+            logits = self.sequence_head(self.head_dropout(self.pool(hidden, mask)))
+        elif head == "residue":
+            logits = self.residue_head(self.head_dropout(hidden))
+        else:
+            raise ValueError(f"unknown head {head!r}; choose mlm, sequence or residue")
+        return EncoderOutput(logits, hidden, weights)
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """One vector per sequence ``(B, D)``: the first (``<cls>``) position or the mean."""
@@ -89,13 +100,12 @@ class EncoderModel(TransformerStack):
         return masked_mean(hidden, attention_mask)
 
     def classify_sequence(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:
-        hidden, mask, weights = self.encode(tokens, need_weights)
-        pooled = self.head_dropout(self.pool(hidden, mask))
-        return EncoderOutput(self.sequence_head(pooled), hidden, weights)
+        """``self(tokens, head="sequence")``."""
+        return self(tokens, need_weights, head="sequence")
 
     def classify_residues(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:
-        hidden, _, weights = self.encode(tokens, need_weights)
-        return EncoderOutput(self.residue_head(self.head_dropout(hidden)), hidden, weights)
+        """``self(tokens, head="residue")``."""
+        return self(tokens, need_weights, head="residue")
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -195,7 +195,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
         target = pad_sequences([labels[i] for i in idx], IGNORE).to(device)
         # A probe needs no special path: with the encoder's weights frozen autograd records
         # nothing through it, and model_config sets its dropouts to 0.
-        logits = encoder.logits(tokens)
+        logits = model(tokens, head=level).logits  # the compiled model with train.compile=true
         if level == "sequence":
             target = target[:, 0]
         loss = F.cross_entropy(logits.flatten(0, -2).float(), target.flatten(), ignore_index=IGNORE,
