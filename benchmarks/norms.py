@@ -15,7 +15,7 @@ the machine's speed):
   the validation split of the weights the recipe keeps (higher is better). The test split is
   not looked at.
 
-Run (from the repository root; ~1 h on 2 CPU cores):
+Run (from the repository root; ~75 min on 2 CPU cores):
     QKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/norms.py --out runs/norms
     .venv/bin/python benchmarks/norms.py --out runs/norms --table-only   # the table from finished runs
 """
