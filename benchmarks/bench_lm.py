@@ -126,7 +126,7 @@ def bench_training(args) -> dict:
     data = torch.tensor(tok.encode(split_train_val(text)[0]))
     g = torch.Generator().manual_seed(1337)
     batches = [windows_at(data, random_windows(data, 64, 12, g), 64) for _ in range(args.train_steps)]
-    cfg = LMConfig(tok.vocab_size)  # the baby GPT: 4 layers, 4 heads, d_model 128, block 64
+    cfg = LMConfig(vocab_size=tok.vocab_size)  # the baby GPT: 4 layers, 4 heads, d_model 128, block 64
     torch.manual_seed(0)
     ours, ref = DecoderLM(cfg), hf_model(cfg)
     copy_ours_into_hf(ours, ref)
@@ -143,7 +143,7 @@ def bench_training(args) -> dict:
 
 
 def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
-    cfg = LMConfig(50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024, bias=True)
+    cfg = LMConfig(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024, bias=True)
     torch.manual_seed(0)
     ours, ref = DecoderLM(cfg).eval(), hf_model(cfg).eval()
     copy_ours_into_hf(ours, ref)
