@@ -478,10 +478,11 @@ class _ScriptedModel:
     """A stand-in for Transformer with known next-token log-probabilities: logits are a fixed
     pseudo-random function of (sentence, prefix), so the exact best hypothesis can be found by
     enumerating every sequence. The prefix travels in the self-attention KVCache, so beam
-    reordering is exercised. Vocabulary: pad 0, bos 1, eos 2, words 3..V-1 (pad/bos never emitted)."""
+    reordering is exercised. Vocabulary: pad 0, bos 1, eos 2, words 3..V-1 (pad/bos never emitted);
+    source ids (up to 15) only name the sentence."""
 
     def __init__(self, vocab=5, confident=None, seed=0):
-        self.config = TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=2,
+        self.config = TransformerConfig(src_vocab_size=16, tgt_vocab_size=vocab, d_model=2,
                                         n_heads=1, d_ff=2, max_len=64)
         self.vocab, self.confident, self.seed = vocab, confident, seed
 
