@@ -40,7 +40,9 @@ class DecoderLM(TransformerStack):
         returns :class:`LMOutput`, ``logits (B, T, V)`` (``(B, 1, V)`` with ``last_only``).
 
     Raises:
-        ValueError: a token id outside the vocabulary, or a position >= ``max_len``.
+        ValueError: a sequence longer than ``max_len`` (a shape check). Token ids are not
+            checked here (no host sync in forward): the tokenizers and the generation entry
+            points check them (:func:`qkv.nn.embeddings.check_token_ids`).
     """
 
     def __init__(self, config: LMConfig) -> None:
