@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import types
 import typing
@@ -27,7 +28,9 @@ from .errors import QkvError
 _NULLS = ("null", "none", "None")
 
 
+@functools.cache
 def _hints(cls) -> dict:
+    # resolved once per class: configs are built often (dataclasses.replace) and check types each time
     return typing.get_type_hints(cls)
 
 
@@ -107,8 +110,9 @@ def field_problems(obj) -> list[str]:
     """Fields of the dataclass instance ``obj`` whose value does not match its annotation
     (constructing a config in Python gets the same checks as the command line)."""
     out = []
+    names = {f.name for f in dataclasses.fields(obj)}
     for name, tp in _hints(type(obj)).items():
-        if name not in {f.name for f in dataclasses.fields(obj)} or _is_section(tp):
+        if name not in names or _is_section(tp):
             continue
         value = getattr(obj, name)
         try:
@@ -175,12 +179,6 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return items
 
 
-def _build(cls, values: dict[str, Any], problems: list[str]):
-    """An instance of ``cls`` from its defaults and the converted ``values`` (dotted keys);
-    validation messages are appended to ``problems`` with their section."""
-    return _replace(cls(), values, problems, cls.__name__)
-
-
 def _replace(default, values: dict[str, Any], problems: list[str], where: str):
     """``default`` with ``values`` (dotted keys) applied, section by section; what a section's
     validation refuses is appended to ``problems``."""
@@ -238,7 +236,7 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
         except _Invalid:
             problems.append(f"{dotted} must be {type_name(tp)}, got {value!r}")
     if not problems:
-        settings = _build(cls, values, problems)
+        settings = _replace(cls(), values, problems, cls.__name__)
     if problems:
         raise QkvError("invalid settings: " + "; ".join(problems))
     return settings
