@@ -46,7 +46,7 @@ def _train(run_dir, max_steps, resume=False, loss_fn=_loss):
     opt = make_adam(model.parameters())
     cfg = TrainSettings(max_steps=max_steps, eval_every=4, snapshot_minutes=1e9, seed=3)
     validate = lambda m: {"val_loss": 1.0}  # noqa: E731
-    state = train_loop(model, opt, lambda s: noam_lr(s, 16, 4), _batches, loss_fn, validate,
+    state = train_loop(model, opt, lambda s, used: noam_lr(s, 16, 4), _batches, loss_fn, validate,
                        run_dir, cfg, progress=False, resume=resume)
     return model, state
 
@@ -95,7 +95,7 @@ def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
         cfg = TrainSettings(max_steps=1, accum_steps=accum, eval_every=100, snapshot_minutes=1e9,
                             clip_norm=None)
         model.train = lambda mode=True: model  # keep eval mode inside the loop
-        train_loop(model, opt, lambda s: 0.5, lambda e: data, _loss, None, tmp_path / str(accum), cfg,
+        train_loop(model, opt, lambda s, used: 0.5, lambda e: data, _loss, None, tmp_path / str(accum), cfg,
                    progress=False)
         results.append(model.state_dict())
     for k in results[0]:
@@ -204,3 +204,19 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
         _train(tmp_path, 10, loss_fn=terminating)
     assert torch.load(tmp_path / "train_state.pt", weights_only=False)["loop"]["step"] in (2, 3)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_time_budget_schedule_decays_over_the_budget_not_the_steps():
+    cfg = TrainSettings(schedule="linear", lr=1e-3, warmup_steps=9, min_lr_ratio=0.0, max_minutes=10)
+    lr = cfg.lr_schedule(d_model=64)
+    assert lr(1, 0.0) == pytest.approx(1e-4)              # warm-up by steps
+    assert lr(10, 0.0) == pytest.approx(1e-3)             # peak at the end of warm-up
+    assert lr(500, 0.5) == pytest.approx(5e-4)            # half the time spent: half way down
+    assert lr(10, 1.0) == 0.0 and lr(10, 1.7) == 0.0      # the budget's end is the decay's end
+    cosine = TrainSettings(schedule="cosine", lr=1e-3, warmup_steps=0, min_lr_ratio=0.1, max_minutes=3)
+    assert cosine.lr_schedule(64)(7, 0.5) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    # A step budget keeps the step schedule (the time fraction is ignored).
+    steps = TrainSettings(schedule="linear", lr=1e-3, warmup_steps=0, min_lr_ratio=0.0, max_steps=100)
+    assert steps.lr_schedule(64)(51, 0.99) == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="needs an end"):
+        TrainSettings(schedule="linear", max_minutes=None).lr_schedule(64)

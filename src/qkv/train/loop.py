@@ -76,7 +76,7 @@ def _stop_on_sigterm():
 def train_loop(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    lr: Callable[[int], float],
+    lr: Callable[[int, float], float],
     batches: Callable[[int], list],
     loss_fn: Callable[[torch.nn.Module, object], tuple[torch.Tensor, int]],
     validate: Callable[[torch.nn.Module], dict] | None,
@@ -90,7 +90,7 @@ def train_loop(
     """Train ``model`` until a budget runs out; return the final :class:`LoopState`.
 
     Args:
-        lr: optimizer step (from 1) → learning rate.
+        lr: (optimizer step from 1, fraction of the budget used 0..1) → learning rate.
         batches: epoch number → list of batches (the loop remembers its position for resume).
         loss_fn: ``(model, batch) → (summed loss, number of target tokens)``.
         validate: ``model → metrics dict`` (run in eval mode, no grad) or ``None``.
@@ -161,14 +161,28 @@ def train_loop(
                 or (cfg.max_minutes is not None and state.elapsed_s >= cfg.max_minutes * 60)
                 or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs))
 
+    def budget_used() -> float:
+        """The fraction of the first budget to run out that is spent (time-budget schedules)."""
+        used = 0.0
+        if cfg.max_steps is not None:
+            used = state.step / cfg.max_steps
+        if cfg.max_minutes is not None:
+            used = max(used, (time.perf_counter() - t0) / (cfg.max_minutes * 60))
+        return used
+
     device_type = next(model.parameters()).device.type
     previous_sigterm = _stop_on_sigterm()
     model.train()
     # Compiled for the training steps only; validation and checkpoints use the module itself
     # (its state dict has no compile wrapper).
     step_model = torch.compile(model) if cfg.compile else model
-    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not progress, unit="step",
-               dynamic_ncols=True, desc="train")
+    # A time budget fills the bar by seconds (its ETA is then exact); a step budget by steps.
+    by_time = cfg.max_steps is None and cfg.max_minutes is not None
+    bar = tqdm(total=round(cfg.max_minutes * 60) if by_time else cfg.max_steps,
+               initial=round(state.elapsed_s) if by_time else state.step, disable=not progress,
+               unit="s" if by_time else "step", dynamic_ncols=True, desc="train",
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}"
+               if by_time else None)
     t0 = time.perf_counter() - state.elapsed_s
     window_loss, window_tokens, window_t = 0.0, 0, time.perf_counter()
     try:
@@ -190,25 +204,26 @@ def train_loop(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
                 state.step += 1
                 for g in optimizer.param_groups:
-                    g["lr"] = lr(state.step)
+                    g["lr"] = lr(state.step, budget_used())
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 state.batch_in_epoch += len(group)
                 state.elapsed_s = time.perf_counter() - t0
                 window_loss += float(sum(l.detach() for l in losses))
                 window_tokens += n_tokens
-                bar.update(1)
+                bar.update(min(round(state.elapsed_s), bar.total) - bar.n if by_time else 1)
                 if state.step % 20 == 0:
                     dt = time.perf_counter() - window_t
                     row = {"step": state.step, "epoch": state.epoch,
                            "train_loss": window_loss / max(window_tokens, 1),
-                           "lr": lr(state.step), "tokens_per_s": window_tokens / max(dt, 1e-9),
+                           "lr": lr(state.step, budget_used()), "tokens_per_s": window_tokens / max(dt, 1e-9),
                            "elapsed_min": round(state.elapsed_s / 60, 2)}
                     log(row)
                     left = ("" if cfg.max_minutes is None else
                             f" left {max(0.0, cfg.max_minutes - state.elapsed_s / 60):.1f}m")
                     bar.set_postfix_str(f"loss {row['train_loss']:.3f} lr {row['lr']:.2e} "
-                                        f"tok/s {row['tokens_per_s']:.0f} ep {state.epoch}{left}")
+                                        f"tok/s {row['tokens_per_s']:.0f} ep {state.epoch}"
+                                        + (f" step {state.step}" if by_time else left))
                     window_loss, window_tokens, window_t = 0.0, 0, time.perf_counter()
                 if state.step % cfg.eval_every == 0:
                     run_validation()

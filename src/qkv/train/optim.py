@@ -35,14 +35,29 @@ def make_optimizer(model: torch.nn.Module, settings) -> torch.optim.Optimizer:
 
 
 def warmup_cosine_lr(step: int, peak_lr: float, min_lr: float, warmup_steps: int,
-                     decay_steps: int) -> float:
-    """Linear warm-up to ``peak_lr``, then cosine decay to ``min_lr`` at ``decay_steps`` and
-    constant after (Loshchilov & Hutter 2017; GPT-2 / nanoGPT). ``step`` counts from 1, so step
-    ``s`` here is nanoGPT's iteration ``s - 1``."""
+                     decay_steps: int, shape: str = "cosine") -> float:
+    """Linear warm-up to ``peak_lr``, then cosine (or, ``shape="linear"``, linear) decay to
+    ``min_lr`` at ``decay_steps`` and constant after (Loshchilov & Hutter 2017; GPT-2 /
+    nanoGPT). ``step`` counts from 1, so step ``s`` here is nanoGPT's iteration ``s - 1``."""
     it = step - 1
     if it < warmup_steps:
         return peak_lr * (it + 1) / (warmup_steps + 1)
     if it > decay_steps:
         return min_lr
-    ratio = (it - warmup_steps) / max(decay_steps - warmup_steps, 1)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak_lr - min_lr)
+    return _decay(min_lr, peak_lr, (it - warmup_steps) / max(decay_steps - warmup_steps, 1), shape)
+
+
+def budget_lr(step: int, used: float, peak_lr: float, min_lr: float, warmup_steps: int,
+              shape: str = "linear") -> float:
+    """A schedule for a budget whose length in steps is unknown (a time budget): linear
+    warm-up over ``warmup_steps`` steps, times a decay from ``peak_lr`` to ``min_lr`` as the
+    fraction ``used`` (0..1) of the budget is spent. Linear decay to the end of the budget is
+    the best schedule for a fixed training budget in Li et al. 2020 ("Budgeted Training")."""
+    warm = min(step / (warmup_steps + 1), 1.0) if warmup_steps else 1.0
+    return warm * _decay(min_lr, peak_lr, min(max(used, 0.0), 1.0), shape)
+
+
+def _decay(min_lr: float, peak_lr: float, ratio: float, shape: str) -> float:
+    """``peak_lr`` at ``ratio`` 0 to ``min_lr`` at 1, cosine or linear."""
+    factor = 0.5 * (1.0 + math.cos(math.pi * ratio)) if shape == "cosine" else 1.0 - ratio
+    return min_lr + factor * (peak_lr - min_lr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from ..settings import check
-from .optim import noam_lr, warmup_cosine_lr
+from .optim import budget_lr, noam_lr, warmup_cosine_lr
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,10 +25,12 @@ class TrainSettings:
     Steps: ``accum_steps`` micro-batches make one optimizer step; gradients are clipped to
     ``clip_norm`` (``None``: no clipping).
     Optimiser: AdamW (``beta1``, ``beta2``, ``eps``); ``weight_decay`` applies to matrices only.
-    Schedule: ``"noam"`` is Eq. 3 times ``lr_factor`` with ``warmup_steps``; ``"cosine"``
-    warms up linearly to ``lr`` over ``warmup_steps``, then decays to ``lr * min_lr_ratio`` at
-    ``lr_decay_steps`` (default: the run's total steps, ``max_steps``). ``lr=None`` lets the
-    recipe choose (protein tasks: by mode).
+    Schedule: ``"noam"`` is Eq. 3 times ``lr_factor`` with ``warmup_steps``; ``"cosine"`` and
+    ``"linear"`` warm up linearly to ``lr`` over ``warmup_steps``, then decay to
+    ``lr * min_lr_ratio`` at ``lr_decay_steps`` (default: the run's total steps,
+    ``max_steps``); with no step count but ``max_minutes``, they decay over the time budget
+    (the end of the budget is the end of the decay, whatever the machine's speed). ``lr=None``
+    lets the recipe choose (protein tasks: by mode).
     Evaluation and checkpoints: validation every ``eval_every`` steps; a snapshot for averaging
     every ``snapshot_minutes`` (0: at every step), the newest ``keep_snapshots`` kept.
     Hardware: ``amp_bf16`` (bfloat16 autocast; slow on CPUs without native bf16), ``device``
@@ -45,7 +47,7 @@ class TrainSettings:
     max_epochs: int | None = None
     accum_steps: int = 1
     clip_norm: float | None = 1.0
-    schedule: Literal["noam", "cosine"] = "cosine"
+    schedule: Literal["noam", "cosine", "linear"] = "cosine"
     lr: float | None = 1e-3
     lr_factor: float = 1.0
     warmup_steps: int = 100
@@ -91,26 +93,31 @@ class TrainSettings:
         return out
 
     def lr_schedule(self, d_model: int, total_steps: int | None = None,
-                    peak_lr: float | None = None) -> Callable[[int], float]:
-        """Optimizer step (from 1) → learning rate.
+                    peak_lr: float | None = None) -> Callable[[int, float], float]:
+        """(optimizer step from 1, fraction of the budget used 0..1) → learning rate.
 
         Args:
             d_model: the model width (Eq. 3 scales by d_model^-0.5).
-            total_steps: where the cosine decay ends when ``lr_decay_steps`` is unset (default
-                ``max_steps``). peak_lr: the recipe's choice when ``lr`` is ``None``.
+            total_steps: where the decay ends when ``lr_decay_steps`` is unset (default
+                ``max_steps``; with neither, ``max_minutes``). peak_lr: the recipe's choice
+                when ``lr`` is ``None``.
 
         Raises:
-            ValueError: a cosine schedule with no end (training by time or epochs only needs
+            ValueError: a decaying schedule with no end (training by epochs only needs
                 ``lr_decay_steps``), or no peak learning rate.
         """
         if self.schedule == "noam":
-            return lambda step: noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
+            return lambda step, used=0.0: noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
         decay = self.lr_decay_steps or total_steps or self.max_steps
-        if decay is None:
-            raise ValueError("train.schedule=cosine needs an end: set train.max_steps or "
-                             "train.lr_decay_steps (training by time or epochs only)")
+        if decay is None and self.max_minutes is None:
+            raise ValueError(f"train.schedule={self.schedule} needs an end: set train.max_steps, "
+                             "train.max_minutes or train.lr_decay_steps")
         peak = self.lr if self.lr is not None else peak_lr
         if peak is None:
             raise ValueError("train.lr is not set")
-        return lambda step: warmup_cosine_lr(step, peak, peak * self.min_lr_ratio,
-                                             self.warmup_steps, decay)
+        low = peak * self.min_lr_ratio
+        if decay is None:
+            return lambda step, used=0.0: budget_lr(step, used, peak, low, self.warmup_steps,
+                                                    self.schedule)
+        return lambda step, used=0.0: warmup_cosine_lr(step, peak, low, self.warmup_steps, decay,
+                                                       self.schedule)
