@@ -20,7 +20,7 @@ T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 
 ARCH="d_model=512 n_heads=8 d_ff=2048 n_layers=8 max_len=256"   # the MLM's network, for scratch
-C="--quiet amp_bf16=true threads=1 baseline=false"
+C="--quiet precision=bf16 threads=1 baseline=false"
 SP="--task signalp max_tokens=4096 max_epochs=15 eval_every=300 max_minutes=6"
 AMP="--task amp-scanner max_tokens=2048 max_epochs=30 eval_every=100 max_minutes=6"
 SS="--task secondary-structure max_tokens=16384 max_epochs=5 eval_every=155 max_minutes=3.5"
@@ -48,7 +48,7 @@ for key, task, level in [("signalp", "signalp", "sequence"), ("amp", "amp-scanne
     out[key] = baseline_metrics(load_task(task, level), "test")
 print(json.dumps(out, indent=1, default=float))
 PY
-run protein_mlm $Q train protein-mlm $ARCH --quiet amp_bf16=true threads=4 max_tokens=32768 \
+run protein_mlm $Q train protein-mlm $ARCH --quiet precision=bf16 threads=4 max_tokens=32768 \
     lr=8e-4 min_lr_ratio=0.05 warmup_steps=150 max_steps=$MLM_STEPS max_minutes=$MLM_MINUTES eval_every=350 &
 MLM_PID=$!
 if [ "$SCRATCH" = 1 ]; then

@@ -6,7 +6,7 @@ export QKV_DATA_DIR=${QKV_DATA_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared/
 Q=${Q:-.venv/bin/qkv}
 M=runs/protein_mlm
 mkdir -p runs
-$Q train protein-mlm --out $M --quiet amp_bf16=false max_steps=3300 max_minutes=85 eval_every=300 > runs/protein_mlm.log 2>&1
+$Q train protein-mlm --out $M --quiet precision=fp32 max_steps=3300 max_minutes=85 eval_every=300 > runs/protein_mlm.log 2>&1
 (
 $Q train protein-cls --task signalp --init $M --out runs/signalp_finetune --quiet baseline=false threads=1 max_tokens=2048 max_epochs=8 max_minutes=13 eval_every=500 > runs/signalp_finetune.log 2>&1
 $Q train protein-cls --task signalp --init $M --freeze --out runs/signalp_probe --quiet baseline=false threads=1 max_tokens=4096 max_epochs=10 max_minutes=4 eval_every=500 > runs/signalp_probe.log 2>&1

@@ -157,7 +157,7 @@ def test_protein_mlm_smoke_on_real_data(tmp_path, capsys, monkeypatch):
     code = main(["train", "protein-mlm", "--out", str(out), "--max-steps", "4", "--quiet",
                  "eval_every=2", "lr_decay_steps=4", "warmup_steps=2", "d_model=32", "n_heads=2",
                  "d_ff=64", "n_layers=1", "max_len=64", "max_tokens=2048", "train_limit=2000",
-                 "val_limit=100", "amp_bf16=false"])
+                 "val_limit=100", "precision=fp32"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     val = summary["validation"]

@@ -5,7 +5,8 @@ family's config from :mod:`qkv.models.config`), ``train`` (:class:`qkv.train.set
 and the recipe's own data/task fields at the top. Keys are dotted (``model.d_model=256``,
 ``train.lr=3e-4``, ``src_lang=fr``). A flat key that names a field of exactly one section is
 accepted for it (``d_model=256`` is ``model.d_model=256``); one that several sections have is
-refused with the dotted names to use.
+refused with the dotted names to use. A key of an earlier version that a section lists in its
+``legacy_keys`` is read as today's key, with a deprecation warning in the log.
 
 Every value is converted and checked against its field's annotation (``int``, ``float``,
 ``bool``, ``str``, ``X | None``, ``Literal[...]``) before anything else happens; every problem
@@ -18,12 +19,15 @@ import dataclasses
 import difflib
 import functools
 import json
+import logging
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from .errors import QkvError
+
+logger = logging.getLogger(__name__)
 
 _NULLS = ("null", "none", "None")
 
@@ -162,6 +166,34 @@ def dotted_key(cls, key: str) -> str:
     raise KeyError(f"unknown key {key}{hint}")
 
 
+def _legacy_keys(cls, prefix: str = "") -> list[tuple[str, dict]]:
+    """``(dotted prefix, legacy_keys)`` of ``cls`` and its sections: a section class may map
+    keys of earlier versions to today's, ``{old: (new, old type, old value → new value)}``."""
+    out = [(prefix, getattr(cls, "legacy_keys", {}))]
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        if _is_section(tp):
+            out += _legacy_keys(tp, f"{prefix}{f.name}.")
+    return out
+
+
+def _renamed(cls, key: str, value: Any, from_text: bool) -> tuple[str, Any] | None:
+    """Today's ``(dotted key, value)`` for a key of an earlier version (dotted, or flat when
+    unambiguous), logging a deprecation warning; ``None`` for other keys. Raises
+    :class:`_Invalid` with the message for a value the old key's type refuses."""
+    name = key.rsplit(".", 1)[-1]
+    for prefix, legacy in _legacy_keys(cls):
+        if name in legacy and key in (prefix + name, name):
+            new, old_type, to_new = legacy[name]
+            try:
+                new_value = to_new(convert(value, old_type, from_text))
+            except _Invalid:
+                raise _Invalid(f"{key} must be {type_name(old_type)}, got {value!r}") from None
+            logger.warning(f"{key} is deprecated: read as {prefix}{new}={new_value}")
+            return prefix + new, new_value
+    return None
+
+
 def _annotation(cls, dotted: str):
     *sections, name = dotted.split(".")
     for section in sections:
@@ -225,6 +257,13 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
         raw.append((key, text, True))
     values: dict[str, Any] = {}
     for key, value, from_text in raw:
+        try:
+            renamed = _renamed(cls, key, value, from_text)
+        except _Invalid as exc:
+            problems.append(exc.args[0])
+            continue
+        if renamed:
+            key, value, from_text = *renamed, False
         try:
             dotted = dotted_key(cls, key)
         except KeyError as exc:

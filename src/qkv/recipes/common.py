@@ -1,15 +1,16 @@
 """What every recipe shares: run directory checks, the settings file, provenance, and the
-start of a run (threads, device, seed)."""
+start of a run (threads, device, precision, seed)."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..device import resolve_device
+from ..device import resolve_device, resolve_precision
 from ..errors import QkvError
 from ..settings import to_dict
 from ..train.checkpoint import load_weights, save_weights, write_json
@@ -38,24 +39,45 @@ def git_commit() -> str | None:
         return None
 
 
-def write_settings(run_dir: Path, recipe: str, settings, model_config) -> None:
+@dataclass(frozen=True)
+class RunContext:
+    """What :func:`start_run` resolved for a run: ``device``, ``precision`` (``"fp32"`` or
+    ``"bf16"``, what the training loop's autocast uses) and ``why`` that precision."""
+
+    device: torch.device
+    precision: str
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"device": str(self.device), "precision": self.precision, "why": self.why}
+
+
+def write_settings(run_dir: Path, recipe: str, settings, model_config,
+                   run: RunContext | None = None) -> None:
     """``config.json`` (the model's config, vocabulary filled in) and ``train_config.json``
-    (the recipe name, the resolved settings tree with the same model config, the git commit
-    and torch version)."""
+    (the recipe name, the settings tree as given with the same model config, what ``run``
+    resolved them to on this machine under ``"resolved"``, the git commit and torch version)."""
     write_json(run_dir / "config.json", model_config.to_dict())
     tree = {**to_dict(settings), "model": model_config.to_dict()}
-    write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, "git_commit": git_commit(),
-                                               "torch": torch.__version__})
+    resolved = {"resolved": run.to_dict()} if run is not None else {}
+    write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, **resolved,
+                                               "git_commit": git_commit(), "torch": torch.__version__})
 
 
-def start_run(train) -> torch.device:
-    """Apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed; return its device."""
+def start_run(train) -> RunContext:
+    """Apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed, resolve its device
+    and precision, and log (INFO) what was chosen and why.
+
+    Raises:
+        QkvError: a device that is not available here.
+    """
     if train.threads:
         torch.set_num_threads(train.threads)
     torch.manual_seed(train.seed)
-    device = resolve_device(train.device)
-    logger.debug(f"device {device}, {torch.get_num_threads()} CPU threads, seed {train.seed}")
-    return device
+    device = resolve_device(train.device, log_level=logging.INFO)
+    precision, why = resolve_precision(train.precision, device)
+    logger.info(f"precision: {precision} ({why}), seed {train.seed}")
+    return RunContext(device, precision, why)
 
 
 def keep_best(model: torch.nn.Module, run_dir: Path) -> None:

@@ -131,7 +131,8 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     """
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start_run(recipe.train)
+    run = start_run(recipe.train)
+    device = run.device
     text = load_corpus(recipe.corpus)
     train_text, val_text = split_train_val(text, recipe.val_fraction)
     tok_path = run_dir / "tokenizer.json"
@@ -141,7 +142,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
     chars_per_token = len(val_text) / len(val_data)
     model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "lm", recipe, model_cfg)
+    write_settings(run_dir, "lm", recipe, model_cfg, run)
     logger.info(f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
         f"{tok.kind} vocabulary of {tok.vocab_size}")
     model = DecoderLM(model_cfg).to(device)
@@ -168,7 +169,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
 
     state = train_loop(model, make_optimizer(model, recipe.train),
                        recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
-                       run_dir, recipe.train, progress, resume=resume)
+                       run_dir, recipe.train, progress, resume=resume, precision=run.precision)
     keep_best(model, run_dir)
     with torch.no_grad():
         nll, n = split_nll(model, val_data, block_size)

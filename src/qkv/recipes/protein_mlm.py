@@ -146,7 +146,8 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     """Pretrain; keep the best-on-validation weights. Returns a summary dict."""
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start_run(recipe.train)
+    run = start_run(recipe.train)
+    device = run.device
     tok = AminoAcidTokenizer()
     tok.save(run_dir / "tokenizer.json")
     train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
@@ -154,7 +155,7 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     train_ids = [tok.encode(s, add_special_tokens=False) for s in train_seqs]
     val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs]
     model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "protein-mlm", recipe, model_cfg)
+    write_settings(run_dir, "protein-mlm", recipe, model_cfg, run)
     logger.info(f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
         f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)")
     width = model_cfg.max_len - 2
@@ -180,7 +181,7 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
 
     state = train_loop(model, make_optimizer(model, recipe.train),
                        recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
-                       run_dir, recipe.train, progress, resume=resume)
+                       run_dir, recipe.train, progress, resume=resume, precision=run.precision)
     keep_best(model, run_dir)
     with torch.no_grad():
         metrics = validate(model)

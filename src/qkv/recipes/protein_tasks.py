@@ -155,13 +155,14 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
     cfg = model_config(recipe, len(task.classes))
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start_run(recipe.train)
+    run = start_run(recipe.train)
+    device = run.device
     tok = AminoAcidTokenizer()
     tok.save(run_dir / "tokenizer.json")
     mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
     write_json(run_dir / "task.json", {"task": task.name, "level": level, "classes": list(task.classes),
                                        "mode": mode, "citation": task.citation})
-    write_settings(run_dir, f"protein-{'cls' if level == 'sequence' else 'residue'}", recipe, cfg)
+    write_settings(run_dir, f"protein-{'cls' if level == 'sequence' else 'residue'}", recipe, cfg, run)
     counts = {s: len(task.split(s)) for s in ("train", "val", "test")}
     logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
         f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}")
@@ -211,7 +212,8 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     state = train_loop(model, optimizer,
                        train_cfg.lr_schedule(cfg.d_model, total_steps=total, peak_lr=recipe.peak_lr),
                        batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
-                       progress, score_key=score_key, higher_is_better=True, resume=resume)
+                       progress, score_key=score_key, higher_is_better=True, resume=resume,
+                       precision=run.precision)
     keep_best(model, run_dir)
     summary = {"task": task.name, "mode": mode, "init": recipe.init,
                "validation": evaluate_split(encoder, task, "val"),

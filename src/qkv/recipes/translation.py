@@ -124,7 +124,8 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         QkvError: bad data files, an existing run directory without ``resume``, etc.
     """
     run_dir = prepare_run_dir(run_dir, resume)
-    device = start_run(recipe.train)
+    run = start_run(recipe.train)
+    device = run.device
     t_start = time.perf_counter()
     train_src, train_tgt = load_multi30k("train", recipe.src_lang, recipe.tgt_lang)
     val_src, val_tgt = load_multi30k("val", recipe.src_lang, recipe.tgt_lang)
@@ -139,7 +140,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         tok = SubwordTokenizer.train(train_src + train_tgt, recipe.vocab_size)
         tok.save(tok_path)
     model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "translation", recipe, model_cfg)
+    write_settings(run_dir, "translation", recipe, model_cfg, run)
     pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
              if 0 < len(s) <= recipe.max_train_tokens and 0 < len(t) <= recipe.max_train_tokens]
     val_pairs = _encode_pairs(tok, val_src, val_tgt)
@@ -164,7 +165,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         model, make_optimizer(model, recipe.train), recipe.train.lr_schedule(model_cfg.d_model),
         batches, loss_fn, validate, run_dir, recipe.train, progress,
         score_key="val_bleu" if recipe.val_bleu else "val_loss", higher_is_better=recipe.val_bleu,
-        resume=resume)
+        resume=resume, precision=run.precision)
     train_minutes = state.elapsed_s / 60
 
     # Final weights: the last, the best-on-validation, and the average of the last snapshots

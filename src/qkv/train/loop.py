@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from ..device import resolve_precision
 from .checkpoint import atomic_write, load_weights, save_state, save_weights
 from .settings import TrainSettings
 
@@ -86,6 +87,7 @@ def train_loop(
     score_key: str = "val_loss",
     higher_is_better: bool = False,
     resume: bool = False,
+    precision: str | None = None,
 ) -> LoopState:
     """Train ``model`` until a budget runs out; return the final :class:`LoopState`.
 
@@ -98,6 +100,8 @@ def train_loop(
         progress: show a progress bar (stderr).
         score_key / higher_is_better: which validation metric picks ``best.safetensors``.
         resume: continue from ``run_dir/last.safetensors`` + ``train_state.pt``.
+        precision: ``"bf16"`` (bfloat16 autocast) or ``"fp32"``, as resolved by
+            :func:`qkv.device.resolve_precision`; ``None`` resolves ``cfg.precision`` here.
 
     Files in ``run_dir``: ``last.safetensors`` + ``train_state.pt`` (resume), ``best.safetensors``,
     ``snapshots/step_N.safetensors``, ``metrics.jsonl``, ``loss.png``.
@@ -171,6 +175,8 @@ def train_loop(
         return used
 
     device_type = next(model.parameters()).device.type
+    if precision is None:
+        precision = resolve_precision(cfg.precision, next(model.parameters()).device)[0]
     previous_sigterm = _stop_on_sigterm()
     model.train()
     # Compiled for the training steps only; validation and checkpoints use the module itself
@@ -192,7 +198,7 @@ def train_loop(
                 group = epoch_batches[state.batch_in_epoch: state.batch_in_epoch + cfg.accum_steps]
                 losses, n_tokens = [], 0
                 for batch in group:
-                    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp_bf16):
+                    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                         loss, n = loss_fn(step_model, batch)
                     losses.append(loss)
                     n_tokens += n

@@ -33,9 +33,10 @@ class TrainSettings:
     lets the recipe choose (protein tasks: by mode).
     Evaluation and checkpoints: validation every ``eval_every`` steps; a snapshot for averaging
     every ``snapshot_minutes`` (0: at every step), the newest ``keep_snapshots`` kept.
-    Hardware: ``amp_bf16`` (bfloat16 autocast; slow on CPUs without native bf16), ``device``
-    (``"auto"``: CUDA, then MPS, then CPU), ``threads`` (torch CPU threads; ``None``: torch's
-    choice), ``compile`` (``torch.compile`` the training forward/backward).
+    Hardware: ``precision`` (``"auto"``: bfloat16 autocast on CUDA and on CPUs with native
+    bfloat16, fp32 elsewhere, see :func:`qkv.device.resolve_precision`; ``"bf16"``, ``"fp32"``),
+    ``device`` (``"auto"``: CUDA, then MPS, then CPU), ``threads`` (torch CPU threads;
+    ``None``: torch's choice), ``compile`` (``torch.compile`` the training forward/backward).
     ``seed``: every random choice of the run (init, batches, dropout).
 
     Raises:
@@ -61,10 +62,14 @@ class TrainSettings:
     snapshot_minutes: float = 5.0
     keep_snapshots: int = 5
     seed: int = 1
-    amp_bf16: bool = False
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     device: str = "auto"
     threads: int | None = None
     compile: bool = False
+
+    # Keys of earlier versions, still read from config files and overrides (with a deprecation
+    # message): old name → (new name, old type, old value → new value). amp_bf16=false meant fp32.
+    legacy_keys = {"amp_bf16": ("precision", bool, lambda on: "bf16" if on else "fp32")}
 
     def __post_init__(self) -> None:
         check(self)
