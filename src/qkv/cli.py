@@ -192,13 +192,17 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    from .device import resolve_device
+    from .device import resolve_device, resolve_precision
     from .generate.lm import TextGenerator
 
     import torch
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    gen = TextGenerator.from_run(args.run_dir, device=resolve_device(args.device), dtype=dtype)
+    device = resolve_device(args.device)
+    names = {"auto": "auto", "float32": "fp32", "bfloat16": "bf16"}
+    precision, why = resolve_precision(names[args.dtype], device)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    logging.getLogger("qkv.cli").debug(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
+    gen = TextGenerator.from_run(args.run_dir, device=device, dtype=dtype)
     temperature = 1.0 if args.temperature is None else args.temperature
     if args.top_probs is not None:
         if args.top_probs < 1:
@@ -368,8 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-probs", type=int, metavar="K",
                    help="instead of generating, print the K most likely next tokens and their probabilities")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="weights' precision for decoding (bfloat16: faster on CPUs with native support)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="weights' precision for decoding (auto: bfloat16 on CUDA and on CPUs with "
+                        "native bfloat16, else float32)")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("classify", help="predict protein classes (TSV on stdout)")
