@@ -19,9 +19,9 @@ DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] /
 pytestmark = pytest.mark.skipif(not (DATA / "multi30k" / "train.de.gz").is_file() and not os.environ.get("CI"),
                                 reason=f"Multi30k not found under {DATA} (set QKV_DATA_DIR)")
 
-SMOKE = ["train_limit=3000", "val_limit=40", "d_model=64", "n_heads=2", "d_ff=128",
+SMOKE = ["train_limit=3000", "val_limit=40", "d_model=64", "n_heads=2", "d_ff=128",  # the demo recipe on a slice
          "n_encoder_layers=1", "n_decoder_layers=1", "vocab_size=1000", "max_tokens=2048",
-         "eval_every=20", "warmup_steps=20", "lr_factor=2.0", "beam_size=2", "snapshot_minutes=0"]
+         "eval_every=20", "warmup_steps=20", "beam_size=2", "snapshot_minutes=0"]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,19 @@ def test_smoke_run_writes_a_complete_run_directory(run_dir):
     train_cfg = json.loads((run_dir / "train_config.json").read_text())
     assert train_cfg["train"]["max_steps"] == 40 and train_cfg["train"]["seed"] == 1
     assert train_cfg["model"] == json.loads((run_dir / "config.json").read_text())
+
+
+def test_demo_report_shows_examples_bleu_wall_time_run_directory_and_next_steps(run_dir, capsys):
+    """What `make demo` prints at the end (from the smoke run's real summary)."""
+    from qkv.cli import _report_translation
+
+    _report_translation(json.loads((run_dir / "summary.json").read_text()), str(run_dir))
+    err = capsys.readouterr().err
+    assert err.count("  DE:  ") == 3 and err.count("  REF: ") == 3 and err.count("  QKV: ") == 3
+    line = next(l for l in err.splitlines() if l.startswith("test2016 BLEU "))
+    assert "sacreBLEU, cased" in line and "40 steps" in line and "min in all" in line
+    assert str(run_dir.resolve()) in line
+    assert f"qkv explain {run_dir.resolve()} --serve" in err and "configs/multi30k_de_en.json" in err
 
 
 def test_translate_args_and_stdin_keep_order_and_empty_lines(run_dir):

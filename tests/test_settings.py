@@ -4,6 +4,7 @@ once, nothing written on error, --print-config round trip."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -206,3 +207,14 @@ def test_documented_train_commands_resolve(where, recipe, words, capsys):
         elif word == "--freeze" or ("=" in word and "$" not in word):
             args.append(word)
     assert main(["train", recipe, "--print-config", *args]) == 0, (where, args, capsys.readouterr().err)
+
+
+def test_full_translation_config_keeps_the_paper_recipe_while_the_defaults_are_the_demo():
+    """The demo defaults changed (pre-LN, linear decay over the time budget); the full recipe
+    file must still say post-LN + Eq. 3 itself, and never ask for bf16 outright."""
+    full = resolve(TranslationRecipe, Path(__file__).resolve().parents[1] / "configs" / "multi30k_de_en.json", [])
+    assert (full.model.norm_first, full.train.schedule, full.model.d_model, full.max_tokens) == (False, "noam", 384, 4096)
+    assert full.train.lr_factor == 0.55 and full.train.warmup_steps == 800 and full.train.precision == "auto"
+    demo = resolve(TranslationRecipe, None, [])
+    assert (demo.model.norm_first, demo.train.schedule, demo.train.max_minutes, demo.train.max_steps) == (True, "linear", 10.0, None)
+    demo.train.lr_schedule(demo.model.d_model)  # decays over the time budget: no step count needed

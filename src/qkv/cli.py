@@ -48,13 +48,17 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 
 def _report_translation(summary: dict, out: str) -> None:
-    test = summary["test2016"]
+    test, run = summary["test2016"], Path(out).resolve()
     _log(f"\nexample translations (test2016, beam {test['beam_size']}):")
     for ex in test["examples"][:3]:
         _log(f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}")
-    _log(f"\ntest2016 BLEU {test['bleu']:.2f} (lowercased {test['bleu_lowercase']:.2f}, chrF "
-         f"{test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training; "
-         f"run directory: {Path(out).resolve()}")
+    _log(f"\ntest2016 BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
+         f"chrF {test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training, "
+         f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}")
+    _log(f"next:\n  qkv translate {run} \"Ein Hund rennt über die Wiese.\"\n"
+         f"  qkv explain {run} --serve        # attention of every layer and head, in the browser\n"
+         f"  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
+         f"   # the full recipe (see README)")
 
 
 def _report_lm(summary: dict, out: str) -> None:

@@ -39,21 +39,28 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class TranslationRecipe:
     """Settings of ``qkv train translation``: ``model`` (a :class:`TransformerConfig`; its
-    vocabulary is the joint BPE's, set at run time), ``train`` (:class:`TrainSettings`: the
-    paper's Adam + warm-up schedule, Eq. 3 scaled by ``lr_factor``), and the data fields:
-    ``src_lang``/``tgt_lang``, ``vocab_size`` (joint BPE pieces), ``max_train_tokens``
-    (longer training pairs are dropped), ``train_limit``/``val_limit`` (first N pairs; smoke
-    runs), ``label_smoothing`` (§5.4), ``max_tokens`` (padded tokens per micro-batch),
-    ``val_bleu`` (greedy BLEU at each validation, else loss picks checkpoints), and the test
-    decoding's ``beam_size`` and length penalty ``alpha`` (§6.1).
+    vocabulary is the joint BPE's, set at run time), ``train`` (:class:`TrainSettings`), and the
+    data fields: ``src_lang``/``tgt_lang``, ``vocab_size`` (joint BPE pieces),
+    ``max_train_tokens`` (longer training pairs are dropped), ``train_limit``/``val_limit``
+    (first N pairs; smoke runs), ``label_smoothing`` (§5.4), ``max_tokens`` (padded tokens per
+    micro-batch), ``val_bleu`` (greedy BLEU at each validation, else loss picks checkpoints),
+    and the test decoding's ``beam_size`` and length penalty ``alpha`` (§6.1).
+
+    The defaults are the demo (``make demo``): a model and schedule chosen for a 10-minute
+    budget on 2 CPU cores by a sweep on validation BLEU (``benchmarks/demo_sweep.py``, table in
+    ``benchmarks/RESULTS.md``). It is small (d_model 192, 3 + 3 pre-LN layers) so that it sees
+    the training set ~3 times, takes small batches (many updates), and decays the learning
+    rate linearly to 0 at the end of the time budget, whatever the machine's speed. The
+    paper's recipe (post-LN, Eq. 3 schedule) is ``configs/multi30k_de_en.json``.
     """
 
     model: TransformerConfig = TransformerConfig(
-        d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, dropout=0.2,
-        attention_dropout=0.1, activation_dropout=0.1, share_embeddings=True, max_len=256)
+        d_model=192, n_heads=4, d_ff=768, n_encoder_layers=3, n_decoder_layers=3, dropout=0.1,
+        attention_dropout=0.1, activation_dropout=0.1, norm_first=True, share_embeddings=True,
+        max_len=256)
     train: TrainSettings = TrainSettings(
-        schedule="noam", lr_factor=0.5, warmup_steps=300, beta2=0.98, eps=1e-9, max_minutes=7.0,
-        eval_every=250, snapshot_minutes=2.0, keep_snapshots=5)
+        schedule="linear", lr=2e-3, warmup_steps=60, min_lr_ratio=0.0, beta2=0.98, eps=1e-9,
+        max_minutes=10.0, eval_every=200, snapshot_minutes=1.0, keep_snapshots=3)
     src_lang: str = "de"
     tgt_lang: str = "en"
     vocab_size: int = 8000
@@ -61,7 +68,7 @@ class TranslationRecipe:
     train_limit: int | None = None
     val_limit: int | None = None
     label_smoothing: float = 0.1
-    max_tokens: int = 4096
+    max_tokens: int = 2048
     val_bleu: bool = True
     beam_size: int = 4
     alpha: float = 0.6
