@@ -187,7 +187,7 @@ def train_loop(
     bar = tqdm(total=round(cfg.max_minutes * 60) if by_time else cfg.max_steps,
                initial=round(state.elapsed_s) if by_time else state.step, disable=not progress,
                unit="s" if by_time else "step", dynamic_ncols=True, desc="train",
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}"
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
                if by_time else None)
     t0 = time.perf_counter() - state.elapsed_s
     window_loss, window_tokens, window_t = 0.0, 0, time.perf_counter()
