@@ -167,16 +167,12 @@ def train_loop(
 
     def budget_used() -> float:
         """The fraction of the first budget to run out that is spent (time-budget schedules)."""
-        used = 0.0
-        if cfg.max_steps is not None:
-            used = state.step / cfg.max_steps
-        if cfg.max_minutes is not None:
-            used = max(used, (time.perf_counter() - t0) / (cfg.max_minutes * 60))
-        return used
+        return max(0.0 if cfg.max_steps is None else state.step / cfg.max_steps,
+                   0.0 if cfg.max_minutes is None else state.elapsed_s / (cfg.max_minutes * 60))
 
-    device_type = next(model.parameters()).device.type
+    device = next(model.parameters()).device
     if precision is None:
-        precision = resolve_precision(cfg.precision, next(model.parameters()).device)[0]
+        precision = resolve_precision(cfg.precision, device)[0]
     previous_sigterm = _stop_on_sigterm()
     model.train()
     # Compiled for the training steps only; validation and checkpoints use the module itself
@@ -198,7 +194,7 @@ def train_loop(
                 group = epoch_batches[state.batch_in_epoch: state.batch_in_epoch + cfg.accum_steps]
                 losses, n_tokens = [], 0
                 for batch in group:
-                    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                         loss, n = loss_fn(step_model, batch)
                     losses.append(loss)
                     n_tokens += n
@@ -222,7 +218,7 @@ def train_loop(
                     dt = time.perf_counter() - window_t
                     row = {"step": state.step, "epoch": state.epoch,
                            "train_loss": window_loss / max(window_tokens, 1),
-                           "lr": lr(state.step, budget_used()), "tokens_per_s": window_tokens / max(dt, 1e-9),
+                           "lr": optimizer.param_groups[0]["lr"], "tokens_per_s": window_tokens / max(dt, 1e-9),
                            "elapsed_min": round(state.elapsed_s / 60, 2)}
                     log(row)
                     left = ("" if cfg.max_minutes is None else
