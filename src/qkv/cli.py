@@ -87,6 +87,20 @@ def _report_protein_task(summary: dict, out: str) -> None:
          f"{Path(out).resolve()} (confusion.png, summary.json)")
 
 
+def _report_vit(summary: dict, out: str) -> None:
+    test, run = summary["test"], Path(out).resolve()
+    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
+            f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
+            f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all")
+    base = summary.get("baseline_test")
+    if base:
+        line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
+    _log(f"{line}\nrun directory: {run} (summary.json, confusion.png)\nnext:\n"
+         f"  qkv classify {run} IMAGE.png ...\n"
+         f"  qkv explain {run} --input IMAGE.png --out {run}/explain   # where each head looks\n"
+         f"  qkv explain {run} --serve")
+
+
 def _evaluate_translation(module, run_dir, args, device) -> dict:
     result = module.evaluate_run(run_dir, args.split, args.beam, args.alpha, args.limit, device=device)
     result.pop("examples")
@@ -106,6 +120,17 @@ def _evaluate_protein_task(module, run_dir, args, device) -> dict:
                                        device=device)
 
 
+def _evaluate_vit(module, run_dir, args, device) -> dict:
+    from .evaluate.classification import plot_confusion
+
+    split = "test" if args.split == "test2016" else args.split
+    result = module.evaluate_vit_run(run_dir, split, device=device)
+    path = Path(run_dir) / f"confusion_{split}.png"
+    plot_confusion(result["confusion"], list(result["per_class"]), path, f"{result['task']} {split}")
+    _log(f"confusion matrix: {path}")
+    return result
+
+
 # The recipe table, the one place that imports recipes (qkv.recipes.<module>):
 # recipe name → (module, settings class, train function, evaluation, report).
 RECIPES = {
@@ -118,6 +143,7 @@ RECIPES = {
                     _report_protein_task),
     "protein-residue": ("protein_tasks", "ProteinTaskRecipe", "train_protein_residue",
                         _evaluate_protein_task, _report_protein_task),
+    "vit": ("vit", "ViTRecipe", "train_vit", _evaluate_vit, _report_vit),
 }
 # train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
 SETTING_FLAGS = {"max_steps": "train.max_steps", "max_minutes": "train.max_minutes", "task": "task",
@@ -338,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only warnings from the library")
     p.add_argument("--task", help="protein-cls/-residue: signalp, amp-scanner, secondary-structure, "
-                                  "or a CSV/TSV (sequence,label) or FASTA file (with --labels)")
+                                  "or a CSV/TSV (sequence,label) or FASTA file (with --labels); "
+                                  "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>")
     p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
     p.add_argument("--init", metavar="RUN_DIR", help="start from a pretrained protein-mlm encoder")
     p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
@@ -355,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="score a run on a data split (JSON on stdout)")
     p.add_argument("run_dir")
     p.add_argument("--split", default="test2016",
-                   help="translation: train, val or test2016 (default); language model: val (default) or train")
+                   help="translation: train, val or test2016 (default); language model: val (default) "
+                        "or train; classifiers: train, val or test (default)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--limit", type=int, help="score only the first N sentences")

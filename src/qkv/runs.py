@@ -14,16 +14,20 @@ import torch
 
 from .data.tokenizers import load_tokenizer
 from .errors import QkvError
-from .models.config import EncoderConfig, LMConfig, TransformerConfig
+from .models.config import EncoderConfig, LMConfig, TransformerConfig, ViTConfig
 from .models.decoder_lm import DecoderLM
 from .models.encoder import EncoderModel
 from .models.transformer import Transformer
+from .models.vit import VisionTransformer
 from .train.checkpoint import load_weights
 
 PROTEIN_RECIPES = ("protein-mlm", "protein-cls", "protein-residue")
 # recipe name → (config class, model class)
 FAMILIES = {"translation": (TransformerConfig, Transformer), "lm": (LMConfig, DecoderLM),
-            **{name: (EncoderConfig, EncoderModel) for name in PROTEIN_RECIPES}}
+            **{name: (EncoderConfig, EncoderModel) for name in PROTEIN_RECIPES},
+            "vit": (ViTConfig, VisionTransformer)}
+# families whose input is not text: no tokenizer.json (a ViT's "tokenizer" is its patch size)
+NO_TOKENIZER = ("vit",)
 
 
 def run_recipe(run_dir: str | Path) -> str:
@@ -42,7 +46,7 @@ def run_recipe(run_dir: str | Path) -> str:
 def load_run(run_dir: str | Path, weights: str = "model.safetensors",
              device: torch.device | str = "cpu", family: str | tuple[str, ...] | None = None):
     """Model (eval mode, on ``device``) and tokenizer of a run directory of any family
-    (translation, lm, protein-mlm/-cls/-residue).
+    (translation, lm, protein-mlm/-cls/-residue, vit; a ViT has no tokenizer: ``None``).
 
     Args:
         family: the recipe(s) expected (``"translation"``, ``"lm"``, or a tuple such as
@@ -55,11 +59,13 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors",
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise QkvError(f"run directory not found: {run_dir}")
-    missing = [f for f in ("config.json", weights, "tokenizer.json") if not (run_dir / f).is_file()]
+    recipe = run_recipe(run_dir) if (run_dir / "train_config.json").is_file() else None
+    needed = ("config.json", weights) + (() if recipe in NO_TOKENIZER else ("tokenizer.json",))
+    missing = [f for f in needed if not (run_dir / f).is_file()]
     if missing:
         raise QkvError(f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
                        "(training not finished? `qkv train ... --resume` continues it)")
-    recipe = run_recipe(run_dir)
+    recipe = recipe or run_recipe(run_dir)
     wanted = (family,) if isinstance(family, str) else family or tuple(FAMILIES)
     if recipe not in FAMILIES or recipe not in wanted:
         wanted = " or ".join(wanted)
@@ -72,4 +78,4 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors",
     model = model_cls(config)
     load_weights(model, run_dir / weights)
     model.to(device).eval()
-    return model, load_tokenizer(run_dir / "tokenizer.json")
+    return model, None if recipe in NO_TOKENIZER else load_tokenizer(run_dir / "tokenizer.json")

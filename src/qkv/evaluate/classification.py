@@ -22,7 +22,8 @@ def classification_metrics(y_true, y_pred, probs, classes) -> dict:
         classes: the ``C`` class names.
 
     Returns:
-        ``accuracy``, ``mcc``, ``per_class`` {name: precision, recall, f1, support},
+        ``accuracy``, ``mcc``, ``macro_f1`` (unweighted mean of the classes' F1),
+        ``per_class`` {name: precision, recall (the class's accuracy), f1, support},
         ``auroc`` (two classes only, probability of class 1), ``n``, ``confusion`` (C×C list,
         rows = true).
     """
@@ -33,7 +34,7 @@ def classification_metrics(y_true, y_pred, probs, classes) -> dict:
     labels = list(range(len(classes)))
     p, r, f, s = precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
     out = {"n": int(len(y_true)), "accuracy": float(accuracy_score(y_true, y_pred)),
-           "mcc": float(matthews_corrcoef(y_true, y_pred)),
+           "mcc": float(matthews_corrcoef(y_true, y_pred)), "macro_f1": float(np.mean(f)),
            "per_class": {c: {"precision": float(p[i]), "recall": float(r[i]), "f1": float(f[i]),
                              "support": int(s[i])} for i, c in enumerate(classes)},
            "confusion": confusion_matrix(y_true, y_pred, labels=labels).tolist()}

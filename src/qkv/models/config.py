@@ -212,3 +212,59 @@ class EncoderConfig(StackConfig):
         if self.num_labels < 0:
             out.append(f"num_labels ({self.num_labels}) must be >= 0")
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig(ModelConfig):
+    """Hyper-parameters of :class:`qkv.models.vit.VisionTransformer` (Dosovitskiy et al. 2021).
+
+    The image (``channels × image_size × image_size``) is cut into ``patch_size`` squares:
+    ``n_patches = (image_size / patch_size)²`` tokens, plus the class token. Defaults are a
+    small pre-LN ViT for 28 × 28 grey images (Fashion-MNIST): 4 × 4 patches (49 tokens + 1),
+    d_model 128, 4 heads, 6 layers, GELU. ``positional``: ``"learned"`` (ViT's) or
+    ``"sinusoidal"`` (fixed 2-D sin-cos, :func:`~qkv.nn.patches.sinusoidal_2d_positions`).
+    ``pooling``: the class token's final state (``"cls"``) or the mean of the patch states
+    (``"mean"``) feeds the classification head (``num_labels`` classes). ``max_len`` caps the
+    token count (patches + 1) as in the other families.
+
+    Raises:
+        ValueError: on construction, naming every bad value.
+    """
+
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int = 256
+    dropout: float = 0.0
+    activation: Literal["relu", "gelu"] = "gelu"
+    norm_first: bool = True
+    positional: Literal["sinusoidal", "learned"] = "learned"
+    n_layers: int = 6
+    image_size: int = 28
+    patch_size: int = 4
+    channels: int = 1
+    num_labels: int = 10
+    pooling: Literal["cls", "mean"] = "cls"
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side, ``image_size / patch_size``."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        """Patch tokens per image, ``grid_size²`` (the class token not counted)."""
+        return self.grid_size ** 2
+
+    def problems(self) -> list[str]:
+        out = super().problems()
+        for name in ("n_layers", "image_size", "patch_size", "channels", "num_labels"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} ({getattr(self, name)}) must be >= 1")
+        if self.patch_size >= 1 and self.image_size % self.patch_size:
+            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size "
+                       f"({self.patch_size})")
+        elif self.patch_size >= 1 and self.n_patches + 1 > self.max_len:
+            out.append(f"{self.n_patches} patches + the class token exceed max_len ({self.max_len})")
+        if self.positional == "sinusoidal" and self.d_model % 4:
+            out.append(f"d_model ({self.d_model}) must be divisible by 4 for 2-D sinusoidal positions")
+        return out

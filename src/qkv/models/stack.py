@@ -30,6 +30,20 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def gpt2_init(module: nn.Module, n_layers: int) -> None:
+    """GPT-2's initialisation of every matrix of ``module``: N(0, 0.02), the residual output
+    projections (``w_o``, ``w_2``) scaled by 1/sqrt(2·n_layers) so the residual stream's
+    variance does not grow with depth; biases zero; norms untouched."""
+    for name, p in module.named_parameters():
+        if p.dim() > 1:
+            std = 0.02
+            if name.endswith(("w_o.weight", "w_2.weight")):
+                std /= math.sqrt(2 * n_layers)
+            nn.init.normal_(p, std=std)
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+
+
 class TransformerStack(nn.Module):
     """Token embeddings (+ positions), N :class:`~qkv.nn.layers.SelfAttentionLayer`, final
     norm (pre-LN).
@@ -60,14 +74,7 @@ class TransformerStack(nn.Module):
                            if cfg.norm_first else nn.Identity())
 
     def _init_weights(self) -> None:
-        for name, p in self.named_parameters():
-            if p.dim() > 1:
-                std = 0.02
-                if name.endswith(("w_o.weight", "w_2.weight")):
-                    std /= math.sqrt(2 * self.config.n_layers)
-                nn.init.normal_(p, std=std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
+        gpt2_init(self, self.config.n_layers)
 
     def new_caches(self) -> list[KVCache]:
         """Empty key/value caches, one per layer, for incremental decoding."""

@@ -1,0 +1,83 @@
+"""A trained Vision Transformer as an inference API: image files or arrays in, class
+probabilities (and attention weights for :mod:`qkv.explain`) out. Beside
+:class:`~qkv.generate.protein.ProteinEncoder` and :class:`~qkv.generate.translator.Translator`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import runs
+from ..data.images import read_image, to_model_input
+from ..errors import QkvError
+from ..models.vit import VisionTransformer
+
+
+class ImageClassifier:
+    """A :class:`~qkv.models.vit.VisionTransformer` with its class names.
+
+    Args:
+        model: the network (eval mode). classes: class names in id order.
+        device: where it runs. batch_size: images per forward pass.
+    """
+
+    def __init__(self, model: VisionTransformer, classes: tuple[str, ...],
+                 device: torch.device | str = "cpu", batch_size: int = 500) -> None:
+        self.model, self.classes = model, tuple(classes)
+        self.device, self.batch_size = torch.device(device), batch_size
+        self.config = model.config
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> "ImageClassifier":
+        """Load a ``qkv train vit`` run directory.
+
+        Raises:
+            QkvError: a missing or incomplete run directory, or a run of another kind.
+        """
+        model, _ = runs.load_run(run_dir, device=device, family="vit")
+        meta = Path(run_dir) / "task.json"
+        classes = (json.loads(meta.read_text(encoding="utf-8"))["classes"] if meta.is_file()
+                   else [str(i) for i in range(model.config.num_labels)])
+        return cls(model, classes, device)
+
+    def read(self, paths: list[str | Path]) -> np.ndarray:
+        """Image files as the model's input: uint8 ``(N, image_size, image_size, channels)``
+        (the rule of :func:`qkv.data.images.read_image`). Every file is read before anything
+        is predicted, so a bad file fails the whole call with its name."""
+        if not paths:
+            raise QkvError("no image files given")
+        return np.stack([read_image(p, self.config.image_size, self.config.channels) for p in paths])
+
+    def _check(self, images: np.ndarray) -> None:
+        want = (self.config.image_size, self.config.image_size, self.config.channels)
+        if images.ndim != 4 or images.shape[1:] != want or images.dtype != np.uint8:
+            raise QkvError(f"images must be uint8 (N, {want[0]}, {want[1]}, {want[2]}), got "
+                           f"{images.dtype} {images.shape}")
+
+    @torch.no_grad()
+    def predict(self, images: np.ndarray) -> np.ndarray:
+        """Class probabilities, float32 ``(N, num_labels)``, for uint8 ``(N, H, W, C)`` images.
+
+        Raises:
+            QkvError: images of the wrong size, channel count or dtype.
+        """
+        self._check(images)
+        out = []
+        for i in range(0, len(images), self.batch_size):
+            x = to_model_input(images[i: i + self.batch_size]).to(self.device)
+            out.append(self.model(x).logits.float().softmax(-1).cpu())
+        return torch.cat(out).numpy() if out else np.zeros((0, len(self.classes)), np.float32)
+
+    @torch.no_grad()
+    def attentions(self, image: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Probabilities ``(num_labels,)`` and every layer's attention weights, one float32
+        ``(H, 1 + N, 1 + N)`` array per layer (token 0 = the class token), for one uint8
+        ``(H, W, C)`` image."""
+        self._check(image[None])
+        out = self.model(to_model_input(image[None]).to(self.device), need_weights=True)
+        probs = out.logits.float().softmax(-1)[0].cpu().numpy()
+        return probs, [w[0].float().cpu().numpy() for w in out.attentions]
