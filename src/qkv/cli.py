@@ -272,15 +272,34 @@ def _read_protein_file(path: str):
     return [r.id for r in records], [r.sequence for r in records]
 
 
+def _classify_images(args) -> int:
+    from .device import resolve_device
+    from .generate.vision import ImageClassifier
+
+    classifier = ImageClassifier.from_run(args.run_dir, resolve_device(args.device))
+    probs = classifier.predict(classifier.read(args.inputs))  # every file read before any output
+    out = sys.stdout
+    out.write("\t".join(["id", "label", *(f"p_{c}" for c in classifier.classes)]) + "\n")
+    for path, p in zip(args.inputs, probs):
+        out.write("\t".join([path, classifier.classes[int(p.argmax())], *(f"{x:.4f}" for x in p)]) + "\n")
+    out.flush()
+    return 0
+
+
 def _cmd_classify(args) -> int:
+    from . import runs
     from .device import resolve_device
     from .generate.protein import ProteinEncoder
 
+    if runs.run_recipe(args.run_dir) == "vit":
+        return _classify_images(args)
+    if len(args.inputs) != 1:
+        raise QkvError("a protein classifier takes one FASTA file")
     encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
     if encoder.level == "mlm":
         raise QkvError(f"{args.run_dir} is a pretrained encoder without a task head; classify needs a "
                        "protein-cls or protein-residue run")
-    ids, seqs = _read_protein_file(args.fasta)
+    ids, seqs = _read_protein_file(args.inputs[0])
     probs = encoder.predict(seqs, ids)
     out = sys.stdout
     if encoder.level == "sequence":
@@ -409,9 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "native bfloat16, else float32)")
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("classify", help="predict protein classes (TSV on stdout)")
+    p = sub.add_parser("classify", help="predict classes of proteins or images (TSV on stdout)")
     p.add_argument("run_dir")
-    p.add_argument("fasta", help="FASTA file of sequences")
+    p.add_argument("inputs", nargs="+", metavar="FILE",
+                   help="protein run: one FASTA file; vit run: image files (PNG, JPEG, ...), each "
+                        "converted to the model's channels and resized to its image size")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_classify)
 

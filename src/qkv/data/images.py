@@ -135,7 +135,8 @@ def read_image(path: str | Path, size: int, channels: int) -> np.ndarray:
     except UnidentifiedImageError:
         raise QkvError(f"{path}: not an image file Pillow can read") from None
     except Image.DecompressionBombError as exc:
-        raise QkvError(f"{path}: refused as a decompression bomb ({exc})") from None
+        raise QkvError(f"{path}: more than the {MAX_PIXELS:,} pixels accepted (decompression-bomb "
+                       f"guard; Pillow: {exc})") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise QkvError(f"{path}: truncated or corrupt image ({exc})") from None
     return arr.reshape(size, size, channels)

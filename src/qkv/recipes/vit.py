@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
