@@ -69,3 +69,20 @@ def tiny_runs(tmp_path_factory) -> dict:
                               {"task.json": {"task": "toy", "level": "sequence",
                                              "classes": ["non-AMP", "AMP"]}}),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_vit_run(tmp_path_factory):
+    """A ``qkv train vit`` run directory on scikit-learn's 8 × 8 digits: 2 layers, 2 heads,
+    2 × 2 patches (16 patches + the class token), 20 steps (a few seconds on one thread;
+    barely trained: for code that reads runs, not for accuracy)."""
+    from qkv.cli import main
+
+    run = tmp_path_factory.mktemp("tiny_vit") / "run"
+    code = main(["train", "vit", "--task", "digits", "--out", str(run), "--quiet",
+                 "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=2",
+                 "model.patch_size=2", "train.max_steps=20", "train.eval_every=1000",
+                 "train.warmup_steps=5", "train.lr=3e-3", "batch_size=32", "baseline=false",
+                 "train.threads=1", "train.precision=fp32"])
+    assert code == 0
+    return run

@@ -348,7 +348,7 @@ def _cmd_explain(args) -> int:
     from .explain.explainers import load_explainer
 
     if args.serve == (args.input is not None):
-        raise QkvError("give either --input TEXT (with --out DIR) or --serve")
+        raise QkvError("give either --input TEXT (an image file for a vit run; with --out DIR) or --serve")
     explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=args.max_chars)
     if args.serve:
         from .explain.server import serve
@@ -446,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="pictures of a model's attention on an input, or a local web page")
     p.add_argument("run_dir")
-    p.add_argument("--input", help="the text (sentence, prompt or protein sequence) to explain")
+    p.add_argument("--input", help="the text (sentence, prompt or protein sequence) to explain; for a "
+                        "vit run an image file (PNG, JPEG, ...) or test:INDEX (an image of its test set)")
     p.add_argument("--out", help="directory for the PNG files (with --input)")
     p.add_argument("--serve", action="store_true", help="start the interactive page instead")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

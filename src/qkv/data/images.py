@@ -12,6 +12,7 @@ import gzip
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -98,8 +99,12 @@ def load_digits() -> ImageSet:
                     [f"digits/{i}" for i in range(len(d.target))])
 
 
-def read_image(path: str | Path, size: int, channels: int) -> np.ndarray:
+def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
     """One image file as the model sees it: ``uint8 (size, size, channels)``.
+
+    ``path`` is a file name or an open binary file object (``io.BytesIO(data)`` for bytes
+    received over the network); errors name the file, or the object's ``name`` attribute if
+    it has one, else say "image data".
 
     The rule: decode with Pillow (PNG, JPEG, ...; the first frame of an animation), convert to
     grey (``channels=1``, Pillow's ITU-R 601-2 luma) or RGB (``channels=3``; transparency over
@@ -116,11 +121,12 @@ def read_image(path: str | Path, size: int, channels: int) -> np.ndarray:
 
     if channels not in (1, 3):
         raise QkvError(f"images with {channels} channels are not supported (1 or 3)")
+    name = path if isinstance(path, (str, Path)) else getattr(path, "name", "image data")
     try:
         with Image.open(path) as img:
             w, h = img.size
             if w * h > MAX_PIXELS:
-                raise QkvError(f"{path}: {w} x {h} pixels is more than the {MAX_PIXELS:,} accepted "
+                raise QkvError(f"{name}: {w} x {h} pixels is more than the {MAX_PIXELS:,} accepted "
                                "(decompression-bomb guard)")
             img.load()
             if img.mode in ("RGBA", "LA", "P"):
@@ -129,16 +135,16 @@ def read_image(path: str | Path, size: int, channels: int) -> np.ndarray:
                 img = Image.alpha_composite(background, img)
             img = img.convert("L" if channels == 1 else "RGB")
             img = img.resize((size, size), Image.Resampling.BILINEAR)
-            arr = np.asarray(img, dtype=np.uint8)
+            arr = np.array(img, dtype=np.uint8)  # a writable copy (torch warns on read-only arrays)
     except QkvError:
         raise
     except UnidentifiedImageError:
-        raise QkvError(f"{path}: not an image file Pillow can read") from None
+        raise QkvError(f"{name}: not an image file Pillow can read") from None
     except Image.DecompressionBombError as exc:
-        raise QkvError(f"{path}: more than the {MAX_PIXELS:,} pixels accepted (decompression-bomb "
+        raise QkvError(f"{name}: more than the {MAX_PIXELS:,} pixels accepted (decompression-bomb "
                        f"guard; Pillow: {exc})") from None
     except (OSError, SyntaxError, ValueError) as exc:
-        raise QkvError(f"{path}: truncated or corrupt image ({exc})") from None
+        raise QkvError(f"{name}: truncated or corrupt image ({exc})") from None
     return arr.reshape(size, size, channels)
 
 

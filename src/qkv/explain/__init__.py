@@ -6,6 +6,7 @@ Model code never imports this package; it imports the models (see ``DESIGN.md``)
 from .capture import capture_steps
 from .explainers import AttentionMap, Explanation, load_explainer
 from .labels import merge_attention, piece_labels, word_groups
+from .rollout import attention_rollout
 
-__all__ = ["capture_steps", "AttentionMap", "Explanation", "load_explainer", "merge_attention",
-           "piece_labels", "word_groups"]
+__all__ = ["attention_rollout", "capture_steps", "AttentionMap", "Explanation", "load_explainer",
+           "merge_attention", "piece_labels", "word_groups"]

@@ -116,6 +116,7 @@ class Explainer:
 
     family = ""
     kinds: tuple[str, ...] = ()
+    input_kind = "text"  # what the page asks for: "text", or "image" (qkv.explain.vision)
     input_label = "input"
     example = ""
     subword = False
@@ -159,7 +160,7 @@ class Explainer:
         return {"family": self.family, "run_dir": self.run_dir, "n_layers": self.n_layers,
                 "n_heads": attn.n_heads, "d_k": attn.d_k, "max_chars": self.max_chars,
                 "kinds": list(self.kinds), "layers_per_kind": {k: len(self.layers(k)) for k in self.kinds},
-                "input_label": self.input_label, "example": self.example,
+                "input": self.input_kind, "input_label": self.input_label, "example": self.example,
                 "classes": list(getattr(self, "classes", ())), "level": getattr(self, "level", None)}
 
     def _check(self, text: str) -> str:
@@ -364,7 +365,8 @@ EXPLAINERS = {"translation": TranslationExplainer, "lm": LMExplainer,
 
 def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
                    max_chars: int = DEFAULT_MAX_CHARS) -> Explainer:
-    """The explainer for a run directory of any qkv model family.
+    """The explainer for a run directory of any qkv model family (a ``vit`` run gets an
+    :class:`~qkv.explain.vision.ImageExplainer`, which takes images instead of text).
 
     Raises:
         QkvError: a missing or incomplete run directory, or a recipe with no explainer.
@@ -372,6 +374,10 @@ def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
     if not Path(run_dir).is_dir():
         raise QkvError(f"run directory not found: {run_dir}")
     recipe = runs.run_recipe(run_dir)
+    if recipe == "vit":  # imported on demand: qkv.explain.vision builds on this module
+        from .vision import ImageExplainer
+
+        return ImageExplainer(run_dir, device=device, max_chars=max_chars)
     if recipe not in EXPLAINERS:
-        raise QkvError(f"{run_dir} is a {recipe!r} run; explain supports {', '.join(EXPLAINERS)}")
+        raise QkvError(f"{run_dir} is a {recipe!r} run; explain supports {', '.join(EXPLAINERS)}, vit")
     return EXPLAINERS[recipe](run_dir, device=device, max_chars=max_chars)

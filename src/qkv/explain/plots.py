@@ -7,6 +7,9 @@
 - :func:`plot_positional_encoding`: the positions × dimensions matrix a model adds (sinusoidal
   PE of §3.5, learned embeddings) or the rotary angles' cosines.
 - :func:`plot_bars`: probabilities as horizontal bars (next tokens, classes).
+- :func:`plot_image_attention`: a ViT's class-token attention over the patches, one panel per
+  head of a layer, overlaid on the image with the patch grid drawn; :func:`plot_rollout`:
+  attention rollout (Abnar & Zuidema 2020) drawn the same way.
 
 Every function returns the :class:`~matplotlib.figure.Figure` so tests can count axes;
 :func:`save` writes it atomically. Figures are built with matplotlib's object API
@@ -16,6 +19,8 @@ display needed), and a figure is freed like any object once unreferenced.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
 from pathlib import Path
@@ -28,6 +33,8 @@ from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, Sinusoi
 from ..train.checkpoint import atomic_write, write_text
 
 CMAP = "Blues"
+OVERLAY_CMAP = "inferno"  # bright on a grey image, readable where the image is dark or light
+OVERLAY_ALPHA = 0.6
 MAX_LABELLED = 60  # beyond this many tokens an axis is drawn without token labels
 
 
@@ -157,6 +164,103 @@ def plot_bars(labels: list[str], probs: list[float], title: str):
     return fig
 
 
+def _draw_image(ax, image: np.ndarray) -> None:
+    """``image`` uint8 ``(S, S, 1 or 3)`` in pixel coordinates, no ticks."""
+    if image.shape[-1] == 1:
+        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    else:
+        ax.imshow(image, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _overlay(ax, image: np.ndarray, values: np.ndarray, patch_size: int, vmax: float):
+    """``values (G, G)`` (one per patch) over ``image (G·P, G·P, C)``, the patch grid in white.
+    Returns the overlay's image artist (for a colour bar)."""
+    _draw_image(ax, image)
+    size = image.shape[0]
+    edge = (-0.5, size - 0.5, size - 0.5, -0.5)  # (left, right, bottom, top): pixel centres
+    artist = ax.imshow(values, cmap=OVERLAY_CMAP, vmin=0.0, vmax=vmax, alpha=OVERLAY_ALPHA,
+                       extent=edge, interpolation="nearest")
+    for k in range(1, size // patch_size):
+        ax.axhline(k * patch_size - 0.5, color="white", linewidth=0.6, alpha=0.7)
+        ax.axvline(k * patch_size - 0.5, color="white", linewidth=0.6, alpha=0.7)
+    return artist
+
+
+def plot_image_attention(image: np.ndarray, weights: torch.Tensor, patch_size: int, layer: int,
+                         max_cols: int = 4):
+    """One layer of a ViT: for each head, the class token's attention to the patches overlaid
+    on the image, the patch grid drawn, one colour scale for the layer (0 to its largest
+    patch weight).
+
+    Args:
+        image: uint8 ``(S, S, C)`` (``C`` 1 or 3), the model's input.
+        weights: ``(H, 1 + N, 1 + N)`` float, this layer's attention; token 0 is the class
+            token, ``1 + i`` patch ``i`` in reading order (``N = (S / patch_size)²``).
+        patch_size: ``P``. layer: 0-based, for the title. max_cols: heads per row.
+
+    Returns the figure: ``H`` image axes (unused grid cells removed), then a colour-bar axis.
+    Raises ``ValueError`` if the token count does not match the image and patch size.
+    """
+    n_heads, n_tokens = weights.shape[0], weights.shape[-1]
+    g = image.shape[0] // patch_size
+    if n_tokens != 1 + g * g:
+        raise ValueError(f"{n_tokens} tokens, but a {image.shape[0]}-pixel image in {patch_size}-pixel "
+                         f"patches has 1 + {g * g}")
+    cls = weights[:, 0, 1:].float().reshape(n_heads, g, g).numpy()  # (H, G, G)
+    vmax = float(cls.max()) or 1.0
+    cols = min(n_heads, max_cols)
+    rows = math.ceil(n_heads / cols)
+    fig = Figure(figsize=(2.7 * cols + 1.0, 2.9 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    artist = None
+    for head, ax in enumerate(axes):
+        if head >= n_heads:
+            ax.remove()
+            continue
+        artist = _overlay(ax, image, cls[head], patch_size, vmax)
+        ax.set_title(f"head {head + 1} (CLS→CLS {float(weights[head, 0, 0]):.2f})", fontsize=9)
+    fig.colorbar(artist, ax=axes[:n_heads].tolist(), shrink=0.8, label="attention weight")
+    fig.suptitle(f"layer {layer + 1}: attention from the class token to each patch")
+    return fig
+
+
+def plot_rollout(image: np.ndarray, rollout: np.ndarray, patch_size: int, caption: str = ""):
+    """The image, and the class token's attention rollout over it.
+
+    Args:
+        image: uint8 ``(S, S, C)``. rollout: ``(G, G)`` float, the class token's row of
+            :func:`~qkv.explain.rollout.attention_rollout` at the patches
+            (``G = S / patch_size``). caption: a line under the title (e.g. the prediction).
+
+    Returns the figure: two image axes, then a colour-bar axis.
+    """
+    rollout = np.asarray(rollout, dtype=float)
+    fig = Figure(figsize=(6.6, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    _draw_image(left, image)
+    left.set_title("model input", fontsize=9)
+    artist = _overlay(right, image, rollout, patch_size, float(rollout.max()) or 1.0)
+    right.set_title("rollout: class token ← patches", fontsize=9)
+    fig.colorbar(artist, ax=right, shrink=0.8)
+    fig.suptitle("attention rollout (Abnar & Zuidema 2020)" + (f"\n{caption}" if caption else ""), fontsize=10)
+    return fig
+
+
+def decode_png_data_url(url: str) -> np.ndarray:
+    """A ``data:image/png;base64,...`` URL (as in a ViT explanation's ``output["image"]``) as
+    uint8 ``(H, W, C)``. Raises ``ValueError`` for another kind of URL."""
+    from PIL import Image
+
+    prefix = "data:image/png;base64,"
+    if not url.startswith(prefix):
+        raise ValueError("not a PNG data URL")
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix):]))) as img:
+        arr = np.asarray(img, dtype=np.uint8)
+    return arr[..., None] if arr.ndim == 2 else arr
+
+
 def plot_steps(steps: dict, title: str = ""):
     """Eq. 1 of one head in four panels: QKᵀ, ÷ sqrt(d_k), mask (−∞ shown blank), softmax.
 
@@ -212,12 +316,19 @@ def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
     ``classes.png`` (protein sequence classifier), ``steps.png`` (Eq. 1 step by step for
     ``head`` of ``layer`` of the first attention kind; ``layer`` also picks the alignment's).
 
+    A ViT run (``explainer.input_kind == "image"``; ``text`` is then an image path or
+    ``test:INDEX``) gets ``attention_layer<l>.png`` per layer (the class token's attention
+    to the patches, one panel per head, over the image), ``rollout.png``, ``classes.png``,
+    ``attention_encoder.png`` and ``steps.png`` (tokens: ``CLS`` and the patches).
+
     Raises: as :meth:`~qkv.explain.explainers.Explainer.explain`.
     """
     result = explainer.explain(text, options, merge_words=merge_words)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    if explainer.input_kind == "image":
+        written += _write_image_pictures(result, out)
     for amap in result.attention:
         fig = plot_attention_grid(amap.weights, amap.query_tokens, amap.key_tokens, amap.title)
         written.append(save(fig, out / f"attention_{amap.kind}.png"))
@@ -235,12 +346,24 @@ def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
                         "next-token probabilities after the prompt")
         written.append(save(fig, out / "next_tokens.png"))
     if output["classes"]:
-        fig = plot_bars([c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]],
-                        "class probabilities")
+        title = "class probabilities" + (f" (prediction: {output['prediction']})" if "prediction" in output else "")
+        fig = plot_bars([c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]], title)
         written.append(save(fig, out / "classes.png"))
     kind = explainer.kinds[0]
     steps = explainer.steps(text, kind, layer % explainer.n_layers, head, options)
     written.append(save(plot_steps(steps), out / "steps.png"))
     write_text(out / "explanation.json", json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
     written.append(out / "explanation.json")
+    return written
+
+
+def _write_image_pictures(result, out: Path) -> list[Path]:
+    """The ViT-only pictures of :func:`write_pictures`: one class-token overlay per layer and
+    the rollout, drawn from a ViT :class:`~qkv.explain.explainers.Explanation`."""
+    output, amap = result.output, result.attention[0]
+    image = decode_png_data_url(output["image"])
+    written = [save(plot_image_attention(image, amap.weights[layer], output["patch_size"], layer),
+                    out / f"attention_layer{layer + 1}.png") for layer in range(amap.weights.size(0))]
+    caption = f"{result.text}: predicted {output['prediction']}"
+    written.append(save(plot_rollout(image, output["rollout"], output["patch_size"], caption), out / "rollout.png"))
     return written
