@@ -345,7 +345,7 @@ def _decoding_options(args):
 
 def _cmd_explain(args) -> int:
     from .device import resolve_device
-    from .explain.explainers import load_explainer
+    from .explain.loader import load_explainer
 
     if args.serve == (args.input is not None):
         raise QkvError("give either --input TEXT (an image file for a vit run; with --out DIR) or --serve")

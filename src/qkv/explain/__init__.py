@@ -4,7 +4,8 @@ Model code never imports this package; it imports the models (see ``DESIGN.md``)
 """
 
 from .capture import capture_steps
-from .explainers import AttentionMap, Explanation, load_explainer
+from .explainers import AttentionMap, Explanation
+from .loader import load_explainer
 from .labels import merge_attention, piece_labels, word_groups
 from .rollout import attention_rollout
 

@@ -356,28 +356,3 @@ class ProteinExplainer(Explainer):
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
         pieces = [tok.id_to_token(i) for i in ids]
         return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})
-
-
-EXPLAINERS = {"translation": TranslationExplainer, "lm": LMExplainer,
-              "protein-cls": ProteinExplainer, "protein-residue": ProteinExplainer,
-              "protein-mlm": ProteinExplainer}
-
-
-def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
-                   max_chars: int = DEFAULT_MAX_CHARS) -> Explainer:
-    """The explainer for a run directory of any qkv model family (a ``vit`` run gets an
-    :class:`~qkv.explain.vision.ImageExplainer`, which takes images instead of text).
-
-    Raises:
-        QkvError: a missing or incomplete run directory, or a recipe with no explainer.
-    """
-    if not Path(run_dir).is_dir():
-        raise QkvError(f"run directory not found: {run_dir}")
-    recipe = runs.run_recipe(run_dir)
-    if recipe == "vit":  # imported on demand: qkv.explain.vision builds on this module
-        from .vision import ImageExplainer
-
-        return ImageExplainer(run_dir, device=device, max_chars=max_chars)
-    if recipe not in EXPLAINERS:
-        raise QkvError(f"{run_dir} is a {recipe!r} run; explain supports {', '.join(EXPLAINERS)}, vit")
-    return EXPLAINERS[recipe](run_dir, device=device, max_chars=max_chars)
