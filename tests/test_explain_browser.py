@@ -56,3 +56,57 @@ def test_page_types_input_and_renders_every_head(tiny_runs, family):
     assert not errors, errors
     assert hosts == {base.split("/")[2]}, f"the page asked other hosts: {hosts}"
     assert (ARTIFACTS / f"explain_{family}.png").stat().st_size > 10_000
+
+
+def test_vit_page_uploads_an_image_and_draws_the_overlays(tiny_vit_run, tmp_path):
+    """A ViT run: upload a PNG, the class-token overlay of every layer × head and the rollout
+    are drawn over the image, the Eq. 1 step-through has the patches as tokens; then a
+    test-set thumbnail runs too. Screenshot: ``explain_vit.png``."""
+    from test_explain_vit import _png_bytes
+
+    explainer = load_explainer(tiny_vit_run)
+    info = explainer.info()
+    server, thread, base = serve_in_thread(create_app(explainer))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    hosts, errors = set(), []
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("request", lambda req: hosts.add(req.url.split("/")[2]))
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(base + "/")
+            page.wait_for_selector("#examples .example")
+            assert page.locator("#input").is_hidden() and page.locator("#image-card").is_hidden()
+            page.set_input_files("#file", files=[{"name": "upload.png", "mimeType": "image/png",
+                                                  "buffer": _png_bytes(size=(40, 40), color=230)}])
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            page.wait_for_selector('body[data-steps-ready="1"]', timeout=60_000)
+            assert page.locator("#image-overview .head").count() == info["n_layers"] * info["n_heads"]
+            assert "uploaded image" in page.locator("#output").inner_text()
+            # the overlay is drawn: orange patches over the (grey) image
+            warm = page.evaluate("""() => {
+                const cv = document.getElementById("overlay"), ctx = cv.getContext("2d");
+                const d = ctx.getImageData(0, 0, cv.width, cv.height).data;
+                let n = 0;
+                for (let i = 0; i < d.length; i += 4) if (d[i] > d[i + 2] + 40) n++;
+                return n / (d.length / 4);
+            }""")
+            assert warm > 0.5, f"only {warm:.0%} of the overlay is tinted"  # near-uniform attention: all of it
+            assert page.locator("#step-weights tbody tr").count() == 1 + info["grid_size"] ** 2
+            page.locator("#image-overview .head").last.click()
+            assert page.locator("#overlay-caption").inner_text().startswith(
+                f"Layer {info['n_layers']}, head {info['n_heads']}")
+            page.locator("#image-card").scroll_into_view_if_needed()
+            page.wait_for_timeout(200)
+            page.screenshot(path=str(ARTIFACTS / "explain_vit.png"), full_page=True)
+            page.locator("#examples .example").nth(1).click()
+            page.wait_for_function("document.getElementById('output').innerText.includes('test image')",
+                                   timeout=60_000)
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not errors, errors
+    assert hosts == {base.split("/")[2]}, f"the page asked other hosts: {hosts}"
+    assert (ARTIFACTS / "explain_vit.png").stat().st_size > 10_000

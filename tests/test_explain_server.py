@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from qkv.explain import load_explainer
-from qkv.explain.server import MAX_BODY_BYTES, create_app, serve_in_thread
+from qkv.explain.server import MAX_BODY_BYTES, MAX_IMAGE_BYTES, create_app, serve_in_thread
 
 INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
 
@@ -138,3 +138,68 @@ def test_serve_on_a_taken_port_is_a_clean_error(tiny_runs):
         res = subprocess.run([sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve",
                               "--port", str(port)], capture_output=True, timeout=120)
     assert res.returncode == 2 and res.stderr.decode().startswith("error: cannot listen on 127.0.0.1")
+
+
+# --- a ViT run: images instead of text -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def vit_client(tiny_vit_run):
+    return TestClient(create_app(load_explainer(tiny_vit_run)))
+
+
+def test_server_explains_an_uploaded_image_every_layer_and_head(vit_client):
+    from test_explain_vit import _png_bytes
+
+    client = vit_client
+    info = client.get("/api/info").json()
+    assert (info["family"], info["input"], info["grid_size"]) == ("vit", "image", 4)
+    assert info["max_upload_bytes"] == MAX_IMAGE_BYTES
+    res = client.post("/api/image/explain", content=_png_bytes(), headers={"content-type": "image/png"})
+    assert res.status_code == 200, res.text
+    data = res.json()
+    assert data["family"] == "vit" and data["input"].startswith("uploaded image")
+    (amap,) = data["attention"]
+    weights = amap["weights"]  # (L, H, 1 + N, 1 + N)
+    assert len(weights) == info["n_layers"] and all(len(layer) == info["n_heads"] for layer in weights)
+    assert all(len(head) == 17 and len(head[0]) == 17 for layer in weights for head in layer)
+    assert amap["key_tokens"][:2] == ["CLS", "r1c1"]
+    out = data["output"]
+    assert len(out["rollout"]) == 4 and len(out["classes"]) == 10 and out["image"].startswith("data:image/png")
+    steps = client.post("/api/image/steps?layer=1&head=1", content=_png_bytes()).json()
+    assert len(steps["weights"]) == 17 and steps["query_tokens"][0] == "CLS"
+    picked = client.post("/api/image/explain?example=2").json()
+    assert picked["input"].startswith("digits test image 2")
+    examples = client.get("/api/image/examples").json()["examples"]
+    assert len(examples) == 10 and examples[0]["image"].startswith("data:image/png")
+    # text endpoints refuse an image model (and never read a path the client names)
+    res = client.post("/api/explain", json={"text": "/etc/passwd"})
+    assert res.status_code == 422 and "takes image input" in res.json()["detail"]
+
+
+def test_server_refuses_bad_image_uploads_with_413_and_422(vit_client):
+    from test_explain_vit import bomb_png, truncated_png
+
+    client = vit_client
+    res = client.post("/api/image/explain", content=b"\0" * (MAX_IMAGE_BYTES + 1))
+    assert res.status_code == 413 and "request body too large" in res.json()["detail"]
+
+    def chunked():  # no Content-Length: the server counts as it reads
+        for _ in range(MAX_IMAGE_BYTES // 2**20 + 1):
+            yield b"\0" * 2**20
+
+    res = client.post("/api/image/explain", content=chunked())
+    assert res.status_code == 413 and "more than the cap" in res.json()["detail"]
+    for body, message in [(b"%PDF-1.4 not an image", "not an image file"),
+                          (truncated_png(), "truncated or corrupt"),
+                          (bomb_png(), "decompression-bomb guard"), (b"", "empty upload")]:
+        res = client.post("/api/image/explain", content=body)
+        assert res.status_code == 422 and message in res.json()["detail"], res.text
+        assert "\n" not in res.json()["detail"]
+    assert client.post("/api/image/explain?example=99999").status_code == 422
+    assert client.post("/api/image/explain?example=-1").status_code == 422
+    assert client.post("/api/image/steps?layer=5&head=0&example=0").status_code == 422
+
+
+def test_image_endpoints_refuse_a_text_model(clients):
+    res = clients["lm"].post("/api/image/explain", content=b"x")
+    assert res.status_code == 422 and "takes text input" in res.json()["detail"]

@@ -9,10 +9,20 @@
 - ``POST /api/explain``: the model's output and every layer's and head's attention.
 - ``POST /api/steps``: Eq. 1 step by step for one ``kind``/``layer``/``head``.
 
+A ViT run (:class:`~qkv.explain.vision.ImageExplainer`) takes images instead of text; the
+two text endpoints refuse it, and these answer instead:
+
+- ``GET /api/image/examples``: a few test-set images to pick (index, true class, PNG).
+- ``POST /api/image/explain[?example=K]``: the body is an image file's bytes (any
+  ``Content-Type``; Pillow reads the content), or empty with ``example`` = a test-set index.
+  Answers as ``/api/explain``, plus the image, the patch grid and the rollout.
+- ``POST /api/image/steps?layer=L&head=H[&example=K]``: Eq. 1 for one head, the same body.
+
 Errors are JSON ``{"detail": message}``: 413 for an input over the cap (``max_chars``
-characters, the model's context in tokens, or a request body over :data:`MAX_BODY_BYTES`),
-422 for anything else wrong with the input (unknown characters, layer out of range, bad
-settings). Requests are answered one at a time (a lock): a model is not re-entrant while
+characters, the model's context in tokens, or a request body over :data:`MAX_BODY_BYTES`,
+for images :data:`MAX_IMAGE_BYTES`), 422 for anything else wrong with the input (unknown
+characters, layer out of range, bad settings, an image that is not one, is truncated or is
+a decompression bomb). Requests are answered one at a time (a lock): a model is not re-entrant while
 a step-through's hook is attached, and one user on a laptop needs no more.
 """
 
@@ -24,16 +34,19 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from ..errors import QkvError
 from .explainers import DecodingOptions, Explainer, InputTooLong
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 64 * 1024
+MAX_IMAGE_BYTES = 8 * 1024 * 1024  # an image upload (a large phone photo is 3-5 MB)
+IMAGE_API = "/api/image/"
 DECODING_FIELDS = {f.name for f in dataclasses.fields(DecodingOptions)}  # body keys that decode
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"
 
@@ -70,12 +83,16 @@ def create_app(explainer: Explainer) -> FastAPI:
     app = FastAPI(title="qkv explain", docs_url=None, redoc_url=None, openapi_url=None)
     lock = threading.Lock()
 
+    def too_large(size: str, cap: int) -> JSONResponse:
+        return JSONResponse({"detail": f"request body too large: {size} bytes, the cap is {cap}"},
+                            status_code=413)
+
     @app.middleware("http")
     async def guard(request: Request, call_next):
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return JSONResponse({"detail": f"request body too large: {length} bytes, the cap is "
-                                           f"{MAX_BODY_BYTES}"}, status_code=413)
+        cap = MAX_IMAGE_BYTES if request.url.path.startswith(IMAGE_API) else MAX_BODY_BYTES
+        if length is not None and length.isdigit() and int(length) > cap:
+            return too_large(length, cap)
         response = await call_next(request)
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
@@ -89,19 +106,67 @@ def create_app(explainer: Explainer) -> FastAPI:
     def index():
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
+    images = explainer.input_kind == "image"
+
+    def check_input_kind(want: str) -> None:
+        if explainer.input_kind != want:
+            where = "POST the image file to /api/image/explain" if images else "POST JSON to /api/explain"
+            raise QkvError(f"this {explainer.family} model takes {explainer.input_kind} input: {where}")
+
     @app.get("/api/info")
     def info():
-        return explainer.info()
+        return {**explainer.info(), "max_upload_bytes": MAX_IMAGE_BYTES} if images else explainer.info()
 
     @app.post("/api/explain")
     def explain(body: ExplainRequest):
+        check_input_kind("text")
         with lock:
             return explainer.explain(body.text, body.options(), body.merge_words).to_dict()
 
     @app.post("/api/steps")
     def steps(body: StepsRequest):
+        check_input_kind("text")
         with lock:
             return explainer.steps(body.text, body.kind, body.layer, body.head, body.options())
+
+    async def image_input(request: Request, example: int | None) -> bytes | int:
+        """The uploaded bytes (read up to the cap, whatever Content-Length said), or the
+        index of a test image."""
+        check_input_kind("image")
+        data, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_IMAGE_BYTES:
+                raise InputTooLong(f"request body too large: more than the cap of {MAX_IMAGE_BYTES} bytes")
+            data.append(chunk)
+        if example is None:
+            return b"".join(data)
+        if size:
+            raise QkvError("send either an image file or ?example=INDEX, not both")
+        return example
+
+    def locked(fn, *args):
+        def call():
+            with lock:
+                return fn(*args)
+        return run_in_threadpool(call)  # the model runs off the event loop, one call at a time
+
+    @app.get(IMAGE_API + "examples")
+    def image_examples():  # a plain def: FastAPI runs it on a worker thread
+        check_input_kind("image")
+        with lock:
+            return {"examples": explainer.examples()}
+
+    @app.post(IMAGE_API + "explain")
+    async def image_explain(request: Request, example: int | None = Query(None, ge=0)):
+        image = await image_input(request, example)
+        return await locked(lambda: explainer.explain(image).to_dict())
+
+    @app.post(IMAGE_API + "steps")
+    async def image_steps(request: Request, layer: int = Query(ge=0), head: int = Query(ge=0),
+                          example: int | None = Query(None, ge=0)):
+        image = await image_input(request, example)
+        return await locked(explainer.steps, image, "encoder", layer, head)
 
     # StaticFiles resolves paths inside STATIC_DIR only: "..", encoded or not, gets a 404.
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -15,7 +15,12 @@ const state = {
   runSeq: 0, stepSeq: 0, stepTimer: null,
   heat: null,   // geometry of the drawn heatmap, for the hover read-out
   stretch: false,  // colour scale 0..head's max instead of 0..1 (diffuse heads look blank otherwise)
+  image: null,    // ViT runs: the chosen input, {file: File} or {example: test-set index}
+  picture: null,  // ViT runs: the model's input of the last run, a loaded <img>
 };
+
+// ViT runs take an image instead of text (GET /api/info says "input": "image").
+const isImage = () => Boolean(state.info && state.info.input === "image");
 
 // ---------- small helpers
 
@@ -78,9 +83,21 @@ function diverging(t) {
 // ---------- API
 
 async function api(path, body) {
-  const init = body === undefined ? {} : {
+  return request(path, body === undefined ? {} : {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  };
+  });
+}
+
+// ViT runs: POST the chosen image file's bytes as they are (or nothing, with ?example=K).
+function imageApi(path, image, params = {}) {
+  const query = new URLSearchParams(params);
+  if (image.example !== undefined) query.set("example", String(image.example));
+  return request(`${path}?${query}`, image.file
+    ? { method: "POST", headers: { "Content-Type": image.file.type || "application/octet-stream" }, body: image.file }
+    : { method: "POST" });
+}
+
+async function request(path, init) {
   const res = await fetch(path, init);
   const text = await res.text();
   let payload = null;
@@ -123,6 +140,8 @@ async function init() {
     state.stretch = $("stretch").checked;
     if (state.data && state.kind) { renderOverview(entry()); drawHead(); }
   });
+  $("file").addEventListener("change", pickFile);
+  $("test-index").addEventListener("change", () => { state.image = { example: Math.max(0, +$("test-index").value || 0) }; });
   $("heatmap").addEventListener("mousemove", heatHover);
   $("heatmap").addEventListener("mouseleave", () => { $("heat-tip").textContent = "\u00a0"; });
   drawColorbar();
@@ -146,7 +165,57 @@ function applyInfo(info) {
     node.hidden = node.dataset.family !== info.family;
   }
   document.title = `qkv · explain · ${info.family}`;
+  const image = isImage();
+  for (const id of ["input", "char-count"]) $(id).hidden = image;
+  $("image-input").hidden = !image;  // #image-card shows once there is a result to draw
+  if (image) {
+    $("input-label").htmlFor = "file";
+    $("upload-cap").textContent = `${info.image_size}×${info.image_size} px input, ${info.grid_size}×${info.grid_size} ` +
+      `patches of ${info.patch_size}×${info.patch_size}; uploads up to ${(info.max_upload_bytes / 2 ** 20).toFixed(0)} MiB`;
+    loadExamples();
+  }
   updateCount();
+}
+
+// ---------- ViT runs: choosing the image
+
+async function loadExamples() {
+  try {
+    const { examples } = await api("/api/image/examples");
+    $("examples").replaceChildren(...examples.map((ex) => {
+      const button = el("button", { type: "button", class: "example", "data-index": ex.index,
+        title: `test image ${ex.index} (true class: ${ex.label})` },
+        el("img", { src: ex.image, alt: `test image ${ex.index}` }), el("span", {}, ex.label));
+      button.addEventListener("click", () => {
+        $("test-index").value = String(ex.index);
+        state.image = { example: ex.index };
+        run();
+      });
+      return button;
+    }));
+  } catch (e) {
+    $("examples").replaceChildren(el("p", { class: "muted small" }, "No test images to pick from: " + e.message));
+  }
+}
+
+function pickFile() {
+  const file = $("file").files[0];
+  if (!file) return;
+  if (file.size > state.info.max_upload_bytes) {
+    showError(`${file.name}: ${file.size} bytes, the cap is ${state.info.max_upload_bytes}`);
+    return;
+  }
+  state.image = { file };
+  run();
+}
+
+function loadPicture(src) {
+  return new Promise((resolve, reject) => {
+    const img = new Image();
+    img.onload = () => resolve(img);
+    img.onerror = () => reject(new Error("the model's input image could not be shown"));
+    img.src = src;
+  });
 }
 
 function updateCount() {
@@ -191,17 +260,21 @@ async function run() {
   hideError();
   delete document.body.dataset.ready;
   setBusy(true);
-  const body = requestBody();
+  const image = isImage();
+  const body = image ? (state.image || { example: Math.max(0, +$("test-index").value || 0) }) : requestBody();
   try {
-    const data = await api("/api/explain", body);
+    const data = image ? await imageApi("/api/image/explain", body) : await api("/api/explain", body);
+    const picture = image ? await loadPicture(data.output.image) : null;
     if (seq !== state.runSeq) return;
+    state.picture = picture;
+    $("image-card").hidden = !image;
     state.data = data;
     state.body = body;
     renderOutput(data, body);
     if ((data.attention || []).length) {
       setupSelectors();
     } else {  // nothing to draw: clear the views of a previous run rather than leave them stale
-      ["head-view", "overview", "steps"].forEach((id) => $(id).replaceChildren());
+      ["head-view", "overview", "image-overview", "steps"].forEach((id) => $(id).replaceChildren());
       state.heat = null;
     }
     document.body.dataset.ready = "1";
@@ -228,6 +301,11 @@ function renderOutput(data, body) {
       (body.top_k ? `, top-k ${body.top_k}` : "") + (body.top_p ? `, top-p ${body.top_p}` : "")));
     out.append(el("h3", {}, "Next-token probabilities after the prompt"));
     out.append(bars("next-tokens", (o.next_tokens || []).map((t) => [showToken(t.token), t.prob])));
+  } else if (data.family === "vit") {
+    out.append(el("p", { class: "out-text", id: "output-text" }, `predicted: ${o.prediction}`));
+    out.append(el("p", { class: "muted small" }, data.input));
+    out.append(el("h3", {}, "Class probabilities"));
+    out.append(bars("classes", o.classes.map((c) => [c.label, c.prob])));
   } else if (data.family === "protein") {
     if (o.classes && o.classes.length) {
       out.append(el("h3", {}, "Class probabilities"));
@@ -299,6 +377,7 @@ function selectKind() {
   fillSelect($("head"), [...Array(H).keys()].map((i) => [i, String(i + 1)]), state.head);
   $("attn-title").textContent = e.title || "";
   renderOverview(e);
+  if (isImage()) renderOverview(e, $("image-overview"), paintImageTile);
   select(state.layer, state.head);
 }
 
@@ -319,7 +398,8 @@ function drawHead() {
   const e = entry(), W = e.weights[state.layer][state.head];
   renderHeadView(e, W);  // opacity stays ∝ weight: stretched, a diffuse head is a solid block of lines
   renderHeatmap(e, W, scaleMax(W));
-  for (const tile of $("overview").querySelectorAll(".head")) {
+  if (isImage()) drawImageViews(W);
+  for (const tile of document.querySelectorAll("#overview .head, #image-overview .head")) {
     tile.classList.toggle("selected", +tile.dataset.layer === state.layer && +tile.dataset.head === state.head);
   }
 }
@@ -428,24 +508,30 @@ function drawColorbar(height = 200, top = 6, vmax = 1) {
 }
 
 // One small canvas per head, drawn pixel-per-cell and scaled up by CSS: cheap even for long inputs.
-function renderOverview(e) {
-  const host = $("overview"), L = e.weights.length, H = e.weights[0].length;
+function paintHeatTile(W) {
+  const tq = W.length, tk = W[0] ? W[0].length : 0, vmax = scaleMax(W);
+  const cv = el("canvas", { width: Math.max(1, tk), height: Math.max(1, tq) });
+  if (tq && tk) {
+    const ctx = cv.getContext("2d"), img = ctx.createImageData(tk, tq);
+    W.forEach((row, i) => row.forEach((v, j) => {
+      const c = blues(v / vmax), o = 4 * (i * tk + j);
+      img.data[o] = c[0]; img.data[o + 1] = c[1]; img.data[o + 2] = c[2]; img.data[o + 3] = 255;
+    }));
+    ctx.putImageData(img, 0, 0);
+  }
+  return cv;
+}
+
+// The tiles of every layer × head; paint(W) draws one head's weights into a new canvas.
+function renderOverview(e, host = $("overview"), paint = paintHeatTile) {
+  const L = e.weights.length, H = e.weights[0].length;
   host.style.gridTemplateColumns = `auto repeat(${H}, max-content)`;
   const nodes = [el("div", { class: "ov-corner" })];
   for (let h = 0; h < H; h++) nodes.push(el("div", { class: "ov-label col" }, `head ${h + 1}`));
   for (let l = 0; l < L; l++) {
     nodes.push(el("div", { class: "ov-label row" }, `layer ${l + 1}`));
     for (let h = 0; h < H; h++) {
-      const W = e.weights[l][h], tq = W.length, tk = W[0] ? W[0].length : 0, vmax = scaleMax(W);
-      const cv = el("canvas", { width: Math.max(1, tk), height: Math.max(1, tq) });
-      if (tq && tk) {
-        const ctx = cv.getContext("2d"), img = ctx.createImageData(tk, tq);
-        W.forEach((row, i) => row.forEach((v, j) => {
-          const c = blues(v / vmax), o = 4 * (i * tk + j);
-          img.data[o] = c[0]; img.data[o + 1] = c[1]; img.data[o + 2] = c[2]; img.data[o + 3] = 255;
-        }));
-        ctx.putImageData(img, 0, 0);
-      }
+      const cv = paint(e.weights[l][h]);
       const tile = el("button", { type: "button", class: "head", title: `layer ${l + 1}, head ${h + 1}`,
         "data-layer": l, "data-head": h, "aria-label": `layer ${l + 1}, head ${h + 1}` }, cv);
       tile.addEventListener("click", () => select(l, h));
@@ -453,6 +539,56 @@ function renderOverview(e) {
     }
   }
   host.replaceChildren(...nodes);
+}
+
+// ---------- ViT runs: attention over the image
+
+// The class token's row of one head, W[0][1..N], as grid × grid rows of patch weights.
+function clsGrid(W) {
+  const g = state.data.output.grid_size, row = W[0].slice(1);
+  return [...Array(g).keys()].map((r) => row.slice(r * g, (r + 1) * g));
+}
+
+// The model's input scaled to `size` px, one value per patch on top (orange, opacity ∝
+// value / vmax), and the patch grid.
+function drawOverlay(cv, values, vmax, size) {
+  const g = values.length, cell = size / g, dpr = window.devicePixelRatio || 1;
+  cv.width = Math.round(size * dpr); cv.height = Math.round(size * dpr);
+  cv.style.width = `${size}px`; cv.style.height = `${size}px`;
+  const ctx = cv.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.imageSmoothingEnabled = false;
+  if (state.picture) ctx.drawImage(state.picture, 0, 0, size, size);
+  values.forEach((row, r) => row.forEach((v, c) => {
+    const t = Math.max(0, Math.min(1, v / (vmax || 1)));
+    ctx.fillStyle = `rgba(255, 96, 0, ${(0.65 * t).toFixed(3)})`;  // the image shows through
+    ctx.fillRect(c * cell, r * cell, cell, cell);
+  }));
+  ctx.strokeStyle = "rgba(255, 255, 255, 0.45)";
+  ctx.lineWidth = 1;
+  ctx.beginPath();
+  for (let k = 1; k < g; k++) {
+    ctx.moveTo(k * cell, 0); ctx.lineTo(k * cell, size);
+    ctx.moveTo(0, k * cell); ctx.lineTo(size, k * cell);
+  }
+  ctx.stroke();
+}
+
+const gridMax = (values) => Math.max(0, ...values.flat());
+
+function paintImageTile(W) {
+  const cv = el("canvas"), values = clsGrid(W);
+  drawOverlay(cv, values, gridMax(values), 78);
+  return cv;
+}
+
+function drawImageViews(W) {
+  const o = state.data.output, values = clsGrid(W), vmax = gridMax(values);
+  drawOverlay($("overlay"), values, vmax, 336);
+  $("overlay-caption").textContent = `Layer ${state.layer + 1}, head ${state.head + 1}: class token → patches ` +
+    `(largest ${fmt(vmax, 3)}; CLS → CLS ${fmt(W[0][0], 3)})`;
+  drawOverlay($("rollout"), o.rollout, gridMax(o.rollout), 336);
+  $("rollout-note").textContent = `The class token keeps ${fmt(o.rollout_cls, 3)} of itself; the patches share the rest.`;
 }
 
 // ---------- step-through of Eq. 1
@@ -464,8 +600,9 @@ async function loadSteps() {
   host.replaceChildren(el("p", { class: "muted" },
     `Computing ${state.kind}, layer ${state.layer + 1}, head ${state.head + 1}…`));
   try {
-    const s = await api("/api/steps",
-      { ...state.body, kind: state.kind, layer: state.layer, head: state.head });
+    const s = isImage()
+      ? await imageApi("/api/image/steps", state.body, { layer: state.layer, head: state.head })
+      : await api("/api/steps", { ...state.body, kind: state.kind, layer: state.layer, head: state.head });
     if (seq !== state.stepSeq) return;
     renderSteps(s);
     document.body.dataset.stepsReady = "1";
@@ -495,7 +632,8 @@ function renderSteps(s) {
   const host = $("steps");
   const note = el("p", { class: "muted small" },
     `${s.kind}, layer ${s.layer + 1}, head ${s.head + 1}; d_k = ${s.d_k}. Rows are query tokens` +
-    (state.data.family === "translation" ? " (subword pieces, as the model sees them)." : ".") +
+    (state.data.family === "translation" ? " (subword pieces, as the model sees them)." :
+      state.data.family === "vit" ? " (CLS, the class token, then the patches r<row>c<column> in reading order)." : ".") +
     " Cell colours are scaled to each table's largest |value|." +
     " Hover a score cell to see which rows of Q and K produced it.");
   const tables = {};
