@@ -1,13 +1,16 @@
 """Screenshot of the explainer page for a run: python docs/screenshot_page.py RUN_DIR "input" OUT.png
 
 Starts the page on a free loopback port, types the input, waits for the attention of every
-head, opens the step-through, and saves a full-page screenshot. Needs the playwright package
-and a Chromium (``QKV_CHROMIUM`` or ``chromium`` on PATH; Debian: apt-get install chromium).
+head, opens the step-through, and saves a full-page screenshot. For a ViT run the input is an
+image file (uploaded) or ``test:K`` (test image ``K`` of the run's task). Needs the playwright
+package and a Chromium (``QKV_CHROMIUM`` or ``chromium`` on PATH; Debian: apt-get install
+chromium).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 
@@ -28,8 +31,15 @@ def main(run_dir: str, text: str, out: str) -> None:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(base + "/")
-            page.fill("#input", text)
-            page.click("#run")
+            if explainer.input_kind != "image":
+                page.fill("#input", text)
+                page.click("#run")
+            elif re.fullmatch(r"test:\d+", text) and not os.path.exists(text):
+                page.fill("#test-index", text.split(":")[1])
+                page.dispatch_event("#test-index", "change")
+                page.click("#run")
+            else:
+                page.set_input_files("#file", text)  # choosing a file runs the model
             page.wait_for_selector('body[data-ready="1"]', timeout=120_000)
             page.wait_for_selector('body[data-steps-ready="1"]', timeout=120_000)
             page.screenshot(path=out, full_page=True)
