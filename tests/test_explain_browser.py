@@ -101,8 +101,8 @@ def test_vit_page_uploads_an_image_and_draws_the_overlays(tiny_vit_run, tmp_path
             page.wait_for_timeout(200)
             page.screenshot(path=str(ARTIFACTS / "explain_vit.png"), full_page=True)
             page.locator("#examples .example").nth(1).click()
-            page.wait_for_function("document.getElementById('output').innerText.includes('test image')",
-                                   timeout=60_000)
+            # (a locator, not wait_for_function: its polling evaluates strings, which the CSP forbids)
+            page.locator("#output", has_text="digits test image").wait_for(timeout=60_000)
             browser.close()
     finally:
         server.should_exit = True

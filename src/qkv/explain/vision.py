@@ -97,7 +97,8 @@ class ImageExplainer(Explainer):
             else:  # the recipe's own split rule (lazily imported: recipes are leaves)
                 from ..recipes.vit import ViTRecipe, load_image_task
 
-                keys = {k: self.train_config[k] for k in ("val_fraction", "split_seed") if k in self.train_config}
+                keys = {k: self.train_config[k] for k in ("val_fraction", "split_seed")
+                        if k in self.train_config}
                 self._test = load_image_task(ViTRecipe(model=self.config, task=self.task, **keys)).test
         return self._test
 
@@ -109,8 +110,10 @@ class ImageExplainer(Explainer):
         """
         data = self.test_images()
         if not 0 <= index < len(data.labels):
-            raise QkvError(f"test image {index} out of range: the test set has images 0..{len(data.labels) - 1}")
-        return data.images[index], f"{self.task} test image {index} (true class: {data.classes[data.labels[index]]})"
+            raise QkvError(f"test image {index} out of range: the test set has images "
+                           f"0..{len(data.labels) - 1}")
+        label = data.classes[data.labels[index]]
+        return data.images[index].copy(), f"{self.task} test image {index} (true class: {label})"
 
     def examples(self, n: int = 10) -> list[dict]:
         """A few test images to pick from: the first of each class (class order), then the
