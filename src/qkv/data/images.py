@@ -68,7 +68,7 @@ def read_idx(path: Path) -> np.ndarray:
         raise QkvError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).copy()  # writable
     if body.size != int(np.prod(shape)):
         raise QkvError(f"{path}: header says {shape} ({int(np.prod(shape))} bytes), file holds {body.size}")
     return body.reshape(shape)
@@ -188,6 +188,69 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
         held.append(rng.permutation(idx)[:max(1, round(fraction * len(idx)))])
     held_out = np.sort(np.concatenate(held))
     return np.setdiff1d(np.arange(len(labels)), held_out), held_out
+
+
+@dataclass
+class ImageTask:
+    """The three splits of one image task, its name and whom to cite."""
+
+    name: str
+    train: ImageSet
+    val: ImageSet
+    test: ImageSet
+    citation: str
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.train.classes
+
+    def split(self, name: str) -> ImageSet:
+        """``"train"``, ``"val"`` or ``"test"``; raises :class:`QkvError` for another name."""
+        if name not in ("train", "val", "test"):
+            raise QkvError(f"split must be train, val or test (got {name!r})")
+        return getattr(self, name)
+
+
+def _three_way(data: ImageSet, fraction: float, seed: int) -> tuple[ImageSet, ImageSet, ImageSet]:
+    rest, test = stratified_split(data.labels, fraction, seed)
+    train, val = stratified_split(data.labels[rest], fraction / (1 - fraction), seed + 1)
+    return data.subset(rest[train]), data.subset(rest[val]), data.subset(test)
+
+
+def load_image_task(task: str, image_size: int, channels: int, val_fraction: float = 0.1,
+                    split_seed: int = 0) -> ImageTask:
+    """Train / val / test images of ``task``: ``"fashion-mnist"`` (its 60,000 training images
+    lose ``val_fraction`` of each class to validation, chosen by ``split_seed``; its 10,000
+    test images stay the test split), ``"digits"``, or a folder: ``DIR/train/<class>/...`` +
+    ``DIR/test/<class>/...`` (validation taken from train as for Fashion-MNIST), else
+    ``DIR/<class>/...`` split ``1 - 2·val_fraction`` / ``val_fraction`` / ``val_fraction``
+    per class. Folder images are read at ``image_size`` and ``channels``
+    (:func:`read_image`); the built-in sets keep their own size.
+
+    Raises:
+        QkvError: an unknown task name, or a folder that is not a usable image folder.
+    """
+    frac, seed = val_fraction, split_seed
+    if task == "fashion-mnist":
+        full, test = load_fashion_mnist("train"), load_fashion_mnist("test")
+        train, val = stratified_split(full.labels, frac, seed)
+        return ImageTask(task, full.subset(train), full.subset(val), test, FASHION_MNIST_CITATION)
+    if task == "digits":
+        return ImageTask(task, *_three_way(load_digits(), frac, seed),
+                         "scikit-learn digits (UCI optical recognition of handwritten digits)")
+    root = Path(task)
+    if not root.is_dir():
+        raise QkvError(f"unknown task {task!r}: use fashion-mnist, digits or an image folder "
+                       "(DIR/<class>/<image>)")
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        full = load_image_folder(root / "train", image_size, channels)
+        test = load_image_folder(root / "test", image_size, channels)
+        if test.classes != full.classes:
+            raise QkvError(f"{root}/test has classes {test.classes}, {root}/train has {full.classes}")
+        train, val = stratified_split(full.labels, frac, seed)
+        return ImageTask(root.name, full.subset(train), full.subset(val), test, str(root))
+    return ImageTask(root.name, *_three_way(load_image_folder(root, image_size, channels), frac, seed),
+                     str(root))
 
 
 def to_model_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:

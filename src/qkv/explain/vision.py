@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.images import ImageSet, load_fashion_mnist, read_image, to_model_input
+from ..data.images import ImageSet, load_fashion_mnist, load_image_task, read_image, to_model_input
 from ..errors import QkvError
 from ..generate.vision import ImageClassifier
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
@@ -94,12 +94,11 @@ class ImageExplainer(Explainer):
         if self._test is None:
             if self.task == "fashion-mnist":
                 self._test = load_fashion_mnist("test")
-            else:  # the recipe's own split rule (lazily imported: recipes are leaves)
-                from ..recipes.vit import ViTRecipe, load_image_task
-
+            else:
                 keys = {k: self.train_config[k] for k in ("val_fraction", "split_seed")
                         if k in self.train_config}
-                self._test = load_image_task(ViTRecipe(model=self.config, task=self.task, **keys)).test
+                self._test = load_image_task(self.task, self.config.image_size, self.config.channels,
+                                             **keys).test
         return self._test
 
     def test_image(self, index: int) -> tuple[np.ndarray, str]:

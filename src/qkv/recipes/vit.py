@@ -6,10 +6,9 @@ a stratified validation split of the training images → mini-batches with rando
 keeping the weights with the best validation accuracy → test metrics (accuracy, per-class
 accuracy, macro F1, confusion matrix) beside logistic regression on the same pixels.
 
-Splits: Fashion-MNIST's 60,000 training images lose ``val_fraction`` (stratified, by
-``split_seed``) to validation; its 10,000 test images are touched only for the final figure.
-The digits and a folder without ``train``/``test`` sub-folders are split
-``1 - 2·val_fraction`` / ``val_fraction`` / ``val_fraction`` the same way.
+Splits (:func:`qkv.data.images.load_image_task`): Fashion-MNIST's 60,000 training images
+lose ``val_fraction`` (stratified, by ``split_seed``) to validation; its 10,000 test images
+are touched only for the final figure.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..data.images import (FASHION_MNIST_CITATION, ImageSet, augment, load_digits,
-                           load_fashion_mnist, load_image_folder, stratified_split, to_model_input)
+from ..data.images import ImageSet, ImageTask, augment, load_image_task, to_model_input
 from ..errors import QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
 from ..generate.vision import ImageClassifier
@@ -80,60 +78,10 @@ class ViTRecipe:
             raise ValueError("; ".join(problems))
 
 
-@dataclass
-class ImageTask:
-    """The three splits of one task, its name and whom to cite."""
-
-    name: str
-    train: ImageSet
-    val: ImageSet
-    test: ImageSet
-    citation: str
-
-    @property
-    def classes(self) -> tuple[str, ...]:
-        return self.train.classes
-
-    def split(self, name: str) -> ImageSet:
-        if name not in ("train", "val", "test"):
-            raise QkvError(f"split must be train, val or test (got {name!r})")
-        return getattr(self, name)
-
-
-def _three_way(data: ImageSet, fraction: float, seed: int) -> tuple[ImageSet, ImageSet, ImageSet]:
-    rest, test = stratified_split(data.labels, fraction, seed)
-    train, val = stratified_split(data.labels[rest], fraction / (1 - fraction), seed + 1)
-    return data.subset(rest[train]), data.subset(rest[val]), data.subset(test)
-
-
-def load_image_task(recipe: ViTRecipe) -> ImageTask:
-    """The task's train / val / test images (see the module docstring for the splits).
-
-    Raises:
-        QkvError: an unknown task name, or a folder that is not a usable image folder.
-    """
-    cfg, frac, seed = recipe.model, recipe.val_fraction, recipe.split_seed
-    if recipe.task == "fashion-mnist":
-        full, test = load_fashion_mnist("train"), load_fashion_mnist("test")
-        train, val = stratified_split(full.labels, frac, seed)
-        return ImageTask("fashion-mnist", full.subset(train), full.subset(val), test,
-                         FASHION_MNIST_CITATION)
-    if recipe.task == "digits":
-        return ImageTask("digits", *_three_way(load_digits(), frac, seed),
-                         "scikit-learn digits (UCI optical recognition of handwritten digits)")
-    root = Path(recipe.task)
-    if not root.is_dir():
-        raise QkvError(f"unknown task {recipe.task!r}: use fashion-mnist, digits or an image folder "
-                       "(DIR/<class>/<image>)")
-    if (root / "train").is_dir() and (root / "test").is_dir():
-        full = load_image_folder(root / "train", cfg.image_size, cfg.channels)
-        test = load_image_folder(root / "test", cfg.image_size, cfg.channels)
-        if test.classes != full.classes:
-            raise QkvError(f"{root}/test has classes {test.classes}, {root}/train has {full.classes}")
-        train, val = stratified_split(full.labels, frac, seed)
-        return ImageTask(root.name, full.subset(train), full.subset(val), test, str(root))
-    return ImageTask(root.name, *_three_way(load_image_folder(root, cfg.image_size, cfg.channels),
-                                            frac, seed), str(root))
+def load_task(recipe: ViTRecipe):
+    """The recipe's :class:`~qkv.data.images.ImageTask` (see :func:`load_image_task`)."""
+    return load_image_task(recipe.task, recipe.model.image_size, recipe.model.channels,
+                           recipe.val_fraction, recipe.split_seed)
 
 
 def model_config(recipe: ViTRecipe, task: ImageTask) -> ViTConfig:
@@ -162,7 +110,7 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
         QkvError: bad data, a non-empty ``run_dir`` without ``resume``.
     """
     t_start = time.perf_counter()
-    task = load_image_task(recipe)
+    task = load_task(recipe)
     cfg = model_config(recipe, task)
     run_dir = prepare_run_dir(run_dir, resume)
     run = start_run(recipe.train)
@@ -246,5 +194,5 @@ def evaluate_vit_run(run_dir: str | Path, split: str = "test", device="cpu") -> 
     keys = ("task", "val_fraction", "split_seed")
     recipe = resolve(ViTRecipe, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     recipe = replace(recipe, model=classifier.config)
-    data = load_image_task(recipe).split(split)
+    data = load_task(recipe).split(split)
     return {"task": recipe.task, "split": split, **evaluate_images(classifier, data)}
