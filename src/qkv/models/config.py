@@ -220,8 +220,8 @@ class ViTConfig(ModelConfig):
 
     The image (``channels × image_size × image_size``) is cut into ``patch_size`` squares:
     ``n_patches = (image_size / patch_size)²`` tokens, plus the class token. Defaults are a
-    small pre-LN ViT for 28 × 28 grey images (Fashion-MNIST): 4 × 4 patches (49 tokens + 1),
-    d_model 128, 4 heads, 6 layers, GELU. ``positional``: ``"learned"`` (ViT's) or
+    small pre-LN ViT for 28 × 28 grey images (Fashion-MNIST): 7 × 7 patches (16 tokens + 1),
+    d_model 128, 4 heads, d_ff 256, 6 layers, GELU, 0.8 M parameters. ``positional``: ``"learned"`` (ViT's) or
     ``"sinusoidal"`` (fixed 2-D sin-cos, :func:`~qkv.nn.patches.sinusoidal_2d_positions`).
     ``pooling``: the class token's final state (``"cls"``) or the mean of the patch states
     (``"mean"``) feeds the classification head (``num_labels`` classes). ``max_len`` caps the
@@ -240,7 +240,7 @@ class ViTConfig(ModelConfig):
     positional: Literal["sinusoidal", "learned"] = "learned"
     n_layers: int = 6
     image_size: int = 28
-    patch_size: int = 4
+    patch_size: int = 7
     channels: int = 1
     num_labels: int = 10
     pooling: Literal["cls", "mean"] = "cls"

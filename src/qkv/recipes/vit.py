@@ -53,11 +53,11 @@ class ViTRecipe:
 
     model: ViTConfig = ViTConfig()
     train: TrainSettings = TrainSettings(
-        lr=1e-3, weight_decay=0.05, beta2=0.999, warmup_steps=200, min_lr_ratio=0.0,
+        lr=2e-3, weight_decay=0.05, beta2=0.999, warmup_steps=200, min_lr_ratio=0.0,
         max_minutes=30.0, eval_every=1000, snapshot_minutes=1e9, keep_snapshots=1)
     task: str = "fashion-mnist"
     batch_size: int = 128
-    crop_padding: int = 2
+    crop_padding: int = 0
     hflip: bool = True
     label_smoothing: float = 0.0
     val_fraction: float = 0.1
