@@ -1,11 +1,12 @@
-# Two entry points for a fresh machine: `make demo` (train + translate + BLEU) and `make test`.
+# Two entry points for a fresh machine: `make demo` (train + translate + BLEU) and `make test`;
+# `make vit` trains the Vision Transformer on Fashion-MNIST (30 min) and prints test accuracy.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test venv clean
+.PHONY: demo vit test venv clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,9 @@ venv: $(BIN)/qkv
 
 demo: venv
 	$(BIN)/qkv train translation --out $(RUN)
+
+vit: venv
+	$(BIN)/qkv train vit --out $(subst demo-,vit-,$(RUN))
 
 test: venv
 	$(BIN)/python -m pytest tests

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +251,21 @@ def test_train_refuses_bad_folders_with_exit_2(tmp_path, capsys):
     assert main(["train", "vit", "--task", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]) == 2
     assert "no class sub-folders" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+# --- a short smoke run on the real Fashion-MNIST -----------------------------------------
+
+DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.mark.skipif(not (DATA / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").is_file()
+                    and not os.environ.get("CI"),  # in CI missing data must fail, not skip
+                    reason=f"Fashion-MNIST not found under {DATA} (set QKV_DATA_DIR)")
+def test_fashion_mnist_smoke_run_learns(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_DATA_DIR", os.environ.get("QKV_DATA_DIR", str(DATA)))
+    run = tmp_path / "run"
+    assert main(["train", "vit", "--out", str(run), "--quiet", "train.max_steps=150",
+                 "train.warmup_steps=20", "train.eval_every=80", "baseline=false", "train.threads=1"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["test"]["n"] == 10_000 and summary["validation"]["n"] == 6_000
+    assert summary["test"]["accuracy"] > 0.55  # 10 balanced classes: chance is 0.1
