@@ -59,7 +59,7 @@ class ViTRecipe:
     batch_size: int = 128
     crop_padding: int = 0
     hflip: bool = True
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.1
     val_fraction: float = 0.1
     split_seed: int = 0
     baseline: bool = True
