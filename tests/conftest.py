@@ -76,13 +76,19 @@ def tiny_vit_run(tmp_path_factory):
     """A ``qkv train vit`` run directory on scikit-learn's 8 × 8 digits: 2 layers, 2 heads,
     2 × 2 patches (16 patches + the class token), 20 steps (a few seconds on one thread;
     barely trained: for code that reads runs, not for accuracy)."""
+    return train_digits_vit(tmp_path_factory.mktemp("tiny_vit") / "run", "model.d_model=16",
+                            "model.d_ff=32", "train.max_steps=20", "train.eval_every=1000",
+                            "train.warmup_steps=5", "batch_size=32", "baseline=false",
+                            "train.precision=fp32")
+
+
+def train_digits_vit(run, *overrides: str):
+    """``qkv train vit --task digits`` into ``run``: 2 layers, 2 heads, 2 × 2 patches, lr 3e-3
+    on one thread, plus ``overrides``; asserts it succeeded and returns ``run``."""
     from qkv.cli import main
 
-    run = tmp_path_factory.mktemp("tiny_vit") / "run"
-    code = main(["train", "vit", "--task", "digits", "--out", str(run), "--quiet",
-                 "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=2",
-                 "model.patch_size=2", "train.max_steps=20", "train.eval_every=1000",
-                 "train.warmup_steps=5", "train.lr=3e-3", "batch_size=32", "baseline=false",
-                 "train.threads=1", "train.precision=fp32"])
+    code = main(["train", "vit", "--task", "digits", "--out", str(run), "--quiet", "model.n_heads=2",
+                 "model.n_layers=2", "model.patch_size=2", "train.lr=3e-3", "train.threads=1",
+                 *overrides])
     assert code == 0
     return run

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import train_digits_vit
 from qkv.cli import main
 from qkv.data.images import (augment, load_digits, load_image_folder, read_image, stratified_split,
                              to_model_input)
@@ -193,14 +194,9 @@ def test_image_folder_layout_and_its_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("vit") / "run"
-    code = main(["train", "vit", "--task", "digits", "--out", str(run), "--quiet",
-                 "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=2",
-                 "model.patch_size=2", "train.max_steps=300", "train.eval_every=100",
-                 "train.warmup_steps=10", "train.lr=3e-3", "crop_padding=0", "hflip=false",
-                 "batch_size=64", "train.threads=1"])
-    assert code == 0
-    return run
+    return train_digits_vit(tmp_path_factory.mktemp("vit") / "run", "model.d_model=32",
+                            "model.d_ff=64", "train.max_steps=300", "train.eval_every=100",
+                            "train.warmup_steps=10", "crop_padding=0", "hflip=false", "batch_size=64")
 
 
 def test_recipe_trains_reports_and_beats_chance(digits_run, capsys):
