@@ -223,6 +223,20 @@ def test_saved_run_reloads_to_identical_outputs_and_evaluates(digits_run, capsys
     assert (digits_run / "confusion_test.png").is_file()
 
 
+def test_hflip_tta_averages_each_image_with_its_mirror(digits_run):
+    from qkv.generate.vision import ImageClassifier
+
+    one = ImageClassifier.from_run(digits_run)
+    assert not one.hflip_tta  # the fixture trained with hflip=false: no mirror averaging
+    both = ImageClassifier(one.model, one.classes, hflip_tta=True)
+    images = load_digits().images[:16]
+    mirrored = np.ascontiguousarray(images[:, :, ::-1])
+    expected = (one.predict(images) + one.predict(mirrored)) / 2
+    np.testing.assert_allclose(both.predict(images), expected, atol=1e-6)
+    assert np.abs(both.predict(images) - one.predict(images)).max() > 1e-3  # digits are not symmetric
+    np.testing.assert_allclose(both.predict(mirrored), both.predict(images), atol=1e-6)
+
+
 def test_classify_writes_a_tsv_and_refuses_a_bad_file_before_writing(digits_run, tmp_path, capsys):
     from PIL import Image
 
@@ -264,4 +278,8 @@ def test_fashion_mnist_smoke_run_learns(tmp_path, monkeypatch):
                  "train.warmup_steps=20", "train.eval_every=80", "baseline=false", "train.threads=1"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["test"]["n"] == 10_000 and summary["validation"]["n"] == 6_000
+    assert summary["tta"] and 0.1 < summary["test_single_view"]["accuracy"] < 1  # the default: flip averaging
+    from qkv.generate.vision import ImageClassifier
+
+    assert ImageClassifier.from_run(run).hflip_tta  # qkv classify and evaluate average too
     assert summary["test"]["accuracy"] > 0.55  # 10 balanced classes: chance is 0.1

@@ -54,6 +54,8 @@ class ImageExplainer(Explainer):
     ``image`` (data URL of the ``image_size``² model input), ``image_size``, ``patch_size``,
     ``grid_size``, ``rollout`` (``grid × grid`` nested lists: the rollout from each patch to
     the class token, the class token's own share left out) and ``rollout_cls`` (that share).
+    The probabilities are those of the one forward pass whose attention is shown: no mirror
+    averaging, so they can differ slightly from ``qkv classify`` on a ``tta_hflip`` run.
     """
 
     family, kinds, input_kind, subword = "vit", ("encoder",), "image", False

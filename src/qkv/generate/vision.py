@@ -23,26 +23,34 @@ class ImageClassifier:
     Args:
         model: the network (eval mode). classes: class names in id order.
         device: where it runs. batch_size: images per forward pass.
+        hflip_tta: test-time augmentation: the probabilities are the mean of those of the
+            image and of its left-right mirror. Only for a model trained with random flips
+            (``hflip``), to which a mirrored image is as familiar as the original.
     """
 
     def __init__(self, model: VisionTransformer, classes: tuple[str, ...],
-                 device: torch.device | str = "cpu", batch_size: int = 500) -> None:
+                 device: torch.device | str = "cpu", batch_size: int = 500,
+                 hflip_tta: bool = False) -> None:
         self.model, self.classes = model, tuple(classes)
         self.device, self.batch_size = torch.device(device), batch_size
-        self.config = model.config
+        self.config, self.hflip_tta = model.config, hflip_tta
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> "ImageClassifier":
-        """Load a ``qkv train vit`` run directory.
+        """Load a ``qkv train vit`` run directory; ``hflip_tta`` is on when its
+        ``train_config.json`` has both ``hflip`` and ``tta_hflip`` (see
+        :class:`~qkv.recipes.vit.ViTRecipe`; off for runs that do not record it).
 
         Raises:
             QkvError: a missing or incomplete run directory, or a run of another kind.
         """
         model, _ = runs.load_run(run_dir, device=device, family="vit")
-        meta = Path(run_dir) / "task.json"
+        meta, settings = Path(run_dir) / "task.json", Path(run_dir) / "train_config.json"
         classes = (json.loads(meta.read_text(encoding="utf-8"))["classes"] if meta.is_file()
                    else [str(i) for i in range(model.config.num_labels)])
-        return cls(model, classes, device)
+        saved = json.loads(settings.read_text(encoding="utf-8")) if settings.is_file() else {}
+        tta = bool(saved.get("hflip") and saved.get("tta_hflip"))
+        return cls(model, classes, device, hflip_tta=tta)
 
     def read(self, paths: list[str | Path]) -> np.ndarray:
         """Image files as the model's input: uint8 ``(N, image_size, image_size, channels)``
@@ -60,7 +68,8 @@ class ImageClassifier:
 
     @torch.no_grad()
     def predict(self, images: np.ndarray) -> np.ndarray:
-        """Class probabilities, float32 ``(N, num_labels)``, for uint8 ``(N, H, W, C)`` images.
+        """Class probabilities, float32 ``(N, num_labels)``, for uint8 ``(N, H, W, C)`` images
+        (with ``hflip_tta``, the mean over each image and its mirror).
 
         Raises:
             QkvError: images of the wrong size, channel count or dtype.
@@ -68,8 +77,11 @@ class ImageClassifier:
         self._check(images)
         out = []
         for i in range(0, len(images), self.batch_size):
-            x = to_model_input(images[i: i + self.batch_size]).to(self.device)
-            out.append(self.model(x).logits.float().softmax(-1).cpu())
+            x = to_model_input(images[i: i + self.batch_size]).to(self.device)  # (B, C, H, W)
+            probs = self.model(x).logits.float().softmax(-1)
+            if self.hflip_tta:
+                probs = (probs + self.model(x.flip(-1)).logits.float().softmax(-1)) / 2
+            out.append(probs.cpu())
         return torch.cat(out).numpy() if out else np.zeros((0, len(self.classes)), np.float32)
 
     @torch.no_grad()

@@ -29,6 +29,7 @@ from ..generate.vision import ImageClassifier
 from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from ..train.checkpoint import write_json
+from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
@@ -47,7 +48,9 @@ class ViTRecipe:
     ``task``: ``fashion-mnist``, ``digits`` or a folder (``DIR/<class>/<image>``, or
     ``DIR/train/<class>/...`` + ``DIR/test/<class>/...``). ``batch_size``: images per step.
     ``crop_padding``: random crop after padding by this many pixels (0: off). ``hflip``:
-    random horizontal flips. ``label_smoothing``: of the cross-entropy. ``val_fraction``,
+    random horizontal flips. ``tta_hflip``: with ``hflip``, validation, test and ``qkv classify``
+    average the class probabilities of each image and its mirror (test-time augmentation;
+    ignored without ``hflip``: that model never saw a mirrored image). ``label_smoothing``: of the cross-entropy. ``val_fraction``,
     ``split_seed``: the held-out splits. ``baseline``: also fit logistic regression on pixels.
     """
 
@@ -59,6 +62,7 @@ class ViTRecipe:
     batch_size: int = 128
     crop_padding: int = 0
     hflip: bool = True
+    tta_hflip: bool = True
     label_smoothing: float = 0.1
     val_fraction: float = 0.1
     split_seed: int = 0
@@ -126,7 +130,7 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
                 f"{cfg.patch_size} + the class token. {task.citation}")
     model = VisionTransformer(cfg).to(device)
     logger.info(f"ViT: {model.num_parameters():,} parameters")
-    classifier = ImageClassifier(model, task.classes, device)
+    classifier = ImageClassifier(model, task.classes, device, hflip_tta=recipe.hflip and recipe.tta_hflip)
     x_train = to_model_input(task.train.images)  # (N, C, H, W) float32, kept on the host
     y_train = torch.from_numpy(task.train.labels)
     optimizer = make_optimizer(model, recipe.train)
@@ -159,9 +163,14 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
                        batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
                        progress, score_key="val_accuracy", higher_is_better=True, resume=resume,
                        precision=run.precision)
+    if not distributed.is_main():  # torchrun: the other processes only helped train
+        return {}
     keep_best(model, run_dir)
     summary = {"task": task.name, "validation": evaluate_images(classifier, task.val),
-               "test": evaluate_images(classifier, task.test)}
+               "test": evaluate_images(classifier, task.test), "tta": classifier.hflip_tta}
+    if classifier.hflip_tta:  # what one view of each image scores, so the gain is visible
+        single = ImageClassifier(model, task.classes, device)
+        summary["test_single_view"] = {k: evaluate_images(single, task.test)[k] for k in ("accuracy", "macro_f1")}
     plot_confusion(summary["test"]["confusion"], task.classes, run_dir / "confusion.png",
                    f"{task.name} test (ViT)")
     if recipe.baseline:
@@ -195,4 +204,5 @@ def evaluate_vit_run(run_dir: str | Path, split: str = "test", device="cpu") -> 
     recipe = resolve(ViTRecipe, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     recipe = replace(recipe, model=classifier.config)
     data = load_task(recipe).split(split)
-    return {"task": recipe.task, "split": split, **evaluate_images(classifier, data)}
+    return {"task": recipe.task, "split": split, "tta": classifier.hflip_tta,
+            **evaluate_images(classifier, data)}
