@@ -208,7 +208,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
     train_lm(recipe, tmp_path / "run", progress=False)
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert saved["train"]["precision"] == "auto", "the setting as given"
-    assert saved["resolved"] == {"device": "cpu", "precision": "fp32",
+    assert saved["resolved"] == {"device": "cpu", "precision": "fp32", "processes": 1,
                                  "why": f"auto: CPU ({qdevice.cpu_capability()}) lacks native bfloat16"}
     assert passed == ["fp32"]
     info = [r.getMessage() for r in qkv_logs.records if r.levelno == logging.INFO]

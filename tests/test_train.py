@@ -40,11 +40,11 @@ def _loss(model, batch):
     return loss, batch.n_tgt_tokens
 
 
-def _train(run_dir, max_steps, resume=False, loss_fn=_loss):
+def _train(run_dir, max_steps, resume=False, loss_fn=_loss, **settings):
     torch.manual_seed(0)
     model = Transformer(CFG)
     opt = make_adam(model.parameters())
-    cfg = TrainSettings(max_steps=max_steps, eval_every=4, snapshot_minutes=1e9, seed=3)
+    cfg = TrainSettings(max_steps=max_steps, eval_every=4, snapshot_minutes=1e9, seed=3, **settings)
     validate = lambda m: {"val_loss": 1.0}  # noqa: E731
     state = train_loop(model, opt, lambda s, used: noam_lr(s, 16, 4), _batches, loss_fn, validate,
                        run_dir, cfg, progress=False, resume=resume)
@@ -61,23 +61,104 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
         assert torch.equal(p, q), name
 
 
-def test_ctrl_c_saves_a_loadable_checkpoint(tmp_path):
-    """KeyboardInterrupt mid-run propagates after writing last.safetensors and the state."""
+def _signalling(at_calls, sig, times=1):
+    """A loss function that sends this process ``sig`` (``times`` times) on the given
+    (1-based) calls."""
+    import signal
+
     calls = {"n": 0}
 
-    def interrupting(model, batch):
+    def loss_fn(model, batch):
         calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
+        if calls["n"] in at_calls:
+            for _ in range(times):
+                os.kill(os.getpid(), getattr(signal, sig))
         return _loss(model, batch)
+    return loss_fn
 
+
+def test_ctrl_c_finishes_the_step_then_saves_an_exact_checkpoint(tmp_path):
+    """Ctrl-C within step 4 lets step 4 finish, saves it and stops; resuming from there ends
+    where an uninterrupted run ends, bit for bit."""
     with pytest.raises(KeyboardInterrupt):
-        _train(tmp_path, 10, loss_fn=interrupting)
-    state = torch.load(tmp_path / "train_state.pt", weights_only=False)
-    assert state["loop"]["step"] == 3
-    assert set(load_file(str(tmp_path / "last.safetensors")))  # a complete safetensors file
-    _, resumed = _train(tmp_path, 6, resume=True)
-    assert resumed.step == 6
+        _train(tmp_path / "a", 10, loss_fn=_signalling({4}, "SIGINT"))
+    state = torch.load(tmp_path / "a" / "train_state.pt", weights_only=True)
+    assert state["loop"]["step"] == 4
+    assert set(load_file(str(tmp_path / "a" / "last.safetensors")))  # a complete safetensors file
+    resumed, _ = _train(tmp_path / "a", 10, resume=True)
+    straight, _ = _train(tmp_path / "b", 10)
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_a_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, 10, loss_fn=_signalling({6}, "SIGINT", times=2))  # both within step 6
+    assert torch.load(tmp_path / "train_state.pt", weights_only=True)["loop"]["step"] == 4
+
+
+def _poisoned(at_calls):
+    """A loss function whose loss is NaN on the given (1-based) calls."""
+    calls = {"n": 0}
+
+    def loss_fn(model, batch):
+        calls["n"] += 1
+        loss, n = _loss(model, batch)
+        return (loss * float("nan") if calls["n"] in at_calls else loss), n
+    return loss_fn
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint(tmp_path):
+    from qkv.train.loop import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=r"non-finite loss at step 6 \(loss nan.*first non-finite "
+                                            r"gradient: .*the last checkpoint .* is untouched"):
+        _train(tmp_path, 10, loss_fn=_poisoned({6}))
+    state = torch.load(tmp_path / "train_state.pt", weights_only=True)
+    assert state["loop"]["step"] == 4  # the checkpoint of step 4's validation, not overwritten
+    assert all(torch.isfinite(t).all() for t in load_file(str(tmp_path / "last.safetensors")).values())
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_skip_nonfinite_skips_that_many_steps_then_stops(tmp_path):
+    from qkv.train.loop import NonFiniteLoss
+
+    model, state = _train(tmp_path / "a", 6, loss_fn=_poisoned({2, 5}), skip_nonfinite=2)
+    assert state.step == 6 and state.skipped_nonfinite == 2
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    rows = [json.loads(r) for r in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_nonfinite"] for r in rows if "skipped_nonfinite" in r] == [1, 2]
+    with pytest.raises(NonFiniteLoss, match="at step 2 "):  # the second bad batch is one too many
+        _train(tmp_path / "b", 6, loss_fn=_poisoned({2, 3, 5}), skip_nonfinite=1)
+
+
+def test_a_truncated_state_is_named_and_the_previous_one_offered(tmp_path):
+    from qkv.train.checkpoint import previous_state_path
+
+    _train(tmp_path, 9)  # checkpoints at steps 0, 4, 8, 9: the state of step 8 is kept as .prev
+    path = tmp_path / "train_state.pt"
+    assert torch.load(previous_state_path(path), weights_only=True)["loop"]["step"] == 8
+    path.write_bytes(path.read_bytes()[:1000])  # as a crash mid-write would leave it, unrenamed
+    with pytest.raises(QkvError, match=r"train_state.pt is truncated or corrupt .*train_state.prev.pt "
+                                       r"\(step 8\) is readable: mv "):
+        _train(tmp_path, 12, resume=True)
+    os.replace(previous_state_path(path), path)  # what the message offers
+    _, state = _train(tmp_path, 12, resume=True)
+    assert state.step == 12
+
+
+def test_resume_drops_the_metric_rows_it_will_write_again(tmp_path):
+    from qkv.train.checkpoint import previous_state_path
+
+    def steps(run):
+        return [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()]
+
+    _train(tmp_path / "a", 12)
+    _train(tmp_path / "b", 10)  # rows up to step 10; states of steps 8 (.prev) and 10
+    state = tmp_path / "b" / "train_state.pt"
+    os.replace(previous_state_path(state), state)  # as if killed just before step 10's checkpoint
+    _train(tmp_path / "b", 12, resume=True)  # redoes steps 9 and 10
+    assert steps(tmp_path / "b") == steps(tmp_path / "a") == [4, 8, 12]
 
 
 def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
@@ -189,21 +270,14 @@ def test_multi30k_loader_reads_real_files_and_copes_with_oddities(monkeypatch):
 
 
 def test_sigterm_stops_like_ctrl_c(tmp_path):
-    """SIGTERM during training saves a checkpoint and stops, like Ctrl-C."""
+    """SIGTERM during step 3 saves step 3 and stops, like Ctrl-C; the handlers are restored."""
     import signal
 
-    calls = {"n": 0}
-
-    def terminating(model, batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return _loss(model, batch)
-
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
-        _train(tmp_path, 10, loss_fn=terminating)
-    assert torch.load(tmp_path / "train_state.pt", weights_only=False)["loop"]["step"] in (2, 3)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        _train(tmp_path, 10, loss_fn=_signalling({3}, "SIGTERM"))
+    assert torch.load(tmp_path / "train_state.pt", weights_only=True)["loop"]["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.getsignal(signal.SIGINT) is before
 
 
 def test_time_budget_schedule_decays_over_the_budget_not_the_steps():

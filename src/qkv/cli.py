@@ -92,6 +92,9 @@ def _report_vit(summary: dict, out: str) -> None:
     line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
             f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
             f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all")
+    if summary.get("test_single_view"):
+        line += (f"\n(each image and its mirror averaged, tta_hflip; one view: test accuracy "
+                 f"{summary['test_single_view']['accuracy']:.4f})")
     base = summary.get("baseline_test")
     if base:
         line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
@@ -174,13 +177,21 @@ def _cmd_train(args) -> int:
         return 0
     if args.out is None:
         raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
+    from .train import distributed
+
+    ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
     try:
         summary = getattr(module, train_name)(recipe, args.out, resume=args.resume, progress=not args.quiet)
     except KeyboardInterrupt:
-        _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command plus --resume")
+        if ctx.is_main:
+            _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command "
+                 "plus --resume")
         return 130
-    report(summary, args.out)
-    print(json.dumps(summary, ensure_ascii=False))
+    finally:
+        distributed.shutdown()
+    if ctx.is_main:
+        report(summary, args.out)
+        print(json.dumps(summary, ensure_ascii=False))
     return 0
 
 

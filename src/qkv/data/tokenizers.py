@@ -75,7 +75,10 @@ class SubwordTokenizer:
             raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        self._tok.save(str(path))
+        """Write the HF ``tokenizers`` JSON to ``path`` (atomically)."""
+        from ..train.checkpoint import atomic_write
+
+        atomic_write(Path(path), lambda tmp: self._tok.save(str(tmp)))
 
     @property
     def vocab_size(self) -> int:

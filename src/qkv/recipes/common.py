@@ -3,6 +3,7 @@ start of a run (threads, device, precision, seed)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 from dataclasses import dataclass
@@ -13,21 +14,42 @@ import torch
 from ..device import resolve_device, resolve_precision
 from ..errors import QkvError
 from ..settings import to_dict
+from ..train import distributed
 from ..train.checkpoint import load_weights, save_weights, write_json
 
 logger = logging.getLogger(__name__)
 
 
 def prepare_run_dir(run_dir: str | Path, resume: bool) -> Path:
-    """Create ``run_dir``; refuse a non-empty one unless resuming (nothing saved is overwritten)."""
+    """Create ``run_dir``; refuse a non-empty one unless resuming (nothing saved is overwritten).
+    Under torchrun only rank 0 checks and creates it (the others never write)."""
     run_dir = Path(run_dir)
+    if not distributed.is_main():
+        return run_dir
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise QkvError(f"run directory {run_dir} is not empty; use --resume to continue it or "
                        "choose another --out")
     if resume and not (run_dir / "train_state.pt").is_file():
-        raise QkvError(f"nothing to resume in {run_dir}: no train_state.pt")
+        raise QkvError(f"nothing to resume in {run_dir}: no train_state.pt (it stopped before its first "
+                       "checkpoint); start it again without --resume, into an empty --out")
+    if resume:
+        _check_same_processes(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def _check_same_processes(run_dir: Path) -> None:
+    """Refuse to resume a run on another number of processes than it was trained on (its
+    random streams are per process), before anything is written."""
+    try:
+        saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the training state is checked again when it is loaded
+    before = saved.get("resolved", {}).get("processes", 1)
+    now = distributed.context().world_size
+    if before != now:
+        raise QkvError(f"{run_dir} was trained on {before} process(es); resume it on as many (its "
+                       f"random streams are per process), not {now}")
 
 
 def git_commit() -> str | None:
@@ -49,7 +71,8 @@ class RunContext:
     why: str
 
     def to_dict(self) -> dict:
-        return {"device": str(self.device), "precision": self.precision, "why": self.why}
+        return {"device": str(self.device), "precision": self.precision, "why": self.why,
+                "processes": distributed.context().world_size}
 
 
 def write_settings(run_dir: Path, recipe: str, settings, model_config,
@@ -65,16 +88,21 @@ def write_settings(run_dir: Path, recipe: str, settings, model_config,
 
 
 def start_run(train) -> RunContext:
-    """Apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed, resolve its device
-    and precision, and log (INFO) what was chosen and why.
+    """Join torchrun's process group if there is one (:func:`qkv.train.distributed.init`),
+    apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed, resolve its device
+    (under torchrun on CUDA: this process's GPU) and precision, and log (INFO) what was chosen
+    and why.
 
     Raises:
         QkvError: a device that is not available here.
     """
+    ctx = distributed.init(train.device)
     if train.threads:
         torch.set_num_threads(train.threads)
     torch.manual_seed(train.seed)
     device = resolve_device(train.device, log_level=logging.INFO)
+    if ctx.enabled and device.type == "cuda":
+        device = torch.device("cuda", ctx.local_rank)
     precision, why = resolve_precision(train.precision, device)
     logger.info(f"precision: {precision} ({why}), seed {train.seed}")
     return RunContext(device, precision, why)

@@ -28,6 +28,7 @@ from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
 from ..train.checkpoint import write_json, write_text
+from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
@@ -170,6 +171,8 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     state = train_loop(model, make_optimizer(model, recipe.train),
                        recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
                        run_dir, recipe.train, progress, resume=resume, precision=run.precision)
+    if not distributed.is_main():  # torchrun: the other processes only helped train
+        return {}
     keep_best(model, run_dir)
     with torch.no_grad():
         nll, n = split_nll(model, val_data, block_size)

@@ -28,6 +28,7 @@ from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
 from ..train.checkpoint import write_json
+from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
@@ -182,6 +183,8 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     state = train_loop(model, make_optimizer(model, recipe.train),
                        recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
                        run_dir, recipe.train, progress, resume=resume, precision=run.precision)
+    if not distributed.is_main():  # torchrun: the other processes only helped train
+        return {}
     keep_best(model, run_dir)
     with torch.no_grad():
         metrics = validate(model)

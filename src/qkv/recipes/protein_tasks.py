@@ -35,6 +35,7 @@ from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..train.checkpoint import load_weights, write_json
+from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
@@ -214,6 +215,8 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
                        batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
                        progress, score_key=score_key, higher_is_better=True, resume=resume,
                        precision=run.precision)
+    if not distributed.is_main():  # torchrun: the other processes only helped train
+        return {}
     keep_best(model, run_dir)
     summary = {"task": task.name, "mode": mode, "init": recipe.init,
                "validation": evaluate_split(encoder, task, "val"),

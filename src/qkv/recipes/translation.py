@@ -28,6 +28,7 @@ from ..models.transformer import Transformer
 from ..runs import load_run
 from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
 from ..train.losses import label_smoothed_nll
+from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
@@ -173,6 +174,8 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         batches, loss_fn, validate, run_dir, recipe.train, progress,
         score_key="val_bleu" if recipe.val_bleu else "val_loss", higher_is_better=recipe.val_bleu,
         resume=resume, precision=run.precision)
+    if not distributed.is_main():  # torchrun: the other processes only helped train
+        return {}
     train_minutes = state.elapsed_s / 60
 
     # Final weights: the last, the best-on-validation, and the average of the last snapshots

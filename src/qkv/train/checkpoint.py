@@ -1,13 +1,15 @@
 """Atomic writes of weights, JSON and training state, and checkpoint averaging.
 
-Every write goes to a temporary file in the same directory and is then renamed over the old
-file (``os.replace`` is atomic on POSIX), so a crash or Ctrl-C never leaves a half-written file.
+Every write goes to a temporary file in the same directory, is flushed to disk (``fsync``) and
+is then renamed over the old file (``os.replace`` is atomic on POSIX), so a crash, SIGKILL or
+power cut never leaves a half-written file under the real name.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,15 +18,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file
 
 from ..errors import QkvError
+from . import distributed
 
 
 def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk and rename it
+    to ``path``. Under torchrun only rank 0 writes: elsewhere this does nothing, so every file
+    a run writes comes from one process."""
+    if not distributed.is_main():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        _fsync(tmp)
         # mkstemp creates 0600 files; give the usual permissions (0666 minus the umask).
         umask = os.umask(0)
         os.umask(umask)
@@ -33,6 +42,20 @@ def atomic_write(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync(path.parent)  # the rename itself is on disk
+
+
+def _fsync(path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # a directory that cannot be opened (some platforms): nothing to flush
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -85,9 +108,55 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                        f"unexpected {sorted(unexpected)}")
 
 
+def previous_state_path(path: Path) -> Path:
+    """Where :func:`save_state` keeps the state it replaced: ``train_state.prev.pt``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
 def save_state(state: dict, path: Path) -> None:
-    """Atomically ``torch.save`` a training state (optimizer, step, RNG, ...)."""
+    """Atomically ``torch.save`` a training state (model, optimizer, step, RNG, ...), keeping
+    the state it replaces as :func:`previous_state_path` (a fallback should the newest ever be
+    damaged). ``state`` must hold only tensors, numbers, strings, ``None`` and dicts, lists and
+    tuples of them, so that :func:`load_state` can read it without unpickling code."""
+    path = Path(path)
+    if path.is_file():
+        # Link (or copy) the current file, then rename: at every moment one complete state
+        # file is at ``path`` and the previous one is complete or absent.
+        prev = previous_state_path(path)
+        tmp = prev.with_name(f".{prev.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, prev)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_state(path: Path) -> dict:
+    """Read a :func:`save_state` file with ``torch.load(weights_only=True)``: tensors and plain
+    containers only, no pickled code runs.
+
+    Raises:
+        QkvError: the file is missing, truncated, corrupt or holds other objects; the message
+            names it and, when it is readable, the previous good state and its step.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QkvError(f"nothing to resume: {path} not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    prev, offer = previous_state_path(path), ""
+    try:
+        step = torch.load(prev, map_location="cpu", weights_only=True)["loop"]["step"]
+        offer = (f"; the previous state {prev.name} (step {step}) is readable: "
+                 f"mv {prev} {path} and resume again to continue from step {step}")
+    except Exception:
+        pass
+    raise QkvError(f"training state {path} is truncated or corrupt ({reason}){offer}")
 
 
 def average_weights(paths: list[Path], out: Path) -> None:

@@ -38,6 +38,8 @@ class TrainSettings:
     ``device`` (``"auto"``: CUDA, then MPS, then CPU), ``threads`` (torch CPU threads;
     ``None``: torch's choice), ``compile`` (``torch.compile`` the training forward/backward).
     ``seed``: every random choice of the run (init, batches, dropout).
+    Faults: a non-finite loss or gradient norm stops the run naming the step, unless
+    ``skip_nonfinite`` allows that many such steps to be skipped (their update discarded).
 
     Raises:
         ValueError: on construction, naming every bad value.
@@ -66,6 +68,7 @@ class TrainSettings:
     device: str = "auto"
     threads: int | None = None
     compile: bool = False
+    skip_nonfinite: int = 0
 
     # Keys of earlier versions, still read from config files and overrides (with a deprecation
     # message): old name → (new name, old type, old value → new value). amp_bf16=false meant fp32.
@@ -87,7 +90,7 @@ class TrainSettings:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 out.append(f"{name} ({value}) must be > 0")
-        for name in ("warmup_steps", "weight_decay", "snapshot_minutes"):
+        for name in ("warmup_steps", "weight_decay", "snapshot_minutes", "skip_nonfinite"):
             if getattr(self, name) < 0:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 0")
         for name in ("beta1", "beta2"):

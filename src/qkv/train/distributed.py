@@ -1,0 +1,116 @@
+"""Data parallelism on PyTorch's own engine, for runs started by ``torchrun``.
+
+``torchrun --nproc_per_node N -m qkv train ...`` starts N processes and tells each its rank
+through the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the rendezvous address);
+:func:`init` joins them into one process group (``gloo`` on CPU, ``nccl`` on CUDA) and
+:func:`qkv.train.loop.train_loop` wraps the model in ``DistributedDataParallel``. A plain
+``qkv`` process is rank 0 of 1 and none of this runs.
+
+Who does what: every rank builds the same batch order (a function of the seed and the epoch)
+and takes its share of each optimizer step's ``accum_steps`` micro-batches (rank ``r`` takes
+micro-batches ``r, r + N, ...``), so an optimizer step consumes the same global batch for any
+N. Only rank 0 logs, validates and writes files; the others wait for it at the checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..errors import QkvError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Context:
+    """This process's place: ``rank`` of ``world_size`` processes, ``local_rank`` on its
+    machine (its GPU index under CUDA)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_context = Context()
+
+
+def context() -> Context:
+    """The process's :class:`Context` (rank 0 of 1 until :func:`init` finds torchrun's)."""
+    return _context
+
+
+def is_main() -> bool:
+    """Whether this process writes files and logs (rank 0, or the only process)."""
+    return _context.is_main
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise QkvError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def init(device: str = "auto") -> Context:
+    """Join the process group that ``torchrun`` set up, if any: ``nccl`` when the run will
+    use CUDA (``device`` ``"auto"`` with a GPU present, or ``"cuda"...``), else ``gloo``. On
+    CUDA each process takes GPU ``LOCAL_RANK``. Ranks other than 0 log warnings only.
+    Idempotent; a process without ``WORLD_SIZE`` (or with 1) stays single.
+
+    Raises:
+        QkvError: a malformed torchrun environment.
+    """
+    global _context
+    ctx = Context(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
+    if not ctx.enabled:
+        return _context
+    cuda = torch.cuda.is_available() and (device == "auto" or device.startswith("cuda"))
+    if not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(ctx.local_rank)
+        dist.init_process_group("nccl" if cuda else "gloo")
+    _context = ctx
+    if not ctx.is_main:
+        logging.getLogger("qkv").setLevel(logging.WARNING)
+    logger.info(f"data parallel: {ctx.world_size} processes ({dist.get_backend()})")
+    return ctx
+
+
+def shutdown() -> None:
+    """Leave the process group (end of a torchrun worker)."""
+    global _context
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _context = Context()
+
+
+def all_reduce_(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all processes, in place (one collective, no host sync; nothing in a
+    single process). The tensor must be on the process group's device: CPU for gloo, the
+    process's GPU for nccl."""
+    if _context.enabled:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` in rank order (``[obj]`` in a single process)."""
+    if not _context.enabled:
+        return [obj]
+    out = [None] * _context.world_size
+    dist.all_gather_object(out, obj)
+    return out
