@@ -19,6 +19,7 @@ import argparse
 import copy
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +52,9 @@ def lm_workload(steps: int):
     return model, recipe.train, batches, loss_fn
 
 
-def translation_workload(steps: int, tokens: int):
+def translation_workload(steps: int, tokens: int, **model_overrides):
+    """The translation recipe's model (with ``model_overrides`` of its config) and ``steps``
+    real Multi30k batches of ~``tokens`` padded tokens."""
     recipe = TranslationRecipe()
     src, tgt = load_multi30k("train")
     src, tgt = src[:20000], tgt[:20000]
@@ -59,7 +62,7 @@ def translation_workload(steps: int, tokens: int):
     pairs = list(zip(tok.encode_batch(src), tok.encode_batch(tgt)))
     order = token_batches([(len(s), len(t)) for s, t in pairs], tokens, shuffle=True, seed=0)[:steps]
     batches = [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order]
-    model = Transformer(recipe.model_config(tok))
+    model = Transformer(replace(recipe.model_config(tok), **model_overrides))
 
     def loss_fn(m, batch):
         logits = m(batch.src, batch.tgt_in).logits

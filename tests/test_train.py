@@ -173,8 +173,10 @@ def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
         # SGD: the update is the gradient itself (Adam would magnify round-off, e.g. in the
         # key bias, whose true gradient is zero).
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        # fp32: "auto" is bf16 autocast on a CPU with native bfloat16, whose round-off differs
+        # between one batch and two
         cfg = TrainSettings(max_steps=1, accum_steps=accum, eval_every=100, snapshot_minutes=1e9,
-                            clip_norm=None)
+                            clip_norm=None, precision="fp32")
         model.train = lambda mode=True: model  # keep eval mode inside the loop
         train_loop(model, opt, lambda s, used: 0.5, lambda e: data, _loss, None, tmp_path / str(accum), cfg,
                    progress=False)
@@ -212,6 +214,17 @@ def test_bpe_round_trip_restores_detokenized_text():
         assert tok.decode(tok.encode(t)) == unicodedata.normalize("NFKC", t)
     assert tok.unk_id in tok.encode("ß")  # an unseen character becomes <unk>
     assert tok.decode([tok.bos_id, *tok.encode("Ein Mann"), tok.eos_id, tok.pad_id]) == "Ein Mann"
+
+
+def test_a_corrupt_snapshot_is_named_not_averaged(tmp_path):
+    torch.manual_seed(0)
+    for name in ("a", "b"):
+        save_weights(Transformer(CFG), tmp_path / f"{name}.safetensors")
+    snapshot = tmp_path / "b.safetensors"
+    snapshot.write_bytes(snapshot.read_bytes()[:-100])  # a half-written file
+    with pytest.raises(QkvError, match=r"cannot read .*b.safetensors: truncated or corrupt"):
+        average_weights([tmp_path / "a.safetensors", snapshot], tmp_path / "avg.safetensors")
+    assert not (tmp_path / "avg.safetensors").exists()
 
 
 def test_average_weights_is_the_elementwise_mean(tmp_path):

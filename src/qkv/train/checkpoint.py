@@ -114,6 +114,18 @@ def previous_state_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file.
+
+    Raises:
+        QkvError: the file is missing, truncated or corrupt (named).
+    """
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise QkvError(f"cannot read {path}: truncated or corrupt ({str(exc).splitlines()[0][:200]})") from None
+
+
 def save_state(state: dict, path: Path) -> None:
     """Atomically ``torch.save`` a training state (model, optimizer, step, RNG, ...), keeping
     the state it replaces as :func:`previous_state_path` (a fallback should the newest ever be
@@ -166,7 +178,7 @@ def average_weights(paths: list[Path], out: Path) -> None:
         raise QkvError("no checkpoints to average")
     total = None
     for p in paths:
-        sd = load_file(str(p))
+        sd = read_safetensors(p)
         if total is None:
             total = {k: v.double() for k, v in sd.items()}
         elif sd.keys() != total.keys():
@@ -174,6 +186,6 @@ def average_weights(paths: list[Path], out: Path) -> None:
         else:
             for k, v in sd.items():
                 total[k] += v.double()
-    first = load_file(str(paths[0]))
+    first = read_safetensors(paths[0])
     avg = {k: (v / len(paths)).to(first[k].dtype).contiguous() for k, v in total.items()}
     atomic_write(out, lambda tmp: save_file(avg, tmp))
