@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="weights' precision for decoding (auto: bfloat16 on CUDA and on CPUs with "
-                        "native bfloat16, else float32)")
+                        "AMX bfloat16 units, else float32)")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("classify", help="predict classes of proteins or images (TSV on stdout)")

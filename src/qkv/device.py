@@ -53,20 +53,34 @@ def cpu_capability() -> str:
         return "unknown"
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags that matter for bfloat16, as torch or the kernel names them
+    (``avx512_bf16``, ``amx_bf16``); empty when neither can tell. Never raises."""
+    try:
+        caps = torch.cpu.get_capabilities()  # public API of recent torch (not in 2.4)
+        return {name for name in ("avx512_bf16", "amx_bf16") if caps.get(name)}
+    except Exception:  # older torch: the kernel's flags (Linux); ARM is not counted, unmeasured
+        pass
+    try:
+        return set(Path("/proc/cpuinfo").read_text(errors="replace").split()) & {"avx512_bf16", "amx_bf16"}
+    except Exception:
+        return set()
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (x86 AVX512_BF16 or AMX_BF16). Without
     it, bf16 is emulated: a training step ran 10-20x slower than fp32 on an AVX2 EPYC.
     Never raises (an unknown CPU counts as without)."""
-    try:
-        caps = torch.cpu.get_capabilities()  # public API of recent torch (not in 2.4)
-        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-    except Exception:  # older torch: the kernel's flags (Linux); ARM is not counted, unmeasured
-        pass
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
-    except Exception:
-        return False
+    return bool(_cpu_flags())
+
+
+def cpu_has_amx_bf16() -> bool:
+    """Whether this CPU has AMX bfloat16 matrix units (Intel Sapphire Rapids and later, when the
+    machine exposes them). AVX512_BF16 alone is not enough to make bf16 training pay: on an
+    Emerald Rapids VM without AMX, bf16 matrix products ran at 0.53x the fp32 rate (175 vs 335
+    GFLOP/s, 2 cores) and a translation training step 1.39x slower (``benchmarks/mfu.py``).
+    Never raises (an unknown CPU counts as without)."""
+    return "amx_bf16" in _cpu_flags()
 
 
 def _cuda_native_bf16(device: torch.device) -> bool:
@@ -80,9 +94,11 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     """The precision a run on ``device`` uses for ``precision`` (``"auto"``, ``"fp32"`` or
     ``"bf16"``), and why, as ``("fp32" | "bf16", reason)``.
 
-    ``"auto"`` is bf16 (autocast) on CUDA GPUs and CPUs that compute bfloat16 natively, fp32
-    elsewhere (including MPS, where bf16 autocast is not validated here). An explicit ``"bf16"``
-    where it would be emulated logs a warning and is kept.
+    ``"auto"`` is bf16 (autocast) on CUDA GPUs with native bfloat16 and on CPUs with AMX
+    bfloat16 units, fp32 elsewhere: on CPUs with AVX512_BF16 but no AMX bf16 matrix products
+    are slower than fp32 (see :func:`cpu_has_amx_bf16`), on other CPUs bf16 is emulated, and on
+    MPS bf16 autocast is not validated here. An explicit ``"bf16"`` where it is emulated or
+    slower logs a warning and is kept.
 
     Raises:
         QkvError: an unknown ``precision``.
@@ -91,21 +107,30 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
         raise QkvError(f"unknown precision {precision!r}; use {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return "fp32", "set explicitly"
-    native = None  # not known (MPS, other backends)
+    native = fast = None  # not known (MPS, other backends)
     where = device.type.upper()
     if device.type == "cpu":
-        native, where = cpu_has_native_bf16(), f"CPU ({cpu_capability()})"
+        native, fast, where = cpu_has_native_bf16(), cpu_has_amx_bf16(), f"CPU ({cpu_capability()})"
     elif device.type == "cuda":
-        native, where = _cuda_native_bf16(device), torch.cuda.get_device_name(device)
+        native = fast = _cuda_native_bf16(device)
+        where = torch.cuda.get_device_name(device)
     if precision == "bf16":
         if native is False:
             logger.warning(f"bf16 on {where} without native bfloat16 is emulated and slower "
                            "(a training step ran 10-20x slower than fp32 on an AVX2 EPYC); "
                            "fp32 (what auto picks here) is faster")
             return "bf16", f"set explicitly (emulated on {where})"
+        if fast is False:
+            logger.warning(f"bf16 on {where} with AVX512_BF16 but no AMX is slower than fp32 "
+                           "(matrix products at about half the fp32 rate, measured on such a CPU); "
+                           "fp32 (what auto picks here) is faster")
+            return "bf16", f"set explicitly (no AMX on {where})"
         return "bf16", "set explicitly"
-    if native:
-        return "bf16", f"auto: {where} has native bfloat16"
+    if fast:
+        return "bf16", (f"auto: {where} has AMX bfloat16 units" if device.type == "cpu"
+                        else f"auto: {where} has native bfloat16")
     if native is None:
         return "fp32", f"auto: bf16 autocast on {where} is not validated"
+    if native:
+        return "fp32", f"auto: {where} has AVX512_BF16 but no AMX, where bf16 matmuls are slower than fp32"
     return "fp32", f"auto: {where} lacks native bfloat16"

@@ -33,8 +33,8 @@ class TrainSettings:
     lets the recipe choose (protein tasks: by mode).
     Evaluation and checkpoints: validation every ``eval_every`` steps; a snapshot for averaging
     every ``snapshot_minutes`` (0: at every step), the newest ``keep_snapshots`` kept.
-    Hardware: ``precision`` (``"auto"``: bfloat16 autocast on CUDA and on CPUs with native
-    bfloat16, fp32 elsewhere, see :func:`qkv.device.resolve_precision`; ``"bf16"``, ``"fp32"``),
+    Hardware: ``precision`` (``"auto"``: bfloat16 autocast on CUDA and on CPUs with AMX
+    bfloat16 units, fp32 elsewhere, see :func:`qkv.device.resolve_precision`; ``"bf16"``, ``"fp32"``),
     ``device`` (``"auto"``: CUDA, then MPS, then CPU), ``threads`` (torch CPU threads;
     ``None``: torch's choice), ``compile`` (``torch.compile`` the training forward/backward).
     ``seed``: every random choice of the run (init, batches, dropout).
