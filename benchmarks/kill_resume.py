@@ -3,10 +3,13 @@
 
 What runs: ``qkv train lm`` on the real tiny-shakespeare characters (``$QKV_DATA_DIR``), a small
 model with dropout 0.1 (so the RNG state matters), a step budget, fp32, one CPU thread, a
-checkpoint every ``--eval-every`` steps. First one uninterrupted reference run (timed); then, for
-each trial, a fresh run killed with SIGKILL after a random delay drawn uniformly from
-(0, reference wall time), then ``--resume``d (again and again if it is killed before its first
-checkpoint: such a run is refused with a clear message and started afresh, as a user would).
+checkpoint every ``--eval-every`` steps. First one uninterrupted reference run, timed, with the
+moment its first checkpoint appeared (training under way: before it the process is still
+importing torch and tokenizing); then, for each trial, a fresh run killed with SIGKILL after a
+random delay drawn uniformly from (that moment, the reference's wall time), so the kills land
+while it trains, validates, checkpoints or writes its summary, then ``--resume``d (again and again
+if it is killed before its first checkpoint: such a run is refused with a clear message and
+started afresh, as a user would).
 A trial passes when every tensor of its final ``last.safetensors`` equals the reference's
 bit for bit.
 
@@ -54,6 +57,22 @@ def run(cmd: list[str], kill_after: float | None = None) -> tuple[int, str]:
     return proc.returncode, err
 
 
+def timed_reference(cmd: list[str], out: Path) -> tuple[int, str, float, float]:
+    """Run ``cmd`` to the end; (exit status, stderr, seconds until ``out/train_state.pt`` first
+    existed, seconds in all)."""
+    with tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        first = None
+        while proc.poll() is None:
+            if first is None and (out / "train_state.pt").exists():
+                first = time.perf_counter() - t
+            time.sleep(0.01)
+        wall = time.perf_counter() - t
+        err.seek(0)
+        return proc.returncode, err.read(), wall if first is None else first, wall
+
+
 def same_weights(a: Path, b: Path) -> tuple[bool, str]:
     x, y = load_file(str(a)), load_file(str(b))
     if x.keys() != y.keys():
@@ -67,8 +86,8 @@ def same_weights(a: Path, b: Path) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--eval-every", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0, help="of the kill times")
     ap.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     args = ap.parse_args(argv)
@@ -78,19 +97,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = work / "reference"
     shutil.rmtree(ref, ignore_errors=True)
-    t = time.perf_counter()
-    code, err = run(command(ref, args.steps, args.eval_every, False))
-    wall = time.perf_counter() - t
+    code, err, first, wall = timed_reference(command(ref, args.steps, args.eval_every, False), ref)
     if code != 0:
         print(f"reference run failed ({code}): {err.strip()[-500:]}", file=sys.stderr)
         return 1
-    print(f"reference: {args.steps} steps in {wall:.1f} s (process start included)")
+    print(f"reference: {args.steps} steps in {wall:.1f} s (process start included; first checkpoint "
+          f"at {first:.1f} s); kill moments drawn from ({first:.1f} s, {wall:.1f} s)")
 
     passed = 0
     for trial in range(args.trials):
         out = work / f"trial_{trial}"
         shutil.rmtree(out, ignore_errors=True)
-        delay = rng.uniform(0.0, wall)
+        delay = rng.uniform(first, wall)
         code, _ = run(command(out, args.steps, args.eval_every, False), kill_after=delay)
         killed_at = "after the end" if code == 0 else "?"
         if code != 0:
