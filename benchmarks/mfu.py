@@ -36,6 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common import machine  # noqa: E402  (benchmarks/common.py)
 from compile_step import step, translation_workload  # noqa: E402
+from qkv.device import cpu_has_native_bf16
 from qkv.models import DecoderLM
 from qkv.models.config import LMConfig
 from qkv.recipes.lm import LMRecipe
@@ -95,10 +96,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=None,
-                   help="default: bf16 on CUDA, fp32 on CPU")
+                   help="default: bf16 on CUDA; fp32 on a CPU, and bf16 too where it is native")
     args = p.parse_args()
     device = torch.device(args.device)
-    precisions = args.precision or (["bf16"] if device.type == "cuda" else ["fp32"])
+    precisions = args.precision or (["bf16"] if device.type == "cuda" else
+                                    ["fp32", "bf16"] if cpu_has_native_bf16() else ["fp32"])
     print(f"machine: {machine()}")
     peaks = {}
     for precision in precisions:
