@@ -52,6 +52,11 @@ def machine_lines() -> list[str]:
     return [f"- machine: {machine()}", f"- CPU flags: {flags or 'none of avx2/avx512/amx'}", f"- GPU: {gpu}"]
 
 
+def demote_headings(text: str) -> str:
+    """A script's own ``## title`` lines become ``####``, under this section's ``###``."""
+    return "\n".join("##" + line if line.startswith("## ") else line for line in text.splitlines())
+
+
 def run(script: str, args: list[str]) -> tuple[int, float, str]:
     t = time.perf_counter()
     done = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True)
@@ -83,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         code, seconds, out = run(script, script_args)
         failed += code != 0
         print(f"{script}: exit {code}, {seconds:.0f} s", file=sys.stderr, flush=True)
-        parts += [f"### {script} {' '.join(script_args)}".rstrip() + f" — exit {code}, {seconds:.0f} s", "", out, ""]
+        parts += [f"### {script} {' '.join(script_args)}".rstrip() + f" — exit {code}, {seconds:.0f} s", "",
+                  demote_headings(out), ""]
     parts.append(END)
     section = "\n".join(parts)
     print(section)
