@@ -283,3 +283,20 @@ def test_fashion_mnist_smoke_run_learns(tmp_path, monkeypatch):
 
     assert ImageClassifier.from_run(run).hflip_tta  # qkv classify and evaluate average too
     assert summary["test"]["accuracy"] > 0.55  # 10 balanced classes: chance is 0.1
+
+
+def test_pixel_baseline_reports_non_convergence_in_one_log_line_not_a_warning(caplog, monkeypatch):
+    import logging
+    import warnings
+
+    from qkv.evaluate.baselines import pixel_baseline_metrics
+
+    monkeypatch.setattr(logging.getLogger("qkv"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="qkv")
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (60, 8, 8, 1), dtype=np.uint8), np.arange(60) % 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sklearn's ConvergenceWarning would raise here
+        metrics = pixel_baseline_metrics(images, labels, images, labels, ["a", "b", "c"], max_iter=2)
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert "L-BFGS stopped at max_iter=2 before converging" in caplog.text

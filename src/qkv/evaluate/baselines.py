@@ -11,11 +11,16 @@ Sejnowski 1988 used a ±6 window).
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import numpy as np
 
 from ..data.protein_tasks import ProteinTask
 from ..data.tokenizers import AMINO_ACIDS
 from .classification import classification_metrics
+
+logger = logging.getLogger(__name__)
 
 _INDEX = {a: i for i, a in enumerate(AMINO_ACIDS)}  # rare codes (X B Z U O) count as none
 
@@ -109,12 +114,18 @@ def pixel_baseline_metrics(train_images: np.ndarray, train_labels: np.ndarray,
     """Logistic regression on raw pixels (scaled to [0, 1]; no standardisation, which only
     amplifies the noise of near-constant border pixels), fitted on the training images:
     the baseline a ViT must beat. Images uint8 ``(N, H, W, C)``; metrics on the test images."""
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
     x_tr = train_images.reshape(len(train_images), -1) / 255.0
     x_te = test_images.reshape(len(test_images), -1) / 255.0
     clf = LogisticRegression(max_iter=max_iter, C=1.0)
-    clf.fit(x_tr, train_labels)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        clf.fit(x_tr, train_labels)
+    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
+        # sklearn's own warning is a paragraph; the baseline is by design what max_iter reaches
+        logger.info(f"pixel baseline: L-BFGS stopped at max_iter={max_iter} before converging")
     probs = np.zeros((len(x_te), len(classes)))
     probs[:, clf.classes_] = clf.predict_proba(x_te)
     metrics = classification_metrics(test_labels, probs.argmax(1), probs, classes)
