@@ -45,32 +45,27 @@ def command(out: Path, steps: int, eval_every: int, resume: bool) -> list[str]:
             *(["--resume"] if resume else [])]
 
 
-def run(cmd: list[str], kill_after: float | None = None) -> tuple[int, str]:
-    """Run ``cmd``; with ``kill_after`` seconds, SIGKILL it then if still running.
-    Returns (exit status, stderr); a killed process has status -9."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=kill_after)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate()
-    return proc.returncode, err
-
-
-def timed_reference(cmd: list[str], out: Path) -> tuple[int, str, float, float]:
-    """Run ``cmd`` to the end; (exit status, stderr, seconds until ``out/train_state.pt`` first
-    existed, seconds in all)."""
+def run(cmd: list[str], kill_after: float | None = None, watch: Path | None = None
+        ) -> tuple[int, str, float, float | None]:
+    """Run ``cmd``; with ``kill_after`` seconds, SIGKILL it then if still running (checked every
+    10 ms). Returns (exit status, stderr, seconds it ran, seconds until ``watch`` first existed
+    or ``None``); a killed process has status -9."""
     with tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        first = None
+        seen = None
         while proc.poll() is None:
-            if first is None and (out / "train_state.pt").exists():
-                first = time.perf_counter() - t
+            elapsed = time.perf_counter() - t
+            if watch is not None and seen is None and watch.exists():
+                seen = elapsed
+            if kill_after is not None and elapsed >= kill_after:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                break
             time.sleep(0.01)
         wall = time.perf_counter() - t
         err.seek(0)
-        return proc.returncode, err.read(), wall if first is None else first, wall
+        return proc.returncode, err.read(), wall, seen
 
 
 def same_weights(a: Path, b: Path) -> tuple[bool, str]:
@@ -97,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = work / "reference"
     shutil.rmtree(ref, ignore_errors=True)
-    code, err, first, wall = timed_reference(command(ref, args.steps, args.eval_every, False), ref)
+    code, err, wall, first = run(command(ref, args.steps, args.eval_every, False), watch=ref / "train_state.pt")
+    first = wall if first is None else first
     if code != 0:
         print(f"reference run failed ({code}): {err.strip()[-500:]}", file=sys.stderr)
         return 1
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"trial_{trial}"
         shutil.rmtree(out, ignore_errors=True)
         delay = rng.uniform(first, wall)
-        code, _ = run(command(out, args.steps, args.eval_every, False), kill_after=delay)
+        code = run(command(out, args.steps, args.eval_every, False), kill_after=delay)[0]
         killed_at = "after the end" if code == 0 else "?"
         if code != 0:
             state = out / "train_state.pt"
@@ -117,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
                          if state.is_file() else "before the first checkpoint")
         restarts = 0
         while code != 0:
-            code, err = run(command(out, args.steps, args.eval_every, True))
+            code, err = run(command(out, args.steps, args.eval_every, True))[:2]
             if code == 2 and "nothing to resume" in err:  # killed before its first checkpoint
                 restarts += 1
                 shutil.rmtree(out, ignore_errors=True)
-                code, err = run(command(out, args.steps, args.eval_every, False))
+                code, err = run(command(out, args.steps, args.eval_every, False))[:2]
             if code != 0:
                 print(f"trial {trial}: the resumed run failed ({code}): {err.strip()[-300:]}")
                 break

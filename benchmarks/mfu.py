@@ -42,6 +42,7 @@ from qkv.models.config import LMConfig
 from qkv.recipes.lm import LMRecipe
 from qkv.train.optim import make_optimizer
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6)
 
 
@@ -104,14 +105,12 @@ def main() -> None:
     print(f"machine: {machine()}")
     peaks = {}
     for precision in precisions:
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        peaks[precision], n = matmul_peak(dtype, device)
-        print(f"matmul peak ({dtype}, {device}): {peaks[precision] / 1e9:,.1f} GFLOP/s at n = {n}")
+        peaks[precision], n = matmul_peak(DTYPES[precision], device)
+        print(f"matmul peak ({DTYPES[precision]}, {device}): {peaks[precision] / 1e9:,.1f} GFLOP/s at n = {n}")
     print("| workload | precision | parameters | GFLOP / step | s / step | GFLOP/s | MFU |")
     print("|---|---|---|---|---|---|---|")
     profiles = {}
     for name, precision in [(w, q) for w in args.workloads for q in precisions]:
-        dtype, peak = (torch.bfloat16 if precision == "bf16" else torch.float32), peaks[precision]
         torch.manual_seed(0)
         if name == "gpt2-small":
             model, train, batches, loss_fn = gpt2_small_workload(args.steps, args.lm_batch)
@@ -123,7 +122,7 @@ def main() -> None:
                                tgt_out=b.tgt_out.to(device)) for b in batches]
         model = model.to(device).train()
         optimizer = make_optimizer(model, train)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             flops = statistics.mean(step_flops(model, loss_fn, b) for b in batches)
             step(model, model, optimizer, loss_fn, batches[0])  # warm-up
             times = []
@@ -141,7 +140,7 @@ def main() -> None:
         params = sum(q.numel() for q in model.parameters())
         shape = f"{args.lm_batch} x 1024 tokens" if name == "gpt2-small" else f"{args.tokens} tokens/batch"
         print(f"| {name} ({shape}) | {precision} | {params / 1e6:.1f} M | {flops / 1e9:,.1f} | "
-              f"{s:.3f} | {flops / s / 1e9:,.1f} | **{flops / s / peak:.0%}** |")
+              f"{s:.3f} | {flops / s / 1e9:,.1f} | **{flops / s / peaks[precision]:.0%}** |")
         profiles[f"{name}, {precision}"] = prof
     clock = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     for name, prof in profiles.items():

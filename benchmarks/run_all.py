@@ -42,14 +42,12 @@ SCRIPTS = {
 
 def machine_lines() -> list[str]:
     from common import machine  # benchmarks/common.py
+    from qkv.device import cpu_capability, cpu_has_amx_bf16, cpu_has_native_bf16
 
-    try:
-        words = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-        flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in words)
-    except (OSError, StopIteration):
-        flags = "unknown"
+    cpu = (f"{cpu_capability()} vectors, native bf16: {'yes' if cpu_has_native_bf16() else 'no'}, "
+           f"AMX bf16: {'yes' if cpu_has_amx_bf16() else 'no'}")
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    return [f"- machine: {machine()}", f"- CPU flags: {flags or 'none of avx2/avx512/amx'}", f"- GPU: {gpu}"]
+    return [f"- machine: {machine()}", f"- CPU: {cpu}", f"- GPU: {gpu}"]
 
 
 def demote_headings(text: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -14,6 +16,15 @@ def _seeded_single_thread():
     torch.set_num_threads(1)
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def qkv_logs(monkeypatch, caplog):
+    """caplog sees the ``qkv`` loggers even after a CLI call in this process stopped their
+    propagation (the CLI logs to its own stderr handler)."""
+    monkeypatch.setattr(logging.getLogger("qkv"), "propagate", True)
+    caplog.set_level(logging.DEBUG, logger="qkv")
+    return caplog
 
 
 @pytest.fixture

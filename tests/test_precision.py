@@ -29,15 +29,6 @@ OLD_RUNS = Path(__file__).parent / "fixtures" / "old_runs"
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
-@pytest.fixture
-def qkv_logs(monkeypatch, caplog):
-    """caplog sees the ``qkv`` loggers even after a CLI call in this process stopped their
-    propagation (the CLI logs to its own stderr handler)."""
-    monkeypatch.setattr(logging.getLogger("qkv"), "propagate", True)
-    caplog.set_level(logging.DEBUG, logger="qkv")
-    return caplog
-
-
 def _cpu(monkeypatch, native: bool, amx: bool | None = None) -> None:
     """A CPU with (``native``) or without native bfloat16; with it, AMX units unless ``amx=False``
     (AVX512_BF16 only)."""

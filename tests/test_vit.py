@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from qkv.cli import main
 from qkv.data.images import (augment, load_digits, load_image_folder, read_image, stratified_split,
                              to_model_input)
 from qkv.errors import QkvError
+from qkv.evaluate.baselines import pixel_baseline_metrics
 from qkv.models.config import ViTConfig
 from qkv.models.vit import VisionTransformer
 from qkv.nn.patches import PatchEmbedding, patchify, sinusoidal_2d_positions, unpatchify
@@ -285,18 +287,11 @@ def test_fashion_mnist_smoke_run_learns(tmp_path, monkeypatch):
     assert summary["test"]["accuracy"] > 0.55  # 10 balanced classes: chance is 0.1
 
 
-def test_pixel_baseline_reports_non_convergence_in_one_log_line_not_a_warning(caplog, monkeypatch):
-    import logging
-    import warnings
-
-    from qkv.evaluate.baselines import pixel_baseline_metrics
-
-    monkeypatch.setattr(logging.getLogger("qkv"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="qkv")
+def test_pixel_baseline_reports_non_convergence_in_one_log_line_not_a_warning(qkv_logs):
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (60, 8, 8, 1), dtype=np.uint8), np.arange(60) % 3
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # sklearn's ConvergenceWarning would raise here
         metrics = pixel_baseline_metrics(images, labels, images, labels, ["a", "b", "c"], max_iter=2)
     assert 0.0 <= metrics["accuracy"] <= 1.0
-    assert "L-BFGS stopped at max_iter=2 before converging" in caplog.text
+    assert "L-BFGS stopped at max_iter=2 before converging" in qkv_logs.text

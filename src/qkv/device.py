@@ -111,9 +111,10 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     where = device.type.upper()
     if device.type == "cpu":
         native, fast, where = cpu_has_native_bf16(), cpu_has_amx_bf16(), f"CPU ({cpu_capability()})"
+        fast_units = "AMX bfloat16 units"
     elif device.type == "cuda":
         native = fast = _cuda_native_bf16(device)
-        where = torch.cuda.get_device_name(device)
+        where, fast_units = torch.cuda.get_device_name(device), "native bfloat16"
     if precision == "bf16":
         if native is False:
             logger.warning(f"bf16 on {where} without native bfloat16 is emulated and slower "
@@ -127,8 +128,7 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
             return "bf16", f"set explicitly (no AMX on {where})"
         return "bf16", "set explicitly"
     if fast:
-        return "bf16", (f"auto: {where} has AMX bfloat16 units" if device.type == "cpu"
-                        else f"auto: {where} has native bfloat16")
+        return "bf16", f"auto: {where} has {fast_units}"
     if native is None:
         return "fp32", f"auto: bf16 autocast on {where} is not validated"
     if native:

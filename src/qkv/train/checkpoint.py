@@ -176,16 +176,16 @@ def average_weights(paths: list[Path], out: Path) -> None:
     the last 5 checkpoints"). Raises :class:`QkvError` if the files' keys differ."""
     if not paths:
         raise QkvError("no checkpoints to average")
-    total = None
+    total, dtypes = None, None
     for p in paths:
         sd = read_safetensors(p)
         if total is None:
             total = {k: v.double() for k, v in sd.items()}
+            dtypes = {k: v.dtype for k, v in sd.items()}  # the first file's, kept in the average
         elif sd.keys() != total.keys():
             raise QkvError(f"checkpoint {p} has different keys from {paths[0]}")
         else:
             for k, v in sd.items():
                 total[k] += v.double()
-    first = read_safetensors(paths[0])
-    avg = {k: (v / len(paths)).to(first[k].dtype).contiguous() for k, v in total.items()}
+    avg = {k: (v / len(paths)).to(dtypes[k]).contiguous() for k, v in total.items()}
     atomic_write(out, lambda tmp: save_file(avg, tmp))
