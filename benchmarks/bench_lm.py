@@ -16,8 +16,8 @@ repeat; medians over ``--repeats``; ratios are ours / reference)
 (b) Generation, GPT-2 small shape: 12 layers, 12 heads, d_model 768, d_ff 3072, vocabulary
     50257, context 1024, biases, random weights. Batch 1, a 32-token prompt, 128 new tokens,
     greedy. Ours: ``qkv.generate.lm.generate_tokens`` (KV cache) on the model as
-    ``TextGenerator.from_run`` prepares it (``prepare_for_inference``: weights stored (in, out), same
-    values). Reference: HF
+    ``TextGenerator.from_run`` prepares it (``prepare_for_inference``: float32 weights stored
+    (in, out); bfloat16 ones reordered by oneDNN where the CPU has native bfloat16; same values). Reference: HF
     ``model.generate(do_sample=False, use_cache=True, min_new_tokens=max_new_tokens)`` with its
     default dynamic cache. Measure: new tokens / second (the ratio is ours / reference, > 1
     means ours is faster).

@@ -453,6 +453,28 @@ def test_kv_cache_reorder_selects_batch_rows():
     assert cache.length == 3 and cache.k[:, 0, :, 0].tolist() == [[2, 2, 5], [2, 2, 6], [0, 0, 7]]
 
 
+def test_kv_cache_reorder_and_append_allocate_nothing_per_step():
+    """Beam search's step (reorder, then append) reuses two buffers: after the first step the
+    cache's storage alternates between them, and the values are the gathered rows."""
+    torch.manual_seed(0)
+    cache = KVCache()
+    cache.append(torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5))
+    expected_k = cache.k.clone()
+    pointers = set()
+    for step in range(6):
+        index = torch.randint(0, 4, (4,))
+        expected_k = expected_k.index_select(0, index)
+        cache.reorder(index)
+        new = torch.randn(4, 2, 1, 5)
+        expected_k = torch.cat([expected_k, new], dim=2)
+        cache.append(new, new)
+        pointers.add(cache.k.data_ptr())
+        assert torch.equal(cache.k, expected_k)
+    assert len(pointers) == 2, "two buffers, swapped at every reorder"
+    cache.reorder(torch.tensor([1, 3]))  # fewer rows (not beam search's case): still right
+    assert torch.equal(cache.k, expected_k[[1, 3]])
+
+
 def test_kv_cache_append_grows_and_keeps_history():
     """Appending one step at a time past the buffer's capacity keeps every earlier step."""
     cache = KVCache()

@@ -216,6 +216,9 @@ def _cmd_translate(args) -> int:
                                      beam_size=args.beam, alpha=args.alpha)
     for line in translator.translate(_read_inputs(args)):
         print(line, flush=False)
+    if args.verbose:
+        sys.stdout.flush()
+        print(translator.last_stats.summary("sentences"), file=sys.stderr)
     return 0
 
 
@@ -272,6 +275,9 @@ def _cmd_generate(args) -> int:
         if not echoed[0]:
             sys.stdout.write(args.prompt)
         sys.stdout.write("\n")
+        if args.verbose:
+            sys.stdout.flush()
+            print(gen.last_stats.summary(), file=sys.stderr)
     sys.stdout.flush()
     return 0
 
@@ -407,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy; default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    p.add_argument("--verbose", action="store_true", help="print sentences/s on stderr at the end")
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("evaluate", help="score a run on a data split (JSON on stdout)")
@@ -437,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="weights' precision for decoding (auto: bfloat16 on CUDA and on CPUs with "
                         "AMX bfloat16 units, else float32)")
+    p.add_argument("--verbose", action="store_true", help="print tokens/s on stderr after each sample")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("classify", help="predict classes of proteins or images (TSV on stdout)")

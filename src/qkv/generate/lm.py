@@ -21,6 +21,7 @@ from ..models.decoder_lm import DecoderLM
 from ..nn.embeddings import check_token_ids
 from .layout import prepare_for_inference
 from .sampling import check_sampling, choose_next, next_token_probs
+from .stats import DecodeStats
 
 
 def _left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -35,7 +36,7 @@ def _left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor
     return tokens.to(device), mask.to(device) if padded else None
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_tokens(
     model: DecoderLM,
     prompts: Sequence[Sequence[int]],
@@ -136,10 +137,14 @@ class TextGenerator:
             for fast CPU decoding, see :func:`~qkv.generate.layout.prepare_for_inference`);
         tokenizer: its :class:`~qkv.data.tokenizers.CharTokenizer` or
             :class:`~qkv.data.tokenizers.SubwordTokenizer`.
+
+    Attribute ``last_stats``: the :class:`~qkv.generate.stats.DecodeStats` of the latest
+    :meth:`generate` call (``None`` before one).
     """
 
     def __init__(self, model: DecoderLM, tokenizer) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.last_stats: DecodeStats | None = None
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu",
@@ -202,7 +207,11 @@ class TextGenerator:
                 return True
             return False
 
+        stats = DecodeStats(items=len(prompts))
+
         def on_tokens(emitted):
+            stats.first_token()
+            stats.new_tokens += sum(t is not None for t in emitted)
             if stream is None:
                 return
             for i, t in enumerate(emitted):
@@ -218,6 +227,7 @@ class TextGenerator:
         new = generate_tokens(self.model, ids, max_new_tokens, do_sample, temperature, top_k, top_p,
                               stop_tokens=eos, stop=cut if per_step else None, generator=generator,
                               on_tokens=on_tokens)
+        self.last_stats = stats.stop()
         if not per_step:
             return [tok.decode(n) for n in new]
         if stream is not None:

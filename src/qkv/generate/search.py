@@ -102,19 +102,24 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
         top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K)
         beam_idx, tok = top_idx // vocab, top_idx % vocab
         is_eos = tok == cfg.eos_id
-        for bi, ci in is_eos[:, :k].nonzero().tolist():
-            if not done[bi] and top_scores[bi, ci] > float("-inf"):
-                hyp = seqs[bi * k + beam_idx[bi, ci]].tolist()
-                score = float(top_scores[bi, ci]) / length_penalty(len(hyp) + 1, alpha)
-                finished[bi].append((score, hyp))
+        # The host reads the step's results at most twice (finished hypotheses, then the best
+        # live scores that decide when a sentence is done), not once per sentence and beam.
+        hits = is_eos[:, :k].nonzero().tolist()
+        if hits:
+            hit_scores, hit_rows = top_scores.tolist(), (base + beam_idx).tolist()
+            for bi, ci in hits:
+                if not done[bi] and hit_scores[bi][ci] > float("-inf"):
+                    hyp = seqs[hit_rows[bi][ci]].tolist()
+                    finished[bi].append((hit_scores[bi][ci] / length_penalty(len(hyp) + 1, alpha), hyp))
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         scores, pick = live_scores.topk(k, dim=-1)  # (B, K)
+        best_live = scores[:, 0].tolist()
         for bi in range(b):
             # Done only when no live beam beats the worst kept finished hypothesis: stopping at
             # beam_size finished ones would let junk beams end the search before the best one.
             finished[bi] = sorted(finished[bi], key=lambda x: x[0], reverse=True)[:k]
             if (not done[bi] and len(finished[bi]) >= k
-                    and float(scores[bi, 0]) / length_penalty(t + 1, alpha) <= finished[bi][-1][0]):
+                    and best_live[bi] / length_penalty(t + 1, alpha) <= finished[bi][-1][0]):
                 done[bi] = True
         if all(done):
             break

@@ -12,6 +12,7 @@ from ..data.tokenizers import SubwordTokenizer
 from .. import runs
 from ..models.transformer import Transformer
 from .search import beam_search, greedy_decode
+from .stats import DecodeStats
 
 def load_run(run_dir: str | Path, weights: str = "model.safetensors",
              device: torch.device | str = "cpu") -> tuple[Transformer, SubwordTokenizer]:
@@ -27,6 +28,9 @@ class Translator:
         beam_size: 1 = greedy; alpha: length penalty (§6.1: 4 and 0.6).
         max_src_tokens: longer inputs are truncated with a warning (default: model max_len - 2).
         batch_size: sentences per decoding batch.
+
+    Attribute ``last_stats``: the :class:`~qkv.generate.stats.DecodeStats` of the latest
+    :meth:`translate` call (``items`` = non-blank sentences, ``new_tokens`` = output pieces).
     """
 
     def __init__(self, model: Transformer, tokenizer: SubwordTokenizer, beam_size: int = 4,
@@ -35,6 +39,7 @@ class Translator:
         self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
         self.max_src_tokens = max_src_tokens or model.config.max_len - 2
         self.device = next(model.parameters()).device
+        self.last_stats: DecodeStats | None = None
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs) -> "Translator":
@@ -53,6 +58,7 @@ class Translator:
     def translate(self, sentences: list[str]) -> list[str]:
         """Translations in input order; an empty (or blank) line translates to ``""``."""
         cfg = self.model.config
+        stats = DecodeStats()
         ids = self.encode_sources(sentences)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[str] = [""] * len(ids)
@@ -66,5 +72,8 @@ class Translator:
                 hyps = beam_search(self.model, src, self.beam_size, self.alpha)
             for i, text in zip(chunk, self.tokenizer.decode_batch(hyps)):
                 out[i] = text
+            stats.items += len(chunk)
+            stats.new_tokens += sum(len(h) for h in hyps)
+        self.last_stats = stats.stop()
         return out
 

@@ -125,12 +125,14 @@ class KVCache:
     ``k``/``v`` have shape ``(B, H, L, Dh)``. Self-attention appends the new steps with
     :meth:`append`; cross-attention stores the encoder memory's once with :meth:`set`.
     Appending writes into a buffer that grows by doubling, so a step copies only its own keys
-    and values, not the whole history (``torch.cat`` per step would copy O(L) every step).
+    and values, not the whole history (``torch.cat`` per step would copy O(L) every step), and
+    allocates nothing except when the buffer grows.
     """
 
     def __init__(self) -> None:
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
+        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's target
         self.length = 0
 
     @property
@@ -163,9 +165,24 @@ class KVCache:
         return self.k, self.v
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): ``index`` is a long tensor of shape ``(B',)``."""
-        if self._k is not None:
+        """Select batch rows (beam search): ``index`` is a long tensor of shape ``(B',)``.
+
+        With the batch size unchanged (every beam search step) the rows are gathered into a
+        second buffer of the same capacity, which becomes the cache while the old one waits for
+        the next reorder: no allocation per step, and the next append has room.
+        """
+        if self._k is None:
+            return
+        if index.numel() != self._k.size(0):
             self.set(self.k.index_select(0, index), self.v.index_select(0, index))
+            return
+        if self._spare is None or self._spare[0].shape != self._k.shape:
+            self._spare = (torch.empty_like(self._k), torch.empty_like(self._v))
+        spare_k, spare_v = self._spare
+        n = self.length
+        torch.index_select(self.k, 0, index, out=spare_k[:, :, :n])
+        torch.index_select(self.v, 0, index, out=spare_v[:, :, :n])
+        self._spare, self._k, self._v = (self._k, self._v), spare_k, spare_v
 
 
 def _pack_old_projections(module: "MultiHeadAttention", state_dict: dict, prefix: str,

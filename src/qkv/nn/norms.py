@@ -74,6 +74,11 @@ class ResidualNorm(nn.Module):
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], tuple]):
         if self.norm_first:
             out, extra = sublayer(self.norm(x))
-            return x + self.dropout(out), extra
+            return x + self._drop(out), extra
         out, extra = sublayer(x)
-        return self.norm(x + self.dropout(out)), extra
+        return self.norm(x + self._drop(out)), extra
+
+    def _drop(self, out: torch.Tensor) -> torch.Tensor:
+        # Outside training dropout is the identity; skipping the module call saves its
+        # overhead, which is a visible part of a decoding step (issue 16).
+        return self.dropout(out) if self.training else out

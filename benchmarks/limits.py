@@ -1,0 +1,424 @@
+"""Inference against the machine's limits: every workload as a fraction of its bound.
+
+A ratio to another library says little when both are far from what the machine can do, so
+this script measures the machine's two limits in the same process as the workloads:
+
+- weight-streaming bandwidth: matrix-vector products (one input row, as in decoding) over a set
+  of weight matrices with GPT-2-small's block shapes, at least ``--stream-mb`` MB (256 by
+  default, larger than the caches), in float32 and bfloat16, through every kernel qkv could
+  use (PyTorch's ``F.linear`` with the weight stored (out, in) or (in, out), oneDNN's reordered
+  weight). The bound for a dtype is the fastest kernel's GB/s. A plain ``sum`` over 512 MB of
+  float32 is printed beside it, as the memory's read rate;
+- matrix-product FLOP/s: the best square product (1024-4096), float32 and bfloat16
+  (``mfu.matmul_peak``).
+
+Workloads (random weights unless a run is given: speed does not depend on the values; FLOPs are
+counted by PyTorch's ``FlopCounterMode``):
+
+(a) batch-1 greedy generation, GPT-2-small shape (12 × 768, vocabulary 50257, biases), weights
+    float32 and bfloat16 as ``TextGenerator.from_run`` lays them out (``prepare_for_inference``),
+    a 32-token prompt and 128 new tokens. Bound: tokens/s = bandwidth / bytes per token, where
+    the bytes are every weight a step reads (all matrices, the output projection included,
+    biases, norms) plus the key/value cache read at the mean context length. Reported on the
+    decoding steps (after the first token) and end to end. The greedy tokens are checked
+    against full recomputation (the whole sequence re-run for every token, no cache).
+(b) batched generation: 8 and 32 prompts of 8-64 tokens (left-padded), 128 new tokens each,
+    greedy. Bound per step: the larger of (weights + caches) / bandwidth and FLOPs / peak.
+(c) translation decoding of Multi30k test2016 with beam 4 (α 0.6) by ``Translator`` (64
+    sentences per batch, sorted by length), on ``--translation-run`` (a trained run: beam
+    search stops when hypotheses end, so random weights would not do the real work). Bound:
+    the larger of total FLOPs / peak and (decoder steps × decoder weight bytes + encoder
+    weight bytes per batch) / bandwidth.
+(d) encoder inference: ``ProteinEncoder.embed`` (length-sorted batches of ≤ 16384 tokens) on
+    the FLIP secondary-structure test proteins (mixed lengths), with the protein recipe's
+    encoder shape. Bound: FLOPs / peak.
+
+For each workload the profile (``torch.profiler``, self CPU time of the top operators) says
+where the time goes.
+
+Run from the repository root with the machine to itself (``pip install -e .`` suffices):
+    .venv/bin/python benchmarks/limits.py --translation-run RUN --append-results
+    .venv/bin/python benchmarks/limits.py --quick        # sanity run, figures are not results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from common import machine  # noqa: E402  (benchmarks/common.py)
+from mfu import matmul_peak  # noqa: E402
+from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, cpu_capability
+from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
+from qkv.generate.lm import generate_tokens
+from qkv.models import DecoderLM, LMConfig
+
+GB = 1e9
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+GPT2_SMALL = LMConfig(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
+                      max_len=1024, bias=True)
+GPT2_BLOCK = ((3 * 768, 768), (768, 768), (3072, 768), (768, 3072))  # (out, in) per matrix
+LARGE = ((4096, 4096),)
+
+
+# ----------------------------------------------------------------------------- the bounds
+
+
+def _kernels(dtype: torch.dtype) -> dict:
+    """name -> function turning an (out, in) weight into a matrix-vector callable."""
+    def linear(w):
+        return lambda x: F.linear(x, w)
+
+    out = {"F.linear, W (out, in)": linear}
+    if dtype == torch.float32:
+        out["F.linear, W stored (in, out)"] = lambda w: linear(w.t().contiguous().t())
+    if dtype == torch.float32 or onednn_bf16_available():
+        def onednn(w):
+            packed = PackedLinear(nn.Linear(w.size(1), w.size(0), bias=False, dtype=dtype).eval())
+            packed.packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+            return packed
+        out["oneDNN reordered W"] = onednn
+    return out
+
+
+@torch.no_grad()
+def stream_bandwidth(dtype: torch.dtype, min_mb: int, repeats: int, rows: int = 1,
+                     shapes: tuple = GPT2_BLOCK) -> dict[str, float]:
+    """GB/s of products of ``rows`` input rows with ≥ ``min_mb`` MB of weights of ``shapes``
+    (cycled), per kernel (best pass)."""
+    g = torch.Generator().manual_seed(0)
+    chosen, total = [], 0
+    while total < min_mb * 1e6:
+        for shape in shapes:
+            chosen.append(shape)
+            total += shape[0] * shape[1] * dtype.itemsize
+    inputs = {n: torch.randn(1, rows, n, generator=g).to(dtype) for n in {s[1] for s in shapes}}
+    rates = {}
+    for name, make in _kernels(dtype).items():
+        mats = [(make(torch.randn(shape, generator=g).to(dtype)), inputs[shape[1]]) for shape in chosen]
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first pass warms up
+            start = time.perf_counter()
+            for fn, x in mats:
+                fn(x)
+            best = min(best, time.perf_counter() - start)
+        rates[name] = total / best / GB
+        del mats
+    return rates
+
+
+def read_bandwidth(mb: int = 512, repeats: int = 5) -> float:
+    """GB/s of a float32 ``sum`` over ``mb`` MB (the memory's plain read rate)."""
+    x = torch.ones(int(mb * 1e6 / 4))
+    x.sum()
+    best = min(_seconds(x.sum) for _ in range(repeats))
+    return x.numel() * 4 / best / GB
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------ accounting
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes a forward step reads of the weights: every matrix of a linear layer (a tied output
+    projection included), biases and norms; of the embedding tables only one row each."""
+    total, seen = 0, set()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            total += module.weight[0].numel() * module.weight.element_size()
+            continue
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen and not isinstance(module, nn.Embedding):
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes(cfg, rows: int, context: float, dtype: torch.dtype) -> float:
+    """Bytes of keys and values one step reads over ``rows`` rows of ``context`` positions."""
+    return cfg.n_layers * 2 * rows * context * cfg.d_model * dtype.itemsize
+
+
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def count_flops(fn) -> int:
+    """FLOPs of ``fn()`` by PyTorch's counter, which (torch 2.13) has no formula for the CPU
+    attention kernel: given here, as for the CUDA ones."""
+    cpu_sdpa = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def profile_top(fn, k: int = 6) -> str:
+    """``op share%, ...`` of the ``k`` operators with the most self CPU time in ``fn()``."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:k]
+    return ", ".join(f"{e.key.removeprefix('aten::')} {e.self_cpu_time_total / total:.0%}" for e in top)
+
+
+# ------------------------------------------------------------------------------- workloads
+
+
+def gpt2_small(dtype: torch.dtype) -> DecoderLM:
+    """GPT-2-small-shaped LM with random weights laid out for decoding. Every matrix is drawn
+    N(0, 0.1²) instead of GPT-2's N(0, 0.02²): at the init's scale a random model repeats one
+    token, and the token check below should compare varied continuations."""
+    torch.manual_seed(0)
+    model = DecoderLM(GPT2_SMALL).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(std=0.1)
+    return prepare_for_inference(model.to(dtype))
+
+
+def timed_generation(model, prompts, new_tokens: int) -> tuple[float, float, list]:
+    """(seconds to the first token, seconds of the remaining steps, tokens)."""
+    marks = []
+    start = time.perf_counter()
+    out = generate_tokens(model, prompts, new_tokens, do_sample=False,
+                          on_tokens=lambda _: marks.append(time.perf_counter()))
+    return marks[0] - start, marks[-1] - marks[0], out
+
+
+@torch.no_grad()
+def recomputed_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy continuation with the whole sequence re-run for every token (no cache)."""
+    seq = list(prompt)
+    for _ in range(new_tokens):
+        seq.append(int(model(torch.tensor([seq]), last_only=True).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def workload_a(args, bw: dict, large: dict, read_gbs: float, dtype_name: str) -> dict:
+    dtype = DTYPES[dtype_name]
+    model = gpt2_small(dtype)
+    prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, args.prompt_tokens),
+                           generator=torch.Generator().manual_seed(1)).tolist()
+    n = args.new_tokens
+    timed_generation(model, prompt, 8)  # warm-up
+    runs = [timed_generation(model, prompt, n) for _ in range(args.repeats)]
+    decode = statistics.median((n - 1) / r[1] for r in runs)
+    e2e = statistics.median(n / (r[0] + r[1]) for r in runs)
+    ours = runs[0][2][0]
+    check = ours[: args.check_tokens]
+    same = recomputed_greedy(model, prompt[0], len(check)) == check
+    step_bytes = weight_bytes(model) + kv_bytes(GPT2_SMALL, 1, args.prompt_tokens + n / 2, dtype)
+    bound = bw[dtype_name] * GB / step_bytes
+    return dict(dtype=dtype_name, decode=decode, e2e=e2e, bytes=step_bytes, bound=bound,
+                fraction=decode / bound, of_large=decode * step_bytes / (large[dtype_name] * GB),
+                of_read=decode * step_bytes / (read_gbs * GB),
+                same=same, checked=len(check), distinct=len(set(ours)),
+                profile=profile_top(lambda: generate_tokens(model, prompt, 32, do_sample=False)))
+
+
+def workload_b(args, bw: dict, peak: dict, dtype_name: str, rows: int) -> dict:
+    """(b) for ``rows`` prompts; ``kernel_tokens_s``: the rate if a step took only its weight
+    products, at the best kernel's measured speed for ``rows`` rows."""
+    dtype = DTYPES[dtype_name]
+    model = gpt2_small(dtype)
+    g = torch.Generator().manual_seed(rows)
+    lengths = torch.randint(8, 65, (rows,), generator=g).tolist()
+    prompts = [torch.randint(0, GPT2_SMALL.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    n = args.new_tokens
+    timed_generation(model, prompts, 4)  # warm-up
+    runs = [timed_generation(model, prompts, n) for _ in range(max(1, args.repeats // 2))]
+    step = statistics.median(r[1] / (n - 1) for r in runs)
+    context = statistics.mean(lengths) + n / 2
+    matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+    # products with every weight matrix, then QKᵀ and (weights)V over the context
+    flops = 2 * rows * matrices + 4 * rows * context * GPT2_SMALL.d_model * GPT2_SMALL.n_layers
+    t_bw = (weight_bytes(model) + kv_bytes(GPT2_SMALL, rows, context, dtype)) / (bw[dtype_name] * GB)
+    t_flop = flops / peak[dtype_name]
+    bound = max(t_bw, t_flop)
+    kernel_gbs = max(stream_bandwidth(dtype, args.stream_mb, args.repeats, rows).values())
+    return dict(dtype=dtype_name, rows=rows, tokens_s=rows / step, bound_tokens_s=rows / bound,
+                kernel_tokens_s=rows * kernel_gbs * GB / weight_bytes(model),
+                fraction=bound / step, limit="bandwidth" if t_bw >= t_flop else "FLOP/s",
+                profile=profile_top(lambda: generate_tokens(model, prompts, 16, do_sample=False)))
+
+
+def workload_c(args, bw: dict, peak: dict) -> dict | None:
+    from qkv.data.translation import load_multi30k
+    from qkv.generate.translator import Translator
+
+    if not args.translation_run:
+        return None
+    translator = Translator.from_run(args.translation_run, beam_size=4, alpha=0.6)
+    model = translator.model
+    src = [pair[0] for pair in load_multi30k("test2016", "de", "en")][: args.sentences]
+    translator.translate(src[:16])  # warm-up
+    seconds = [_seconds(lambda: translator.translate(src)) for _ in range(args.c_repeats)]
+    measured = statistics.median(seconds)
+    steps = [0]
+    decode = model.decode
+
+    def counting_decode(*a, **kw):
+        steps[0] += 1
+        return decode(*a, **kw)
+
+    model.decode = counting_decode
+    try:
+        flops = count_flops(lambda: translator.translate(src))
+    finally:
+        del model.decode
+    batches = -(-len(src) // translator.batch_size)
+    # A decoder step reads the decoder's weights (not cross-attention's key/value projection,
+    # applied once to the memory) and the output projection; each batch reads the encoder's.
+    dec_bytes = (weight_bytes(model.decoder) + weight_bytes(model.generator)
+                 - sum(weight_bytes(layer.cross_attn.w_kv) for layer in model.decoder.layers))
+    t_bw = (steps[0] * dec_bytes + batches * weight_bytes(model.encoder)) / (bw["fp32"] * GB)
+    t_flop = flops / peak["fp32"]
+    bound = max(t_bw, t_flop)
+    small = src[:64]
+    return dict(sentences=len(src), sentences_s=len(src) / measured, seconds=measured,
+                steps=steps[0], flops=flops, flop_s=flops / measured,
+                fraction=bound / measured, limit="bandwidth" if t_bw >= t_flop else "FLOP/s",
+                profile=profile_top(lambda: translator.translate(small)))
+
+
+def workload_d(args, peak: dict) -> dict:
+    from qkv.data.protein_tasks import load_flip_secondary_structure
+    from qkv.generate.protein import ProteinEncoder
+    from qkv.models.config import EncoderConfig
+    from qkv.models.encoder import EncoderModel
+    from qkv.recipes.protein_tasks import ProteinTaskRecipe
+
+    cfg = ProteinTaskRecipe().model
+    torch.manual_seed(0)
+    model = EncoderModel(EncoderConfig(**{**cfg.__dict__, "vocab_size": 33, "num_labels": 3,
+                                          "dropout": 0.0})).eval()
+    encoder = ProteinEncoder(model, ("H", "E", "C"), "residue")
+    seqs = [r.sequence for r in load_flip_secondary_structure().split("test")][: args.proteins]
+    encoder.embed(seqs[:8])  # warm-up
+    measured = statistics.median(_seconds(lambda: encoder.embed(seqs)) for _ in range(args.repeats))
+    flops = count_flops(lambda: encoder.embed(seqs))
+    lengths = [len(s) for s in seqs]
+    return dict(sequences=len(seqs), residues=sum(lengths), min_len=min(lengths),
+                max_len=max(lengths), sequences_s=len(seqs) / measured, flop_s=flops / measured,
+                fraction=flops / measured / peak["fp32"],
+                profile=profile_top(lambda: encoder.embed(seqs[:64])))
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def report(args, streams, read_gbs, peak, a, b, c, d) -> str:
+    cmd = " ".join(["python", shlex.join(sys.argv)])
+    flags = [f for f, has in (("AVX512_BF16", cpu_has_native_bf16()), ("AMX_BF16", cpu_has_amx_bf16())) if has]
+    kernels = list(dict.fromkeys(k for rates in streams.values() for k in rates))
+    lines = [
+        f"## limits{' (--quick: sanity run, not a result)' if args.quick else ''} — "
+        f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        "",
+        f"- command: `{cmd}`",
+        f"- machine: {machine()}; vector ISA {cpu_capability()}"
+        f"{', ' + ', '.join(flags) if flags else ', no native bfloat16'}",
+        f"- memory read (float32 sum, 512 MB): {read_gbs:.1f} GB/s; matmul peak: "
+        + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()),
+        "",
+        f"Weight streaming: one-row products with ≥ {args.stream_mb} MB of weights (best of "
+        f"{args.repeats} passes, GB/s). The bound of (a) and (b) is the fastest kernel on GPT-2's "
+        "block shapes (768 → 2304, 768, 3072; 3072 → 768), the matrices decoding streams:",
+        "",
+        "| dtype | matrices | " + " | ".join(kernels) + " |",
+        "|---|---|" + "---|" * len(kernels),
+    ]
+    for (dt, what), rates in streams.items():
+        lines.append(f"| {dt} | {what} | " + " | ".join(f"{rates[k]:.1f}" if k in rates else "–" for k in kernels) + " |")
+    lines += ["", "(a) batch-1 greedy generation, GPT-2-small shape, "
+              f"{args.prompt_tokens}-token prompt + {args.new_tokens} new tokens:", "",
+              "| weights | bytes/token | bound tokens/s | decoding tokens/s | **fraction** | of the 4096² rate, of the plain read | end to end tokens/s | greedy = recomputation | where the time goes |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in a:
+        lines.append(f"| {r['dtype']} | {r['bytes'] / 1e6:.0f} MB | {r['bound']:.1f} | {r['decode']:.1f} | "
+                     f"**{r['fraction']:.0%}** | {r['of_large']:.0%}, {r['of_read']:.0%} | {r['e2e']:.1f} | {'yes' if r['same'] else 'NO'} "
+                     f"({r['checked']} tokens, {r['distinct']} distinct) | {r['profile']} |")
+    lines += ["", "(b) batched greedy generation, prompts of 8-64 tokens, "
+              f"{args.new_tokens} new tokens:", "",
+              "| weights | prompts | tokens/s | bound tokens/s (limit) | **fraction** | products alone at this many rows, tokens/s | where the time goes |",
+              "|---|---|---|---|---|---|---|"]
+    for r in b:
+        lines.append(f"| {r['dtype']} | {r['rows']} | {r['tokens_s']:.0f} | {r['bound_tokens_s']:.0f} "
+                     f"({r['limit']}) | **{r['fraction']:.0%}** | {r['kernel_tokens_s']:.0f} | {r['profile']} |")
+    lines.append("")
+    if c is None:
+        lines.append("(c) translation: not run (no `--translation-run`).")
+    else:
+        lines.append(f"(c) translation, beam 4, {c['sentences']} test2016 sentences, float32: "
+                     f"{c['sentences_s']:.1f} sentences/s ({c['seconds']:.1f} s, {c['steps']} decoder "
+                     f"steps), {c['flop_s'] / 1e9:.1f} GFLOP/s; bound: {c['limit']}; **fraction "
+                     f"{c['fraction']:.0%}**. Where the time goes: {c['profile']}.")
+    lines += ["", f"(d) protein encoder inference (`embed`), {d['sequences']} FLIP test proteins of "
+              f"{d['min_len']}-{d['max_len']} residues ({d['residues']} in all), float32: "
+              f"{d['sequences_s']:.1f} sequences/s, {d['flop_s'] / 1e9:.1f} GFLOP/s = **"
+              f"{d['fraction']:.0%} of the fp32 peak**. Where the time goes: {d['profile']}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--check-tokens", type=int, default=128, help="greedy tokens checked against recomputation")
+    p.add_argument("--stream-mb", type=int, default=256)
+    p.add_argument("--translation-run", help="a trained translation run directory for (c)")
+    p.add_argument("--sentences", type=int, default=1000, help="test2016 sentences for (c)")
+    p.add_argument("--c-repeats", type=int, default=2)
+    p.add_argument("--proteins", type=int, default=10_000, help="FLIP test proteins for (d)")
+    p.add_argument("--batch-rows", default="8,32")
+    p.add_argument("--quick", action="store_true", help="tiny sanity run; figures are not results")
+    p.add_argument("--append-results", action="store_true")
+    p.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.new_tokens, args.check_tokens, args.stream_mb = 1, 8, 4, 64
+        args.sentences, args.c_repeats, args.proteins, args.batch_rows = 16, 1, 16, "8"
+    peak = {k: matmul_peak(dt, torch.device("cpu"), repeats=1 if args.quick else 3)[0]
+            for k, dt in DTYPES.items()}
+    streams = {}  # (dtype, what) -> {kernel: GB/s}
+    for k, dt in DTYPES.items():
+        streams[k, "GPT-2 block shapes"] = stream_bandwidth(dt, args.stream_mb, args.repeats)
+        streams[k, "4096 × 4096"] = stream_bandwidth(dt, args.stream_mb, args.repeats, shapes=LARGE)
+    bw = {k: max(streams[k, "GPT-2 block shapes"].values()) for k in DTYPES}
+    large = {k: max(streams[k, "4096 × 4096"].values()) for k in DTYPES}
+    read_gbs = read_bandwidth()
+    print(f"bounds: {streams}, read {read_gbs:.1f} GB/s, peak {peak}", file=sys.stderr)
+    a = [workload_a(args, bw, large, read_gbs, k) for k in DTYPES]
+    print(f"(a) {a}", file=sys.stderr)
+    b = [workload_b(args, bw, peak, k, int(rows)) for k in DTYPES for rows in args.batch_rows.split(",")]
+    print(f"(b) {b}", file=sys.stderr)
+    c = workload_c(args, bw, peak)
+    print(f"(c) {c}", file=sys.stderr)
+    d = workload_d(args, peak)
+    text = report(args, streams, read_gbs, peak, a, b, c, d)
+    print(text)
+    if args.append_results:
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Fast inference: oneDNN-packed bfloat16 linears (values, the fused activation, the state dict,
+tied weights, greedy tokens equal to full recomputation), skipping dropout calls in eval mode,
+and the throughput lines of ``qkv generate`` / ``qkv translate --verbose``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.cli import main
+from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
+from qkv.generate.lm import generate_tokens
+from qkv.generate.stats import DecodeStats
+from qkv.models import DecoderLM, LMConfig
+from qkv.nn.feedforward import PositionwiseFeedForward
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not onednn_bf16_available(), reason="oneDNN bfloat16 needs a CPU with native bfloat16 (AVX512_BF16/AMX)")
+
+
+def _lm(**kw) -> DecoderLM:
+    """A small random LM in eval mode, weights pushed away from the init so that greedy
+    continuations vary (see tests/test_lm.py)."""
+    torch.manual_seed(0)
+    cfg = LMConfig(vocab_size=50, d_model=64, n_heads=4, d_ff=256, n_layers=2, max_len=64,
+                   bias=True, activation="gelu", **kw)
+    model = DecoderLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_packed_linear_equals_linear_then_activation(activation):
+    """PackedLinear computes act(x Wᵀ + b) on bfloat16 inputs of any batch shape, within
+    bfloat16 rounding (2 units in the last place of outputs of size ~10)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 80).to(torch.bfloat16).eval()
+    packed = PackedLinear(linear, activation).eval()
+    act = {None: lambda h: h, "relu": F.relu, "gelu": F.gelu}[activation]
+    for shape in ((1, 1, 96), (3, 7, 96), (5, 96)):
+        x = torch.randn(shape).to(torch.bfloat16)
+        ref = act(F.linear(x.float(), linear.weight.float(), linear.bias.float()))
+        out = packed(x)
+        assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], 80)
+        torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=2 ** -7)
+    assert packed.weight is linear.weight and packed.bias is linear.bias
+
+
+@needs_onednn_bf16
+def test_packed_linear_refuses_training_mode_and_unknown_activation():
+    linear = nn.Linear(8, 4).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="unknown fused activation 'tanh'"):
+        PackedLinear(linear, "tanh")
+    packed = PackedLinear(linear.eval())
+    packed.train()
+    with pytest.raises(RuntimeError, match="for inference"):
+        packed(torch.randn(1, 8).to(torch.bfloat16))
+
+
+@needs_onednn_bf16
+def test_prepare_bfloat16_packs_keeps_state_dict_and_ties_and_decodes_as_recomputation():
+    """A bfloat16 LM prepared for CPU decoding: every linear is packed (the FFN's GELU fused
+    into w_1), the state dict and the tie between embedding and output projection are
+    unchanged, the logits match the unprepared model's within bfloat16 rounding, and greedy
+    decoding with the cache gives the tokens of full recomputation on the same model."""
+    model = _lm().to(torch.bfloat16)
+    x = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(x).logits.float()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    prepare_for_inference(model)
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears)
+    ffn = model.layers[0].ffn
+    assert isinstance(ffn, PositionwiseFeedForward) and ffn.w_1.activation == "gelu"
+    after_state = model.state_dict()
+    assert after_state.keys() == state.keys()
+    assert all(torch.equal(after_state[k], v) for k, v in state.items())
+    with torch.no_grad():
+        after = model(x).logits.float()
+    scale = before.abs().max()
+    assert (after - before).abs().max() <= 0.03 * scale, "bfloat16 rounding, not a different function"
+    prompt = x[0].tolist()
+    cached = generate_tokens(model, [prompt], 24, do_sample=False)[0]
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(24):
+            seq.append(int(model(torch.tensor([seq]), last_only=True).logits[0, -1].argmax()))
+    assert cached == seq[len(prompt):] and len(set(cached)) > 3
+    prepare_for_inference(model)  # a second call changes nothing
+    assert isinstance(model.layers[0].ffn.w_1, PackedLinear) and model.layers[0].ffn.w_1.activation == "gelu"
+    tied = prepare_for_inference(_lm(tie_embeddings=True).to(torch.bfloat16))
+    assert isinstance(tied.lm_head, PackedLinear) and tied.lm_head.weight is tied.embed.weight
+    assert "lm_head.weight" not in dict(tied.named_parameters())  # still one parameter
+
+
+def test_prepare_leaves_a_model_in_training_mode_unpacked():
+    """Packing is for inference only: a model still in training mode keeps nn.Linear."""
+    model = _lm().to(torch.bfloat16).train()
+    prepare_for_inference(model)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def test_eval_mode_skips_dropout_but_training_applies_it():
+    """Dropout calls are skipped in eval mode (a decoding-speed measure); training still drops."""
+    cfg = LMConfig(vocab_size=20, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_len=16,
+                   dropout=0.5, activation_dropout=0.5)
+    model = DecoderLM(cfg)
+    x = torch.randint(0, 20, (2, 8))
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, model(x).logits)
+    model.train()
+    torch.manual_seed(0)
+    first = model(x).logits
+    assert not torch.allclose(first, model(x).logits), "training mode still applies dropout"
+
+
+def test_decode_stats_summary():
+    stats = DecodeStats(items=1, new_tokens=128, seconds=2.0, first_token_seconds=0.1)
+    line = stats.summary()
+    assert line.startswith("128 new tokens in 2.00 s: 64.0 tokens/s")
+    assert "then 66.8 tokens/s" in line  # 127 tokens in 1.9 s
+    stats = DecodeStats(items=10, new_tokens=150, seconds=4.0)
+    assert stats.summary("sentences") == "10 sentences in 4.00 s: 2.5 sentences/s, 38 output tokens/s"
+
+
+def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
+    """``--verbose`` adds one throughput line on stderr; stdout holds only the text."""
+    assert main(["generate", str(tiny_runs["lm"]), "--prompt", "RO", "--greedy",
+                 "--max-new-tokens", "7", "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("RO") and "tokens/s" not in out
+    assert re.search(r"^7 new tokens in [0-9.]+ s: [0-9.]+ tokens/s", err, re.M), err
+    assert main(["translate", str(tiny_runs["translation"]), "Ein Mann.", "Eine Frau.", "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2 and "sentences/s" not in out
+    assert re.search(r"^2 sentences in [0-9.]+ s: [0-9.]+ sentences/s", err, re.M), err
