@@ -6,7 +6,8 @@ sections around it stay): machine, CPU flags, GPU, torch, date, and each script'
 Scripts: ``bench_lm.py`` (vs HF GPT-2), ``bench_translation.py`` (vs the PyTorch tutorial's
 ``nn.Transformer``), ``compile_step.py`` (eager vs ``torch.compile``), ``mfu.py`` (step FLOPs vs
 the measured matmul peak, and where the time goes), ``kill_resume.py`` (SIGKILL + resume,
-bit-identical). Longer studies (``demo_sweep.py``, ``norms.py``, the protein and ViT runs) are
+bit-identical), ``limits.py`` (inference as fractions of the bandwidth and FLOP bounds; its
+translation workload needs a trained run and is run on its own). Longer studies (``demo_sweep.py``, ``norms.py``, the protein and ViT runs) are
 training runs, not comparisons, and keep their own sections.
 
 Run from the repository root, with the machine to itself (``--quick``: a few seconds per
@@ -37,6 +38,7 @@ SCRIPTS = {
     "compile_step.py": ([], ["--repeats", "1", "--steps", "2"]),
     "mfu.py": ([], ["--workloads", "translation", "--steps", "1", "--repeats", "1"]),
     "kill_resume.py": (["--trials", "10"], ["--trials", "1", "--steps", "30"]),
+    "limits.py": ([], ["--quick"]),  # (c) needs a trained run: limits.py --translation-run RUN
 }
 
 

@@ -143,3 +143,25 @@ def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 2 and "sentences/s" not in out
     assert re.search(r"^2 sentences in [0-9.]+ s: [0-9.]+ sentences/s", err, re.M), err
+
+
+def test_limits_benchmark_runs(tiny_runs):
+    """benchmarks/limits.py --quick (the bounds and workloads a-d; c on a tiny random run)
+    completes and reports each workload as a fraction of its bound, with float32 greedy
+    tokens equal to full recomputation's: a check that it runs, not a figure."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "limits.py"), "--quick",
+                           "--translation-run", str(tiny_runs["translation"])],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for workload in ("(a) batch-1 greedy", "(b) batched greedy", "(c) translation, beam 4",
+                     "(d) protein encoder inference"):
+        assert workload in out, out
+    assert len(re.findall(r"\*\*\d+%", out)) >= 5, out
+    fp32_a = re.search(r"^\| fp32 \| \d+ MB \|.*$", out, re.M).group(0)
+    assert "| 8 of 8 (" in fp32_a, fp32_a
