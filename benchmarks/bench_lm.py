@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import alternate, machine, row  # noqa: E402  (benchmarks/common.py)
+from common import alternate, machine, publish, row  # noqa: E402  (benchmarks/common.py)
 from qkv.data.text import load_corpus, random_windows, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer
 from qkv.generate.layout import prepare_for_inference
@@ -232,10 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     gen = bench_generation(args)
     gen_bf16 = bench_generation(args, torch.bfloat16)
     text = report(args, train, gen, gen_bf16)
-    print(text)
-    if args.append_results:
-        with open(args.results, "a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    publish(text, args.append_results, args.results)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: alternating timing, the machine line, result-table rows."""
+"""Shared by the benchmark scripts: alternating timing, the machine line, result-table rows,
+publishing a section."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def row(name: str, ours: list[float], ref: list[float]) -> str:
     return (f"| {name} | {mo:,.1f} ({min(ours):,.1f}–{max(ours):,.1f}) | "
             f"{mr:,.1f} ({min(ref):,.1f}–{max(ref):,.1f}) | **{mo / mr:.2f}** "
             f"({min(ratios):.2f}–{max(ratios):.2f}) |")
+
+
+def publish(text: str, append: bool, results) -> None:
+    """Print a result section and, with ``append`` (``--append-results``), add it to the
+    ``results`` file (``benchmarks/RESULTS.md``)."""
+    print(text)
+    if append:
+        with open(results, "a", encoding="utf-8") as f:
+            f.write("\n" + text)

@@ -19,8 +19,10 @@ counted by PyTorch's ``FlopCounterMode``):
     float32 and bfloat16 as ``TextGenerator.from_run`` lays them out (``prepare_for_inference``),
     a 32-token prompt and 128 new tokens. Bound: tokens/s = bandwidth / bytes per token, where
     the bytes are every weight a step reads (all matrices, the output projection included,
-    biases, norms) plus the key/value cache read at the mean context length. Reported on the
-    decoding steps (after the first token) and end to end. The greedy tokens are checked
+    biases, norms) plus the key/value cache read at the mean context length; the bandwidth is
+    re-measured beside every timed run (one pass of the fastest kernel over the model's
+    matrices) and each run divided by its own bound. Reported on the decoding steps (after the
+    first token) and end to end. The greedy tokens are checked
     against full recomputation without a cache (``recomputation_check``); where they differ,
     the recomputed logits' margin says whether it is a tie within rounding.
 (b) batched generation: 8 and 32 prompts of 8-64 tokens (left-padded), 128 new tokens each,
@@ -39,6 +41,7 @@ where the time goes.
 
 Run from the repository root with the machine to itself (``pip install -e .`` suffices):
     .venv/bin/python benchmarks/limits.py --translation-run RUN --append-results
+    .venv/bin/python benchmarks/limits.py --workloads a --repeats 9   # only (a)
     .venv/bin/python benchmarks/limits.py --quick        # sanity run, figures are not results
 """
 
@@ -57,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from common import machine  # noqa: E402  (benchmarks/common.py)
+from common import machine, publish  # noqa: E402  (benchmarks/common.py)
 from mfu import matmul_peak  # noqa: E402
 from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, cpu_capability
 from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
@@ -353,6 +356,14 @@ def workload_d(args, peak: dict) -> dict:
 # ---------------------------------------------------------------------------------- report
 
 
+def _table(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """Markdown lines of a titled table; nothing when there are no rows."""
+    if not rows:
+        return []
+    return ["", title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def report(args, streams, read_gbs, peak, a, b, c, d) -> str:
     cmd = " ".join(["python", shlex.join(sys.argv)])
     flags = [f for f, has in (("AVX512_BF16", cpu_has_native_bf16()), ("AMX_BF16", cpu_has_amx_bf16())) if has]
@@ -377,36 +388,37 @@ def report(args, streams, read_gbs, peak, a, b, c, d) -> str:
     ]
     for (dt, what), rates in streams.items():
         lines.append(f"| {dt} | {what} | " + " | ".join(f"{rates[k]:.1f}" if k in rates else "–" for k in kernels) + " |")
-    lines += ["", "(a) batch-1 greedy generation, GPT-2-small shape, "
-              f"{args.prompt_tokens}-token prompt + {args.new_tokens} new tokens:", "",
-              "| weights | bytes/token | bound tokens/s | decoding tokens/s | **fraction** (range over runs) | of the 4096² rate, of the plain read | end to end tokens/s | greedy tokens = recomputation's | where the time goes |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in a:
-        lines.append(f"| {r['dtype']} | {r['bytes'] / 1e6:.0f} MB | {r['bound']:.1f} | {r['decode']:.1f} | "
-                     f"**{r['fraction']:.0%}** ({r['fraction_range'][0]:.0%}–{r['fraction_range'][1]:.0%}) | "
-                     f"{r['of_large']:.0%}, {r['of_read']:.0%} | {r['e2e']:.1f} | "
-                     f"{r['agree']} of {args.new_tokens} ({r['distinct']} distinct)"
-                     + (f"; others: margins {', '.join(f'{m:.1e}' for m in r['margins'])}" if r['margins'] else "")
-                     + f" | {r['profile']} |")
-    lines += ["", "(b) batched greedy generation, prompts of 8-64 tokens, "
-              f"{args.new_tokens} new tokens:", "",
-              "| weights | prompts | tokens/s | bound tokens/s (limit) | **fraction** | products alone at this many rows, tokens/s | where the time goes |",
-              "|---|---|---|---|---|---|---|"]
-    for r in b:
-        lines.append(f"| {r['dtype']} | {r['rows']} | {r['tokens_s']:.0f} | {r['bound_tokens_s']:.0f} "
-                     f"({r['limit']}) | **{r['fraction']:.0%}** | {r['kernel_tokens_s']:.0f} | {r['profile']} |")
+    lines += _table(f"(a) batch-1 greedy generation, GPT-2-small shape, {args.prompt_tokens}-token prompt "
+                    f"+ {args.new_tokens} new tokens:",
+                    ["weights", "bytes/token", "bound tokens/s", "decoding tokens/s",
+                     "**fraction** (range over runs)", "of the 4096² rate, of the plain read",
+                     "end to end tokens/s", "greedy tokens = recomputation's", "where the time goes"],
+                    [[r["dtype"], f"{r['bytes'] / 1e6:.0f} MB", f"{r['bound']:.1f}", f"{r['decode']:.1f}",
+                      f"**{r['fraction']:.0%}** ({r['fraction_range'][0]:.0%}–{r['fraction_range'][1]:.0%})",
+                      f"{r['of_large']:.0%}, {r['of_read']:.0%}", f"{r['e2e']:.1f}",
+                      f"{r['agree']} of {args.new_tokens} ({r['distinct']} distinct)"
+                      + (f"; others: margins {', '.join(f'{m:.1e}' for m in r['margins'])}" if r["margins"] else ""),
+                      r["profile"]] for r in a])
+    lines += _table(f"(b) batched greedy generation, prompts of 8-64 tokens, {args.new_tokens} new tokens:",
+                    ["weights", "prompts", "tokens/s", "bound tokens/s (limit)", "**fraction**",
+                     "products alone at this many rows, tokens/s", "where the time goes"],
+                    [[r["dtype"], str(r["rows"]), f"{r['tokens_s']:.0f}",
+                      f"{r['bound_tokens_s']:.0f} ({r['limit']})", f"**{r['fraction']:.0%}**",
+                      f"{r['kernel_tokens_s']:.0f}", r["profile"]] for r in b])
     lines.append("")
     if c is None:
-        lines.append("(c) translation: not run (no `--translation-run`).")
+        lines.append("(c) translation: not run (needs `--translation-run`).")
     else:
         lines.append(f"(c) translation, beam 4, {c['sentences']} test2016 sentences, float32: "
                      f"{c['sentences_s']:.1f} sentences/s ({c['seconds']:.1f} s, {c['steps']} decoder "
                      f"steps), {c['flop_s'] / 1e9:.1f} GFLOP/s; bound: {c['limit']}; **fraction "
                      f"{c['fraction']:.0%}**. Where the time goes: {c['profile']}.")
-    lines += ["", f"(d) protein encoder inference (`embed`), {d['sequences']} FLIP test proteins of "
-              f"{d['min_len']}-{d['max_len']} residues ({d['residues']} in all), float32: "
-              f"{d['sequences_s']:.1f} sequences/s, {d['flop_s'] / 1e9:.1f} GFLOP/s = **"
-              f"{d['fraction']:.0%} of the fp32 peak**. Where the time goes: {d['profile']}.", ""]
+    if d is not None:
+        lines += ["", f"(d) protein encoder inference (`embed`), {d['sequences']} FLIP test proteins of "
+                  f"{d['min_len']}-{d['max_len']} residues ({d['residues']} in all), float32: "
+                  f"{d['sequences_s']:.1f} sequences/s, {d['flop_s'] / 1e9:.1f} GFLOP/s = **"
+                  f"{d['fraction']:.0%} of the fp32 peak**. Where the time goes: {d['profile']}."]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -421,6 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--c-repeats", type=int, default=2)
     p.add_argument("--proteins", type=int, default=10_000, help="FLIP test proteins for (d)")
     p.add_argument("--batch-rows", default="8,32")
+    p.add_argument("--workloads", default="abcd", help="which of (a)-(d) to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sanity run; figures are not results")
     p.add_argument("--append-results", action="store_true")
     p.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
@@ -437,18 +450,17 @@ def main(argv: list[str] | None = None) -> None:
     bw = {k: max(streams[k, "GPT-2 small's"].values()) for k in DTYPES}
     read_gbs = read_bandwidth()
     print(f"bounds: {streams}, read {read_gbs:.1f} GB/s, peak {peak}", file=sys.stderr)
-    a = [workload_a(args, streams, read_gbs, k) for k in DTYPES]
+    run = set(args.workloads)
+    a = [workload_a(args, streams, read_gbs, k) for k in DTYPES] if "a" in run else []
     print(f"(a) {a}", file=sys.stderr)
-    b = [workload_b(args, bw, peak, k, int(rows)) for k in DTYPES for rows in args.batch_rows.split(",")]
+    b = ([workload_b(args, bw, peak, k, int(rows)) for k in DTYPES for rows in args.batch_rows.split(",")]
+         if "b" in run else [])
     print(f"(b) {b}", file=sys.stderr)
-    c = workload_c(args, bw, peak)
+    c = workload_c(args, bw, peak) if "c" in run else None
     print(f"(c) {c}", file=sys.stderr)
-    d = workload_d(args, peak)
+    d = workload_d(args, peak) if "d" in run else None
     text = report(args, streams, read_gbs, peak, a, b, c, d)
-    print(text)
-    if args.append_results:
-        with open(args.results, "a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    publish(text, args.append_results, args.results)
 
 
 if __name__ == "__main__":
