@@ -4,7 +4,11 @@ and the throughput lines of ``qkv generate`` / ``qkv translate --verbose``."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,9 @@ from qkv.generate.lm import generate_tokens
 from qkv.generate.stats import DecodeStats
 from qkv.models import DecoderLM, LMConfig
 from qkv.nn.feedforward import PositionwiseFeedForward
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("QKV_DATA_DIR", ROOT.parent / "shared" / "data"))
 
 needs_onednn_bf16 = pytest.mark.skipif(
     not onednn_bf16_available(), reason="oneDNN bfloat16 needs a CPU with native bfloat16 (AVX512_BF16/AMX)")
@@ -145,18 +152,16 @@ def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
     assert re.search(r"^2 sentences in [0-9.]+ s: [0-9.]+ sentences/s", err, re.M), err
 
 
+@pytest.mark.skipif(not (DATA / "flip_secondary_structure").is_dir() or not (DATA / "multi30k").is_dir(),
+                    reason=f"FLIP or Multi30k not found under {DATA} (set QKV_DATA_DIR)")
 def test_limits_benchmark_runs(tiny_runs):
     """benchmarks/limits.py --quick (the bounds and workloads a-d; c on a tiny random run)
     completes and reports each workload as a fraction of its bound, with float32 greedy
     tokens equal to full recomputation's: a check that it runs, not a figure."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "limits.py"), "--quick",
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "limits.py"), "--quick",
                            "--translation-run", str(tiny_runs["translation"])],
-                          capture_output=True, text=True, timeout=600, cwd=root)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "QKV_DATA_DIR": str(DATA)})
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     for workload in ("(a) batch-1 greedy", "(b) batched greedy", "(c) translation, beam 4",
