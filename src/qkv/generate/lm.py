@@ -150,10 +150,11 @@ class TextGenerator:
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu",
                  weights: str = "model.safetensors", dtype: torch.dtype = torch.float32) -> "TextGenerator":
         """Load a trained LM run. ``dtype=torch.bfloat16`` casts the weights for faster
-        decoding (memory-bound: 1.9× on a 2-core AVX2 EPYC, no gain on a 2-core AVX512_BF16
-        Xeon without AMX, ``benchmarks/bench_lm.py``; logits differ slightly). The
-        weights' memory layout is chosen here, once, for the dtype and device (values
-        unchanged; see :func:`~qkv.generate.layout.prepare_for_inference`)."""
+        decoding (memory-bound: 1.9× on a 2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16
+        Xeon without AMX, where the weights go to oneDNN's kernel, ``benchmarks/limits.py``;
+        logits differ slightly). The weights' memory layout is chosen here, once, for the
+        dtype and device (values unchanged; see
+        :func:`~qkv.generate.layout.prepare_for_inference`)."""
         model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
         return cls(prepare_for_inference(model.to(dtype)), tokenizer)
 
