@@ -258,6 +258,14 @@ def test_generate_dtype_auto_is_bfloat16_on_a_cpu_with_amx(monkeypatch, capsys, 
     assert _generate_dtype(monkeypatch, capsys, tiny_runs["lm"], "--dtype", "float32")[0] == torch.float32
 
 
+def test_generate_explicit_bfloat16_on_a_cpu_with_avx512_bf16_only_does_not_warn(monkeypatch, capsys, tiny_runs):
+    """Decoding streams weights, so bf16 pays without AMX too: no training-style warning."""
+    _cpu(monkeypatch, True, amx=False)
+    dtype, err = _generate_dtype(monkeypatch, capsys, tiny_runs["lm"], "--dtype", "bfloat16")
+    assert dtype == torch.bfloat16 and "warning" not in err, err
+    assert _generate_dtype(monkeypatch, capsys, tiny_runs["lm"])[0] == torch.float32, "auto stays fp32"
+
+
 def test_generate_explicit_bfloat16_on_a_cpu_without_native_bf16_warns(monkeypatch, capsys, tiny_runs):
     _cpu(monkeypatch, False)
     dtype, err = _generate_dtype(monkeypatch, capsys, tiny_runs["lm"], "--dtype", "bfloat16")
