@@ -236,19 +236,14 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    from .device import cpu_has_native_bf16, resolve_device, resolve_precision
+    from .device import resolve_device, resolve_precision
     from .generate.lm import TextGenerator
 
     import torch
 
     device = resolve_device(args.device)
     names = {"auto": "auto", "float32": "fp32", "bfloat16": "bf16"}
-    if args.dtype == "bfloat16" and device.type == "cpu" and cpu_has_native_bf16():
-        # Training's warning (bf16 matmuls are slower without AMX) does not hold for decoding,
-        # which streams weights: bf16 halves the bytes (GPT-2 small: 1.35x, benchmarks/limits.py).
-        precision, why = "bf16", "set explicitly"
-    else:
-        precision, why = resolve_precision(names[args.dtype], device)
+    precision, why = resolve_precision(names[args.dtype], device, decoding=True)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     logging.getLogger("qkv.cli").debug(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
     gen = TextGenerator.from_run(args.run_dir, device=device, dtype=dtype)

@@ -90,7 +90,7 @@ def _cuda_native_bf16(device: torch.device) -> bool:
         return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+def resolve_precision(precision: str, device: torch.device, decoding: bool = False) -> tuple[str, str]:
     """The precision a run on ``device`` uses for ``precision`` (``"auto"``, ``"fp32"`` or
     ``"bf16"``), and why, as ``("fp32" | "bf16", reason)``.
 
@@ -98,7 +98,10 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     bfloat16 units, fp32 elsewhere: on CPUs with AVX512_BF16 but no AMX bf16 matrix products
     are slower than fp32 (see :func:`cpu_has_amx_bf16`), on other CPUs bf16 is emulated, and on
     MPS bf16 autocast is not validated here. An explicit ``"bf16"`` where it is emulated or
-    slower logs a warning and is kept.
+    slower logs a warning and is kept. ``decoding=True`` (the weights' dtype for generation,
+    which streams weights rather than multiplying matrices): bf16 halves the bytes, so it is
+    not slower without AMX (GPT-2 small decoded 1.35x faster, ``benchmarks/limits.py``) and only
+    emulation warns; ``"auto"`` is the same as for training.
 
     Raises:
         QkvError: an unknown ``precision``.
@@ -121,7 +124,7 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
                            "(a training step ran 10-20x slower than fp32 on an AVX2 EPYC); "
                            "fp32 (what auto picks here) is faster")
             return "bf16", f"set explicitly (emulated on {where})"
-        if fast is False:
+        if fast is False and not decoding:
             logger.warning(f"bf16 on {where} with AVX512_BF16 but no AMX is slower than fp32 "
                            "(matrix products at about half the fp32 rate, measured on such a CPU); "
                            "fp32 (what auto picks here) is faster")
