@@ -89,9 +89,8 @@ def _kernels(dtype: torch.dtype) -> dict:
         out["F.linear, W stored (in, out)"] = lambda w: linear(w.t().contiguous().t())
     if dtype == torch.float32 or onednn_bf16_available():
         def onednn(w):
-            linear = nn.Linear(1, 1, bias=False).eval()
+            linear = nn.Linear(w.size(1), w.size(0), bias=False, device="meta").eval()
             linear.weight = nn.Parameter(w, requires_grad=False)
-            linear.out_features, linear.in_features = w.shape
             return PackedLinear(linear)
         out["oneDNN reordered W"] = onednn
     return out
@@ -160,7 +159,7 @@ def weight_bytes(model: nn.Module) -> int:
             total += module.weight[0].numel() * module.weight.element_size()
             continue
         for p in module.parameters(recurse=False):
-            if id(p) not in seen and not isinstance(module, nn.Embedding):
+            if id(p) not in seen:
                 seen.add(id(p))
                 total += p.numel() * p.element_size()
     return total

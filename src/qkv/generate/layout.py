@@ -114,10 +114,6 @@ def prepare_for_inference(model: nn.Module) -> nn.Module:
     done on other devices, where the fused kernels prefer the default layout. Safe to call twice.
     """
     packs = onednn_bf16_available() and not model.training
-    for ffn in model.modules():
-        if (packs and isinstance(ffn, PositionwiseFeedForward) and type(ffn.w_1) is nn.Linear
-                and ffn.w_1.weight.dtype == torch.bfloat16 and ffn.w_1.weight.device.type == "cpu"):
-            ffn.w_1, ffn.activation = PackedLinear(ffn.w_1, ffn.activation_name), _identity
     relaid: dict[int, nn.Parameter] = {}
     for parent in model.modules():
         for name, child in parent.named_children():
@@ -125,7 +121,10 @@ def prepare_for_inference(model: nn.Module) -> nn.Module:
             if w is None or w.device.type != "cpu":
                 continue
             if packs and w.dtype == torch.bfloat16:
-                setattr(parent, name, PackedLinear(child))
+                fuse = isinstance(parent, PositionwiseFeedForward) and name == "w_1"
+                setattr(parent, name, PackedLinear(child, parent.activation_name if fuse else None))
+                if fuse:  # the activation now runs inside w_1's kernel
+                    parent.activation = _identity
             elif id(w) not in relaid:
                 relaid[id(w)] = _relaid(w)
     for module in model.modules():

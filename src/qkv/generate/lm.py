@@ -212,7 +212,6 @@ class TextGenerator:
 
         def on_tokens(emitted):
             stats.first_token()
-            stats.new_tokens += sum(t is not None for t in emitted)
             if stream is None:
                 return
             for i, t in enumerate(emitted):
@@ -228,6 +227,7 @@ class TextGenerator:
         new = generate_tokens(self.model, ids, max_new_tokens, do_sample, temperature, top_k, top_p,
                               stop_tokens=eos, stop=cut if per_step else None, generator=generator,
                               on_tokens=on_tokens)
+        stats.new_tokens = sum(map(len, new))
         self.last_stats = stats.stop()
         if not per_step:
             return [tok.decode(n) for n in new]
