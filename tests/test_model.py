@@ -397,7 +397,7 @@ def test_config_error_names_every_bad_value():
         TransformerConfig(src_vocab_size=10, tgt_vocab_size=12, d_model=12, n_heads=4, dropout=1.5,
                           activation="tanh", share_embeddings=True, eos_id=10)
     msg = str(info.value)
-    for part in ("dropout (1.5)", "activation must be one of 'relu', 'gelu', got 'tanh'", "src_vocab_size (10) != tgt_vocab_size (12)",
+    for part in ("dropout (1.5)", "activation must be one of 'relu', 'gelu', 'gelu_tanh', 'silu', got 'tanh'", "src_vocab_size (10) != tgt_vocab_size (12)",
                  "eos_id (10)"):
         assert part in msg
 

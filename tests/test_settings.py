@@ -158,7 +158,8 @@ def test_family_configs_add_only_their_own_fields():
         "share_embeddings", "pad_id", "bos_id", "eos_id"}
     stack = {f.name for f in fields(StackConfig)}
     assert {f.name for f in fields(LMConfig)} - stack == {"tie_embeddings", "bos_id", "eos_id"}
-    assert {f.name for f in fields(EncoderConfig)} - stack == {"pad_id", "num_labels", "pooling"}
+    assert {f.name for f in fields(EncoderConfig)} - stack == {"pad_id", "num_labels", "pooling", "pooler",
+                                                               "token_dropout", "mask_id"}
 
 
 def test_old_encoder_config_with_fields_it_never_used_still_loads():

@@ -25,7 +25,8 @@ PROTEIN_RECIPES = ("protein-mlm", "protein-cls", "protein-residue")
 # recipe name → (config class, model class)
 FAMILIES = {"translation": (TransformerConfig, Transformer), "lm": (LMConfig, DecoderLM),
             **{name: (EncoderConfig, EncoderModel) for name in PROTEIN_RECIPES},
-            "vit": (ViTConfig, VisionTransformer)}
+            "vit": (ViTConfig, VisionTransformer),
+            "encoder": (EncoderConfig, EncoderModel)}  # a converted pretrained encoder (qkv.hub)
 # families whose input is not text: no tokenizer.json (a ViT's "tokenizer" is its patch size)
 NO_TOKENIZER = ("vit",)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 
 from ..errors import QkvError
 
@@ -157,9 +158,124 @@ class CharTokenizer:
         write_json(Path(path), {"type": "char", "chars": self.chars})
 
 
+# Names pretrained vocabularies give their special tokens (BERT, RoBERTa/Marian, ESM, GPT-2),
+# in order of preference.
+HF_SPECIALS = {"pad": ("[PAD]", "<pad>"), "cls": ("[CLS]", "<s>", "<cls>"),
+               "sep": ("[SEP]", "</s>", "<eos>"), "unk": ("[UNK]", "<unk>"),
+               "mask": ("[MASK]", "<mask>"), "eot": ("<|endoftext|>",)}
+
+
+class HFTokenizer:
+    """A pretrained model's own tokenizer (BERT WordPiece, GPT-2 byte-level BPE, ESM residues):
+    an HF ``tokenizers`` :class:`~tokenizers.Tokenizer` with its special ids found by name
+    (:data:`HF_SPECIALS`; ``None`` where the vocabulary has none).
+
+    ``encode`` adds the model's specials (``[CLS] … [SEP]`` for BERT, ``<cls> … <eos>`` for
+    ESM; GPT-2 adds none) unless ``add_special_tokens=False``. Padding and truncation stored in
+    the file are turned off: callers pad with ``pad_id`` and decide about long inputs.
+    ``bos_id``/``eos_id`` (what generation starts from and stops at) are ``[CLS]``/``[SEP]``
+    or GPT-2's ``<|endoftext|>``.
+    """
+
+    kind = "hf"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tok = tokenizer
+        found = {}
+        for role, names in HF_SPECIALS.items():
+            found[role] = next((i for i in map(tokenizer.token_to_id, names) if i is not None), None)
+        self.pad_id, self.cls_id, self.sep_id = found["pad"], found["cls"], found["sep"]
+        self.unk_id, self.mask_id = found["unk"], found["mask"]
+        self.bos_id = self.cls_id if self.cls_id is not None else found["eot"]
+        self.eos_id = self.sep_id if self.sep_id is not None else found["eot"]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HFTokenizer":
+        """Read an HF ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
+        path = Path(path)
+        if not path.is_file():
+            raise QkvError(f"tokenizer file not found: {path}")
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
+
+    @classmethod
+    def from_vocab(cls, path: str | Path, lowercase: bool = False) -> "HFTokenizer":
+        """A WordPiece tokenizer from a BERT-style ``vocab.txt`` (one token per line, id = line
+        number), as ``BertTokenizerFast`` builds it. Entries written ``[X]`` or ``<x>`` are
+        special tokens, matched whole. A vocabulary of single characters (a protein model's:
+        AntiBERTy, ESM, IgLM) is split into characters, so ``EVQL`` needs no spaces.
+        Raises :class:`QkvError` for a missing or empty file."""
+        path = Path(path)
+        try:
+            vocab_list = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines()]
+        except OSError as exc:
+            raise QkvError(f"cannot read vocabulary {path}: {exc}") from None
+        if not vocab_list:
+            raise QkvError(f"vocabulary {path} is empty")
+        vocab = {t: i for i, t in enumerate(vocab_list)}
+        special = [t for t in vocab_list if (t[:1], t[-1:]) in (("[", "]"), ("<", ">")) and len(t) > 2]
+        unk = next((t for t in HF_SPECIALS["unk"] if t in vocab), special[0] if special else vocab_list[0])
+        tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+        per_char = all(len(t) == 1 for t in vocab_list if t not in special)
+        if lowercase:
+            tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                      pre_tokenizers.Split(Regex("."), "isolated")])
+                             if per_char else pre_tokenizers.BertPreTokenizer())
+        tok.decoder = decoders.WordPiece()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        first = next((t for names in (HF_SPECIALS["cls"],) for t in names if t in vocab), None)
+        last = next((t for t in HF_SPECIALS["sep"] if t in vocab), None)
+        if first and last:
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1",
+                special_tokens=[(first, vocab[first]), (last, vocab[last])])
+        return cls(tok)
+
+    def save(self, path: str | Path) -> None:
+        """Write the HF ``tokenizers`` JSON to ``path`` (atomically)."""
+        from ..train.checkpoint import atomic_write
+
+        atomic_write(Path(path), lambda tmp: self._tok.save(str(tmp)))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        """Ids and token types (0 for ``first``, 1 for ``second``) of a sentence pair."""
+        enc = self._tok.encode(first, second)
+        return enc.ids, enc.type_ids
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:
+        """The pieces of ``text`` (for display)."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).tokens
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        return self._tok.decode_batch(batch, skip_special_tokens=True)
+
+    def id_to_token(self, i: int) -> str:
+        return self._tok.id_to_token(i)
+
+
 def load_tokenizer(path: str | Path):
-    """Load ``tokenizer.json``: a :class:`CharTokenizer` (qkv's own JSON) or a
-    :class:`SubwordTokenizer` (HF tokenizers JSON). Raises :class:`QkvError` if unreadable."""
+    """Load ``tokenizer.json``: a :class:`CharTokenizer` or :class:`AminoAcidTokenizer` (qkv's
+    own JSON), a :class:`SubwordTokenizer` (qkv's BPE: specials ``<pad> <bos> <eos> <unk>``
+    at ids 0-3) or an :class:`HFTokenizer` (a pretrained model's). Raises :class:`QkvError`
+    if unreadable."""
     import json
 
     path = Path(path)
@@ -176,7 +292,10 @@ def load_tokenizer(path: str | Path):
         if data.get("tokens") != tok.tokens:
             raise QkvError(f"tokenizer {path} has another amino-acid vocabulary than this qkv version")
         return tok
-    return SubwordTokenizer.load(path)
+    hf = HFTokenizer.load(path)
+    if [hf._tok.token_to_id(t) for t in SPECIALS] == [0, 1, 2, 3]:
+        return SubwordTokenizer(hf._tok)
+    return hf
 
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard residues

@@ -29,7 +29,8 @@ from ..device import cpu_has_native_bf16
 from ..nn.feedforward import PositionwiseFeedForward
 
 # oneDNN's post-op names for the FFN activations: (attribute, algorithm); "none" = exact GELU.
-_POST_OPS = {None: ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none")}
+_POST_OPS = {None: ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
+             "gelu_tanh": ("gelu", "tanh")}
 
 
 def onednn_bf16_available() -> bool:
@@ -45,7 +46,7 @@ def onednn_bf16_available() -> bool:
 class PackedLinear(nn.Module):
     """Inference-only stand-in for a CPU ``nn.Linear``: ``y = act(x Wᵀ + b)`` with ``W``
     reordered once by oneDNN into the blocked layout its matrix-vector kernel streams fastest,
-    and the activation (``None``, ``"relu"`` or ``"gelu"``, exact) fused into the same kernel.
+    and the activation (``None``, ``"relu"``, ``"gelu"`` or ``"gelu_tanh"``) fused into the same kernel.
 
     ``weight`` and ``bias`` are the wrapped module's own Parameters (so the state dict, tied
     embeddings and attention read-outs are unchanged); the reordered copy is a plain attribute
@@ -57,7 +58,7 @@ class PackedLinear(nn.Module):
     Raises:
         RuntimeError: in training mode, or where oneDNN cannot run (see
             :func:`onednn_bf16_available`).
-        ValueError: an activation other than ``None``, ``"relu"``, ``"gelu"``.
+        ValueError: an activation other than ``None``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``.
     """
 
     def __init__(self, linear: nn.Linear, activation: str | None = None) -> None:
@@ -121,7 +122,8 @@ def prepare_for_inference(model: nn.Module) -> nn.Module:
             if w is None or w.device.type != "cpu":
                 continue
             if packs and w.dtype == torch.bfloat16:
-                fuse = isinstance(parent, PositionwiseFeedForward) and name == "w_1"
+                fuse = (isinstance(parent, PositionwiseFeedForward) and name == "w_1"
+                        and parent.activation_name in _POST_OPS)
                 setattr(parent, name, PackedLinear(child, parent.activation_name if fuse else None))
                 if fuse:  # the activation now runs inside w_1's kernel
                     parent.activation = _identity

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from ..nn.feedforward import Activation
 from ..nn.layers import LayerConfig
 from ..settings import check
 
@@ -143,20 +144,25 @@ class StackConfig(ModelConfig):
     """One stack of self-attention layers over one vocabulary (decoder-only or encoder):
     ``vocab_size``, ``n_layers`` and ``scale_embeddings`` (multiply embeddings by
     sqrt(d_model), §3.4; GPT-2 and BERT do not). Defaults follow those models: pre-LN, GELU,
-    4 heads, no dropout."""
+    4 heads, no dropout. ``type_vocab_size`` > 0 adds BERT's token-type (segment) embeddings;
+    ``embed_norm`` normalises the summed embeddings before the first layer (BERT)."""
 
     n_heads: int = 4
     dropout: float = 0.0
-    activation: Literal["relu", "gelu"] = "gelu"
+    activation: Activation = "gelu"
     norm_first: bool = True
     vocab_size: int | None = None
     n_layers: int = 4
     scale_embeddings: bool = False
+    type_vocab_size: int = 0
+    embed_norm: bool = False
 
     def problems(self) -> list[str]:
         out = super().problems() + self._vocab_problems(("vocab_size",), self._special_ids)
         if self.n_layers < 1:
             out.append(f"n_layers ({self.n_layers}) must be >= 1")
+        if self.type_vocab_size < 0:
+            out.append(f"type_vocab_size ({self.type_vocab_size}) must be >= 0")
         return out
 
     _special_ids: ClassVar[tuple[str, ...]] = ()
@@ -192,8 +198,11 @@ class EncoderConfig(StackConfig):
     """Hyper-parameters of :class:`qkv.models.encoder.EncoderModel` (BERT/ESM-style,
     bidirectional). Defaults are qkv's protein encoder (3.2 M parameters): 4 pre-LN layers of
     width 256, GELU, rotary positions, 256 tokens. ``pad_id``: keys never attended;
-    ``num_labels`` and ``pooling`` (``"cls"`` or ``"mean"``) for the classification heads.
-    The masked-LM head is always tied to the embeddings.
+    ``num_labels`` and ``pooling`` (``"cls"`` or ``"mean"``) for the classification heads;
+    ``pooler``: BERT's dense + tanh on the ``<cls>`` state before the sequence head.
+    ``token_dropout``: ESM-2's rescaling of the embeddings by the share of ``mask_id`` tokens
+    (:func:`~qkv.nn.embeddings.esm_token_dropout`). The masked-LM head is always tied to the
+    embeddings.
     """
 
     d_model: int = 256
@@ -203,14 +212,19 @@ class EncoderConfig(StackConfig):
     pad_id: int = 1
     num_labels: int = 0
     pooling: Literal["cls", "mean"] = "cls"
+    pooler: bool = False
+    token_dropout: bool = False
+    mask_id: int | None = None
 
     legacy_keys: ClassVar[dict] = {"tie_embeddings": True, "bos_id": None, "eos_id": None}
-    _special_ids: ClassVar[tuple[str, ...]] = ("pad_id",)
+    _special_ids: ClassVar[tuple[str, ...]] = ("pad_id", "mask_id")
 
     def problems(self) -> list[str]:
         out = super().problems()
         if self.num_labels < 0:
             out.append(f"num_labels ({self.num_labels}) must be >= 0")
+        if self.token_dropout and self.mask_id is None:
+            out.append("token_dropout needs mask_id")
         return out
 
 
@@ -235,7 +249,7 @@ class ViTConfig(ModelConfig):
     n_heads: int = 4
     d_ff: int = 256
     dropout: float = 0.0
-    activation: Literal["relu", "gelu"] = "gelu"
+    activation: Activation = "gelu"
     norm_first: bool = True
     positional: Literal["sinusoidal", "learned"] = "learned"
     n_layers: int = 6

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.embeddings import esm_token_dropout
 from .config import EncoderConfig
 from .stack import TransformerStack
 
@@ -63,26 +64,39 @@ class EncoderModel(TransformerStack):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
         d = config.d_model
-        self.mlm_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
+        self.mlm_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(),
+                                           nn.LayerNorm(d, eps=config.layer_norm_eps))
         self.mlm_head = nn.Linear(d, config.vocab_size, bias=True)
         n = max(config.num_labels, 1)
         self.head_dropout = nn.Dropout(config.dropout)
         self.sequence_head = nn.Linear(d, n)
         self.residue_head = nn.Linear(d, n)
+        # BERT's pooler: dense + tanh on the <cls> state (Devlin et al. 2019, §3)
+        self.pooler = nn.Sequential(nn.Linear(d, d), nn.Tanh()) if config.pooler else None
         self._init_weights()
         self.mlm_head.weight = self.embed.weight
 
-    def encode(self, tokens: torch.Tensor, need_weights: bool = False):
-        """``(hidden (B, T, D), attention_mask (B, T) bool, attentions)``."""
+    def embed_tokens(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.embed(tokens)  # (B, T, D)
+        if self.config.token_dropout:
+            x = esm_token_dropout(x, tokens, self.config.mask_id, attention_mask)
+        return x
+
+    def encode(self, tokens: torch.Tensor, need_weights: bool = False,
+               token_types: torch.Tensor | None = None):
+        """``(hidden (B, T, D), attention_mask (B, T) bool, attentions)``; ``token_types``
+        ``(B, T)`` long are segment ids (BERT sentence pairs; default all 0)."""
         attention_mask = tokens != self.config.pad_id  # (B, T)
-        hidden, weights = self.hidden_states(tokens, attention_mask, need_weights=need_weights)
+        hidden, weights = self.hidden_states(tokens, attention_mask, need_weights=need_weights,
+                                             token_types=token_types)
         return hidden, attention_mask, weights
 
-    def forward(self, tokens: torch.Tensor, need_weights: bool = False, head: str = "mlm") -> EncoderOutput:
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False, head: str = "mlm",
+                token_types: torch.Tensor | None = None) -> EncoderOutput:
         """Run the encoder and one head: ``"mlm"`` (masked-LM logits ``(B, T, V)``),
         ``"sequence"`` (``(B, num_labels)``) or ``"residue"`` (``(B, T, num_labels)``). One entry
         point for every head, so a compiled model (``torch.compile``) covers all of them."""
-        hidden, mask, weights = self.encode(tokens, need_weights)
+        hidden, mask, weights = self.encode(tokens, need_weights, token_types)
         if head == "mlm":
             logits = self.mlm_head(self.mlm_transform(hidden))
         elif head == "sequence":
@@ -94,9 +108,10 @@ class EncoderModel(TransformerStack):
         return EncoderOutput(logits, hidden, weights)
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """One vector per sequence ``(B, D)``: the first (``<cls>``) position or the mean."""
+        """One vector per sequence ``(B, D)``: the first (``<cls>``) position (through the
+        pooler when the model has one) or the mean of real positions."""
         if self.config.pooling == "cls":
-            return hidden[:, 0]
+            return hidden[:, 0] if self.pooler is None else self.pooler(hidden[:, 0])
         return masked_mean(hidden, attention_mask)
 
     def classify_sequence(self, tokens: torch.Tensor, need_weights: bool = False) -> EncoderOutput:

@@ -55,7 +55,8 @@ class TransformerStack(nn.Module):
     (decoder-only LM) or not (encoder).
 
     Attributes ``embed``, ``positional``, ``layers``, ``final_norm`` keep the parameter names of
-    saved checkpoints. Initialisation is GPT-2's: N(0, 0.02), residual output projections
+    saved checkpoints; ``token_type`` (BERT's segment embeddings) and ``embed_norm`` exist when
+    the config asks for them. Initialisation is GPT-2's: N(0, 0.02), residual output projections
     scaled by 1/sqrt(2·n_layers) so the residual stream's variance does not grow with depth.
     """
 
@@ -68,6 +69,10 @@ class TransformerStack(nn.Module):
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embeddings)
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None
+        self.token_type = (nn.Embedding(cfg.type_vocab_size, cfg.d_model)
+                           if cfg.type_vocab_size else None)
+        self.embed_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+                           if cfg.embed_norm else None)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(SelfAttentionLayer(cfg, rotary) for _ in range(cfg.n_layers))
         self.final_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
@@ -80,12 +85,19 @@ class TransformerStack(nn.Module):
         """Empty key/value caches, one per layer, for incremental decoding."""
         return [KVCache() for _ in self.layers]
 
+    def embed_tokens(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Token embeddings ``(B, T, D)`` of ``tokens (B, T)``, before positions are added
+        (families with their own embedding rule override this)."""
+        return self.embed(tokens)
+
     def hidden_states(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       positions: torch.Tensor | None = None, caches: list[KVCache] | None = None,
-                      need_weights: bool = False) -> tuple[torch.Tensor, tuple]:
+                      need_weights: bool = False, token_types: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, tuple]:
         """``tokens (B, T)`` → ``(hidden (B, T, D), per-layer weights (B, H, T, L) or ())``.
 
         ``attention_mask (B, L)`` bool covers all keys (cached + new), ``True`` = real token.
+        ``token_types (B, T)`` long: segment ids for token-type embeddings (default all 0).
         Raises ``ValueError`` for a bad shape or a sequence longer than ``max_len`` (checked on
         shapes only: token ids are checked where they enter, by the tokenizer or
         :func:`~qkv.nn.embeddings.check_token_ids`, so forward never waits on the device).
@@ -100,9 +112,13 @@ class TransformerStack(nn.Module):
         if start + t > self.config.max_len:  # positions never exceed the cache length
             raise ValueError(f"sequence of {start + t} tokens exceeds the model's context "
                              f"length max_len ({self.config.max_len})")
-        x = self.embed(tokens)  # (B, T, D)
+        x = self.embed_tokens(tokens, attention_mask)  # (B, T, D)
         if self.positional is not None:
             x = x + self.positional(positions)
+        if self.token_type is not None:
+            x = x + (self.token_type.weight[0] if token_types is None else self.token_type(token_types))
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         x = self.embed_dropout(x)
         mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, L)
         # One new token with a cache attends to every cached key: no look-ahead mask needed.

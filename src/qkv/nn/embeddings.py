@@ -49,3 +49,21 @@ class TokenEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out = nn.functional.embedding(tokens, self.weight, self.pad_id)
         return out * self.scale if self.scale != 1.0 else out
+
+
+def esm_token_dropout(x: torch.Tensor, tokens: torch.Tensor, mask_id: int,
+                      attention_mask: torch.Tensor, train_mask_ratio: float = 0.15 * 0.8) -> torch.Tensor:
+    """ESM-2's token dropout (Lin et al. 2023; ``EsmEmbeddings`` in HF transformers): the
+    embeddings of ``<mask>`` tokens are zeroed and every embedding is scaled by
+    ``(1 - train_mask_ratio) / (1 - observed mask ratio)``, so the embedding sum keeps the
+    scale it had in pre-training (where 15 % × 80 % of tokens were masks). With no mask token
+    the scale is 0.88: ESM applies it at inference too.
+
+    Shape: ``x (B, T, D)``, ``tokens (B, T)`` long, ``attention_mask (B, T)`` bool (real
+    tokens) → ``(B, T, D)``.
+    """
+    is_mask = (tokens == mask_id).unsqueeze(-1)  # (B, T, 1)
+    x = x.masked_fill(is_mask, 0.0)
+    lengths = attention_mask.sum(-1).clamp(min=1)  # (B,)
+    observed = is_mask.squeeze(-1).sum(-1) / lengths  # (B,)
+    return (x * ((1 - train_mask_ratio) / (1 - observed))[:, None, None]).to(x.dtype)

@@ -1,7 +1,9 @@
 """Position-wise feed-forward network.
 
 Source: Vaswani et al. 2017, §3.3, Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each
-position separately and identically (inner width d_ff = 2048 in the base model).
+position separately and identically (inner width d_ff = 2048 in the base model). Later models
+replace ReLU: GELU (Hendrycks & Gimpel 2016; BERT uses the exact erf form, GPT-2 the tanh
+approximation) and SiLU/swish (Ramachandran et al. 2017; Marian).
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+from functools import partial
+from typing import Literal
+
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+# name → function; "gelu" is exact (erf), "gelu_tanh" GPT-2's tanh approximation ("gelu_new").
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"),
+               "silu": F.silu}
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -20,7 +28,7 @@ class PositionwiseFeedForward(nn.Module):
         d_model: input/output width D. d_ff: inner width.
         dropout: dropout on the inner activation (the Tensor2Tensor "relu dropout"; 0 in the
             paper's text, an option here).
-        activation: ``"relu"`` (paper) or ``"gelu"``. bias: biases on both linears.
+        activation: ``"relu"`` (paper), ``"gelu"`` (exact), ``"gelu_tanh"`` or ``"silu"``. bias: biases on both linears.
 
     Shape: ``(B, T, D) -> (B, T, D)``.
     """

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .attention import KVCache, MultiHeadAttention
-from .feedforward import PositionwiseFeedForward
+from .feedforward import Activation, PositionwiseFeedForward
 from .norms import ResidualNorm
 
 
@@ -34,7 +34,8 @@ class LayerConfig:
         d_model, n_heads, d_ff: widths (§3.2.2, §3.3); ``d_k = d_model / n_heads``.
         dropout: on each sub-layer's output and on the embeddings (P_drop, §5.4).
         attention_dropout: on the attention weights. activation_dropout: on the FFN's inner layer.
-        activation: ``"relu"`` (paper) or ``"gelu"`` (GPT/BERT).
+        activation: ``"relu"`` (paper), ``"gelu"`` (BERT/ESM), ``"gelu_tanh"`` (GPT-2) or
+            ``"silu"`` (Marian).
         norm: ``"layernorm"`` (paper), ``"rmsnorm"`` (Zhang & Sennrich 2019) or ``"dyt"``
             (Zhu et al. 2025). norm_first: pre-LN (Xiong et al. 2020) instead of post-LN.
         bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused) or ``"eager"``
@@ -47,7 +48,7 @@ class LayerConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Activation = "relu"
     norm: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
     norm_first: bool = False
     bias: bool = True

@@ -1,0 +1,221 @@
+"""HF folders ⇄ qkv run directories.
+
+An HF folder is what ``save_pretrained`` writes: ``config.json``, ``model.safetensors`` (or a
+``pytorch_model.bin``, read with ``torch.load(weights_only=True)``: never unpickled as code) and
+a tokenizer (``tokenizer.json``, or a BERT-style ``vocab.txt``). :func:`import_hf` turns one
+into a qkv run directory (``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``train_config.json`` naming the recipe, and ``hf.json``: where it came from and what to write
+back); :func:`export_hf` writes a run directory back as an HF folder that ``transformers``
+loads. :func:`read_hf` builds the qkv model in memory without writing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..data.tokenizers import HFTokenizer
+from ..errors import QkvError
+from ..models.config import EncoderConfig, LMConfig
+from ..models.decoder_lm import DecoderLM
+from ..models.encoder import EncoderModel
+from ..train.checkpoint import atomic_write, save_weights, write_json
+from . import keymap
+from .families import Family, family_for, family_of
+
+logger = logging.getLogger(__name__)
+
+MODELS = {"encoder": (EncoderConfig, EncoderModel), "lm": (LMConfig, DecoderLM)}
+HF_EXTRA = "hf_extra.safetensors"  # HF heads qkv does not model, written back on export
+
+
+@dataclass
+class Converted:
+    """A converted checkpoint in memory: the qkv ``model`` (eval mode, float32), its
+    ``tokenizer`` (an :class:`~qkv.data.tokenizers.HFTokenizer`), the :class:`Family`, the
+    ``parts`` of the HF architecture it had, the original ``hf_config`` and ``kept`` HF tensors
+    qkv does not model."""
+
+    model: torch.nn.Module
+    tokenizer: HFTokenizer
+    family: Family
+    parts: set[str]
+    hf_config: dict
+    kept: dict[str, torch.Tensor]
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise QkvError(f"{path} is not a JSON object")
+    return data
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of an HF folder: ``model.safetensors``, else ``pytorch_model.bin`` loaded
+    with ``weights_only=True`` (a pickle that holds anything but tensors is refused).
+
+    Raises:
+        QkvError: neither file, an unreadable file, or a pickle that is not a plain state dict.
+    """
+    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
+    if st.is_file():
+        try:
+            return load_file(st)
+        except (SafetensorError, OSError) as exc:
+            raise QkvError(f"cannot read {st}: {exc}") from None
+    if not pt.is_file():
+        raise QkvError(f"{folder} has no model.safetensors or pytorch_model.bin")
+    try:
+        state = torch.load(pt, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QkvError(f"refused {pt}: not a plain state dict of tensors (loaded with "
+                       f"weights_only=True; {first})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise QkvError(f"refused {pt}: not a plain state dict of tensors")
+    return state
+
+
+def read_tokenizer(folder: Path, tokenizer: str | Path | None = None) -> HFTokenizer:
+    """The folder's tokenizer: ``tokenizer`` if given (a ``tokenizer.json`` or ``vocab.txt``),
+    else ``tokenizer.json``, else ``vocab.txt`` (WordPiece, lower-cased when
+    ``tokenizer_config.json`` says ``do_lower_case``). Raises :class:`QkvError` when there is
+    none."""
+    path = Path(tokenizer) if tokenizer is not None else None
+    if path is None:
+        path = next((folder / n for n in ("tokenizer.json", "vocab.txt") if (folder / n).is_file()), None)
+    if path is None:
+        raise QkvError(f"{folder} has no tokenizer (tokenizer.json or vocab.txt); give one with --tokenizer")
+    if not path.is_file():
+        raise QkvError(f"tokenizer file not found: {path}")
+    if path.suffix == ".json":
+        return HFTokenizer.load(path)
+    settings = folder / "tokenizer_config.json"
+    lowercase = bool(read_json(settings).get("do_lower_case", False)) if settings.is_file() else False
+    return HFTokenizer.from_vocab(path, lowercase=lowercase)
+
+
+def _pooling(folder: Path) -> str | None:
+    """``"mean"`` or ``"cls"`` from a sentence-transformers ``1_Pooling/config.json``."""
+    path = folder / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return None
+    cfg = read_json(path)
+    return "mean" if cfg.get("pooling_mode_mean_tokens") else "cls" if cfg.get("pooling_mode_cls_token") else None
+
+
+def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converted:
+    """Convert an HF folder into a qkv model in memory (nothing is written).
+
+    Raises:
+        QkvError: folder or ``config.json`` missing, an unsupported architecture (named, with
+            the supported ones), a missing/unexpected/mis-shaped tensor (named, with both
+            shapes), a refused pickle, or no tokenizer.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise QkvError(f"HF folder not found: {folder}")
+    if not (folder / "config.json").is_file():
+        raise QkvError(f"{folder} has no config.json (not an HF model folder)")
+    hf_config = read_json(folder / "config.json")
+    family = family_of(hf_config)
+    tok = read_tokenizer(folder, tokenizer)
+    state = read_state_dict(folder)
+    if family.prefix and not any(k.startswith(family.prefix) for k in state):
+        state = {family.prefix + k: v for k, v in state.items()}  # a bare base model
+    parts = keymap.parts_present(family.rules, set(state)) | {"base"}
+    try:
+        config = family.from_hf(hf_config, parts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise QkvError(f"{folder / 'config.json'}: cannot read it as {family.name}: {exc}") from None
+    pooling = _pooling(folder)
+    if pooling and isinstance(config, EncoderConfig):
+        config = type(config).from_dict({**config.to_dict(), "pooling": pooling})
+    if isinstance(config, LMConfig) and config.tie_embeddings:
+        parts.discard("lm_head")  # the output projection is the embedding matrix
+    rules = keymap.expand(family.rules, config.n_layers, parts)
+    qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
+    model = MODELS[family.recipe][1](config)
+    may_lack = ("sequence_head.", "residue_head.") + (() if "mlm" in parts else ("mlm_transform.", "mlm_head."))
+    keymap.load_into(model, qkv_state, may_lack)
+    return Converted(model.eval(), tok, family, parts, hf_config, kept)
+
+
+def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None) -> Converted:
+    """Convert an HF folder into a qkv run directory (see the module docstring). Everything is
+    read and checked before anything is written; an existing non-empty ``run_dir`` is refused.
+
+    Raises:
+        QkvError: see :func:`read_hf`; or ``run_dir`` exists and is not empty.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
+    conv = read_hf(folder, tokenizer)
+    write_json(run_dir / "config.json", conv.model.config.to_dict())
+    conv.tokenizer.save(run_dir / "tokenizer.json")
+    if conv.kept:
+        atomic_write(run_dir / HF_EXTRA, lambda tmp: save_file(
+            {k: v.contiguous() for k, v in conv.kept.items()}, tmp))
+    write_json(run_dir / "hf.json", {"family": conv.family.name, "parts": sorted(conv.parts),
+                                     "source": str(Path(folder).resolve()), "hf_config": conv.hf_config})
+    write_json(run_dir / "train_config.json", {"recipe": conv.family.recipe,
+                                               "converted_from": str(Path(folder).resolve())})
+    save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
+    logger.info(f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}")
+    return conv
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a qkv run directory (converted or trained by qkv) as an HF folder:
+    ``config.json`` (the original HF config updated with the model's settings),
+    ``model.safetensors`` in HF names, and the tokenizer. A run trained by qkv exports as GPT-2
+    (decoder-only LM), ESM (rotary encoder) or BERT (other encoders) when its settings fit.
+
+    Raises:
+        QkvError: an incomplete run, a model the family cannot express (the fields named),
+            or an ``out_dir`` that exists and is not empty.
+    """
+    from .. import runs
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
+    model, _ = runs.load_run(run_dir)
+    if not isinstance(model, (EncoderModel, DecoderLM)):
+        raise QkvError(f"{run_dir} holds a {type(model).__name__}; qkv exports encoders and "
+                       "decoder-only LMs to HF")
+    meta = read_json(run_dir / "hf.json") if (run_dir / "hf.json").is_file() else {}
+    family = family_for(model.config)
+    if meta.get("family", family.name) != family.name:
+        raise QkvError(f"{run_dir}/hf.json names family {meta['family']!r}, but the model is {family.name}")
+    parts = set(meta.get("parts", ["base", "mlm"] if family.recipe == "encoder" else ["base"]))
+    if isinstance(model.config, LMConfig) and not model.config.tie_embeddings:
+        parts.add("lm_head")
+    if "pooler" in parts and getattr(model, "pooler", None) is None:
+        parts.discard("pooler")
+    hf_config = {**meta.get("hf_config", {}), **family.to_hf(model.config)}
+    hf_config["architectures"] = [family.architecture(parts)]
+    rules = keymap.expand(family.rules, model.config.n_layers, parts)
+    tensors = keymap.to_hf(model.state_dict(), rules)
+    if (run_dir / HF_EXTRA).is_file():
+        tensors.update(load_file(run_dir / HF_EXTRA))
+    if hf_config["architectures"][0] == family.base_model:  # a bare base model: no prefix
+        tensors = {k.removeprefix(family.prefix): v for k, v in tensors.items()}
+    write_json(out_dir / "config.json", hf_config)
+    shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    logger.info(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
+    return out_dir

@@ -1,0 +1,281 @@
+"""The HF model families qkv converts: each one a key map plus the translation of its
+``config.json`` into a qkv config, both ways.
+
+Every family is a configuration of qkv's own modules, not a copy of HF's code:
+
+- **BERT** (Devlin et al. 2019): post-LN (the paper's order), exact GELU, learned positions plus
+  token-type embeddings, a LayerNorm over the summed embeddings, a pooler, the MLM head.
+- **ESM-2** (Lin et al. 2023, ``EsmForMaskedLM``): pre-LN, rotary positions, token dropout
+  scaling, a final LayerNorm, the MLM head.
+- **GPT-2** (Radford et al. 2019): pre-LN, tanh-GELU, learned positions, ``Conv1D`` weights
+  stored ``(in, out)``, output projection tied to the embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import QkvError
+from ..models.config import EncoderConfig, LMConfig, StackConfig
+from .keymap import Rule
+
+# HF hidden_act / activation_function → qkv activation, and back
+ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu", "silu": "silu", "swish": "silu"}
+ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One HF model family.
+
+    Attributes:
+        name: qkv's name (``"bert"``). model_types: HF ``model_type`` values it reads.
+        recipe: the kind of qkv run it becomes (``"encoder"`` or ``"lm"``).
+        prefix: the base model's prefix inside HF head models (``"bert."``); a bare base
+            model's names get it on import.
+        rules: the key map. skip: HF names that are not weights (regular expressions).
+        keep: HF heads qkv does not model, kept aside for the export (regular expressions).
+        architectures: ``(architecture, parts it needs)`` for export, first match wins.
+        base_model: the bare base model's architecture (names without ``prefix``), written
+            when no head architecture matches; ``None``: always a head model.
+        from_hf: ``(hf config dict, parts present) -> qkv config``; raises :class:`QkvError`
+            for settings qkv cannot represent. to_hf: ``qkv config -> hf config dict``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    recipe: str
+    prefix: str
+    rules: tuple[Rule, ...]
+    skip: tuple[str, ...]
+    keep: tuple[str, ...]
+    architectures: tuple[tuple[str, frozenset], ...]
+    base_model: str | None
+    from_hf: Callable[[dict, set], StackConfig]
+    to_hf: Callable[[StackConfig], dict]
+
+    def architecture(self, parts: set[str]) -> str:
+        return next((name for name, needs in self.architectures if needs <= parts), self.base_model)
+
+
+def _act(name: str) -> str:
+    if name not in ACT_FROM_HF:
+        raise QkvError(f"activation {name!r} is not supported; qkv has {', '.join(ACT_FROM_HF)}")
+    return ACT_FROM_HF[name]
+
+
+def _require(config: StackConfig, family: str, **wanted) -> None:
+    """Raise naming every field of a qkv config that the HF family cannot express."""
+    bad = [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
+    if bad:
+        raise QkvError(f"this model cannot be written as {family}: {', '.join(bad)}")
+
+
+def _encoder_layer_rules(base: str, pre_ln: bool) -> tuple[Rule, ...]:
+    """BERT's and ESM's per-layer names (``base`` = ``"bert.encoder.layer.{}."``). They differ
+    only in where the two LayerNorms live: after the residual add (BERT, post-LN) or before
+    the sub-layer (ESM, pre-LN)."""
+    attn_norm = "attention.LayerNorm" if pre_ln else "attention.output.LayerNorm"
+    ffn_norm = "LayerNorm" if pre_ln else "output.LayerNorm"
+    rules = []
+    for kind in ("weight", "bias"):
+        rules += [
+            Rule(tuple(f"{base}attention.self.{p}.{kind}" for p in ("query", "key", "value")),
+                 f"layers.{{}}.self_attn.w_qkv.{kind}"),
+            Rule(f"{base}attention.output.dense.{kind}", f"layers.{{}}.self_attn.w_o.{kind}"),
+            Rule(f"{base}{attn_norm}.{kind}", f"layers.{{}}.self_attn_block.norm.{kind}"),
+            Rule(f"{base}intermediate.dense.{kind}", f"layers.{{}}.ffn.w_1.{kind}"),
+            Rule(f"{base}output.dense.{kind}", f"layers.{{}}.ffn.w_2.{kind}"),
+            Rule(f"{base}{ffn_norm}.{kind}", f"layers.{{}}.ffn_block.norm.{kind}"),
+        ]
+    return tuple(rules)
+
+
+def _mlm_rules(head: str) -> tuple[Rule, ...]:
+    """The MLM head (dense + GELU + LayerNorm, then the tied decoder with its own bias)."""
+    dense, norm = (("predictions.transform.dense", "predictions.transform.LayerNorm")
+                   if head == "cls." else ("dense", "layer_norm"))
+    bias = f"{head}predictions.bias" if head == "cls." else f"{head}bias"
+    return tuple(Rule(f"{head}{src}.{kind}", f"mlm_transform.{dst}.{kind}", part="mlm")
+                 for src, dst in ((dense, 0), (norm, 2)) for kind in ("weight", "bias")
+                 ) + (Rule(bias, "mlm_head.bias", part="mlm"),)
+
+
+def _pooler_rules(prefix: str) -> tuple[Rule, ...]:
+    return tuple(Rule(f"{prefix}pooler.dense.{k}", f"pooler.0.{k}", part="pooler") for k in ("weight", "bias"))
+
+
+# --- BERT -----------------------------------------------------------------------------------
+
+def _bert_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        raise QkvError(f"BERT with position_embedding_type={c['position_embedding_type']!r} is not "
+                       "supported (absolute only)")
+    return EncoderConfig(
+        vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_heads=c["num_attention_heads"],
+        d_ff=c["intermediate_size"], n_layers=c["num_hidden_layers"],
+        max_len=c["max_position_embeddings"], positional="learned",
+        type_vocab_size=c.get("type_vocab_size", 2), embed_norm=True, norm_first=False,
+        activation=_act(c.get("hidden_act", "gelu")), layer_norm_eps=c.get("layer_norm_eps", 1e-12),
+        dropout=c.get("hidden_dropout_prob", 0.1), attention_dropout=c.get("attention_probs_dropout_prob", 0.1),
+        pad_id=c.get("pad_token_id", 0), pooler="pooler" in parts)
+
+
+def _bert_to_hf(cfg: EncoderConfig) -> dict:
+    _require(cfg, "BERT", positional="learned", norm_first=False, embed_norm=True, norm="layernorm",
+             bias=True, scale_embeddings=False, token_dropout=False)
+    return {"model_type": "bert", "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+            "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.d_ff,
+            "num_hidden_layers": cfg.n_layers, "max_position_embeddings": cfg.max_len,
+            "type_vocab_size": cfg.type_vocab_size, "hidden_act": ACT_TO_HF[cfg.activation],
+            "layer_norm_eps": cfg.layer_norm_eps, "hidden_dropout_prob": cfg.dropout,
+            "attention_probs_dropout_prob": cfg.attention_dropout, "pad_token_id": cfg.pad_id,
+            "position_embedding_type": "absolute"}
+
+
+BERT = Family(
+    name="bert", model_types=("bert",), recipe="encoder", prefix="bert.",
+    rules=(
+        Rule("bert.embeddings.word_embeddings.weight", "embed.weight"),
+        Rule("bert.embeddings.position_embeddings.weight", "positional.embedding.weight"),
+        Rule("bert.embeddings.token_type_embeddings.weight", "token_type.weight"),
+        Rule("bert.embeddings.LayerNorm.weight", "embed_norm.weight"),
+        Rule("bert.embeddings.LayerNorm.bias", "embed_norm.bias"),
+        *_encoder_layer_rules("bert.encoder.layer.{}.", pre_ln=False),
+        *_pooler_rules("bert."), *_mlm_rules("cls."),
+    ),
+    # position_ids: a buffer; the decoder is tied to the word embeddings (its bias is
+    # cls.predictions.bias under another name)
+    skip=(r"bert\.embeddings\.position_ids", r"cls\.predictions\.decoder\.(weight|bias)"),
+    keep=(r"cls\.(?!predictions\.).*",),  # NSP, AntiBERTy's species/chain heads
+    architectures=(("BertForMaskedLM", frozenset({"mlm"})),), base_model="BertModel",
+    from_hf=_bert_from_hf, to_hf=_bert_to_hf)
+
+
+# --- ESM-2 ----------------------------------------------------------------------------------
+
+def _esm_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
+    if c.get("position_embedding_type", "absolute") != "rotary":
+        raise QkvError(f"ESM with position_embedding_type={c.get('position_embedding_type')!r} is not "
+                       "supported (rotary, as in ESM-2)")
+    return EncoderConfig(
+        vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_heads=c["num_attention_heads"],
+        d_ff=c["intermediate_size"], n_layers=c["num_hidden_layers"],
+        max_len=c["max_position_embeddings"], positional="rotary", norm_first=True,
+        embed_norm=bool(c.get("emb_layer_norm_before", False)),
+        activation=_act(c.get("hidden_act", "gelu")), layer_norm_eps=c.get("layer_norm_eps", 1e-5),
+        dropout=c.get("hidden_dropout_prob", 0.0), attention_dropout=c.get("attention_probs_dropout_prob", 0.0),
+        pad_id=c.get("pad_token_id", 1), mask_id=c.get("mask_token_id"),
+        token_dropout=bool(c.get("token_dropout", False)), pooler="pooler" in parts)
+
+
+def _esm_to_hf(cfg: EncoderConfig) -> dict:
+    _require(cfg, "ESM", positional="rotary", norm_first=True, norm="layernorm", bias=True,
+             scale_embeddings=False, type_vocab_size=0)
+    return {"model_type": "esm", "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+            "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.d_ff,
+            "num_hidden_layers": cfg.n_layers, "max_position_embeddings": cfg.max_len,
+            "hidden_act": ACT_TO_HF[cfg.activation], "layer_norm_eps": cfg.layer_norm_eps,
+            "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attention_dropout,
+            "pad_token_id": cfg.pad_id, "mask_token_id": cfg.mask_id, "token_dropout": cfg.token_dropout,
+            "emb_layer_norm_before": cfg.embed_norm, "position_embedding_type": "rotary"}
+
+
+ESM = Family(
+    name="esm", model_types=("esm",), recipe="encoder", prefix="esm.",
+    rules=(
+        Rule("esm.embeddings.word_embeddings.weight", "embed.weight"),
+        Rule("esm.embeddings.layer_norm.weight", "embed_norm.weight", part="embed_norm"),
+        Rule("esm.embeddings.layer_norm.bias", "embed_norm.bias", part="embed_norm"),
+        *_encoder_layer_rules("esm.encoder.layer.{}.", pre_ln=True),
+        Rule("esm.encoder.emb_layer_norm_after.weight", "final_norm.weight"),
+        Rule("esm.encoder.emb_layer_norm_after.bias", "final_norm.bias"),
+        *_pooler_rules("esm."), *_mlm_rules("lm_head."),
+    ),
+    skip=(r"esm\.embeddings\.position_ids", r"esm\.(encoder\.layer\.(\d+|\*)\.attention\.self\.)?rotary_embeddings\.inv_freq",
+          r"lm_head\.decoder\.weight"),
+    keep=(r"esm\.contact_head\..*",),
+    architectures=(("EsmForMaskedLM", frozenset({"mlm"})),), base_model="EsmModel",
+    from_hf=_esm_from_hf, to_hf=_esm_to_hf)
+
+
+# --- GPT-2 ----------------------------------------------------------------------------------
+
+def _gpt2_from_hf(c: dict, parts: set[str]) -> LMConfig:
+    unsupported = {k: c[k] for k, ok in (("scale_attn_by_inverse_layer_idx", False),
+                                         ("reorder_and_upcast_attn", False), ("scale_attn_weights", True),
+                                         ("add_cross_attention", False)) if c.get(k, ok) != ok}
+    if unsupported:
+        raise QkvError(f"GPT-2 settings qkv does not implement: {unsupported}")
+    vocab = c["vocab_size"]
+    special = {k: c.get(f"{k}_token_id") for k in ("bos", "eos")}
+    return LMConfig(
+        vocab_size=vocab, d_model=c["n_embd"], n_heads=c["n_head"], d_ff=c.get("n_inner") or 4 * c["n_embd"],
+        n_layers=c["n_layer"], max_len=c["n_positions"], positional="learned", bias=True, norm_first=True,
+        tie_embeddings=c.get("tie_word_embeddings", True),
+        activation=_act(c.get("activation_function", "gelu_new")),
+        layer_norm_eps=c.get("layer_norm_epsilon", 1e-5), dropout=c.get("resid_pdrop", 0.1),
+        attention_dropout=c.get("attn_pdrop", 0.1),
+        **{f"{k}_id": v for k, v in special.items() if v is not None and 0 <= v < vocab})
+
+
+def _gpt2_to_hf(cfg: LMConfig) -> dict:
+    _require(cfg, "GPT-2", positional="learned", norm_first=True, norm="layernorm", bias=True,
+             scale_embeddings=False, type_vocab_size=0, embed_norm=False)
+    return {"model_type": "gpt2", "vocab_size": cfg.vocab_size, "n_embd": cfg.d_model,
+            "n_head": cfg.n_heads, "n_inner": cfg.d_ff, "n_layer": cfg.n_layers,
+            "n_positions": cfg.max_len, "activation_function": ACT_TO_HF[cfg.activation],
+            "layer_norm_epsilon": cfg.layer_norm_eps, "resid_pdrop": cfg.dropout,
+            "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.attention_dropout,
+            "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id,
+            "eos_token_id": cfg.eos_id}
+
+
+def _gpt2_layer_rules() -> tuple[Rule, ...]:
+    h = "transformer.h.{}."
+    pairs = (("ln_1", "self_attn_block.norm", False), ("attn.c_attn", "self_attn.w_qkv", True),
+             ("attn.c_proj", "self_attn.w_o", True), ("ln_2", "ffn_block.norm", False),
+             ("mlp.c_fc", "ffn.w_1", True), ("mlp.c_proj", "ffn.w_2", True))
+    return tuple(Rule(f"{h}{src}.{k}", f"layers.{{}}.{dst}.{k}", transpose=conv and k == "weight")
+                 for src, dst, conv in pairs for k in ("weight", "bias"))
+
+
+GPT2 = Family(
+    name="gpt2", model_types=("gpt2",), recipe="lm", prefix="transformer.",
+    rules=(
+        Rule("transformer.wte.weight", "embed.weight"),
+        Rule("transformer.wpe.weight", "positional.embedding.weight"),
+        *_gpt2_layer_rules(),
+        Rule("transformer.ln_f.weight", "final_norm.weight"),
+        Rule("transformer.ln_f.bias", "final_norm.bias"),
+        Rule("lm_head.weight", "lm_head.weight", part="lm_head"),
+    ),
+    skip=(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)",),
+    keep=(),
+    architectures=(("GPT2LMHeadModel", frozenset()),), base_model=None,
+    from_hf=_gpt2_from_hf, to_hf=_gpt2_to_hf)
+
+
+FAMILIES = {f.name: f for f in (BERT, ESM, GPT2)}
+
+
+def family_of(hf_config: dict) -> Family:
+    """The family of an HF ``config.json``; raises :class:`QkvError` naming an unsupported
+    ``model_type`` and listing the supported ones."""
+    model_type = hf_config.get("model_type")
+    for family in FAMILIES.values():
+        if model_type in family.model_types:
+            return family
+    arch = ", ".join(hf_config.get("architectures") or []) or "no architectures listed"
+    supported = ", ".join(t for f in FAMILIES.values() for t in f.model_types)
+    raise QkvError(f"unsupported HF model_type {model_type!r} ({arch}); qkv converts: {supported}")
+
+
+def family_for(config: StackConfig) -> Family:
+    """The family a qkv model exports to: GPT-2 for a decoder-only LM, ESM for a rotary
+    encoder, BERT for other encoders."""
+    if isinstance(config, LMConfig):
+        return GPT2
+    return ESM if config.positional == "rotary" else BERT
