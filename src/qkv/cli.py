@@ -123,6 +123,21 @@ def _evaluate_protein_task(module, run_dir, args, device) -> dict:
                                        device=device)
 
 
+def _report_text_cls(summary: dict, out: str) -> None:
+    test, run = summary["test"], Path(out).resolve()
+    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (MCC {test['mcc']:.3f}), "
+            f"{summary['mode']} of {summary['init']}, after {summary['train_minutes']:.1f} min and "
+            f"{summary['steps']} steps")
+    base = summary.get("baseline_test")
+    if base:
+        line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
+    _log(f"{line}\nrun directory: {run} (summary.json, confusion.png)")
+
+
+def _evaluate_text_cls(module, run_dir, args, device) -> dict:
+    return module.evaluate_text_run(run_dir, "test" if args.split == "test2016" else args.split, device=device)
+
+
 def _evaluate_vit(module, run_dir, args, device) -> dict:
     from .evaluate.classification import plot_confusion
 
@@ -147,6 +162,7 @@ RECIPES = {
     "protein-residue": ("protein_tasks", "ProteinTaskRecipe", "train_protein_residue",
                         _evaluate_protein_task, _report_protein_task),
     "vit": ("vit", "ViTRecipe", "train_vit", _evaluate_vit, _report_vit),
+    "text-cls": ("text_cls", "TextClsRecipe", "train_text_cls", _evaluate_text_cls, _report_text_cls),
 }
 # train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
 SETTING_FLAGS = {"max_steps": "train.max_steps", "max_minutes": "train.max_minutes", "task": "task",
@@ -331,25 +347,102 @@ def _cmd_classify(args) -> int:
     return 0
 
 
-def _cmd_embed(args) -> int:
+def _read_lines(path: str) -> list[str]:
+    """Non-empty lines of a UTF-8 text file (``-``: standard input)."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise QkvError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        lines = [line.strip() for line in data.decode("utf-8").splitlines()]
+    except UnicodeDecodeError as exc:
+        raise QkvError(f"{path} is not valid UTF-8 (byte {exc.start})") from None
+    lines = [line for line in lines if line]
+    if not lines:
+        raise QkvError(f"{path} holds no text")
+    return lines
+
+
+def _text_encoder(args):
+    from .device import resolve_device
+    from .generate.text import TextEncoder
+
+    return TextEncoder.load(args.model, resolve_device(args.device))
+
+
+def _save_embeddings(out: str, vectors, ids: list[str], source: str, extra: dict | None = None) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from .device import resolve_device
-    from .generate.protein import ProteinEncoder
     from .train.checkpoint import atomic_write
 
-    encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
-    ids, seqs = _read_protein_file(args.fasta)
+    tensors = {"mean": torch.from_numpy(vectors).contiguous(), **(extra or {})}
+    metadata = {"ids": json.dumps(ids, ensure_ascii=False), "model": source}
+    atomic_write(Path(out), lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def _cmd_embed(args) -> int:
+    import torch
+
+    from .device import resolve_device
+
+    if args.model is not None:  # a pretrained text encoder: one text per line
+        if len(args.inputs) != 1:
+            raise QkvError("with --model, give one text file (one sentence per line)")
+        texts = _read_lines(args.inputs[0])
+        vectors = _text_encoder(args).embed(texts)
+        _save_embeddings(args.out, vectors, texts, str(args.model))
+        _log(f"{len(texts)} sentence embeddings of width {vectors.shape[1]} (mean pooling, L2-normalised) "
+             f"-> {args.out} (tensor 'mean', texts in metadata 'ids')")
+        return 0
+    if len(args.inputs) != 2:
+        raise QkvError("give RUN_DIR FASTA (a protein encoder), or --model NAME TEXT_FILE")
+    from .generate.protein import ProteinEncoder
+
+    run_dir, fasta = args.inputs
+    encoder = ProteinEncoder.from_run(run_dir, resolve_device(args.device))
+    ids, seqs = _read_protein_file(fasta)
     pooled, residues = encoder.embed(seqs, ids, per_residue=args.per_residue)
-    tensors = {"mean": torch.from_numpy(pooled).contiguous()}
-    for i, r in zip(ids, residues):
-        tensors[f"residues/{i}"] = torch.from_numpy(r).contiguous()
-    metadata = {"ids": json.dumps(ids), "run_dir": str(Path(args.run_dir).resolve())}
-    out = Path(args.out)
-    atomic_write(out, lambda tmp: save_file(tensors, tmp, metadata=metadata))
-    _log(f"{len(ids)} embeddings of width {pooled.shape[1]} -> {out} (tensor 'mean', ids in metadata"
+    extra = {f"residues/{i}": torch.from_numpy(r).contiguous() for i, r in zip(ids, residues)}
+    _save_embeddings(args.out, pooled, ids, str(Path(run_dir).resolve()), extra)
+    _log(f"{len(ids)} embeddings of width {pooled.shape[1]} -> {args.out} (tensor 'mean', ids in metadata"
          + (", per-residue tensors 'residues/<id>')" if args.per_residue else ")"))
+    return 0
+
+
+def _cmd_similarity(args) -> int:
+    print(f"{_text_encoder(args).similarity(args.first, args.second):.4f}")
+    return 0
+
+
+def _cmd_search(args) -> int:
+    corpus = _read_lines(args.corpus)
+    for score, i in _text_encoder(args).search(args.query, corpus, args.top_k):
+        print(f"{score:.4f}\t{corpus[i]}")
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    from .hub.convert import export_hf, import_hf
+
+    if args.to == "hf":
+        if len(args.paths) != 2:
+            raise QkvError("usage: qkv convert --to hf RUN_DIR HF_DIR")
+        out = export_hf(*args.paths)
+        _log(f"wrote {out} (config.json, model.safetensors, tokenizer.json): load it with "
+             f"transformers' from_pretrained")
+        return 0
+    if len(args.paths) != 3 or args.paths[0] != "hf":
+        raise QkvError("usage: qkv convert hf HF_DIR|NAME RUN_DIR  (or: qkv convert --to hf RUN_DIR HF_DIR)")
+    from .hub.pretrained import PRETRAINED, locate
+
+    source, run_dir = args.paths[1:]
+    folder, tokenizer = (locate(source) if source in PRETRAINED and not Path(source).exists()
+                         else (source, None))
+    conv = import_hf(folder, run_dir, args.tokenizer or tokenizer)
+    n = sum(p.numel() for p in conv.model.parameters())
+    _log(f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"
+         f"next: qkv convert --to hf {run_dir} HF_DIR")
     return 0
 
 
@@ -403,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "or a CSV/TSV (sequence,label) or FASTA file (with --labels); "
                                   "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>")
     p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
-    p.add_argument("--init", metavar="RUN_DIR", help="start from a pretrained protein-mlm encoder")
+    p.add_argument("--init", metavar="MODEL", help="start from a pretrained encoder: protein-*: a protein-mlm "
+                                                  "run directory; text-cls: minilm, an HF folder or a converted run")
     p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
     p.set_defaults(func=_cmd_train)
 
@@ -455,13 +549,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_classify)
 
-    p = sub.add_parser("embed", help="per-sequence (and per-residue) embeddings of a protein encoder")
-    p.add_argument("run_dir")
-    p.add_argument("fasta", help="FASTA file of sequences")
+    p = sub.add_parser("embed", help="embeddings: sentences with a pretrained text encoder (--model), or "
+                                      "proteins with a protein encoder run")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="--model NAME TEXT_FILE (one sentence per line), or RUN_DIR FASTA")
+    p.add_argument("--model", help="pretrained text encoder: minilm, an HF folder or a converted run")
     p.add_argument("--out", required=True, help="output .safetensors file")
-    p.add_argument("--per-residue", action="store_true", help="also store one (L, D) tensor per sequence")
+    p.add_argument("--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_embed)
+
+    p = sub.add_parser("similarity", help="cosine similarity of two sentences' embeddings")
+    p.add_argument("first")
+    p.add_argument("second")
+    p.add_argument("--model", default="minilm", help="text encoder (default minilm)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    p.set_defaults(func=_cmd_similarity)
+
+    p = sub.add_parser("search", help="semantic search: the corpus lines closest to a query (TSV: score, line)")
+    p.add_argument("query")
+    p.add_argument("--corpus", required=True, help="text file, one entry per line (- for stdin)")
+    p.add_argument("--model", default="minilm", help="text encoder (default minilm)")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    p.set_defaults(func=_cmd_search)
+
+    p = sub.add_parser("convert", help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, "
+                                        "`convert --to hf RUN_DIR HF_DIR`")
+    p.add_argument("paths", nargs="+", help="hf HF_DIR|NAME RUN_DIR, or (with --to hf) RUN_DIR HF_DIR")
+    p.add_argument("--to", choices=("hf",), help="export a qkv run directory as an HF folder")
+    p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
+    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("explain", help="pictures of a model's attention on an input, or a local web page")
     p.add_argument("run_dir")

