@@ -281,3 +281,68 @@ def test_iglm_logits_equal_transformers():
     with torch.no_grad():
         diff = ref(input_ids=ids).logits - model(ids).logits
     assert diff.abs().max() <= 1e-4
+
+
+def _marian(tmp_path):
+    cfg = transformers.MarianConfig(
+        vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=39, decoder_start_token_id=39, eos_token_id=0, activation_function="swish",
+        scale_embedding=True, init_std=0.3)
+    hf = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        hf.final_logits_bias.normal_(std=0.1)  # zero in a fresh model: make the bias count
+    vocab = ["</s>", "<unk>", *[f"w{i}" for i in range(37)], "<pad>"]
+    return hf, _save(hf, vocab, tmp_path / "hf")
+
+
+def _marian_batch():
+    src = torch.randint(1, 39, (3, 10))
+    src[:, -1] = 0
+    src[1, 6:] = 39
+    src[2, 4:] = 39
+    tgt = torch.randint(1, 39, (3, 7))
+    tgt[:, 0] = 39  # Marian's decoder starts from the pad token
+    return src, tgt
+
+
+def test_marian_converts_with_the_same_logits_both_ways(tmp_path):
+    hf, src_dir = _marian(tmp_path)
+    conv = import_hf(src_dir, tmp_path / "run")
+    cfg = conv.model.config
+    assert (cfg.positional, cfg.norm_first, cfg.activation, cfg.scale_embeddings, cfg.output_bias) == (
+        "sinusoidal_halves", False, "silu", True, True)
+    src, tgt = _marian_batch()
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=(src != 39).long(), decoder_input_ids=tgt).logits
+        ours = conv.model(src, tgt).logits
+    assert (ours - ref).abs().max() <= TOL
+    back = transformers.MarianMTModel.from_pretrained(export_hf(tmp_path / "run", tmp_path / "back")).eval()
+    with torch.no_grad():
+        again = back(input_ids=src, attention_mask=(src != 39).long(), decoder_input_ids=tgt).logits
+    assert torch.equal(again, ref)
+
+
+def test_marian_greedy_translation_with_our_cache_equals_hf_generate(tmp_path):
+    from qkv.generate.search import greedy_decode
+
+    hf, src_dir = _marian(tmp_path)
+    model = read_hf(src_dir).model
+    src, _ = _marian_batch()
+    outputs = []
+    for row in src:
+        row = row[row != 39][None]
+        ref = hf.generate(row, max_new_tokens=12, do_sample=False, num_beams=1, forced_eos_token_id=None,
+                          bad_words_ids=None)[0, 1:].tolist()
+        ours = greedy_decode(model, row, max_new_tokens=12)[0]
+        assert ours == [t for t in ref[: ref.index(0)] if t != 39] if 0 in ref else ref
+        outputs.append(tuple(ours))
+    assert len(set(outputs)) > 1  # the sources lead to different translations: not a constant model
+
+
+def test_sinusoidal_halves_are_the_papers_values_reordered():
+    from qkv.nn.positional import sinusoidal_positional_encoding
+
+    paper = sinusoidal_positional_encoding(50, 16)
+    halves = sinusoidal_positional_encoding(50, 16, interleaved=False)
+    assert torch.equal(halves[:, :8], paper[:, 0::2]) and torch.equal(halves[:, 8:], paper[:, 1::2])

@@ -24,16 +24,24 @@ from safetensors.torch import load_file, save_file
 
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..models.config import EncoderConfig, LMConfig
+from ..models.config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
+from ..models.transformer import Transformer
 from ..train.checkpoint import atomic_write, save_weights, write_json
 from . import keymap
 from .families import Family, family_for, family_of
 
 logger = logging.getLogger(__name__)
 
-MODELS = {"encoder": (EncoderConfig, EncoderModel), "lm": (LMConfig, DecoderLM)}
+MODELS = {"encoder": (EncoderConfig, EncoderModel), "lm": (LMConfig, DecoderLM),
+          "translation": (TransformerConfig, Transformer)}
+
+
+def layer_counts(config: ModelConfig) -> dict[str, int]:
+    """How many layers each stack of a model has (what ``Rule.stack`` names)."""
+    return {"layers": getattr(config, "n_layers", 0), "encoder": getattr(config, "n_encoder_layers", 0),
+            "decoder": getattr(config, "n_decoder_layers", 0)}
 HF_EXTRA = "hf_extra.safetensors"  # HF heads qkv does not model, written back on export
 
 
@@ -143,7 +151,7 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converte
     pooling = _pooling(folder)
     if pooling and isinstance(config, EncoderConfig):
         config = type(config).from_dict({**config.to_dict(), "pooling": pooling})
-    rules = keymap.expand(family.rules, config.n_layers, parts)
+    rules = keymap.expand(family.rules, layer_counts(config), parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
     model = MODELS[family.recipe][1](config)
     may_lack = ("sequence_head.", "residue_head.") + (() if "mlm" in parts else ("mlm_transform.", "mlm_head."))
@@ -192,9 +200,9 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
     model, _ = runs.load_run(run_dir)
-    if not isinstance(model, (EncoderModel, DecoderLM)):
-        raise QkvError(f"{run_dir} holds a {type(model).__name__}; qkv exports encoders and "
-                       "decoder-only LMs to HF")
+    if not isinstance(model, (EncoderModel, DecoderLM, Transformer)):
+        raise QkvError(f"{run_dir} holds a {type(model).__name__}; qkv exports encoders, decoder-only "
+                       "LMs and encoder-decoders to HF")
     meta = read_json(run_dir / "hf.json") if (run_dir / "hf.json").is_file() else {}
     family = family_for(model.config)
     if meta.get("family", family.name) != family.name:
@@ -206,7 +214,9 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
         parts.discard("pooler")
     hf_config = {**meta.get("hf_config", {}), **family.to_hf(model.config)}
     hf_config["architectures"] = [family.architecture(parts)]
-    rules = keymap.expand(family.rules, model.config.n_layers, parts)
+    if isinstance(model.config, TransformerConfig) and model.config.output_bias:
+        parts.add("logits_bias")
+    rules = keymap.expand(family.rules, layer_counts(model.config), parts)
     tensors = keymap.to_hf(model.state_dict(), rules)
     if (run_dir / HF_EXTRA).is_file():
         tensors.update(load_file(run_dir / HF_EXTRA))

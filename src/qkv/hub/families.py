@@ -9,6 +9,10 @@ Every family is a configuration of qkv's own modules, not a copy of HF's code:
   scaling, a final LayerNorm, the MLM head.
 - **GPT-2** (Radford et al. 2019): pre-LN, tanh-GELU, learned positions, ``Conv1D`` weights
   stored ``(in, out)``, output projection tied to the embeddings.
+- **Marian** (Junczys-Dowmunt et al. 2018; the OPUS-MT models): the closest HF model to the
+  paper's: a post-LN encoder-decoder with static sinusoidal positions (sines before cosines),
+  embeddings scaled by sqrt(d_model) and shared by encoder, decoder and output projection,
+  plus a bias on the logits (``final_logits_bias``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import QkvError
-from ..models.config import EncoderConfig, LMConfig, StackConfig
+from ..models.config import EncoderConfig, LMConfig, ModelConfig, StackConfig, TransformerConfig
 from .keymap import Rule
 
 # HF hidden_act / activation_function → qkv activation, and back
@@ -53,8 +57,8 @@ class Family:
     keep: tuple[str, ...]
     architectures: tuple[tuple[str, frozenset], ...]
     base_model: str | None
-    from_hf: Callable[[dict, set], StackConfig]
-    to_hf: Callable[[StackConfig], dict]
+    from_hf: Callable[[dict, set], ModelConfig]
+    to_hf: Callable[[ModelConfig], dict]
 
     def architecture(self, parts: set[str]) -> str:
         return next((name for name, needs in self.architectures if needs <= parts), self.base_model)
@@ -258,7 +262,86 @@ GPT2 = Family(
     from_hf=_gpt2_from_hf, to_hf=_gpt2_to_hf)
 
 
-FAMILIES = {f.name: f for f in (BERT, ESM, GPT2)}
+# --- Marian ---------------------------------------------------------------------------------
+
+def _marian_from_hf(c: dict, parts: set[str]) -> TransformerConfig:
+    pairs = (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim"))
+    unequal = [f"{a} ({c[a]}) != {b} ({c[b]})" for a, b in pairs if c.get(a) != c.get(b)]
+    if c.get("decoder_vocab_size") not in (None, c["vocab_size"]):
+        unequal.append(f"decoder_vocab_size ({c['decoder_vocab_size']}) != vocab_size ({c['vocab_size']})")
+    if not c.get("share_encoder_decoder_embeddings", True):
+        unequal.append("share_encoder_decoder_embeddings is false")
+    if c.get("normalize_before", False):
+        unequal.append("normalize_before is true")
+    if unequal:
+        raise QkvError(f"Marian settings qkv's Transformer does not represent: {'; '.join(unequal)}")
+    return TransformerConfig(
+        src_vocab_size=c["vocab_size"], tgt_vocab_size=c["vocab_size"], d_model=c["d_model"],
+        n_heads=c["encoder_attention_heads"], d_ff=c["encoder_ffn_dim"],
+        n_encoder_layers=c["encoder_layers"], n_decoder_layers=c["decoder_layers"],
+        max_len=c["max_position_embeddings"], positional="sinusoidal_halves", norm_first=False,
+        activation=_act(c.get("activation_function", "gelu")), dropout=c.get("dropout", 0.1),
+        attention_dropout=c.get("attention_dropout", 0.0), activation_dropout=c.get("activation_dropout", 0.0),
+        scale_embeddings=bool(c.get("scale_embedding", False)), output_bias="logits_bias" in parts,
+        share_embeddings=True, pad_id=c["pad_token_id"], eos_id=c["eos_token_id"],
+        bos_id=c.get("decoder_start_token_id", c["pad_token_id"]))
+
+
+def _marian_to_hf(cfg: TransformerConfig) -> dict:
+    _require(cfg, "Marian", positional="sinusoidal_halves", norm_first=False, norm="layernorm", bias=True,
+             share_embeddings=True, layer_norm_eps=1e-5)
+    return {"model_type": "marian", "vocab_size": cfg.src_vocab_size, "decoder_vocab_size": cfg.tgt_vocab_size,
+            "d_model": cfg.d_model, "encoder_layers": cfg.n_encoder_layers, "decoder_layers": cfg.n_decoder_layers,
+            "encoder_attention_heads": cfg.n_heads, "decoder_attention_heads": cfg.n_heads,
+            "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff, "max_position_embeddings": cfg.max_len,
+            "activation_function": ACT_TO_HF[cfg.activation], "dropout": cfg.dropout,
+            "attention_dropout": cfg.attention_dropout, "activation_dropout": cfg.activation_dropout,
+            "scale_embedding": cfg.scale_embeddings, "share_encoder_decoder_embeddings": True,
+            "tie_word_embeddings": True, "pad_token_id": cfg.pad_id, "eos_token_id": cfg.eos_id,
+            "decoder_start_token_id": cfg.bos_id}
+
+
+def _bart_attention(hf: str, qkv: str, cross: bool, stack: str) -> tuple[Rule, ...]:
+    """One BART/Marian attention block (``q_proj``/``k_proj``/``v_proj``/``out_proj`` + its
+    LayerNorm) → qkv's packed projections and the block's norm."""
+    rules = []
+    for k in ("weight", "bias"):
+        if cross:
+            rules += [Rule(f"{hf}.q_proj.{k}", f"{qkv}.w_q.{k}", stack=stack),
+                      Rule((f"{hf}.k_proj.{k}", f"{hf}.v_proj.{k}"), f"{qkv}.w_kv.{k}", stack=stack)]
+        else:
+            rules.append(Rule(tuple(f"{hf}.{p}_proj.{k}" for p in "qkv"), f"{qkv}.w_qkv.{k}", stack=stack))
+        rules += [Rule(f"{hf}.out_proj.{k}", f"{qkv}.w_o.{k}", stack=stack),
+                  Rule(f"{hf}_layer_norm.{k}", f"{qkv}_block.norm.{k}", stack=stack)]
+    return tuple(rules)
+
+
+def _marian_layer_rules(stack: str) -> tuple[Rule, ...]:
+    hf, qkv = f"model.{stack}.layers.{{}}.", f"{stack}.layers.{{}}."
+    rules = _bart_attention(hf + "self_attn", qkv + "self_attn", False, stack)
+    if stack == "decoder":
+        rules += _bart_attention(hf + "encoder_attn", qkv + "cross_attn", True, stack)
+    return rules + tuple(Rule(f"{hf}{src}.{k}", f"{qkv}{dst}.{k}", stack=stack)
+                         for src, dst in (("fc1", "ffn.w_1"), ("fc2", "ffn.w_2"), ("final_layer_norm", "ffn_block.norm"))
+                         for k in ("weight", "bias"))
+
+
+MARIAN = Family(
+    name="marian", model_types=("marian",), recipe="translation", prefix="model.",
+    rules=(
+        Rule("model.shared.weight", "src_embed.weight"),
+        *_marian_layer_rules("encoder"), *_marian_layer_rules("decoder"),
+        Rule("final_logits_bias", "generator.bias", part="logits_bias", hf_shape=(1, -1)),
+    ),
+    # the per-stack embeddings and the output projection are the shared matrix; the positions
+    # are computed, not learned
+    skip=(r"model\.(encoder|decoder)\.embed_(tokens|positions)\.weight", r"lm_head\.weight"),
+    keep=(),
+    architectures=(("MarianMTModel", frozenset()),), base_model=None,
+    from_hf=_marian_from_hf, to_hf=_marian_to_hf)
+
+
+FAMILIES = {f.name: f for f in (BERT, ESM, GPT2, MARIAN)}
 
 
 def family_of(hf_config: dict) -> Family:
@@ -273,9 +356,11 @@ def family_of(hf_config: dict) -> Family:
     raise QkvError(f"unsupported HF model_type {model_type!r} ({arch}); qkv converts: {supported}")
 
 
-def family_for(config: StackConfig) -> Family:
-    """The family a qkv model exports to: GPT-2 for a decoder-only LM, ESM for a rotary
-    encoder, BERT for other encoders."""
+def family_for(config: ModelConfig) -> Family:
+    """The family a qkv model exports to: Marian for an encoder-decoder, GPT-2 for a
+    decoder-only LM, ESM for a rotary encoder, BERT for other encoders."""
+    if isinstance(config, TransformerConfig):
+        return MARIAN
     if isinstance(config, LMConfig):
         return GPT2
     return ESM if config.positional == "rotary" else BERT

@@ -11,7 +11,7 @@ that are not weights), kept aside (heads qkv does not model) or reported as unex
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,12 +29,18 @@ class Rule:
         transpose: the HF tensor is stored ``(in, out)`` (GPT-2's ``Conv1D``).
         part: which part of the HF architecture the tensor belongs to: ``"base"`` (always
             there), or a head (``"pooler"``, ``"mlm"``, ``"lm_head"``) that a checkpoint may lack.
+        stack: whose layer count ``{}`` runs over (``"layers"``; ``"encoder"``/``"decoder"``
+            in an encoder-decoder).
+        hf_shape: the HF tensor's shape when it differs from qkv's only by size-1 dimensions
+            (Marian's ``final_logits_bias`` is ``(1, V)``, qkv's bias ``(V,)``).
     """
 
     hf: str | tuple[str, ...]
     qkv: str
     transpose: bool = False
     part: str = "base"
+    stack: str = "layers"
+    hf_shape: tuple[int, ...] | None = None
 
     @property
     def hf_names(self) -> tuple[str, ...]:
@@ -44,13 +50,15 @@ class Rule:
         """This rule with ``{}`` filled in for every layer (itself when it has no ``{}``)."""
         if "{}" not in self.qkv:
             return [self]
-        return [Rule(tuple(h.format(i) for h in self.hf_names), self.qkv.format(i), self.transpose,
-                     self.part) for i in range(n_layers)]
+        return [replace(self, hf=tuple(h.format(i) for h in self.hf_names), qkv=self.qkv.format(i))
+                for i in range(n_layers)]
 
 
-def expand(rules: tuple[Rule, ...], n_layers: int, parts: set[str]) -> list[Rule]:
-    """The per-layer rules of the ``parts`` a checkpoint has."""
-    return [r for rule in rules if rule.part in parts for r in rule.expand(n_layers)]
+def expand(rules: tuple[Rule, ...], n_layers: int | dict[str, int], parts: set[str]) -> list[Rule]:
+    """The per-layer rules of the ``parts`` a checkpoint has; ``n_layers``: one count, or one
+    per ``Rule.stack``."""
+    counts = n_layers if isinstance(n_layers, dict) else {"layers": n_layers}
+    return [r for rule in rules if rule.part in parts for r in rule.expand(counts[rule.stack])]
 
 
 def parts_present(rules: tuple[Rule, ...], hf_keys: set[str]) -> set[str]:
@@ -91,6 +99,8 @@ def to_qkv(hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str
     for r in rules:
         parts = [hf_state[h] for h in r.hf_names]
         t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if r.hf_shape is not None:
+            t = t.squeeze()
         out[r.qkv] = t.t() if r.transpose else t
         used.update(r.hf_names)
     rest = [k for k in hf_state if k not in used and not any(re.fullmatch(p, k) for p in skip)]
@@ -109,6 +119,8 @@ def to_hf(qkv_state: dict[str, torch.Tensor], rules: list[Rule]) -> dict[str, to
     for r in rules:
         t = qkv_state[r.qkv]
         t = t.t() if r.transpose else t
+        if r.hf_shape is not None:
+            t = t.reshape(r.hf_shape)
         chunks = t.chunk(len(r.hf_names), dim=0) if len(r.hf_names) > 1 else (t,)
         for name, chunk in zip(r.hf_names, chunks):
             out[name] = chunk.contiguous().clone()

@@ -52,7 +52,7 @@ class ModelConfig(LayerConfig):
                 out.append(f"{name} ({getattr(self, name)}) must be >= 1")
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             out.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.positional == "sinusoidal" and self.d_model % 2:
+        if self.positional.startswith("sinusoidal") and self.d_model % 2:
             out.append(f"d_model ({self.d_model}) must be even for sinusoidal positions")
         if self.positional == "rotary" and self.n_heads >= 1 and self.d_k % 2:
             out.append(f"d_k ({self.d_k}) must be even for rotary positions")
@@ -109,7 +109,11 @@ class TransformerConfig(ModelConfig):
     Defaults are the paper's base model (Table 3): 6 + 6 layers, post-LN, sinusoidal positions,
     ReLU. ``share_embeddings`` ties source embeddings, target embeddings and the output
     projection (one joint vocabulary, §3.4); ``tie_output`` ties only the target embeddings and
-    the output projection. ``pad_id``/``bos_id``/``eos_id`` are the special ids.
+    the output projection. ``pad_id``/``bos_id``/``eos_id`` are the special ids (``bos_id``
+    starts every target; Marian starts from ``pad_id``). ``scale_embeddings``: multiply
+    embeddings by sqrt(d_model) (§3.4). ``output_bias``: a bias on the output projection
+    (Marian's ``final_logits_bias``). ``positional``: also ``"sinusoidal_halves"``, §3.5's
+    values with sines before cosines (Tensor2Tensor, Marian).
 
     Raises:
         ValueError: on construction, naming every bad value.
@@ -119,7 +123,9 @@ class TransformerConfig(ModelConfig):
     tgt_vocab_size: int | None = None
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
-    positional: Literal["sinusoidal", "learned"] = "sinusoidal"
+    positional: Literal["sinusoidal", "sinusoidal_halves", "learned"] = "sinusoidal"
+    scale_embeddings: bool = True
+    output_bias: bool = False
     tie_output: bool = True
     share_embeddings: bool = False
     pad_id: int = 0

@@ -101,15 +101,18 @@ class Transformer(nn.Module):
         super().__init__()
         config.require("src_vocab_size", "tgt_vocab_size")
         self.config = cfg = config
-        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
+        scale = cfg.scale_embeddings
+        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, scale)
         self.tgt_embed = (self.src_embed if cfg.share_embeddings
-                          else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id))
+                          else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale))
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         self._init_weights()
+        if cfg.output_bias:
+            nn.init.zeros_(self.generator.bias)
         if cfg.tie_output or cfg.share_embeddings:
             self.generator.weight = self.tgt_embed.weight
 

@@ -12,12 +12,17 @@ import torch
 from torch import nn
 
 
-def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
+                                   interleaved: bool = True) -> torch.Tensor:
     """The matrix PE of §3.5.
+
+    ``interleaved=False`` puts the same values in another column order: all sines, then all
+    cosines (``[sin(pos·ω_0) … sin(pos·ω_{D/2-1}), cos(pos·ω_0) …]``), the layout of the
+    paper's reference code (Tensor2Tensor's ``get_timing_signal_1d``) and of Marian.
 
     Returns:
         float32 tensor ``(max_len, d_model)``; row ``pos`` is the encoding of position ``pos``
-        (0-based); even columns hold sines, odd columns cosines.
+        (0-based); even columns hold sines, odd columns cosines (interleaved).
 
     Raises:
         ValueError: ``d_model`` odd or ``max_len`` < 1.
@@ -29,6 +34,8 @@ def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 100
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
     angle = pos / base ** (two_i / d_model)  # (L, D/2)
+    if not interleaved:
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
     pe = torch.empty(max_len, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle)
@@ -42,10 +49,11 @@ class SinusoidalPositionalEncoding(nn.Module):
     Positions must be below ``max_len`` (unchecked here, see :func:`check_positions`).
     """
 
-    def __init__(self, max_len: int, d_model: int) -> None:
+    def __init__(self, max_len: int, d_model: int, interleaved: bool = True) -> None:
         super().__init__()
         self.max_len = max_len
-        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model), persistent=False)
+        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model, interleaved=interleaved),
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.pe[positions]
@@ -115,14 +123,16 @@ def check_positions(positions: torch.Tensor, max_len: int) -> None:
             "shorten the input or build the model with a larger max_len")
 
 
-POSITIONALS = ("sinusoidal", "learned", "rotary")
+POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned", "rotary")
 
 
 def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module | None:
-    """The module added to token embeddings: ``"sinusoidal"`` or ``"learned"``; ``None`` for
-    ``"rotary"`` (applied inside attention instead). Raises ``ValueError`` otherwise."""
-    if kind == "sinusoidal":
-        return SinusoidalPositionalEncoding(max_len, d_model)
+    """The module added to token embeddings: ``"sinusoidal"`` (§3.5, interleaved),
+    ``"sinusoidal_halves"`` (sines then cosines: Tensor2Tensor, Marian) or ``"learned"``;
+    ``None`` for ``"rotary"`` (applied inside attention instead). Raises ``ValueError``
+    otherwise."""
+    if kind in ("sinusoidal", "sinusoidal_halves"):
+        return SinusoidalPositionalEncoding(max_len, d_model, interleaved=kind == "sinusoidal")
     if kind == "learned":
         return LearnedPositionalEmbedding(max_len, d_model)
     if kind == "rotary":
