@@ -155,7 +155,7 @@ def test_family_configs_add_only_their_own_fields():
     base = {f.name for f in fields(ModelConfig)}
     assert {f.name for f in fields(TransformerConfig)} - base == {
         "src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers", "tie_output",
-        "share_embeddings", "pad_id", "bos_id", "eos_id"}
+        "share_embeddings", "pad_id", "bos_id", "eos_id", "scale_embeddings", "output_bias"}
     stack = {f.name for f in fields(StackConfig)}
     assert {f.name for f in fields(LMConfig)} - stack == {"tie_embeddings", "bos_id", "eos_id"}
     assert {f.name for f in fields(EncoderConfig)} - stack == {"pad_id", "num_labels", "pooling", "pooler",
