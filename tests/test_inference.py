@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.cli import main
-from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
+from qkv.generate.layout import PackedLinear, onednn_available, onednn_bf16_available, prepare_for_inference
 from qkv.generate.lm import generate_tokens
 from qkv.generate.stats import DecodeStats
 from qkv.models import DecoderLM, LMConfig
@@ -58,6 +58,37 @@ def test_packed_linear_equals_linear_then_activation(activation):
         assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], 80)
         torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=2 ** -7)
     assert packed.weight is linear.weight and packed.bias is linear.bias
+
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="PyTorch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_batched_float32_encoder_packs_every_linear_with_the_activation_fused(activation):
+    """prepare_for_inference(batch_rows=...) puts a float32 encoder's linears on oneDNN, the
+    FFN's activation fused into w_1; outputs match the unpacked model within float32 rounding
+    and the state dict is unchanged."""
+    from qkv.models.config import EncoderConfig
+    from qkv.models.encoder import EncoderModel
+
+    torch.manual_seed(0)
+    model = EncoderModel(EncoderConfig(vocab_size=30, d_model=64, n_heads=4, d_ff=256, n_layers=2,
+                                       activation=activation, norm_first=False)).eval()
+    tokens = torch.randint(2, 30, (4, 20))
+    tokens[1, 12:] = model.config.pad_id
+    with torch.no_grad():
+        ref = model(tokens).hidden
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prepare_for_inference(model, batch_rows=4096)
+    ffn = model.layers[0].ffn
+    assert isinstance(ffn.w_1, PackedLinear) and ffn.w_1.activation == activation
+    assert isinstance(model.layers[0].self_attn.w_qkv, PackedLinear)
+    with torch.no_grad():
+        out = model(tokens).hidden
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
 @needs_onednn_bf16

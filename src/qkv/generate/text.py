@@ -19,6 +19,7 @@ import torch
 from ..data.batching import pad_sequences, token_batches
 from ..errors import QkvError
 from ..models.encoder import EncoderModel, masked_mean
+from .layout import prepare_for_inference
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class TextEncoder:
         from ..hub.pretrained import load
 
         model, tokenizer = load(name_or_path, device)
+        if isinstance(model, EncoderModel):  # loaded for inference only: pack for batched products
+            prepare_for_inference(model.eval(), batch_rows=4096)
         if not isinstance(model, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
             raise QkvError(f"{name_or_path} is not a pretrained text encoder (a BERT-style model with "
                            "its own tokenizer)")
