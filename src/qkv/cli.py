@@ -77,12 +77,13 @@ def _report_protein_mlm(summary: dict, out: str) -> None:
 
 
 def _report_protein_task(summary: dict, out: str) -> None:
-    test, score = summary["test"], "q3" if "q3" in summary["test"] else "mcc"
+    test = summary["test"]
+    score = summary.get("score") or ("q3" if "q3" in test else "mcc")
     line = (f"{summary['task']} test ({summary['mode']}): {score.upper()} {test[score]:.3f}, accuracy "
             f"{test['accuracy']:.3f}" + (f", AUROC {test['auroc']:.3f}" if "auroc" in test else ""))
     base = summary.get("baseline_test")
     if base:
-        line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score == 'mcc' else 'accuracy']:.3f}"
+        line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score != 'q3' else 'accuracy']:.3f}"
     _log(f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
          f"{Path(out).resolve()} (confusion.png, summary.json)")
 

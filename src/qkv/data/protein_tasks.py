@@ -56,7 +56,9 @@ class LabelledProtein:
 @dataclass
 class ProteinTask:
     """A labelled data set: ``level`` is ``"sequence"`` or ``"residue"``; ``classes`` the class
-    names in label-id order; ``citation`` is shown beside results."""
+    names in label-id order; ``citation`` is shown beside results; ``score``: the validation
+    metric that chooses the kept weights (``None``: MCC for sequence tasks, Q3 for residue
+    tasks)."""
 
     name: str
     level: str
@@ -64,6 +66,7 @@ class ProteinTask:
     records: list[LabelledProtein]
     citation: str = ""
     notes: dict = field(default_factory=dict)
+    score: str | None = None
 
     def __post_init__(self) -> None:
         self._index = {c: i for i, c in enumerate(self.classes)}  # built once, used per record
@@ -194,6 +197,33 @@ def load_flip_secondary_structure() -> ProteinTask:
                        "FLIP (Dallago et al. 2021), labels from NetSurfP-2.0 (Klausen et al. 2019), AFL-3.0")
 
 
+PARATOPE_SHA256 = {"paratope_train.tsv": "0abf0e8a6c5c69e129ec75f682e75d90526d065aeed1c42482d289c0d7d56fdc",
+                   "paratope_val.tsv": "c24dac25a71b53c98b6d8dfa7035d5d13b74b0cb875ad2c1545e9f321cb1ff86",
+                   "paratope_test.tsv": "5c950c957cb8b89b669a7fea8a2223131c910669b5cbae6198fbaf1f7d4ba8fb"}
+
+
+def load_paratope() -> ProteinTask:
+    """Antibody paratope prediction: per residue, does it contact the antigen (``P``) or not
+    (``N``), on SAbDab chains with AntiBERTa's published train/val/test split (Leem et al.,
+    Patterns 2022). The files are converted from that repository's parquet files, so they are
+    looked up in the data directory only (``$QKV_DATA_DIR/antibody/``). About 1 residue in 10 is
+    a paratope residue: weights are chosen on validation AUPRC."""
+    records = []
+    for split in SPLITS:
+        name = f"paratope_{split}.tsv"
+        path = find_data_file("antibody", name, "", PARATOPE_SHA256[name], download=False)
+        with path.open(encoding="utf-8", newline="") as f:
+            for line, row in enumerate(csv.DictReader(f, delimiter="\t"), start=2):
+                seq, lab = row["sequence"].strip(), row["paratope"].strip()
+                if len(seq) != len(lab) or set(lab) - {"P", "N"}:
+                    raise QkvError(f"{path}, line {line}: paratope labels must be P/N, one per residue")
+                records.append(LabelledProtein(f"{row['pdb']}_{row['chain']}", seq, lab, split,
+                                               group=row["chain"], resolved=(True,) * len(seq)))
+    return ProteinTask("paratope", "residue", ("N", "P"), records,
+                       "SAbDab (Dunbar et al. 2014), split of AntiBERTa (Leem et al., Patterns 2022)",
+                       score="auprc")
+
+
 def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int = 0) -> ProteinTask:
     """A user's labelled sequences: a CSV/TSV with ``sequence`` and ``label`` columns (optional
     ``id`` and ``split`` columns), or a FASTA file plus ``labels`` (one label per record).
@@ -238,7 +268,7 @@ def load_task(task: str, level: str, fold: int = 0, labels: str | None = None, s
     """The task named on the command line (``signalp``, ``amp-scanner``,
     ``secondary-structure``) or a file path; raises :class:`QkvError` if it does not fit ``level``."""
     builtin = {"signalp": lambda: load_signalp(fold), "amp-scanner": lambda: load_amp_scanner(seed),
-               "secondary-structure": load_flip_secondary_structure}
+               "secondary-structure": load_flip_secondary_structure, "paratope": load_paratope}
     loaded = builtin[task]() if task in builtin else load_user_file(task, labels, seed)
     if loaded.level != level:
         raise QkvError(f"task {task!r} is a per-{loaded.level} task; use "

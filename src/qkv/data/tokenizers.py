@@ -353,3 +353,61 @@ class AminoAcidTokenizer:
         from ..train.checkpoint import write_json
 
         write_json(Path(path), {"type": "amino-acid", "tokens": self.tokens})
+
+
+class PretrainedProteinTokenizer:
+    """A pretrained protein model's own vocabulary (AntiBERTy, ESM, IgLM: one token per residue,
+    read by :class:`HFTokenizer`) behind :class:`AminoAcidTokenizer`'s interface, so the protein
+    recipes and :class:`~qkv.generate.protein.ProteinEncoder` run on it unchanged.
+
+    Residues are cleaned as :meth:`AminoAcidTokenizer.clean` does; a code the vocabulary lacks
+    (e.g. ``X`` for AntiBERTy) becomes its unknown token. ``cls_id``/``eos_id`` are the
+    model's start and end tokens (``[CLS]``/``[SEP]``, ``<cls>``/``<eos>``).
+
+    Raises:
+        QkvError: on construction, a vocabulary without start, end or padding tokens.
+    """
+
+    kind = "hf-protein"
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self.hf = tokenizer
+        missing = [n for n in ("cls_id", "sep_id", "pad_id") if getattr(tokenizer, n) is None]
+        if missing:
+            raise QkvError(f"this vocabulary cannot frame protein sequences: no {', '.join(missing)}")
+        self.cls_id, self.eos_id, self.pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+        self.unk_id, self.mask_id = tokenizer.unk_id, tokenizer.mask_id
+        vocab = tokenizer._tok.get_vocab()
+        self._index = {c: vocab.get(c, self.unk_id) for c in AMINO_ACIDS + RARE_CODES}
+        self.residue_ids = sorted({self._index[a] for a in AMINO_ACIDS} - {self.unk_id})
+        self._clean = AminoAcidTokenizer().clean
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.vocab_size
+
+    def clean(self, sequence: str, seq_id: str = "sequence") -> str:
+        return self._clean(sequence, seq_id)
+
+    def encode(self, sequence: str, seq_id: str = "sequence", add_special_tokens: bool = True) -> list[int]:
+        ids = [self._index[c] for c in self.clean(sequence, seq_id)]
+        return [self.cls_id, *ids, self.eos_id] if add_special_tokens else ids
+
+    def decode(self, ids) -> str:
+        return "".join(self.hf.id_to_token(i) for i in ids if i in self.residue_ids)
+
+    def id_to_token(self, i: int) -> str:
+        return self.hf.id_to_token(i)
+
+    def save(self, path: str | Path) -> None:
+        self.hf.save(path)
+
+
+def protein_tokenizer(tokenizer) -> "AminoAcidTokenizer | PretrainedProteinTokenizer":
+    """The protein interface of a run's tokenizer: qkv's :class:`AminoAcidTokenizer` as it is,
+    a pretrained model's :class:`HFTokenizer` wrapped in :class:`PretrainedProteinTokenizer`."""
+    if isinstance(tokenizer, (AminoAcidTokenizer, PretrainedProteinTokenizer)):
+        return tokenizer
+    if isinstance(tokenizer, HFTokenizer):
+        return PretrainedProteinTokenizer(tokenizer)
+    raise QkvError(f"a {type(tokenizer).__name__} cannot encode protein sequences")

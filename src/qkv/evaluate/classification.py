@@ -24,11 +24,12 @@ def classification_metrics(y_true, y_pred, probs, classes) -> dict:
     Returns:
         ``accuracy``, ``mcc``, ``macro_f1`` (unweighted mean of the classes' F1),
         ``per_class`` {name: precision, recall (the class's accuracy), f1, support},
-        ``auroc`` (two classes only, probability of class 1), ``n``, ``confusion`` (C×C list,
-        rows = true).
+        ``auroc`` and ``auprc`` (two classes only, scored by the probability of class 1; AUPRC is
+        average precision, the area under the precision-recall curve), ``n``, ``confusion``
+        (C×C list, rows = true).
     """
-    from sklearn.metrics import (accuracy_score, confusion_matrix, matthews_corrcoef,
-                                 precision_recall_fscore_support, roc_auc_score)
+    from sklearn.metrics import (accuracy_score, average_precision_score, confusion_matrix,
+                                 matthews_corrcoef, precision_recall_fscore_support, roc_auc_score)
 
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     labels = list(range(len(classes)))
@@ -40,6 +41,7 @@ def classification_metrics(y_true, y_pred, probs, classes) -> dict:
            "confusion": confusion_matrix(y_true, y_pred, labels=labels).tolist()}
     if len(classes) == 2 and len(set(y_true.tolist())) == 2:
         out["auroc"] = float(roc_auc_score(y_true, np.asarray(probs)[:, 1]))
+        out["auprc"] = float(average_precision_score(y_true, np.asarray(probs)[:, 1]))
     return out
 
 

@@ -20,7 +20,7 @@ import torch
 
 from .. import runs
 from ..data.batching import pad_sequences, token_batches
-from ..data.tokenizers import AminoAcidTokenizer
+from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
 from ..errors import QkvError
 from ..models.encoder import EncoderModel
 
@@ -30,13 +30,16 @@ logger = logging.getLogger(__name__)
 class ProteinEncoder:
     """A trained encoder with its task: tokens in, class probabilities or embeddings out.
 
-    ``level``: ``"sequence"`` or ``"residue"``; ``classes``: class names in id order.
+    ``level``: ``"sequence"`` or ``"residue"``; ``classes``: class names in id order;
+    ``tokenizer``: qkv's :class:`AminoAcidTokenizer` (default) or a pretrained model's (see
+    :func:`~qkv.data.tokenizers.protein_tokenizer`).
     """
 
     def __init__(self, model: EncoderModel, classes: tuple[str, ...], level: str,
-                 device: torch.device | str = "cpu", max_tokens: int = 16384) -> None:
+                 device: torch.device | str = "cpu", max_tokens: int = 16384, tokenizer=None) -> None:
         self.model, self.classes, self.level = model, tuple(classes), level
-        self.tok, self.device, self.max_tokens = AminoAcidTokenizer(), torch.device(device), max_tokens
+        self.tok = AminoAcidTokenizer() if tokenizer is None else protein_tokenizer(tokenizer)
+        self.device, self.max_tokens = torch.device(device), max_tokens
         self.width = model.config.max_len - 2
 
     @classmethod
@@ -45,10 +48,10 @@ class ProteinEncoder:
         (through :func:`qkv.runs.load_run`). Raises :class:`QkvError` for a missing,
         incomplete or other kind of run directory."""
         run_dir = Path(run_dir)
-        model, _ = runs.load_run(run_dir, device=device, family=runs.PROTEIN_RECIPES)
+        model, tok = runs.load_run(run_dir, device=device, family=runs.PROTEIN_RECIPES)
         meta_path = run_dir / "task.json"
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device)
+        return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
 
     def rows(self, sequences: list[str], ids: list[str] | None = None,
              whole_chain: bool | None = None, warn: bool = True) -> tuple[list[list[int]], list[int]]:

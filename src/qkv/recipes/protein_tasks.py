@@ -1,6 +1,7 @@
 """Recipes: protein sequence classification (``qkv train protein-cls``) and per-residue
 classification (``qkv train protein-residue``), from scratch, fine-tuned from a pretrained
-masked-LM encoder (``init=RUN_DIR``), or as a linear probe (``freeze=true``: only the head is
+masked-LM encoder (``init=RUN_DIR``, or a converted pretrained one such as ``init=antiberty``),
+or as a linear probe (``freeze=true``: only the head is
 trained, as lecture notes ``004_*.txt`` put it: "people use pre-trained models and train a
 feed-forward layer on their task").
 
@@ -28,13 +29,13 @@ import torch.nn.functional as F
 
 from ..data.batching import pad_sequences, token_batches
 from ..data.protein_tasks import ProteinTask, load_task
-from ..data.tokenizers import AminoAcidTokenizer
+from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
 from ..errors import QkvError
 from ..evaluate.classification import classification_metrics, per_group_binary_mcc, plot_confusion
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
-from ..train.checkpoint import load_weights, write_json
+from ..train.checkpoint import write_json
 from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
@@ -57,8 +58,9 @@ class ProteinTaskRecipe:
 
     ``task``: ``signalp``, ``amp-scanner``, ``secondary-structure`` or a file (CSV/TSV with
     ``sequence``,``label`` columns, or FASTA + ``labels=FILE``). ``init``: a ``protein-mlm``
-    run directory whose encoder starts the model (its architecture then replaces ``model``'s,
-    but for the dropout, the pooling and the number of labels). ``freeze``: train only the head
+    run directory, a converted encoder, an HF folder or a pretrained name (``antiberty``) whose
+    encoder and tokenizer start the model (its architecture then replaces ``model``'s, but for
+    the dropout, the pooling and the number of labels). ``freeze``: train only the head
     (linear probe; dropouts 0). ``fold``: SignalP test partition. ``split_seed``: the
     stratified split of a file or AMP Scanner. ``max_tokens``: padded tokens per micro-batch.
     ``baseline``: also fit the classical baseline on the same split.
@@ -93,37 +95,33 @@ class ProteinTaskRecipe:
         return 3e-3 if self.freeze else 3e-4 if self.init else 1e-3
 
 
-def load_encoder_init(model: EncoderModel, run_dir: str | Path) -> None:
-    """Copy a pretrained encoder (every weight but the task heads) into ``model``.
+def build_model(recipe: ProteinTaskRecipe, num_labels: int):
+    """``(model, tokenizer)``: from scratch, qkv's amino-acid tokenizer and the recipe's
+    ``model`` fields; with ``init``, the pretrained encoder's architecture (this recipe's
+    dropout, pooling and number of labels), weights (every one but the task heads) and
+    tokenizer. ``init`` is a ``protein-mlm`` run, a converted encoder, an HF folder or a
+    pretrained short name (``antiberty``), read through :func:`qkv.hub.pretrained.load`.
 
     Raises:
-        QkvError: no ``model.safetensors`` there, or weights that do not fit the model.
+        QkvError: ``init`` cannot be loaded, or is not an encoder of protein sequences.
     """
-    path = Path(run_dir) / "model.safetensors"
-    if not path.is_file():
-        raise QkvError(f"cannot start from {run_dir}: no model.safetensors (a finished "
-                       "`qkv train protein-mlm` run directory is needed)")
-    # Load into the pretrained shape first (tied weights resolved there), then copy the encoder.
-    pretrained = EncoderModel(replace(model.config, num_labels=0))
-    load_weights(pretrained, path)
-    state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(HEADS)}
-    model.load_state_dict(state, strict=False)
-
-
-def model_config(recipe: ProteinTaskRecipe, num_labels: int) -> EncoderConfig:
-    """The encoder's config: the pretrained run's architecture when ``init`` is set (with this
-    recipe's dropout, pooling and number of labels), else the recipe's own fields."""
-    tok = AminoAcidTokenizer()
-    own = replace(recipe.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, num_labels=num_labels)
     if not recipe.init:
-        return own
-    path = Path(recipe.init) / "config.json"
-    if not path.is_file():
-        raise QkvError(f"init={recipe.init}: no config.json (not a qkv run directory?)")
-    base = EncoderConfig.load(path)
+        tok = AminoAcidTokenizer()
+        return EncoderModel(replace(recipe.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
+                                    num_labels=num_labels)), tok
+    from ..hub.pretrained import load
+
+    pretrained, tok = load(recipe.init)
+    if not isinstance(pretrained, EncoderModel):
+        raise QkvError(f"init={recipe.init} is a {type(pretrained).__name__}, not an encoder")
+    tok = protein_tokenizer(tok)
     dropouts = ({"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
                 if recipe.freeze else {"dropout": recipe.model.dropout})
-    return replace(base, num_labels=num_labels, pooling=recipe.model.pooling, **dropouts)
+    cfg = replace(pretrained.config, num_labels=num_labels, pooling=recipe.model.pooling, **dropouts)
+    model = EncoderModel(cfg)
+    model.load_state_dict({k: v for k, v in pretrained.state_dict().items() if not k.startswith(HEADS)},
+                          strict=False)
+    return model, tok
 
 
 def evaluate_split(encoder: ProteinEncoder, task: ProteinTask, split: str) -> dict:
@@ -154,11 +152,11 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     split; write the run directory. Returns the summary dict."""
     t_start = time.perf_counter()
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
-    cfg = model_config(recipe, len(task.classes))
+    model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
+    cfg = model.config
     run_dir = prepare_run_dir(run_dir, resume)
     run = start_run(recipe.train)
     device = run.device
-    tok = AminoAcidTokenizer()
     tok.save(run_dir / "tokenizer.json")
     mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
     write_json(run_dir / "task.json", {"task": task.name, "level": level, "classes": list(task.classes),
@@ -167,9 +165,6 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     counts = {s: len(task.split(s)) for s in ("train", "val", "test")}
     logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
         f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}")
-    model = EncoderModel(cfg)
-    if recipe.init:
-        load_encoder_init(model, recipe.init)
     model.to(device)
     head = model.sequence_head if level == "sequence" else model.residue_head
     if recipe.freeze:
@@ -177,7 +172,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
             p.requires_grad_(False)
         for p in head.parameters():
             p.requires_grad_(True)
-    encoder = ProteinEncoder(model, task.classes, level, device)
+    encoder = ProteinEncoder(model, task.classes, level, device, tokenizer=tok)
     train = task.split("train")
     # over-long training sequences are cut silently here; prediction warns about them
     rows, owner = encoder.rows([r.sequence for r in train], [r.id for r in train], warn=False)
@@ -196,7 +191,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
         tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
         target = pad_sequences([labels[i] for i in idx], IGNORE).to(device)
         # A probe needs no special path: with the encoder's weights frozen autograd records
-        # nothing through it, and model_config sets its dropouts to 0.
+        # nothing through it, and build_model sets its dropouts to 0.
         logits = model(tokens, head=level).logits  # the compiled model with train.compile=true
         if level == "sequence":
             target = target[:, 0]
@@ -204,11 +199,12 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
                                reduction="sum")
         return loss, int((target != IGNORE).sum())
 
-    score_key = "val_mcc" if level == "sequence" else "val_q3"
+    score = task.score or ("mcc" if level == "sequence" else "q3")
+    score_key = f"val_{score}"
 
     def validate(model) -> dict:
         m = evaluate_split(encoder, task, "val")
-        return {score_key: m["mcc"] if level == "sequence" else m["q3"], "val_accuracy": m["accuracy"]}
+        return {score_key: m[score], "val_accuracy": m["accuracy"]}
 
     state = train_loop(model, optimizer,
                        train_cfg.lr_schedule(cfg.d_model, total_steps=total, peak_lr=recipe.peak_lr),
@@ -218,7 +214,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
-    summary = {"task": task.name, "mode": mode, "init": recipe.init,
+    summary = {"task": task.name, "mode": mode, "init": recipe.init, "score": score,
                "validation": evaluate_split(encoder, task, "val"),
                "test": evaluate_split(encoder, task, "test")}
     plot_confusion(summary["test"]["confusion"], task.classes, run_dir / "confusion.png",
