@@ -346,3 +346,52 @@ def test_sinusoidal_halves_are_the_papers_values_reordered():
     paper = sinusoidal_positional_encoding(50, 16)
     halves = sinusoidal_positional_encoding(50, 16, interleaved=False)
     assert torch.equal(halves[:, :8], paper[:, 0::2]) and torch.equal(halves[:, 8:], paper[:, 1::2])
+
+
+def test_protein_recipes_start_from_a_converted_encoder_with_its_own_tokenizer(tmp_path):
+    from qkv.data.tokenizers import PretrainedProteinTokenizer
+    from qkv.recipes.protein_tasks import ProteinTaskRecipe, build_model
+
+    hf, vocab = _esm()
+    import_hf(_save(hf, vocab, tmp_path / "hf"), tmp_path / "esm")
+    model, tok = build_model(ProteinTaskRecipe(init=str(tmp_path / "esm")), num_labels=2)
+    assert isinstance(tok, PretrainedProteinTokenizer)
+    assert tok.encode("mkv*") == [0, 20, 15, 7, 2]  # <cls> M K V <eos>, cleaned as qkv's own tokenizer
+    with pytest.raises(QkvError, match="character '-' at position 2"):
+        tok.encode("M-K")
+    assert model.config.num_labels == 2 and model.config.token_dropout
+    ids, mask = _batch("esm")
+    with torch.no_grad():
+        ref_hidden = hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
+        hidden = model.eval()(ids).hidden
+    assert (hidden - ref_hidden)[mask].abs().max() <= TOL  # the pretrained weights, not an init
+
+
+def test_explain_works_on_converted_checkpoints(tmp_path):
+    """The explainer reads converted BERT (text, sentence pairs), ESM (residues) and GPT-2
+    runs: every layer and head, rows summing to 1."""
+    from qkv.explain.explainers import DecodingOptions, ProteinExplainer, TextExplainer
+    from qkv.explain.loader import load_explainer
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dog", "runs", "a", "cat", "sleep", "##s", "."]
+    cfg = transformers.BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)
+    import_hf(_save(transformers.BertForMaskedLM(cfg), words, tmp_path / "bert"), tmp_path / "bert_run")
+    esm, vocab = _esm()
+    import_hf(_save(esm, vocab, tmp_path / "esm"), tmp_path / "esm_run")
+    gpt, vocab = _gpt2()
+    import_hf(_save(gpt, vocab, tmp_path / "gpt"), tmp_path / "gpt_run")
+
+    text = load_explainer(tmp_path / "bert_run")
+    assert isinstance(text, TextExplainer)
+    exp = text.explain("the dog runs. ||| a cat sleeps")
+    (attn,) = exp.attention
+    assert attn.query_tokens == ["[CLS]", "the", "dog", "runs", ".", "[SEP]", "a", "cat", "sleeps", "[SEP]"]
+    assert attn.weights.shape[:2] == (2, 4)
+    assert torch.allclose(attn.weights.sum(-1), torch.ones(()), atol=1e-5)
+    protein = load_explainer(tmp_path / "esm_run")
+    assert isinstance(protein, ProteinExplainer)
+    assert protein.explain("MKTAYIAK").attention[0].query_tokens == ["<cls>", *"MKTAYIAK", "<eos>"]
+    lm = load_explainer(tmp_path / "gpt_run")
+    out = lm.explain("MKV", DecodingOptions(max_new_tokens=3, temperature=0))
+    assert out.attention[0].query_tokens == list("MKV")  # no [CLS]/[SEP] framing of a prompt

@@ -226,7 +226,7 @@ class HFTokenizer:
         tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                       pre_tokenizers.Split(Regex("."), "isolated")])
                              if per_char else pre_tokenizers.BertPreTokenizer())
-        tok.decoder = decoders.WordPiece()
+        tok.decoder = decoders.Fuse() if per_char else decoders.WordPiece()  # residues: no spaces
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
         first = next((t for names in (HF_SPECIALS["cls"],) for t in names if t in vocab), None)
         last = next((t for t in HF_SPECIALS["sep"] if t in vocab), None)

@@ -25,7 +25,7 @@ from ..generate.lm import TextGenerator
 from ..generate.search import beam_search, greedy_decode
 from ..nn.attention import MultiHeadAttention
 from .capture import capture_steps
-from .labels import merge_attention, piece_labels, word_groups
+from .labels import merge_attention, piece_labels, word_groups, wordpiece_as_marked
 
 DEFAULT_MAX_CHARS = 400
 KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention (masked)",
@@ -355,4 +355,49 @@ class ProteinExplainer(Explainer):
             else:
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
         pieces = [tok.id_to_token(i) for i in ids]
+        return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})
+
+
+class TextExplainer(Explainer):
+    """Pretrained text encoders (a converted BERT such as MiniLM, or a ``text-cls`` run): the
+    attention between the word pieces of a sentence, or of a sentence pair (``A ||| B``, with
+    BERT's token types), and the class probabilities of a trained head."""
+
+    family, kinds, subword = "text", ("encoder",), True
+    input_label = "sentence (a pair: first ||| second)"
+    example = "A man rides a bicycle through the park. ||| Someone is cycling outdoors."
+
+    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+        from ..generate.text import TextEncoder
+
+        self.encoder = TextEncoder.load(run_dir, device)
+        super().__init__(self.encoder.model, run_dir, max_chars)
+        self.classes = self.encoder.classes
+        self.level = "sequence" if self.classes else "mlm"
+
+    def layers(self, kind):
+        return self.model.layers
+
+    def _prepare(self, text, options):
+        tok = self.encoder.tokenizer
+        if "|||" in text:
+            first, second = (part.strip() for part in text.split("|||", 1))
+            ids, types = tok.encode_pair(first, second)
+        else:
+            ids, types = tok.encode(text), None
+        self._check_tokens(len(ids), self.config.max_len)
+        device = self.encoder.device
+        tokens = torch.tensor([ids], device=device)
+        token_types = None if types is None else torch.tensor([types], device=device)
+        head = "sequence" if self.classes else "mlm"
+
+        def forward(need_weights):
+            return {"encoder": self.model(tokens, need_weights, head=head, token_types=token_types).attentions}
+
+        out = self.model(tokens, True, head=head, token_types=token_types)
+        output = {"text": None, "next_tokens": [], "classes": [], "residues": None}
+        if self.classes:
+            probs = out.logits.float().softmax(-1)[0]
+            output["classes"] = [{"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)]
+        pieces = wordpiece_as_marked([tok.id_to_token(i) for i in ids])
         return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})

@@ -30,6 +30,13 @@ def _starts_word(piece: str, previous: str | None) -> bool:
         or previous.startswith("<")
 
 
+def wordpiece_as_marked(pieces: list[str]) -> list[str]:
+    """BERT's WordPiece marks a word's *continuation* pieces (``##ing``); the functions here
+    expect the first piece marked (``▁``). Rewrite one convention into the other:
+    ``[CLS] play ##ing`` → ``▁[CLS] ▁play ing``."""
+    return [p[2:] if p.startswith("##") and len(p) > 2 else "▁" + p for p in pieces]
+
+
 def piece_labels(pieces: list[str], subword: bool = True) -> list[str]:
     """Display labels of tokens: word markers removed, continuation pieces as ``##piece``,
     whitespace characters made visible (``␣``, ``⏎``). ``subword=False`` (characters, residues)

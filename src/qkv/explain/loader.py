@@ -13,12 +13,14 @@ import torch
 
 from .. import runs
 from ..errors import QkvError
-from .explainers import DEFAULT_MAX_CHARS, Explainer, LMExplainer, ProteinExplainer, TranslationExplainer
+from .explainers import (DEFAULT_MAX_CHARS, Explainer, LMExplainer, ProteinExplainer, TextExplainer,
+                         TranslationExplainer)
 from .vision import ImageExplainer
 
 EXPLAINERS = {"translation": TranslationExplainer, "lm": LMExplainer,
               "protein-cls": ProteinExplainer, "protein-residue": ProteinExplainer,
-              "protein-mlm": ProteinExplainer, "vit": ImageExplainer}
+              "protein-mlm": ProteinExplainer, "vit": ImageExplainer, "text-cls": TextExplainer,
+              "encoder": TextExplainer}  # a converted encoder: TextExplainer, or proteins (below)
 
 
 def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
@@ -34,4 +36,17 @@ def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
     recipe = runs.run_recipe(run_dir)
     if recipe not in EXPLAINERS:
         raise QkvError(f"{run_dir} is a {recipe!r} run; explain supports {', '.join(EXPLAINERS)}")
-    return EXPLAINERS[recipe](run_dir, device=device, max_chars=max_chars)
+    explainer = EXPLAINERS[recipe]
+    if recipe == "encoder" and is_protein_vocabulary(Path(run_dir) / "tokenizer.json"):
+        explainer = ProteinExplainer  # AntiBERTy, ESM: one token per residue
+    return explainer(run_dir, device=device, max_chars=max_chars)
+
+
+def is_protein_vocabulary(path: Path) -> bool:
+    """A tokenizer with one token per amino acid and few others (< 64 in all): a protein
+    model's, not a text model's."""
+    from ..data.tokenizers import AMINO_ACIDS, load_tokenizer
+
+    tok = load_tokenizer(path)
+    vocab = tok._tok.get_vocab() if hasattr(tok, "_tok") else {}
+    return tok.vocab_size < 64 and all(a in vocab for a in AMINO_ACIDS)

@@ -170,7 +170,9 @@ class TextGenerator:
             if self.model.config.bos_id is None:
                 raise QkvError("empty prompt and this model has no start token: give a prompt")
             return [self.model.config.bos_id]
-        ids = self.tokenizer.encode(prompt)
+        # a pretrained model's tokenizer may frame its input ([CLS] ... [SEP]); a prompt is not framed
+        ids = (self.tokenizer.encode(prompt, add_special_tokens=False)
+               if getattr(self.tokenizer, "kind", None) == "hf" else self.tokenizer.encode(prompt))
         unk = getattr(self.tokenizer, "unk_id", None)
         if unk is not None and unk in ids:
             warnings.warn(f"{ids.count(unk)} piece(s) of the prompt are unknown to the tokenizer "

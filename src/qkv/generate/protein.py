@@ -44,11 +44,12 @@ class ProteinEncoder:
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> "ProteinEncoder":
-        """Load a ``protein-cls`` / ``protein-residue`` / ``protein-mlm`` run directory
-        (through :func:`qkv.runs.load_run`). Raises :class:`QkvError` for a missing,
+        """Load a ``protein-cls`` / ``protein-residue`` / ``protein-mlm`` run directory, or a
+        converted pretrained protein encoder (``qkv convert hf antiberty RUN``), through
+        :func:`qkv.runs.load_run`. Raises :class:`QkvError` for a missing,
         incomplete or other kind of run directory."""
         run_dir = Path(run_dir)
-        model, tok = runs.load_run(run_dir, device=device, family=runs.PROTEIN_RECIPES)
+        model, tok = runs.load_run(run_dir, device=device, family=runs.PROTEIN_RECIPES + ("encoder",))
         meta_path = run_dir / "task.json"
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
