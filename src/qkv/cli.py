@@ -493,8 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only warnings from the library")
-    p.add_argument("--task", help="protein-cls/-residue: signalp, amp-scanner, secondary-structure, "
-                                  "or a CSV/TSV (sequence,label) or FASTA file (with --labels); "
+    p.add_argument("--task", help="protein-cls: signalp, amp-scanner, developability; protein-residue: "
+                                  "secondary-structure, paratope; or a CSV/TSV (sequence,label) or FASTA "
+                                  "file (with --labels); text-cls: sst2 or a TSV/CSV (sentence,label); "
                                   "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>")
     p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
     p.add_argument("--init", metavar="MODEL", help="start from a pretrained encoder: protein-*: a protein-mlm "

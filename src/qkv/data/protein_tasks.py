@@ -224,6 +224,29 @@ def load_paratope() -> ProteinTask:
                        score="auprc")
 
 
+DEVELOPABILITY_SHA256 = "3503b92b5fb2cf6792291f8dbee876d876a858873ab1e8ceef446ca6fdf12c88"
+
+
+def load_developability(seed: int = 0) -> ProteinTask:
+    """Antibody developability (TDC ``SAbDab_Chen``; Chen et al. 2020): paired heavy and light
+    variable domains, label 1 = a developability issue (482 of 2,409). A pair is one input, the
+    heavy chain's residues followed by the light chain's (qkv's encoders read one sequence);
+    split 80/10/10 stratified by label with a fixed ``seed``. Scored by AUROC."""
+    path = find_data_file("antibody", "sabdab_chen_developability.tsv", "", DEVELOPABILITY_SHA256,
+                          download=False)
+    tok = AminoAcidTokenizer()
+    rows = []
+    with path.open(encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t"):
+            pair = tok.clean(row["heavy"], row["id"]) + tok.clean(row["light"], row["id"])
+            rows.append((row["id"], pair, row["label"].strip()))
+    splits = stratified_split([lab for _, _, lab in rows], seed)
+    records = [LabelledProtein(i, seq, lab, sp) for (i, seq, lab), sp in zip(rows, splits)]
+    return ProteinTask("developability", "sequence", ("0", "1"), records,
+                       "TDC SAbDab_Chen (Chen et al. 2020; Huang et al. 2021), SAbDab (Dunbar et al. 2014)",
+                       score="auroc")
+
+
 def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int = 0) -> ProteinTask:
     """A user's labelled sequences: a CSV/TSV with ``sequence`` and ``label`` columns (optional
     ``id`` and ``split`` columns), or a FASTA file plus ``labels`` (one label per record).
@@ -268,7 +291,8 @@ def load_task(task: str, level: str, fold: int = 0, labels: str | None = None, s
     """The task named on the command line (``signalp``, ``amp-scanner``,
     ``secondary-structure``) or a file path; raises :class:`QkvError` if it does not fit ``level``."""
     builtin = {"signalp": lambda: load_signalp(fold), "amp-scanner": lambda: load_amp_scanner(seed),
-               "secondary-structure": load_flip_secondary_structure, "paratope": load_paratope}
+               "secondary-structure": load_flip_secondary_structure, "paratope": load_paratope,
+               "developability": lambda: load_developability(seed)}
     loaded = builtin[task]() if task in builtin else load_user_file(task, labels, seed)
     if loaded.level != level:
         raise QkvError(f"task {task!r} is a per-{loaded.level} task; use "
