@@ -268,3 +268,28 @@ def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, 
                  "--max-steps", "2", "baseline=false", "max_tokens=4096", *TINY]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.2 < summary["test"]["q3"] < 0.7 and summary["test"]["n"] > 70000
+
+
+@pytest.mark.skipif(not (DATA / "antibody" / "paratope_test.tsv").is_file(), reason="antibody data not found")
+def test_antibody_tasks_load_with_their_published_or_fixed_splits(monkeypatch):
+    from qkv.data.protein_tasks import load_task
+
+    monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
+    paratope = load_task("paratope", "residue")
+    assert [len(paratope.split(s)) for s in ("train", "val", "test")] == [720, 90, 90]
+    assert paratope.classes == ("N", "P") and paratope.score == "auprc"
+    record = paratope.split("test")[0]
+    assert len(paratope.label_ids(record)) == len(record.sequence)
+    share = np.mean([i for r in paratope.split("train") for i in paratope.label_ids(r)])
+    assert 0.05 < share < 0.15  # about one residue in ten contacts the antigen
+    dev = load_task("developability", "sequence")
+    assert [len(dev.split(s)) for s in ("train", "val", "test")] == [1927, 241, 241]
+    assert dev.score == "auroc" and load_task("developability", "sequence").records == dev.records
+
+
+def test_auprc_is_average_precision_of_the_positive_class():
+    y = [0, 0, 1, 1, 0, 1]
+    p = np.array([[0.9, 0.1], [0.6, 0.4], [0.35, 0.65], [0.2, 0.8], [0.3, 0.7], [0.7, 0.3]])
+    m = classification_metrics(y, p.argmax(1), p, ("neg", "pos"))
+    # ranked by p(pos): 0.8 (+), 0.7 (-), 0.65 (+), 0.4 (-), 0.3 (+), 0.1 (-) → AP = (1 + 2/3 + 3/5) / 3
+    assert m["auprc"] == pytest.approx((1 + 2 / 3 + 3 / 5) / 3)
