@@ -15,6 +15,17 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normaliz
 from ..errors import QkvError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+
+
+def read_tokenizer_json(path: str | Path) -> Tokenizer:
+    """An HF ``tokenizers`` JSON file; raises :class:`QkvError` if missing or unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise QkvError(f"tokenizer file not found: {path}")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+        raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
 SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
 
 
@@ -67,13 +78,7 @@ class SubwordTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> "SubwordTokenizer":
         """Load ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
-        path = Path(path)
-        if not path.is_file():
-            raise QkvError(f"tokenizer file not found: {path}")
-        try:
-            return cls(Tokenizer.from_file(str(path)))
-        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
-            raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
+        return cls(read_tokenizer_json(path))
 
     def save(self, path: str | Path) -> None:
         """Write the HF ``tokenizers`` JSON to ``path`` (atomically)."""
@@ -194,13 +199,7 @@ class HFTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> "HFTokenizer":
         """Read an HF ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
-        path = Path(path)
-        if not path.is_file():
-            raise QkvError(f"tokenizer file not found: {path}")
-        try:
-            return cls(Tokenizer.from_file(str(path)))
-        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
-            raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
+        return cls(read_tokenizer_json(path))
 
     @classmethod
     def from_vocab(cls, path: str | Path, lowercase: bool = False) -> "HFTokenizer":

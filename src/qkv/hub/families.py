@@ -77,6 +77,13 @@ def _require(config: StackConfig, family: str, **wanted) -> None:
         raise QkvError(f"this model cannot be written as {family}: {', '.join(bad)}")
 
 
+def _encoder_fields(c: dict) -> dict:
+    """The EncoderConfig fields BERT's and ESM's configs name alike."""
+    return dict(vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_heads=c["num_attention_heads"],
+                d_ff=c["intermediate_size"], n_layers=c["num_hidden_layers"],
+                max_len=c["max_position_embeddings"], activation=_act(c.get("hidden_act", "gelu")))
+
+
 def _encoder_layer_rules(base: str, pre_ln: bool) -> tuple[Rule, ...]:
     """BERT's and ESM's per-layer names (``base`` = ``"bert.encoder.layer.{}."``). They differ
     only in where the two LayerNorms live: after the residual add (BERT, post-LN) or before
@@ -118,11 +125,8 @@ def _bert_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
         raise QkvError(f"BERT with position_embedding_type={c['position_embedding_type']!r} is not "
                        "supported (absolute only)")
     return EncoderConfig(
-        vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_heads=c["num_attention_heads"],
-        d_ff=c["intermediate_size"], n_layers=c["num_hidden_layers"],
-        max_len=c["max_position_embeddings"], positional="learned",
-        type_vocab_size=c.get("type_vocab_size", 2), embed_norm=True, norm_first=False,
-        activation=_act(c.get("hidden_act", "gelu")), layer_norm_eps=c.get("layer_norm_eps", 1e-12),
+        **_encoder_fields(c), positional="learned", type_vocab_size=c.get("type_vocab_size", 2),
+        embed_norm=True, norm_first=False, layer_norm_eps=c.get("layer_norm_eps", 1e-12),
         dropout=c.get("hidden_dropout_prob", 0.1), attention_dropout=c.get("attention_probs_dropout_prob", 0.1),
         pad_id=c.get("pad_token_id", 0), pooler="pooler" in parts)
 
@@ -165,11 +169,8 @@ def _esm_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
         raise QkvError(f"ESM with position_embedding_type={c.get('position_embedding_type')!r} is not "
                        "supported (rotary, as in ESM-2)")
     return EncoderConfig(
-        vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_heads=c["num_attention_heads"],
-        d_ff=c["intermediate_size"], n_layers=c["num_hidden_layers"],
-        max_len=c["max_position_embeddings"], positional="rotary", norm_first=True,
-        embed_norm=bool(c.get("emb_layer_norm_before", False)),
-        activation=_act(c.get("hidden_act", "gelu")), layer_norm_eps=c.get("layer_norm_eps", 1e-5),
+        **_encoder_fields(c), positional="rotary", norm_first=True,
+        embed_norm=bool(c.get("emb_layer_norm_before", False)), layer_norm_eps=c.get("layer_norm_eps", 1e-5),
         dropout=c.get("hidden_dropout_prob", 0.0), attention_dropout=c.get("attention_probs_dropout_prob", 0.0),
         pad_id=c.get("pad_token_id", 1), mask_id=c.get("mask_token_id"),
         token_dropout=bool(c.get("token_dropout", False)), pooler="pooler" in parts)

@@ -11,11 +11,16 @@ from pathlib import Path
 
 import torch
 
+from dataclasses import replace
+
+from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
 from ..errors import QkvError
 from ..settings import to_dict
 from ..train import distributed
 from ..train.checkpoint import load_weights, save_weights, write_json
+from ..train.loop import LoopState, train_loop
+from ..train.optim import make_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -115,3 +120,44 @@ def keep_best(model: torch.nn.Module, run_dir: Path) -> None:
     load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
     save_weights(model, run_dir / "model.safetensors")
     model.eval()
+
+
+def fit_classifier(model: torch.nn.Module, train, lengths: list[tuple[int, int]], max_tokens: int,
+                   loss_fn, validate, run_dir: Path, progress: bool, score_key: str, peak_lr: float,
+                   resume: bool, precision: str) -> LoopState:
+    """The training of the classification recipes (proteins, text): batches of examples of
+    similar length, at most ``max_tokens`` padded tokens each, reshuffled every epoch (a
+    function of ``train.seed`` and the epoch, so a resumed run repeats them); AdamW; the
+    schedule over ``train.max_steps``, else ``train.max_epochs`` epochs; the weights best on
+    ``score_key`` (higher is better) kept. ``lengths``: ``(tokens, 0)`` per example."""
+    per_epoch = len(token_batches(lengths, max_tokens))
+    total = train.max_steps or per_epoch * (train.max_epochs or 1) // train.accum_steps
+
+    def batches(epoch: int):
+        return token_batches(lengths, max_tokens, shuffle=True, seed=train.seed * 1000 + epoch)
+
+    return train_loop(model, make_optimizer(model, train),
+                      train.lr_schedule(model.config.d_model, total_steps=total, peak_lr=peak_lr),
+                      batches, loss_fn, validate, run_dir, replace(train, max_steps=total), progress,
+                      score_key=score_key, higher_is_better=True, resume=resume, precision=precision)
+
+
+def training_figures(state: LoopState, model: torch.nn.Module, started: float) -> dict:
+    """What every classification summary reports about its training: minutes, steps, epochs,
+    parameters (all and trainable), and the total minutes since ``started``
+    (``time.perf_counter()``)."""
+    import time
+
+    return {"train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step, "epochs": state.epoch,
+            "parameters": model.num_parameters(),
+            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "total_minutes": round((time.perf_counter() - started) / 60, 2)}
+
+
+def open_run(run_dir: str | Path, resume: bool, train, tokenizer) -> tuple[Path, RunContext]:
+    """Create (or reopen, ``resume``) the run directory, start the run (:func:`start_run`) and
+    save the ``tokenizer`` there: the first writes of a recipe, after its inputs are checked."""
+    run_dir = prepare_run_dir(run_dir, resume)
+    run = start_run(train)
+    tokenizer.save(run_dir / "tokenizer.json")
+    return run_dir, run

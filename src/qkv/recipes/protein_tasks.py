@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch.nn.functional as F
 
-from ..data.batching import pad_sequences, token_batches
+from ..data.batching import pad_sequences
 from ..data.protein_tasks import ProteinTask, load_task
 from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
 from ..errors import QkvError
@@ -37,10 +37,8 @@ from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..train.checkpoint import write_json
 from ..train import distributed
-from ..train.loop import train_loop
-from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import keep_best, prepare_run_dir, start_run, write_settings
+from .common import fit_classifier, keep_best, open_run, training_figures, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -154,10 +152,8 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
     model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
     cfg = model.config
-    run_dir = prepare_run_dir(run_dir, resume)
-    run = start_run(recipe.train)
+    run_dir, run = open_run(run_dir, resume, recipe.train, tok)
     device = run.device
-    tok.save(run_dir / "tokenizer.json")
     mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
     write_json(run_dir / "task.json", {"task": task.name, "level": level, "classes": list(task.classes),
                                        "mode": mode, "citation": task.citation})
@@ -177,15 +173,6 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     # over-long training sequences are cut silently here; prediction warns about them
     rows, owner = encoder.rows([r.sequence for r in train], [r.id for r in train], warn=False)
     labels = _row_labels(task, train, rows, owner, encoder.width)
-    optimizer = make_optimizer(model, recipe.train)
-    lengths = [(len(r), 0) for r in rows]
-    per_epoch = len(token_batches(lengths, recipe.max_tokens))
-    train_cfg = recipe.train
-    total = train_cfg.max_steps or per_epoch * (train_cfg.max_epochs or 1) // train_cfg.accum_steps
-
-    def batches(epoch: int):
-        return token_batches(lengths, recipe.max_tokens, shuffle=True,
-                             seed=train_cfg.seed * 1000 + epoch)
 
     def loss_fn(model, idx):
         tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
@@ -206,11 +193,8 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
         m = evaluate_split(encoder, task, "val")
         return {score_key: m[score], "val_accuracy": m["accuracy"]}
 
-    state = train_loop(model, optimizer,
-                       train_cfg.lr_schedule(cfg.d_model, total_steps=total, peak_lr=recipe.peak_lr),
-                       batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
-                       progress, score_key=score_key, higher_is_better=True, resume=resume,
-                       precision=run.precision)
+    state = fit_classifier(model, recipe.train, [(len(r), 0) for r in rows], recipe.max_tokens, loss_fn,
+                           validate, run_dir, progress, score_key, recipe.peak_lr, resume, run.precision)
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
@@ -223,10 +207,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
         from ..evaluate.baselines import baseline_metrics
 
         summary["baseline_test"] = baseline_metrics(task, "test")
-    summary.update({"train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
-                    "epochs": state.epoch, "parameters": model.num_parameters(),
-                    "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                    "total_minutes": round((time.perf_counter() - t_start) / 60, 2)})
+    summary.update(training_figures(state, model, t_start))
     write_json(run_dir / "summary.json", summary)
     return summary
 

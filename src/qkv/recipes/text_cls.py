@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch.nn.functional as F
 
-from ..data.batching import pad_sequences, token_batches
+from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
 from ..errors import QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
@@ -36,10 +36,8 @@ from ..hub.pretrained import load
 from ..models.encoder import EncoderModel
 from ..train import distributed
 from ..train.checkpoint import write_json
-from ..train.loop import train_loop
-from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import keep_best, prepare_run_dir, start_run, write_settings
+from .common import fit_classifier, keep_best, open_run, training_figures, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -127,10 +125,8 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
     task = load_text_task(recipe.task, recipe.split_seed)
     model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
     cfg = model.config
-    run_dir = prepare_run_dir(run_dir, resume)
-    run = start_run(recipe.train)
+    run_dir, run = open_run(run_dir, resume, recipe.train, tok)
     device = run.device
-    tok.save(run_dir / "tokenizer.json")
     write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
                                        "mode": recipe.mode, "init": recipe.init, "citation": task.citation})
     write_settings(run_dir, "text-cls", recipe, cfg, run)
@@ -142,14 +138,6 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
     limit = min(cfg.max_len, recipe.max_len)  # over-long texts keep their start and end token
     rows = [r if len(r) <= limit else r[: limit - 1] + r[-1:] for r in tok.encode_batch(task.texts["train"])]
     labels = task.labels["train"]
-    optimizer = make_optimizer(model, recipe.train)
-    lengths = [(len(r), 0) for r in rows]
-    per_epoch = len(token_batches(lengths, recipe.max_tokens))
-    train_cfg = recipe.train
-    total = train_cfg.max_steps or per_epoch * (train_cfg.max_epochs or 1) // train_cfg.accum_steps
-
-    def batches(epoch: int):
-        return token_batches(lengths, recipe.max_tokens, shuffle=True, seed=train_cfg.seed * 1000 + epoch)
 
     def loss_fn(model, idx):
         tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
@@ -161,11 +149,8 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
         m = evaluate_split(encoder, task, "val")
         return {"val_accuracy": m["accuracy"], "val_mcc": m["mcc"]}
 
-    state = train_loop(model, optimizer,
-                       train_cfg.lr_schedule(cfg.d_model, total_steps=total, peak_lr=recipe.peak_lr),
-                       batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
-                       progress, score_key="val_accuracy", higher_is_better=True, resume=resume,
-                       precision=run.precision)
+    state = fit_classifier(model, recipe.train, [(len(r), 0) for r in rows], recipe.max_tokens, loss_fn,
+                           validate, run_dir, progress, "val_accuracy", recipe.peak_lr, resume, run.precision)
     if not distributed.is_main():
         return {}
     keep_best(model, run_dir)
@@ -178,10 +163,7 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
 
         summary["baseline_test"] = tfidf_baseline_metrics(task.texts["train"], task.labels["train"],
                                                           task.texts["test"], task.labels["test"], task.classes)
-    summary.update({"train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
-                    "epochs": state.epoch, "parameters": model.num_parameters(),
-                    "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                    "total_minutes": round((time.perf_counter() - t_start) / 60, 2)})
+    summary.update(training_figures(state, model, t_start))
     write_json(run_dir / "summary.json", summary)
     return summary
 
