@@ -395,3 +395,30 @@ def test_explain_works_on_converted_checkpoints(tmp_path):
     lm = load_explainer(tmp_path / "gpt_run")
     out = lm.explain("MKV", DecodingOptions(max_new_tokens=3, temperature=0))
     assert out.attention[0].query_tokens == list("MKV")  # no [CLS]/[SEP] framing of a prompt
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_vit_converts_with_the_same_outputs_both_ways(head, tmp_path):
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                 image_size=28, patch_size=7, num_channels=1, num_labels=10)
+    cls = transformers.ViTForImageClassification if head else transformers.ViTModel
+    hf = cls(cfg).eval()
+    if head:
+        with torch.no_grad():
+            hf.classifier.weight.normal_()  # a trained head and final norm, not initial ones
+            hf.vit.layernorm.weight.normal_()
+    hf.save_pretrained(tmp_path / "hf")
+    conv = import_hf(tmp_path / "hf", tmp_path / "run")
+    images = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        ref = hf(pixel_values=images)
+        ours = conv.model(images)
+        ref_hidden = (hf.vit if head else hf)(pixel_values=images).last_hidden_state  # after the final LayerNorm
+    assert (ours.hidden - ref_hidden).abs().max() <= TOL
+    if head:
+        assert (ours.logits - ref.logits).abs().max() <= TOL and ref.logits.abs().max() > 0.1
+    back = cls.from_pretrained(export_hf(tmp_path / "run", tmp_path / "back")).eval()
+    with torch.no_grad():
+        again = back(pixel_values=images)
+    key = "logits" if head else "last_hidden_state"
+    assert torch.equal(getattr(again, key), getattr(ref, key))

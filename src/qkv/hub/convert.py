@@ -24,10 +24,11 @@ from safetensors.torch import load_file, save_file
 
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..models.config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig
+from ..models.config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig, ViTConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
 from ..models.transformer import Transformer
+from ..models.vit import VisionTransformer
 from ..train.checkpoint import atomic_write, save_weights, write_json
 from . import keymap
 from .families import Family, family_for, family_of
@@ -35,7 +36,7 @@ from .families import Family, family_for, family_of
 logger = logging.getLogger(__name__)
 
 MODELS = {"encoder": (EncoderConfig, EncoderModel), "lm": (LMConfig, DecoderLM),
-          "translation": (TransformerConfig, Transformer)}
+          "translation": (TransformerConfig, Transformer), "vit": (ViTConfig, VisionTransformer)}
 
 
 def layer_counts(config: ModelConfig) -> dict[str, int]:
@@ -48,12 +49,12 @@ HF_EXTRA = "hf_extra.safetensors"  # HF heads qkv does not model, written back o
 @dataclass
 class Converted:
     """A converted checkpoint in memory: the qkv ``model`` (eval mode, float32), its
-    ``tokenizer`` (an :class:`~qkv.data.tokenizers.HFTokenizer`), the :class:`Family`, the
+    ``tokenizer`` (an :class:`~qkv.data.tokenizers.HFTokenizer`; ``None`` for a ViT), the :class:`Family`, the
     ``parts`` of the HF architecture it had, the original ``hf_config`` and ``kept`` HF tensors
     qkv does not model."""
 
     model: torch.nn.Module
-    tokenizer: HFTokenizer
+    tokenizer: HFTokenizer | None
     family: Family
     parts: set[str]
     hf_config: dict
@@ -139,7 +140,7 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converte
         raise QkvError(f"{folder} has no config.json (not an HF model folder)")
     hf_config = read_json(folder / "config.json")
     family = family_of(hf_config)
-    tok = read_tokenizer(folder, tokenizer)
+    tok = read_tokenizer(folder, tokenizer) if family.tokenizer else None
     state = read_state_dict(folder)
     if family.prefix and not any(k.startswith(family.prefix) for k in state):
         state = {family.prefix + k: v for k, v in state.items()}  # a bare base model
@@ -154,8 +155,9 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converte
     rules = keymap.expand(family.rules, layer_counts(config), parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
     model = MODELS[family.recipe][1](config)
-    may_lack = ("sequence_head.", "residue_head.") + (() if "mlm" in parts else ("mlm_transform.", "mlm_head."))
-    keymap.load_into(model, qkv_state, may_lack)
+    may_lack = (("sequence_head.", "residue_head.") + (() if "mlm" in parts else ("mlm_transform.", "mlm_head."))
+                + (() if "classifier" in parts else ("head.",)))
+    keymap.load_into(model, qkv_state, may_lack, {r.qkv for r in rules if r.reshape})
     return Converted(model.eval(), tok, family, parts, hf_config, kept)
 
 
@@ -171,7 +173,8 @@ def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | N
         raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
     conv = read_hf(folder, tokenizer)
     write_json(run_dir / "config.json", conv.model.config.to_dict())
-    conv.tokenizer.save(run_dir / "tokenizer.json")
+    if conv.tokenizer is not None:
+        conv.tokenizer.save(run_dir / "tokenizer.json")
     if conv.kept:
         atomic_write(run_dir / HF_EXTRA, lambda tmp: save_file(
             {k: v.contiguous() for k, v in conv.kept.items()}, tmp))
@@ -200,14 +203,15 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
     model, _ = runs.load_run(run_dir)
-    if not isinstance(model, (EncoderModel, DecoderLM, Transformer)):
+    if not isinstance(model, (EncoderModel, DecoderLM, Transformer, VisionTransformer)):
         raise QkvError(f"{run_dir} holds a {type(model).__name__}; qkv exports encoders, decoder-only "
-                       "LMs and encoder-decoders to HF")
+                       "LMs, encoder-decoders and ViTs to HF")
     meta = read_json(run_dir / "hf.json") if (run_dir / "hf.json").is_file() else {}
     family = family_for(model.config)
     if meta.get("family", family.name) != family.name:
         raise QkvError(f"{run_dir}/hf.json names family {meta['family']!r}, but the model is {family.name}")
-    parts = set(meta.get("parts", ["base", "mlm"] if family.recipe == "encoder" else ["base"]))
+    parts = set(meta.get("parts", {"encoder": ["base", "mlm"], "vit": ["base", "classifier"]}.get(
+        family.recipe, ["base"])))
     if isinstance(model.config, LMConfig):  # a tied output projection is the embedding matrix
         (parts.discard if model.config.tie_embeddings else parts.add)("lm_head")
     if "pooler" in parts and getattr(model, "pooler", None) is None:
@@ -217,13 +221,14 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     if isinstance(model.config, TransformerConfig) and model.config.output_bias:
         parts.add("logits_bias")
     rules = keymap.expand(family.rules, layer_counts(model.config), parts)
-    tensors = keymap.to_hf(model.state_dict(), rules)
+    tensors = keymap.to_hf(model.state_dict(), rules, family.hf_shapes(model.config))
     if (run_dir / HF_EXTRA).is_file():
         tensors.update(load_file(run_dir / HF_EXTRA))
     if hf_config["architectures"][0] == family.base_model:  # a bare base model: no prefix
         tensors = {k.removeprefix(family.prefix): v for k, v in tensors.items()}
     write_json(out_dir / "config.json", hf_config)
-    shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    if family.tokenizer:
+        shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
     atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     logger.debug(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
     return out_dir

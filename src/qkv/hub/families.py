@@ -13,6 +13,9 @@ Every family is a configuration of qkv's own modules, not a copy of HF's code:
   paper's: a post-LN encoder-decoder with static sinusoidal positions (sines before cosines),
   embeddings scaled by sqrt(d_model) and shared by encoder, decoder and output projection,
   plus a bias on the logits (``final_logits_bias``).
+- **ViT** (Dosovitskiy et al. 2021, ``ViTForImageClassification``): pre-LN, learned positions,
+  the class token, a patch projection stored as a convolution kernel, the classifier on the
+  class token's final state.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import QkvError
-from ..models.config import EncoderConfig, LMConfig, ModelConfig, StackConfig, TransformerConfig
+from ..models.config import EncoderConfig, LMConfig, ModelConfig, StackConfig, TransformerConfig, ViTConfig
 from .keymap import Rule
 
 # HF hidden_act / activation_function → qkv activation, and back
@@ -59,6 +62,8 @@ class Family:
     base_model: str | None
     from_hf: Callable[[dict, set], ModelConfig]
     to_hf: Callable[[ModelConfig], dict]
+    hf_shapes: Callable[[ModelConfig], dict] = lambda config: {}
+    tokenizer: bool = True  # text or residues in; a ViT reads pixels
 
     def architecture(self, parts: set[str]) -> str:
         return next((name for name, needs in self.architectures if needs <= parts), self.base_model)
@@ -332,17 +337,75 @@ MARIAN = Family(
     rules=(
         Rule("model.shared.weight", "src_embed.weight"),
         *_marian_layer_rules("encoder"), *_marian_layer_rules("decoder"),
-        Rule("final_logits_bias", "generator.bias", part="logits_bias", hf_shape=(1, -1)),
+        Rule("final_logits_bias", "generator.bias", part="logits_bias", reshape=True),
     ),
     # the per-stack embeddings and the output projection are the shared matrix; the positions
     # are computed, not learned
     skip=(r"model\.(encoder|decoder)\.embed_(tokens|positions)\.weight", r"lm_head\.weight"),
     keep=(),
     architectures=(("MarianMTModel", frozenset()),), base_model=None,
-    from_hf=_marian_from_hf, to_hf=_marian_to_hf)
+    from_hf=_marian_from_hf, to_hf=_marian_to_hf,
+    hf_shapes=lambda cfg: {"final_logits_bias": (1, cfg.tgt_vocab_size)})
 
 
-FAMILIES = {f.name: f for f in (BERT, ESM, GPT2, MARIAN)}
+# --- ViT ------------------------------------------------------------------------------------
+
+def _vit_from_hf(c: dict, parts: set[str]) -> ViTConfig:
+    if not c.get("qkv_bias", True):
+        raise QkvError("ViT with qkv_bias=false is not supported")
+    labels = len(c.get("id2label") or {}) or c.get("num_labels", 2)
+    return ViTConfig(
+        d_model=c["hidden_size"], n_heads=c["num_attention_heads"], d_ff=c["intermediate_size"],
+        n_layers=c["num_hidden_layers"], image_size=c["image_size"], patch_size=c["patch_size"],
+        channels=c.get("num_channels", 3), num_labels=labels if "classifier" in parts else 1,
+        positional="learned", norm_first=True, pooling="cls", activation=_act(c.get("hidden_act", "gelu")),
+        layer_norm_eps=c.get("layer_norm_eps", 1e-12), dropout=c.get("hidden_dropout_prob", 0.0),
+        attention_dropout=c.get("attention_probs_dropout_prob", 0.0),
+        max_len=max(1024, (c["image_size"] // c["patch_size"]) ** 2 + 1))
+
+
+def _vit_to_hf(cfg: ViTConfig) -> dict:
+    _require(cfg, "ViT", positional="learned", norm_first=True, norm="layernorm", bias=True, pooling="cls")
+    return {"model_type": "vit", "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads,
+            "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers, "image_size": cfg.image_size,
+            "patch_size": cfg.patch_size, "num_channels": cfg.channels, "hidden_act": ACT_TO_HF[cfg.activation],
+            "layer_norm_eps": cfg.layer_norm_eps, "hidden_dropout_prob": cfg.dropout,
+            "attention_probs_dropout_prob": cfg.attention_dropout, "qkv_bias": True,
+            "id2label": {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
+            "label2id": {f"LABEL_{i}": i for i in range(cfg.num_labels)}}
+
+
+def _vit_layer_rules() -> tuple[Rule, ...]:
+    h = "vit.encoder.layer.{}."
+    pairs = (("layernorm_before", "self_attn_block.norm"), ("attention.output.dense", "self_attn.w_o"),
+             ("layernorm_after", "ffn_block.norm"), ("intermediate.dense", "ffn.w_1"), ("output.dense", "ffn.w_2"))
+    return tuple(Rule(tuple(f"{h}attention.attention.{p}.{k}" for p in ("query", "key", "value")),
+                      f"layers.{{}}.self_attn.w_qkv.{k}") for k in ("weight", "bias")) + tuple(
+        Rule(f"{h}{src}.{k}", f"layers.{{}}.{dst}.{k}") for src, dst in pairs for k in ("weight", "bias"))
+
+
+VIT = Family(
+    name="vit", model_types=("vit",), recipe="vit", prefix="vit.",
+    rules=(
+        Rule("vit.embeddings.cls_token", "cls_token"),
+        Rule("vit.embeddings.position_embeddings", "pos_embed"),
+        Rule("vit.embeddings.patch_embeddings.projection.weight", "patch_embed.proj.weight", reshape=True),
+        Rule("vit.embeddings.patch_embeddings.projection.bias", "patch_embed.proj.bias"),
+        *_vit_layer_rules(),
+        Rule("vit.layernorm.weight", "final_norm.weight"),
+        Rule("vit.layernorm.bias", "final_norm.bias"),
+        Rule("classifier.weight", "head.weight", part="classifier"),
+        Rule("classifier.bias", "head.bias", part="classifier"),
+    ),
+    skip=(), keep=(r"vit\.pooler\..*",),  # ViTModel's pooler: not used by the classifier
+    architectures=(("ViTForImageClassification", frozenset({"classifier"})),), base_model="ViTModel",
+    from_hf=_vit_from_hf, to_hf=_vit_to_hf,
+    hf_shapes=lambda cfg: {"vit.embeddings.patch_embeddings.projection.weight":
+                           (cfg.d_model, cfg.channels, cfg.patch_size, cfg.patch_size)},
+    tokenizer=False)
+
+
+FAMILIES = {f.name: f for f in (BERT, ESM, GPT2, MARIAN, VIT)}
 
 
 def family_of(hf_config: dict) -> Family:
@@ -358,10 +421,12 @@ def family_of(hf_config: dict) -> Family:
 
 
 def family_for(config: ModelConfig) -> Family:
-    """The family a qkv model exports to: Marian for an encoder-decoder, GPT-2 for a
+    """The family a qkv model exports to: ViT for a ViT, Marian for an encoder-decoder, GPT-2 for a
     decoder-only LM, ESM for a rotary encoder, BERT for other encoders."""
     if isinstance(config, TransformerConfig):
         return MARIAN
+    if isinstance(config, ViTConfig):
+        return VIT
     if isinstance(config, LMConfig):
         return GPT2
     return ESM if config.positional == "rotary" else BERT

@@ -31,8 +31,10 @@ class Rule:
             there), or a head (``"pooler"``, ``"mlm"``, ``"lm_head"``) that a checkpoint may lack.
         stack: whose layer count ``{}`` runs over (``"layers"``; ``"encoder"``/``"decoder"``
             in an encoder-decoder).
-        hf_shape: the HF tensor's shape when it differs from qkv's only by size-1 dimensions
-            (Marian's ``final_logits_bias`` is ``(1, V)``, qkv's bias ``(V,)``).
+        reshape: HF stores the same elements, in the same order, in another shape (Marian's
+            ``final_logits_bias`` is ``(1, V)``, qkv's bias ``(V,)``; ViT's patch projection is
+            a ``(D, C, P, P)`` convolution kernel, qkv's a ``(D, C·P·P)`` matrix). Import takes
+            the qkv parameter's shape; export the shape the family's ``hf_shapes`` gives.
     """
 
     hf: str | tuple[str, ...]
@@ -40,7 +42,7 @@ class Rule:
     transpose: bool = False
     part: str = "base"
     stack: str = "layers"
-    hf_shape: tuple[int, ...] | None = None
+    reshape: bool = False
 
     @property
     def hf_names(self) -> tuple[str, ...]:
@@ -99,8 +101,6 @@ def to_qkv(hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str
     for r in rules:
         parts = [hf_state[h] for h in r.hf_names]
         t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        if r.hf_shape is not None:
-            t = t.squeeze()
         out[r.qkv] = t.t() if r.transpose else t
         used.update(r.hf_names)
     rest = [k for k in hf_state if k not in used and not any(re.fullmatch(p, k) for p in skip)]
@@ -112,24 +112,28 @@ def to_qkv(hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str
     return out, kept
 
 
-def to_hf(qkv_state: dict[str, torch.Tensor], rules: list[Rule]) -> dict[str, torch.Tensor]:
+def to_hf(qkv_state: dict[str, torch.Tensor], rules: list[Rule],
+          shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
     """The inverse of :func:`to_qkv`: qkv names → HF names (packed tensors split into equal
-    parts, ``Conv1D`` weights transposed back). Tensors are contiguous copies."""
+    parts, ``Conv1D`` weights transposed back, ``reshape`` rules given their HF shape from
+    ``shapes``). Tensors are contiguous copies."""
     out = {}
     for r in rules:
         t = qkv_state[r.qkv]
         t = t.t() if r.transpose else t
-        if r.hf_shape is not None:
-            t = t.reshape(r.hf_shape)
+        if r.reshape:
+            t = t.reshape(shapes[r.hf_names[0]])
         chunks = t.chunk(len(r.hf_names), dim=0) if len(r.hf_names) > 1 else (t,)
         for name, chunk in zip(r.hf_names, chunks):
             out[name] = chunk.contiguous().clone()
     return out
 
 
-def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], may_lack: tuple[str, ...]) -> None:
+def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], may_lack: tuple[str, ...],
+              reshaped: set[str] = frozenset()) -> None:
     """Copy ``state`` into ``model``'s parameters, checking names and shapes.
 
+    ``reshaped``: qkv names whose tensors only need the parameter's shape (same elements).
     ``may_lack``: prefixes of qkv parameters the checkpoint need not provide (task heads it
     does not have); they keep their initialisation. Tied parameters count as provided when
     any of their names is.
@@ -139,6 +143,8 @@ def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], may_lack: 
             name the model does not have, or a parameter nothing provides.
     """
     params = dict(model.state_dict(keep_vars=True))
+    state = {n: t.reshape(params[n].shape) if n in reshaped and n in params and t.numel() == params[n].numel()
+             else t for n, t in state.items()}
     for name, t in state.items():
         if name not in params:
             raise QkvError(f"converted tensor {name} has no place in the qkv model")
