@@ -7,7 +7,8 @@ Scripts: ``bench_lm.py`` (vs HF GPT-2), ``bench_translation.py`` (vs the PyTorch
 ``nn.Transformer``), ``compile_step.py`` (eager vs ``torch.compile``), ``mfu.py`` (step FLOPs vs
 the measured matmul peak, and where the time goes), ``kill_resume.py`` (SIGKILL + resume,
 bit-identical), ``limits.py`` (inference as fractions of the bandwidth and FLOP bounds; its
-translation workload needs a trained run and is run on its own). Longer studies (``demo_sweep.py``, ``norms.py``, the protein and ViT runs) are
+translation workload needs a trained run and is run on its own), ``bench_encode.py`` (MiniLM
+sentence encoding vs HF ``BertModel``, sdpa and eager). Longer studies (``demo_sweep.py``, ``norms.py``, the protein and ViT runs) are
 training runs, not comparisons, and keep their own sections.
 
 Run from the repository root, with the machine to itself (``--quick``: a few seconds per
@@ -39,6 +40,7 @@ SCRIPTS = {
     "mfu.py": ([], ["--workloads", "translation", "--steps", "1", "--repeats", "1"]),
     "kill_resume.py": (["--trials", "10"], ["--trials", "1", "--steps", "30"]),
     "limits.py": ([], ["--quick"]),  # (c) needs a trained run: limits.py --translation-run RUN
+    "bench_encode.py": ([], ["--repeats", "1", "--batches", "1"]),  # needs `make pretrained` (MiniLM)
 }
 
 

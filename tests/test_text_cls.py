@@ -121,3 +121,14 @@ def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, m
     assert encoder.classes == ("negative", "positive")
     probs = encoder.predict(["a gorgeous , witty , seductive movie .", "dull and lifeless"])
     assert probs.shape == (2, 2) and abs(float(probs.sum()) - 2.0) < 1e-5
+    texts = tmp_path / "reviews.txt"
+    texts.write_text("a gorgeous , witty , seductive movie .\ndull and lifeless\n", encoding="utf-8")
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["classify", str(out), str(texts), "--device", "cpu"]) == 0
+    rows = [line.split("\t") for line in buffer.getvalue().splitlines()]
+    assert rows[0] == ["text", "label", "p_negative", "p_positive"] and len(rows) == 3
+    assert abs(float(rows[2][3]) - float(probs[1, 1])) < 1e-4

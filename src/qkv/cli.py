@@ -320,13 +320,33 @@ def _classify_images(args) -> int:
     return 0
 
 
+def _classify_texts(args) -> int:
+    from .device import resolve_device
+    from .generate.text import TextEncoder
+
+    if len(args.inputs) != 1:
+        raise QkvError("a text classifier takes one text file (one text per line)")
+    texts = _read_lines(args.inputs[0])
+    encoder = TextEncoder.load(args.run_dir, resolve_device(args.device))
+    probs = encoder.predict(texts)
+    out = sys.stdout
+    out.write("\t".join(["text", "label", *(f"p_{c}" for c in encoder.classes)]) + "\n")
+    for text, p in zip(texts, probs):
+        out.write("\t".join([text, encoder.classes[int(p.argmax())], *(f"{x:.4f}" for x in p)]) + "\n")
+    out.flush()
+    return 0
+
+
 def _cmd_classify(args) -> int:
     from . import runs
     from .device import resolve_device
     from .generate.protein import ProteinEncoder
 
-    if runs.run_recipe(args.run_dir) == "vit":
+    recipe = runs.run_recipe(args.run_dir)
+    if recipe == "vit":
         return _classify_images(args)
+    if recipe == "text-cls":
+        return _classify_texts(args)
     if len(args.inputs) != 1:
         raise QkvError("a protein classifier takes one FASTA file")
     encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
@@ -543,10 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="print tokens/s on stderr after each sample")
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("classify", help="predict classes of proteins or images (TSV on stdout)")
+    p = sub.add_parser("classify", help="predict classes of proteins, texts or images (TSV on stdout)")
     p.add_argument("run_dir")
     p.add_argument("inputs", nargs="+", metavar="FILE",
-                   help="protein run: one FASTA file; vit run: image files (PNG, JPEG, ...), each "
+                   help="protein run: one FASTA file; text-cls run: one text file (a text per line); "
+                        "vit run: image files (PNG, JPEG, ...), each "
                         "converted to the model's channels and resized to its image size")
     p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
     p.set_defaults(func=_cmd_classify)
