@@ -422,3 +422,14 @@ def test_vit_converts_with_the_same_outputs_both_ways(head, tmp_path):
         again = back(pixel_values=images)
     key = "logits" if head else "last_hidden_state"
     assert torch.equal(getattr(again, key), getattr(ref, key))
+
+
+@_skip_unless("iglm")
+def test_iglm_samples_antibody_residues_and_stops_at_its_end_token():
+    from qkv.data.tokenizers import AMINO_ACIDS
+    from qkv.generate.lm import TextGenerator
+
+    gen = TextGenerator.from_run("iglm")
+    assert gen.model.config.eos_id == gen.tokenizer.cls_id == 2  # IgLM ends with [CLS]
+    (text,) = gen.generate(["[HEAVY] [HUMAN] EVQ"], 200, seed=0)
+    assert 60 < len(text) < 200 and set(text) <= set(AMINO_ACIDS)  # stopped before the limit

@@ -263,7 +263,9 @@ def _cmd_generate(args) -> int:
     precision, why = resolve_precision(names[args.dtype], device, decoding=True)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     logging.getLogger("qkv.cli").debug(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
-    gen = TextGenerator.from_run(args.run_dir, device=device, dtype=dtype)
+    if (args.run_dir is None) == (args.model is None):
+        raise QkvError("give a run directory or --model NAME|PATH (a pretrained language model)")
+    gen = TextGenerator.from_run(args.run_dir or args.model, device=device, dtype=dtype)
     temperature = 1.0 if args.temperature is None else args.temperature
     if args.top_probs is not None:
         if args.top_probs < 1:
@@ -458,9 +460,9 @@ def _cmd_convert(args) -> int:
     from .hub.pretrained import PRETRAINED, locate
 
     source, run_dir = args.paths[1:]
-    folder, tokenizer = (locate(source) if source in PRETRAINED and not Path(source).exists()
-                         else (source, None))
-    conv = import_hf(folder, run_dir, args.tokenizer or tokenizer)
+    folder, tokenizer, settings = (locate(source) if source in PRETRAINED and not Path(source).exists()
+                                   else (source, None, {}))
+    conv = import_hf(folder, run_dir, args.tokenizer or tokenizer, settings)
     n = sum(p.numel() for p in conv.model.parameters())
     _log(f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"
          f"next: qkv convert --to hf {run_dir} HF_DIR")
@@ -544,7 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("generate", help="continue a prompt with a trained language model (streams to stdout)")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?", help="a language-model run directory (or give --model)")
+    p.add_argument("--model", help="a pretrained LM instead: iglm (antibodies: --prompt \"[HEAVY] [HUMAN] EVQ\"), "
+                                   "an HF GPT-2 folder or a converted run")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from the start token)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, help="sampling temperature > 0 (default 1.0)")

