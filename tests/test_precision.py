@@ -274,13 +274,20 @@ def test_generate_explicit_bfloat16_on_a_cpu_without_native_bf16_warns(monkeypat
 
 
 def test_every_recipe_passes_its_resolved_precision_to_the_loop():
-    """Each recipe calls ``train_loop(..., precision=run.precision)`` and records ``run``."""
+    """Each recipe calls ``train_loop(..., precision=run.precision)`` (or the classification
+    recipes' ``fit_classifier(..., run.precision)``, which passes it on) and records ``run``."""
     recipes = Path(__file__).resolve().parents[1] / "src" / "qkv" / "recipes"
-    for name in ("translation", "lm", "protein_mlm", "protein_tasks"):
+    common = ast.parse((recipes / "common.py").read_text(encoding="utf-8"))
+    fit = next(c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "train_loop")
+    assert {k.arg: ast.unparse(k.value) for k in fit.keywords}["precision"] == "precision"
+    for name in ("translation", "lm", "protein_mlm", "protein_tasks", "text_cls", "vit"):
         tree = ast.parse((recipes / f"{name}.py").read_text(encoding="utf-8"))
         calls = {c.func.id: c for c in ast.walk(tree)
                  if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                 and c.func.id in ("train_loop", "write_settings")}
-        loop_kwargs = {k.arg: ast.unparse(k.value) for k in calls["train_loop"].keywords}
-        assert loop_kwargs.get("precision") == "run.precision", name
+                 and c.func.id in ("train_loop", "fit_classifier", "write_settings")}
+        if "fit_classifier" in calls:
+            assert ast.unparse(calls["fit_classifier"].args[-1]) == "run.precision", name
+        else:
+            loop_kwargs = {k.arg: ast.unparse(k.value) for k in calls["train_loop"].keywords}
+            assert loop_kwargs.get("precision") == "run.precision", name
         assert ast.unparse(calls["write_settings"].args[-1]) == "run", name
