@@ -54,13 +54,14 @@ class TextClsRecipe:
     probe (dropouts 0). ``scratch``: random weights. ``dropout``: on sub-layer outputs and
     before the head. ``pooling``: ``"mean"``/``"cls"``, or ``None`` for the pretrained
     model's own (mean for MiniLM). ``max_len``: longer texts are cut (tokens, specials
-    included). ``max_tokens``: padded tokens per micro-batch. ``train.lr=None`` picks 5e-5
-    fine-tuning, 3e-3 probing, 5e-4 from scratch.
+    included). ``max_tokens``: padded tokens per micro-batch. ``train.lr=None`` picks 1e-4
+    fine-tuning (MiniLM on SST-2: validation accuracy 0.891, the only rate tried), 3e-3
+    probing, 5e-4 from scratch.
     """
 
     train: TrainSettings = TrainSettings(
         lr=None, schedule="linear", min_lr_ratio=0.0, warmup_steps=200, weight_decay=0.01,
-        max_epochs=2, eval_every=500, snapshot_minutes=1e9, keep_snapshots=1)
+        max_epochs=3, eval_every=500, snapshot_minutes=1e9, keep_snapshots=1)
     task: str = "sst2"
     init: str = "minilm"
     freeze: bool = False
@@ -88,7 +89,7 @@ class TextClsRecipe:
     def peak_lr(self) -> float:
         if self.train.lr is not None:
             return self.train.lr
-        return {"probe": 3e-3, "scratch": 5e-4, "fine-tune": 5e-5}[self.mode]
+        return {"probe": 3e-3, "scratch": 5e-4, "fine-tune": 1e-4}[self.mode]
 
 
 def build_model(recipe: TextClsRecipe, num_labels: int):
