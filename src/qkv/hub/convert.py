@@ -44,6 +44,7 @@ def layer_counts(config: ModelConfig) -> dict[str, int]:
     return {"layers": getattr(config, "n_layers", 0), "encoder": getattr(config, "n_encoder_layers", 0),
             "decoder": getattr(config, "n_decoder_layers", 0)}
 HF_EXTRA = "hf_extra.safetensors"  # HF heads qkv does not model, written back on export
+TASK_HEADS = ("sequence_head.", "residue_head.")  # qkv's classification heads: no HF counterpart
 
 
 @dataclass
@@ -157,9 +158,9 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None, settings: d
     rules = keymap.expand(family.rules, layer_counts(config), parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
     model = MODELS[family.recipe][1](config)
-    may_lack = (("sequence_head.", "residue_head.") + (() if "mlm" in parts else ("mlm_transform.", "mlm_head."))
-                + (() if "classifier" in parts else ("head.",)))
-    keymap.load_into(model, qkv_state, may_lack, {r.qkv for r in rules if r.reshape})
+    # qkv's own task heads, and the heads of parts this checkpoint lacks, keep their initialisation
+    absent = {r.qkv for r in keymap.expand(family.rules, layer_counts(config), {r.part for r in family.rules} - parts)}
+    keymap.load_into(model, qkv_state, TASK_HEADS + tuple(absent), {r.qkv for r in rules if r.reshape})
     return Converted(model.eval(), tok, family, parts, hf_config, kept)
 
 
@@ -213,18 +214,20 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     family = family_for(model.config)
     if meta.get("family", family.name) != family.name:
         raise QkvError(f"{run_dir}/hf.json names family {meta['family']!r}, but the model is {family.name}")
-    parts = set(meta.get("parts", {"encoder": ["base", "mlm"], "vit": ["base", "classifier"]}.get(
-        family.recipe, ["base"])))
-    if isinstance(model.config, LMConfig):  # a tied output projection is the embedding matrix
-        (parts.discard if model.config.tie_embeddings else parts.add)("lm_head")
-    if "pooler" in parts and getattr(model, "pooler", None) is None:
-        parts.discard("pooler")
+    # the parts the model has (a pooler, a logits bias only with their config options); of those,
+    # the ones the original checkpoint had (a run qkv trained: all); a tied output projection
+    # is the embedding matrix and is not written
+    state = model.state_dict()
+    counts = layer_counts(model.config)
+    has = {part for part in {r.part for r in family.rules}
+           if all(r.qkv in state for r in keymap.expand(family.rules, counts, {part}))}
+    parts = has & set(meta["parts"]) if "parts" in meta else has
+    if isinstance(model.config, LMConfig) and model.config.tie_embeddings:
+        parts.discard("lm_head")
     hf_config = {**meta.get("hf_config", {}), **family.to_hf(model.config)}
     hf_config["architectures"] = [family.architecture(parts)]
-    if isinstance(model.config, TransformerConfig) and model.config.output_bias:
-        parts.add("logits_bias")
-    rules = keymap.expand(family.rules, layer_counts(model.config), parts)
-    tensors = keymap.to_hf(model.state_dict(), rules, family.hf_shapes(model.config))
+    rules = keymap.expand(family.rules, counts, parts)
+    tensors = keymap.to_hf(state, rules, family.hf_shapes(model.config))
     if (run_dir / HF_EXTRA).is_file():
         tensors.update(load_file(run_dir / HF_EXTRA))
     if hf_config["architectures"][0] == family.base_model:  # a bare base model: no prefix
