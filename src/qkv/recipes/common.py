@@ -161,3 +161,27 @@ def open_run(run_dir: str | Path, resume: bool, train, tokenizer) -> tuple[Path,
     run = start_run(train)
     tokenizer.save(run_dir / "tokenizer.json")
     return run_dir, run
+
+
+TASK_HEADS = ("sequence_head", "residue_head")
+
+
+def encoder_with_head(pretrained, num_labels: int, pooling: str, dropout: float,
+                      probe_head: str | None = None, weights: bool = True):
+    """A new :class:`~qkv.models.encoder.EncoderModel` of ``pretrained``'s architecture for a
+    classification recipe: a ``num_labels``-way head, ``pooling``, ``dropout``, and
+    ``pretrained``'s weights but for its task heads (``weights=False``: random, training from
+    scratch). ``probe_head`` (``"sequence_head"``/``"residue_head"``): a linear probe, where
+    only that head trains and every dropout is 0."""
+    from ..models.encoder import EncoderModel
+
+    dropouts = (dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0) if probe_head
+                else dict(dropout=dropout))
+    model = EncoderModel(replace(pretrained.config, num_labels=num_labels, pooling=pooling, **dropouts))
+    if weights:
+        model.load_state_dict({k: v for k, v in pretrained.state_dict().items() if not k.startswith(TASK_HEADS)},
+                              strict=False)
+    if probe_head:
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith(probe_head + "."))
+    return model

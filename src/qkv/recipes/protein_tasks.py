@@ -38,12 +38,11 @@ from ..models.encoder import EncoderModel
 from ..train.checkpoint import write_json
 from ..train import distributed
 from ..train.settings import TrainSettings
-from .common import fit_classifier, keep_best, open_run, training_figures, write_settings
+from .common import encoder_with_head, fit_classifier, keep_best, open_run, training_figures, write_settings
 
 logger = logging.getLogger(__name__)
 
 IGNORE = -100
-HEADS = ("sequence_head", "residue_head")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,11 +92,11 @@ class ProteinTaskRecipe:
         return 3e-3 if self.freeze else 3e-4 if self.init else 1e-3
 
 
-def build_model(recipe: ProteinTaskRecipe, num_labels: int):
+def build_model(recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequence"):
     """``(model, tokenizer)``: from scratch, qkv's amino-acid tokenizer and the recipe's
     ``model`` fields; with ``init``, the pretrained encoder's architecture (this recipe's
     dropout, pooling and number of labels), weights (every one but the task heads) and
-    tokenizer. ``init`` is a ``protein-mlm`` run, a converted encoder, an HF folder or a
+    tokenizer (``freeze``: only the ``level``'s head trains). ``init`` is a ``protein-mlm`` run, a converted encoder, an HF folder or a
     pretrained short name (``antiberty``), read through :func:`qkv.hub.pretrained.load`.
 
     Raises:
@@ -112,13 +111,9 @@ def build_model(recipe: ProteinTaskRecipe, num_labels: int):
     pretrained, tok = load(recipe.init)
     if not isinstance(pretrained, EncoderModel):
         raise QkvError(f"init={recipe.init} is a {type(pretrained).__name__}, not an encoder")
+    model = encoder_with_head(pretrained, num_labels, recipe.model.pooling, recipe.model.dropout,
+                              f"{level}_head" if recipe.freeze else None)
     tok = protein_tokenizer(tok)
-    dropouts = ({"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
-                if recipe.freeze else {"dropout": recipe.model.dropout})
-    cfg = replace(pretrained.config, num_labels=num_labels, pooling=recipe.model.pooling, **dropouts)
-    model = EncoderModel(cfg)
-    model.load_state_dict({k: v for k, v in pretrained.state_dict().items() if not k.startswith(HEADS)},
-                          strict=False)
     return model, tok
 
 
@@ -150,7 +145,7 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     split; write the run directory. Returns the summary dict."""
     t_start = time.perf_counter()
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
-    model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
+    model, tok = build_model(recipe, len(task.classes), level)  # checked before anything is written
     cfg = model.config
     run_dir, run = open_run(run_dir, resume, recipe.train, tok)
     device = run.device
@@ -162,12 +157,6 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
         f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}")
     model.to(device)
-    head = model.sequence_head if level == "sequence" else model.residue_head
-    if recipe.freeze:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in head.parameters():
-            p.requires_grad_(True)
     encoder = ProteinEncoder(model, task.classes, level, device, tokenizer=tok)
     train = task.split("train")
     # over-long training sequences are cut silently here; prediction warns about them

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -37,12 +37,9 @@ from ..models.encoder import EncoderModel
 from ..train import distributed
 from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
-from .common import fit_classifier, keep_best, open_run, training_figures, write_settings
+from .common import encoder_with_head, fit_classifier, keep_best, open_run, training_figures, write_settings
 
 logger = logging.getLogger(__name__)
-
-HEADS = ("sequence_head", "residue_head")
-
 
 @dataclass(frozen=True, kw_only=True)
 class TextClsRecipe:
@@ -98,17 +95,8 @@ def build_model(recipe: TextClsRecipe, num_labels: int):
     pretrained, tokenizer = load(recipe.init)
     if not isinstance(pretrained, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
         raise QkvError(f"init={recipe.init} is not a pretrained text encoder")
-    dropouts = (dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0) if recipe.freeze
-                else dict(dropout=recipe.dropout))
-    cfg = replace(pretrained.config, num_labels=num_labels,
-                  pooling=recipe.pooling or pretrained.config.pooling, **dropouts)
-    model = EncoderModel(cfg)
-    if not recipe.scratch:
-        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(HEADS)}
-        model.load_state_dict(state, strict=False)
-    if recipe.freeze:
-        for name, p in model.named_parameters():
-            p.requires_grad_(name.startswith("sequence_head."))
+    model = encoder_with_head(pretrained, num_labels, recipe.pooling or pretrained.config.pooling, recipe.dropout,
+                              "sequence_head" if recipe.freeze else None, weights=not recipe.scratch)
     return model, tokenizer
 
 
