@@ -47,45 +47,44 @@ class TextEncoder:
         from ..hub.pretrained import load
 
         model, tokenizer = load(name_or_path, device)
-        if isinstance(model, EncoderModel):  # loaded for inference only: pack for batched products
-            prepare_for_inference(model.eval(), batch_rows=4096)
         if not isinstance(model, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
             raise QkvError(f"{name_or_path} is not a pretrained text encoder (a BERT-style model with "
                            "its own tokenizer)")
+        prepare_for_inference(model.eval(), batch_rows=4096)  # inference only: pack for batched products
         meta = Path(name_or_path) / "task.json"
         classes = json.loads(meta.read_text(encoding="utf-8"))["classes"] if meta.is_file() else ()
         return cls(model, tokenizer, device, classes)
 
-    def rows(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text (with the model's specials), cut to ``max_len`` tokens."""
+    def rows(self, texts: list[str], max_len: int | None = None, warn: bool = True) -> list[list[int]]:
+        """Token ids of each text (with the model's specials), cut to ``max_len`` tokens (default
+        the model's context) keeping the final special token; a cut is logged as a warning
+        when ``warn``."""
         if not texts:
             raise QkvError("no input texts")
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if bad is not None:
             raise QkvError(f"input {bad + 1} is a {type(texts[bad]).__name__}, not a string")
         rows = self.tokenizer.encode_batch(list(texts))
-        limit = self.model.config.max_len
+        limit = min(max_len or self.model.config.max_len, self.model.config.max_len)
         long = [i for i, r in enumerate(rows) if len(r) > limit]
-        if long:
+        if long and warn:
             logger.warning(f"{len(long)} input(s) longer than the model's {limit} tokens were cut "
                            f"(the first is input {long[0] + 1})")
-            rows = [r[: limit - 1] + r[-1:] if len(r) > limit else r for r in rows]
-        return rows
+        return [r[: limit - 1] + r[-1:] if len(r) > limit else r for r in rows]
 
     def _batches(self, texts: list[str]):
-        """Yield ``(indices, hidden (B, T, D), attention_mask (B, T))`` over length-sorted batches."""
+        """Yield ``(indices, tokens (B, T))`` over length-sorted, right-padded batches."""
         rows = self.rows(texts)
         for idx in token_batches([(len(r), 0) for r in rows], self.max_tokens, shuffle=False):
-            tokens = pad_sequences([rows[i] for i in idx], self.tokenizer.pad_id).to(self.device)
-            hidden, mask, _ = self.model.encode(tokens)
-            yield idx, hidden, mask
+            yield idx, pad_sequences([rows[i] for i in idx], self.tokenizer.pad_id).to(self.device)
 
     @torch.inference_mode()
     def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
         """``(N, D)`` float32 sentence embeddings: the mean over real tokens, L2-normalised
         unless ``normalize=False``."""
         out = np.zeros((len(texts), self.model.config.d_model), dtype=np.float32)
-        for idx, hidden, mask in self._batches(texts):
+        for idx, tokens in self._batches(texts):
+            hidden, mask, _ = self.model.encode(tokens)
             pooled = masked_mean(hidden.float(), mask)  # (B, D)
             if normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
@@ -115,7 +114,7 @@ class TextEncoder:
             raise QkvError("this encoder has no trained classification head (train one with "
                            "`qkv train text-cls`)")
         out = np.zeros((len(texts), len(self.classes)), dtype=np.float32)
-        for idx, hidden, mask in self._batches(texts):
-            logits = self.model.sequence_head(self.model.pool(hidden, mask))
+        for idx, tokens in self._batches(texts):
+            logits = self.model(tokens, head="sequence").logits  # (B, num_labels)
             out[idx] = torch.softmax(logits.float(), -1).cpu().numpy()
         return out

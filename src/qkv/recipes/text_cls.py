@@ -124,8 +124,7 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
                 f"texts, classes {', '.join(task.classes)}; {recipe.mode} of {recipe.init}. {task.citation}")
     model.to(device)
     encoder = TextEncoder(model, tok, device, task.classes)
-    limit = min(cfg.max_len, recipe.max_len)  # over-long texts keep their start and end token
-    rows = [r if len(r) <= limit else r[: limit - 1] + r[-1:] for r in tok.encode_batch(task.texts["train"])]
+    rows = encoder.rows(task.texts["train"], recipe.max_len, warn=False)  # cut silently, as protein tasks
     labels = task.labels["train"]
 
     def loss_fn(model, idx):
