@@ -457,11 +457,10 @@ def _cmd_convert(args) -> int:
         return 0
     if len(args.paths) != 3 or args.paths[0] != "hf":
         raise QkvError("usage: qkv convert hf HF_DIR|NAME RUN_DIR  (or: qkv convert --to hf RUN_DIR HF_DIR)")
-    from .hub.pretrained import PRETRAINED, locate
+    from .hub.pretrained import is_short_name, locate
 
     source, run_dir = args.paths[1:]
-    folder, tokenizer, settings = (locate(source) if source in PRETRAINED and not Path(source).exists()
-                                   else (source, None, {}))
+    folder, tokenizer, settings = locate(source) if is_short_name(source) else (source, None, {})
     conv = import_hf(folder, run_dir, args.tokenizer or tokenizer, settings)
     n = sum(p.numel() for p in conv.model.parameters())
     _log(f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"

@@ -245,6 +245,17 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    @property
+    def vocab(self) -> dict[str, int]:
+        """Token → id, special tokens included."""
+        return self._tok.get_vocab()
+
+    @property
+    def is_residue_vocabulary(self) -> bool:
+        """One token per amino acid and few others (< 64 in all): a protein model's
+        vocabulary (AntiBERTy, ESM, IgLM), not a text model's."""
+        return self.vocab_size < 64 and all(a in self.vocab for a in AMINO_ACIDS)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -292,7 +303,7 @@ def load_tokenizer(path: str | Path):
             raise QkvError(f"tokenizer {path} has another amino-acid vocabulary than this qkv version")
         return tok
     hf = HFTokenizer.load(path)
-    if [hf._tok.token_to_id(t) for t in SPECIALS] == [0, 1, 2, 3]:
+    if [hf.vocab.get(t) for t in SPECIALS] == [0, 1, 2, 3]:
         return SubwordTokenizer(hf._tok)
     return hf
 
@@ -376,7 +387,7 @@ class PretrainedProteinTokenizer:
             raise QkvError(f"this vocabulary cannot frame protein sequences: no {', '.join(missing)}")
         self.cls_id, self.eos_id, self.pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
         self.unk_id, self.mask_id = tokenizer.unk_id, tokenizer.mask_id
-        vocab = tokenizer._tok.get_vocab()
+        vocab = tokenizer.vocab
         self._index = {c: vocab.get(c, self.unk_id) for c in AMINO_ACIDS + RARE_CODES}
         self.residue_ids = sorted({self._index[a] for a in AMINO_ACIDS} - {self.unk_id})
         self._clean = AminoAcidTokenizer().clean

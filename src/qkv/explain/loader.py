@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import runs
+from ..data.tokenizers import load_tokenizer
 from ..errors import QkvError
 from .explainers import (DEFAULT_MAX_CHARS, Explainer, LMExplainer, ProteinExplainer, TextExplainer,
                          TranslationExplainer)
@@ -37,16 +38,7 @@ def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
     if recipe not in EXPLAINERS:
         raise QkvError(f"{run_dir} is a {recipe!r} run; explain supports {', '.join(EXPLAINERS)}")
     explainer = EXPLAINERS[recipe]
-    if recipe == "encoder" and is_protein_vocabulary(Path(run_dir) / "tokenizer.json"):
-        explainer = ProteinExplainer  # AntiBERTy, ESM: one token per residue
+    if recipe == "encoder":  # a converted encoder: of text, or of proteins (AntiBERTy, ESM)
+        tok = load_tokenizer(Path(run_dir) / "tokenizer.json")
+        explainer = ProteinExplainer if getattr(tok, "is_residue_vocabulary", False) else explainer
     return explainer(run_dir, device=device, max_chars=max_chars)
-
-
-def is_protein_vocabulary(path: Path) -> bool:
-    """A tokenizer with one token per amino acid and few others (< 64 in all): a protein
-    model's, not a text model's."""
-    from ..data.tokenizers import AMINO_ACIDS, load_tokenizer
-
-    tok = load_tokenizer(path)
-    vocab = tok._tok.get_vocab() if hasattr(tok, "_tok") else {}
-    return tok.vocab_size < 64 and all(a in vocab for a in AMINO_ACIDS)

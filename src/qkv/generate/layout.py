@@ -51,7 +51,7 @@ def onednn_bf16_available() -> bool:
     """Whether :class:`PackedLinear` can run bfloat16 here: PyTorch built with oneDNN, on a CPU
     that computes bfloat16 natively. Never raises."""
     try:
-        return (torch.backends.mkldnn.is_available() and cpu_has_native_bf16()
+        return (onednn_available() and cpu_has_native_bf16()
                 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
     except (AttributeError, RuntimeError):  # a torch build without these ops
         return False

@@ -155,9 +155,9 @@ class TextGenerator:
         logits differ slightly). The weights' memory layout is chosen here, once, for the
         dtype and device (values unchanged; see
         :func:`~qkv.generate.layout.prepare_for_inference`)."""
-        from ..hub.pretrained import PRETRAINED, load
+        from ..hub.pretrained import is_short_name, load
 
-        if str(run_dir) in PRETRAINED and not Path(run_dir).exists():  # a pretrained short name
+        if is_short_name(run_dir):
             model, tokenizer = load(run_dir, device)
             if not isinstance(model, DecoderLM):
                 raise QkvError(f"{run_dir} is not a language model")

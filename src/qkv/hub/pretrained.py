@@ -45,6 +45,11 @@ PRETRAINED = {
 }
 
 
+def is_short_name(name_or_path: str | Path) -> bool:
+    """A pretrained short name (:data:`PRETRAINED`) that is not also a path here."""
+    return str(name_or_path) in PRETRAINED and not Path(name_or_path).exists()
+
+
 def locate(name: str) -> tuple[Path, Path | None, dict]:
     """``(HF folder, tokenizer file or None, model settings)`` of a short name, found in the
     installed package (its code is not imported).
@@ -88,7 +93,7 @@ def load(name_or_path: str | Path, device="cpu"):
         if is_run_dir(path):
             return runs.load_run(path, device=device)
         conv = read_hf(path)
-    elif str(name_or_path) in PRETRAINED:
+    elif is_short_name(name_or_path):
         conv = read_hf(*locate(str(name_or_path)))  # folder, tokenizer, settings
     else:
         raise QkvError(f"no model at {name_or_path}: not a directory, and not one of the pretrained "
