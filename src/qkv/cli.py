@@ -323,13 +323,10 @@ def _classify_images(args) -> int:
 
 
 def _classify_texts(args) -> int:
-    from .device import resolve_device
-    from .generate.text import TextEncoder
-
     if len(args.inputs) != 1:
         raise QkvError("a text classifier takes one text file (one text per line)")
     texts = _read_lines(args.inputs[0])
-    encoder = TextEncoder.load(args.run_dir, resolve_device(args.device))
+    encoder = _text_encoder(args.run_dir, args.device)
     probs = encoder.predict(texts)
     out = sys.stdout
     out.write("\t".join(["text", "label", *(f"p_{c}" for c in encoder.classes)]) + "\n")
@@ -386,11 +383,11 @@ def _read_lines(path: str) -> list[str]:
     return lines
 
 
-def _text_encoder(args):
+def _text_encoder(source: str, device: str):
     from .device import resolve_device
     from .generate.text import TextEncoder
 
-    return TextEncoder.load(args.model, resolve_device(args.device))
+    return TextEncoder.load(source, resolve_device(device))
 
 
 def _save_embeddings(out: str, vectors, ids: list[str], source: str, extra: dict | None = None) -> None:
@@ -413,7 +410,7 @@ def _cmd_embed(args) -> int:
         if len(args.inputs) != 1:
             raise QkvError("with --model, give one text file (one sentence per line)")
         texts = _read_lines(args.inputs[0])
-        vectors = _text_encoder(args).embed(texts)
+        vectors = _text_encoder(args.model, args.device).embed(texts)
         _save_embeddings(args.out, vectors, texts, str(args.model))
         _log(f"{len(texts)} sentence embeddings of width {vectors.shape[1]} (mean pooling, L2-normalised) "
              f"-> {args.out} (tensor 'mean', texts in metadata 'ids')")
@@ -434,13 +431,13 @@ def _cmd_embed(args) -> int:
 
 
 def _cmd_similarity(args) -> int:
-    print(f"{_text_encoder(args).similarity(args.first, args.second):.4f}")
+    print(f"{_text_encoder(args.model, args.device).similarity(args.first, args.second):.4f}")
     return 0
 
 
 def _cmd_search(args) -> int:
     corpus = _read_lines(args.corpus)
-    for score, i in _text_encoder(args).search(args.query, corpus, args.top_k):
+    for score, i in _text_encoder(args.model, args.device).search(args.query, corpus, args.top_k):
         print(f"{score:.4f}\t{corpus[i]}")
     return 0
 
