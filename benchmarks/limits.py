@@ -16,8 +16,9 @@ Workloads (random weights unless a run is given: speed does not depend on the va
 counted by PyTorch's ``FlopCounterMode``):
 
 (a) batch-1 greedy generation, GPT-2-small shape (12 × 768, vocabulary 50257, biases), weights
-    float32 and bfloat16 as ``TextGenerator.from_run`` lays them out (``prepare_for_inference``),
-    a 32-token prompt and 128 new tokens. Bound: tokens/s = bandwidth / bytes per token, where
+    float32 and bfloat16 as ``TextGenerator.from_run`` lays them out (``prepare_for_inference``;
+    bfloat16 also without its default batch invariance, to show that cost), a 32-token prompt
+    and 128 new tokens. Bound: tokens/s = bandwidth / bytes per token, where
     the bytes are every weight a step reads (all matrices, the output projection included,
     biases, norms) plus the key/value cache read at the mean context length; the bandwidth is
     re-measured beside every timed run (one pass of the fastest kernel over the model's
@@ -74,6 +75,7 @@ GPT2_SMALL = LMConfig(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_la
 GPT2_BLOCK = ((3 * 768, 768), (768, 768), (3072, 768), (768, 3072))  # (out, in) per matrix
 GPT2_MATRICES = GPT2_BLOCK * 12 + ((50257, 768),)  # every matrix of a decoding step, in order
 LARGE = ((4096, 4096),)
+A_RUNS = (("fp32", None), ("bf16", None), ("bf16", False))  # (dtype, batch_invariant) of (a)
 
 
 # ----------------------------------------------------------------------------- the bounds
@@ -196,7 +198,7 @@ def profile_top(fn, k: int = 6) -> str:
 # ------------------------------------------------------------------------------- workloads
 
 
-def gpt2_small(dtype: torch.dtype) -> DecoderLM:
+def gpt2_small(dtype: torch.dtype, batch_invariant: bool | None = None) -> DecoderLM:
     """GPT-2-small-shaped LM with random weights laid out for decoding. Every matrix is drawn
     N(0, 0.1²) instead of GPT-2's N(0, 0.02²): at the init's scale a random model repeats one
     token, and the token check below should compare varied continuations."""
@@ -206,7 +208,7 @@ def gpt2_small(dtype: torch.dtype) -> DecoderLM:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(std=0.1)
-    return prepare_for_inference(model.to(dtype))
+    return prepare_for_inference(model.to(dtype), batch_invariant=batch_invariant)
 
 
 def timed_generation(model, prompts, new_tokens: int) -> tuple[float, float, list]:
@@ -233,12 +235,15 @@ def recomputation_check(model, prompt: list[int], tokens: list[int]) -> tuple[in
     return int(agree.sum()), ((best.values - chosen) / best.values.abs())[~agree].tolist()
 
 
-def workload_a(args, streams: dict, read_gbs: float, dtype_name: str) -> dict:
-    """(a) in ``dtype_name``. The bound is re-measured before every timed generation (the best
-    kernel on GPT-2 small's matrices, one pass) and each run is divided by the bound measured
-    beside it: the memory a shared machine gives drifts over minutes."""
+def workload_a(args, streams: dict, read_gbs: float, dtype_name: str,
+               batch_invariant: bool | None = None) -> dict:
+    """(a) in ``dtype_name`` (``batch_invariant``: as :func:`prepare_for_inference`, whose
+    default makes bfloat16 decoding reproduce recomputation bit for bit). The bound is
+    re-measured before every timed generation (the best kernel on GPT-2 small's matrices, one
+    pass) and each run is divided by the bound measured beside it: the memory a shared machine
+    gives drifts over minutes."""
     dtype = DTYPES[dtype_name]
-    model = gpt2_small(dtype)
+    model = gpt2_small(dtype, batch_invariant)
     prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, args.prompt_tokens),
                            generator=torch.Generator().manual_seed(1)).tolist()
     n = args.new_tokens
@@ -256,7 +261,8 @@ def workload_a(args, streams: dict, read_gbs: float, dtype_name: str) -> dict:
     large = max(streams[dtype_name, "4096 × 4096"].values())
     ours = runs[0][2][0]
     agree, margins = recomputation_check(model, prompt[0], ours)
-    return dict(dtype=dtype_name, decode=decode, e2e=statistics.median(n / (r[0] + r[1]) for r in runs),
+    label = dtype_name if batch_invariant is None else f"{dtype_name}, batch_invariant={batch_invariant}"
+    return dict(dtype=label, decode=decode, e2e=statistics.median(n / (r[0] + r[1]) for r in runs),
                 bytes=step_bytes, bound=statistics.median(bounds), fraction=statistics.median(fractions),
                 fraction_range=(min(fractions), max(fractions)),
                 of_large=decode * step_bytes / (large * GB), of_read=decode * step_bytes / (read_gbs * GB),
@@ -450,7 +456,9 @@ def main(argv: list[str] | None = None) -> None:
     read_gbs = read_bandwidth()
     print(f"bounds: {streams}, read {read_gbs:.1f} GB/s, peak {peak}", file=sys.stderr)
     run = set(args.workloads)
-    a = [workload_a(args, streams, read_gbs, k) for k in DTYPES] if "a" in run else []
+    # bfloat16 also without batch invariance: what reproducing recomputation costs
+    a = ([workload_a(args, streams, read_gbs, k, invariant) for k, invariant in A_RUNS]
+         if "a" in run else [])
     print(f"(a) {a}", file=sys.stderr)
     b = ([workload_b(args, bw, peak, k, int(rows)) for k in DTYPES for rows in args.batch_rows.split(",")]
          if "b" in run else [])

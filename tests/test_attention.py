@@ -20,7 +20,7 @@ from qkv.nn import (KVCache, MultiHeadAttention, attention_steps, causal_mask, c
 from torch_ref import copy_attention_from_torch
 
 TOL = 1e-5
-BACKENDS = ("eager", "sdpa")
+BACKENDS = ("eager", "sdpa", "invariant")
 
 
 def _qkv(b=2, h=3, tq=5, tk=6, dh=4, seed=0):
@@ -130,13 +130,40 @@ def _mask_cases(b, tq, tk):
 @pytest.mark.parametrize("case", ["none", "padding", "causal", "causal+padding", "random"])
 @pytest.mark.parametrize("tq,tk", [(5, 5), (3, 7), (1, 4)])
 def test_eager_equals_sdpa(case, tq, tk):
-    """Both backends compute the same function (max abs difference <= 1e-5)."""
+    """The three backends compute the same function (max abs difference <= 1e-5)."""
     q, k, v = _qkv(b=2, h=3, tq=tq, tk=tk, dh=8)
     kw = _mask_cases(2, tq, tk)[case]
     eager = _sdpa(q, k, v, "eager", **kw)
-    fast = _sdpa(q, k, v, "sdpa", **kw)
-    assert eager.shape == fast.shape == (2, 3, tq, 8)
-    assert (eager - fast).abs().max() <= TOL
+    for backend in ("sdpa", "invariant"):
+        fast = _sdpa(q, k, v, backend, **kw)
+        assert eager.shape == fast.shape == (2, 3, tq, 8)
+        assert (eager - fast).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["none", "causal", "causal+padding", "random"])
+def test_invariant_backend_gives_each_query_the_bits_of_computing_it_alone(dtype, case):
+    """The "invariant" backend: query i computed alone (over the keys it may see, as in a
+    decoding step over a key/value cache) gives bit for bit row i of the batched call. (SDPA
+    itself does not promise this: its kernels block the keys differently per call shape.)"""
+    tq = tk = 40
+    q, k, v = (t.to(dtype) for t in _qkv(b=2, h=3, tq=tq, tk=tk, dh=16))
+    kw = _mask_cases(2, tq, tk)[case]
+    full = _sdpa(q, k, v, "invariant", **kw)
+    mask = kw.get("mask")
+    for i in range(tq):
+        end = i + 1 if kw.get("is_causal") else tk
+        row_mask = None if mask is None else mask.expand(2, 1, tq, tk)[:, :, i:i + 1, :end]
+        alone = _sdpa(q[:, :, i:i + 1], k[:, :, :end], v[:, :, :end], "invariant", mask=row_mask)
+        assert torch.equal(alone[:, :, 0], full[:, :, i]), f"query {i}"
+
+
+def test_causal_attention_refuses_more_queries_than_keys_in_every_backend():
+    """Under is_causal the queries are the last Tq positions, so Tq > Tk is an error."""
+    q, k, v = _qkv(b=1, h=2, tq=5, tk=3)
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=r"k_len \(3\) must be >= q_len \(5\)"):
+            _sdpa(q, k, v, backend, is_causal=True)
 
 
 def test_sdpa_causal_matches_explicit_lower_triangular_mask():

@@ -29,17 +29,21 @@ needs_onednn_bf16 = pytest.mark.skipif(
     not onednn_bf16_available(), reason="oneDNN bfloat16 needs a CPU with native bfloat16 (AVX512_BF16/AMX)")
 
 
-def _lm(**kw) -> DecoderLM:
-    """A small random LM in eval mode, weights pushed away from the init so that greedy
+def _lm_like(cfg: LMConfig) -> DecoderLM:
+    """A random LM of ``cfg`` in eval mode, weights pushed away from the init so that greedy
     continuations vary (see tests/test_lm.py)."""
     torch.manual_seed(0)
-    cfg = LMConfig(vocab_size=50, d_model=64, n_heads=4, d_ff=256, n_layers=2, max_len=64,
-                   bias=True, activation="gelu", **kw)
     model = DecoderLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     return model.eval()
+
+
+def _lm(**kw) -> DecoderLM:
+    """A small random LM (:func:`_lm_like`)."""
+    return _lm_like(LMConfig(vocab_size=50, d_model=64, n_heads=4, d_ff=256, n_layers=2, max_len=64,
+                             bias=True, activation="gelu", **kw))
 
 
 @needs_onednn_bf16
@@ -139,6 +143,47 @@ def test_prepare_bfloat16_packs_keeps_state_dict_and_ties_and_decodes_as_recompu
     assert "lm_head.weight" not in dict(tied.named_parameters())  # still one parameter
 
 
+@needs_onednn_bf16
+@pytest.mark.parametrize("shape", [(3072, 768), (768, 3072), (200, 64)])
+def test_batch_invariant_packed_linear_gives_one_row_the_bits_of_many(shape):
+    """With batch_invariant=True a row's output does not depend on how many rows share the
+    product (oneDNN's one-row kernel sums some shapes in another order: 768 <- 3072 here)."""
+    n_in, n_out = shape
+    torch.manual_seed(0)
+    packed = PackedLinear(nn.Linear(n_in, n_out).eval().to(torch.bfloat16), batch_invariant=True)
+    x = torch.randn(1, 48, n_in).to(torch.bfloat16)
+    with torch.no_grad():
+        many = packed(x)
+        alone = torch.cat([packed(x[:, t:t + 1]) for t in range(48)], dim=1)
+    assert torch.equal(alone, many)
+
+
+@needs_onednn_bf16
+def test_bfloat16_cached_decoding_gives_the_logits_of_full_recomputation_bit_for_bit():
+    """prepare_for_inference makes bfloat16 decoding batch-invariant by default: every step's
+    logits over the key/value cache equal, bit for bit, that position's logits in one forward
+    over the whole sequence (without it, kernel summation orders differ in the last bit and
+    greedy tokens flip at near-ties)."""
+    torch.manual_seed(0)
+    cfg = LMConfig(vocab_size=50, d_model=64, n_heads=4, d_ff=3072, n_layers=2, max_len=64,
+                   bias=True, activation="gelu")
+    model = prepare_for_inference(_lm_like(cfg).to(torch.bfloat16))
+    assert all(m.backend == "invariant" for m in model.modules() if hasattr(m, "backend"))
+    seq = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(1))
+    steps = []
+    with torch.no_grad():
+        caches = model.new_caches()
+        logits = model(seq, caches=caches, last_only=True).logits[:, -1]
+        for _ in range(40):
+            steps.append(logits)
+            nxt = logits.max(-1).indices[:, None]
+            seq = torch.cat([seq, nxt], dim=1)
+            logits = model(nxt, caches=caches, last_only=True).logits[:, -1]
+        full = model(seq[:, :-1]).logits[0, 7:]
+    assert torch.equal(torch.cat(steps), full)
+    assert len(set(seq[0, 8:].tolist())) > 3
+
+
 def test_prepare_leaves_a_model_in_training_mode_unpacked():
     """Packing is for inference only: a model still in training mode keeps nn.Linear."""
     model = _lm().to(torch.bfloat16).train()
@@ -201,3 +246,6 @@ def test_limits_benchmark_runs(tiny_runs):
     assert len(re.findall(r"\*\*\d+%", out)) >= 5, out
     fp32_a = re.search(r"^\| fp32 \| \d+ MB \|.*$", out, re.M).group(0)
     assert "| 8 of 8 (" in fp32_a, fp32_a
+    if onednn_bf16_available():  # batch-invariant bfloat16 decoding (the default) is exact too
+        bf16_a = re.search(r"^\| bf16 \| \d+ MB \|.*$", out, re.M).group(0)
+        assert "| 8 of 8 (" in bf16_a, bf16_a

@@ -20,6 +20,12 @@ layer costs as much as the product before it (exact GELU, 4096 × 1536 fp32 on t
 Xeon: 19 ms after a 21 ms product). There every CPU linear goes to oneDNN, in float32 too, with
 the activation fused (22 ms for both).
 
+Decoding in bfloat16 is also made batch-invariant (``batch_invariant``): a kernel may sum a
+row's products in another order when it computes one row than when it computes many, and one
+bfloat16 rounding (2^-8) is enough to flip a greedy token at a near-tie, so cached decoding
+would not always reproduce a full forward over the same text. Attention then runs one query
+per call, and a product whose one-row kernel sums differently runs a single row as two.
+
 The layout is set by giving each weight a *new* ``nn.Parameter`` (same values and shape, other
 strides) or by wrapping an ``nn.Linear`` in a :class:`PackedLinear` that keeps its Parameter,
 so nothing rewrites ``.data`` behind autograd's or an optimizer's back, tied weights stay tied,
@@ -32,6 +38,7 @@ import torch
 from torch import nn
 
 from ..device import cpu_has_native_bf16
+from ..nn.attention import MultiHeadAttention
 from ..nn.feedforward import PositionwiseFeedForward
 
 # oneDNN's post-op names for the FFN activations: (attribute, algorithm); "none" = exact GELU.
@@ -69,13 +76,21 @@ class PackedLinear(nn.Module):
 
     Shape: ``x (..., in_features)`` → ``(..., out_features)``, the weight's dtype (bfloat16).
 
+    ``batch_invariant=True``: a row's output must not depend on how many rows share the call
+    (cached decoding then reproduces full recomputation bit for bit). oneDNN's many-row
+    kernels agree row for row, but for some shapes its one-row kernel sums in another order
+    (bfloat16 768 ← 3072 on a 2-core Xeon: 22 of 160 rows differ in the last bit). Which shapes
+    is measured here, once, on 64 random rows; where they differ, a single row is run as two
+    (``one_row_as_two``), which costs that product little: it streams the same weights.
+
     Raises:
         RuntimeError: in training mode, or where oneDNN cannot run (see
             :func:`onednn_bf16_available`).
         ValueError: an activation other than ``None``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``.
     """
 
-    def __init__(self, linear: nn.Linear, activation: str | None = None, batch_rows: int = 1) -> None:
+    def __init__(self, linear: nn.Linear, activation: str | None = None, batch_rows: int = 1,
+                 batch_invariant: bool = False) -> None:
         super().__init__()
         if activation not in _POST_OPS:
             raise ValueError(f"unknown fused activation {activation!r}; choose one of {list(_POST_OPS)}")
@@ -87,18 +102,31 @@ class PackedLinear(nn.Module):
         # batches, prefill and batched generation, run on it too), the rows of a batch for
         # batched encoding.
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), batch_rows)
+        self.one_row_as_two = batch_invariant and not self._one_row_kernel_agrees()
         self.train(linear.training)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [],
+                                                  self.algorithm)
+
+    @torch.no_grad()
+    def _one_row_kernel_agrees(self, rows: int = 64) -> bool:
+        x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(0))
+        x = x.to(self.weight.dtype)
+        return torch.equal(self._product(x), torch.cat([self._product(r[None]) for r in x]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             raise RuntimeError("PackedLinear is for inference (its weight is a snapshot): call "
                                "model.eval() before prepare_for_inference")
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [],
-                                                  self.algorithm)
+        if self.one_row_as_two and x.numel() == self.in_features:
+            return self._product(x.reshape(1, -1).expand(2, -1))[:1].reshape(*x.shape[:-1], -1)
+        return self._product(x)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, activation={self.activation}")
+                f"bias={self.bias is not None}, activation={self.activation}"
+                + (", one_row_as_two=True" if self.one_row_as_two else ""))
 
 
 def _relaid(w: nn.Parameter) -> nn.Parameter:
@@ -116,7 +144,8 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def prepare_for_inference(model: nn.Module, batch_rows: int | None = None) -> nn.Module:
+def prepare_for_inference(model: nn.Module, batch_rows: int | None = None,
+                          batch_invariant: bool | None = None) -> nn.Module:
     """Give every CPU ``nn.Linear`` the weight layout that decodes fastest for its dtype (see the
     module docstring). Returns ``model`` (changed in place).
 
@@ -130,14 +159,29 @@ def prepare_for_inference(model: nn.Module, batch_rows: int | None = None) -> nn
     inference). Other float32/bfloat16 weights get new Parameters in the chosen strides,
     assigned to every module that held the old one, so tied weights (an embedding shared with
     the output projection) stay one parameter. Values (up to the fused activation's rounding in
-    bfloat16), shapes and the state dict are unchanged. Call it last, on a model loaded for
+    bfloat16), shapes and the state dict are unchanged.
+
+    ``batch_invariant`` (default: when decoding, i.e. without ``batch_rows``): make the
+    bfloat16 CPU parts compute each row the same whatever the number of rows in the call,
+    so greedy decoding with the key/value cache gives bit for bit the logits of a full
+    forward over the sequence: attention modules take the ``"invariant"`` backend (one SDPA
+    call per query, see :func:`~qkv.nn.attention.scaled_dot_product_attention`) and packed products whose
+    one-row kernel sums in another order run single rows as two (:class:`PackedLinear`). In
+    float32 the kernels' order effects (~1e-7 relative) stay far below greedy decoding's
+    margins, and float32 is left as it is. On the GPT-2-small benchmark this cost bfloat16
+    decoding a few percent (``benchmarks/limits.py``) and turned 118 of 128 tokens equal to
+    recomputation (the rest near-ties within 1.7 %) into 128 of 128. Call it last, on a model loaded for
     inference: an optimizer built earlier would still hold the old parameters. Nothing is
     done on other devices, where the fused kernels prefer the default layout. Safe to call twice.
     """
     packs = {torch.bfloat16: onednn_bf16_available() and not model.training,
              torch.float32: batch_rows is not None and onednn_available() and not model.training}
+    invariant = batch_rows is None if batch_invariant is None else batch_invariant
     relaid: dict[int, nn.Parameter] = {}
     for parent in model.modules():
+        if invariant and isinstance(parent, MultiHeadAttention) and parent.w_o.weight.dtype == torch.bfloat16 \
+                and parent.w_o.weight.device.type == "cpu":
+            parent.backend = "invariant"
         for name, child in parent.named_children():
             w = child.weight if type(child) is nn.Linear else None
             if w is None or w.device.type != "cpu":
@@ -146,7 +190,7 @@ def prepare_for_inference(model: nn.Module, batch_rows: int | None = None) -> nn
                 fuse = (isinstance(parent, PositionwiseFeedForward) and name == "w_1"
                         and parent.activation_name in _POST_OPS)
                 setattr(parent, name, PackedLinear(child, parent.activation_name if fuse else None,
-                                                   batch_rows or 1))
+                                                   batch_rows or 1, invariant and w.dtype == torch.bfloat16))
                 if fuse:  # the activation now runs inside w_1's kernel
                     parent.activation = _identity
             elif id(w) not in relaid and batch_rows is None:

@@ -152,8 +152,9 @@ class TextGenerator:
         """Load a trained LM run (or a pretrained short name: ``iglm``). ``dtype=torch.bfloat16`` casts the weights for faster
         decoding (memory-bound: 1.9× on a 2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16
         Xeon without AMX, where the weights go to oneDNN's kernel, ``benchmarks/limits.py``;
-        logits differ slightly). The weights' memory layout is chosen here, once, for the
-        dtype and device (values unchanged; see
+        logits differ slightly from float32's, and decoding with the cache gives bit for bit
+        the logits of full recomputation, see ``batch_invariant``). The weights' memory layout
+        is chosen here, once, for the dtype and device (values unchanged; see
         :func:`~qkv.generate.layout.prepare_for_inference`)."""
         from ..hub.pretrained import is_short_name, load
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from .masks import causal_mask, combine_masks
 
-BACKENDS = ("sdpa", "eager")
+BACKENDS = ("sdpa", "eager", "invariant")
 
 
 @dataclass
@@ -74,17 +74,23 @@ def scaled_dot_product_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V  (Vaswani et al. 2017, Eq. 1).
 
-    Two backends compute the same function: ``"eager"`` (explicit math, can return the
-    weights) and ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`, fused and
-    fast). ``need_weights=True`` always takes the explicit path, so weights are never silently
-    missing.
+    Three backends compute the same function: ``"eager"`` (explicit math, can return the
+    weights), ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`, fused and
+    fast) and ``"invariant"``: SDPA called once per query, over exactly the keys it may see.
+    A fused kernel's summation order depends on how many queries and keys share a call, so one
+    query attending over a key/value cache and the same query inside a full causal forward
+    can differ in the last bit, and in bfloat16 (8-bit mantissa) that changes greedy tokens at
+    near-ties. One call per query makes each query's output, bit for bit, the same however
+    the queries are batched (a decoding step is one query anyway; a forward over ``Tq``
+    queries makes ``Tq`` calls, so it is meant for inference).
+    ``need_weights=True`` always takes an explicit path, so weights are never silently missing.
 
     Args:
         q: queries ``(B, H, Tq, Dh)``; k: keys ``(B, H, Tk, Dh)``; v: values ``(B, H, Tk, Dh)``.
         mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend; or ``None``.
         is_causal: additionally apply the look-ahead mask (queries are the last ``Tq`` positions).
         dropout_p: dropout on the attention weights (training only; the caller passes 0 in eval).
-        backend: ``"sdpa"`` or ``"eager"``.
+        backend: ``"sdpa"``, ``"eager"`` or ``"invariant"``.
         need_weights: also return the attention weights ``(B, H, Tq, Tk)``.
 
     Returns:
@@ -97,6 +103,8 @@ def scaled_dot_product_attention(
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"attention mask must be boolean (True = may attend), got {mask.dtype}")
+    if backend == "invariant" and not need_weights:
+        return _per_query(q, k, v, mask, is_causal, dropout_p), None
     fast = backend == "sdpa" and not need_weights
     if fast and is_causal and mask is None and q.size(-2) == k.size(-2):
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
@@ -117,6 +125,23 @@ def scaled_dot_product_attention(
     if dropout_p > 0.0:
         return F.dropout(steps.weights, p=dropout_p) @ v, steps.weights if need_weights else None
     return steps.output, steps.weights if need_weights else None
+
+
+def _per_query(q, k, v, mask, is_causal: bool, dropout_p: float) -> torch.Tensor:
+    """The ``"invariant"`` backend: SDPA once per query over its keys (the first ``Tk - Tq + i
+    + 1`` under ``is_causal``), its mask row sliced to match."""
+    tq, tk = q.size(-2), k.size(-2)
+    if is_causal and tk < tq:
+        raise ValueError(f"k_len ({tk}) must be >= q_len ({tq})")  # as causal_mask says
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], tq, tk)
+    outs = []
+    for i in range(tq):
+        end = tk - tq + i + 1 if is_causal else tk
+        row = None if mask is None else mask[..., i:i + 1, :end]
+        outs.append(scaled_dot_product_attention(q[..., i:i + 1, :], k[..., :end, :], v[..., :end, :],
+                                                 row, dropout_p=dropout_p)[0])
+    return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
 
 
 class KVCache:
@@ -222,7 +247,9 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights (0 in the paper's base model description,
             which applies dropout to sub-layer outputs; kept as an option).
         bias: use biases in the projections.
-        backend: ``"sdpa"`` or ``"eager"`` (see :func:`scaled_dot_product_attention`).
+        backend: ``"sdpa"``, ``"eager"`` or ``"invariant"`` (see
+            :func:`scaled_dot_product_attention`); an attribute that may be changed later (as
+            :func:`~qkv.generate.layout.prepare_for_inference` does).
         d_k: per-head width (default ``d_model // n_heads``).
         rotary: a :class:`~qkv.nn.positional.RotaryEmbedding` applied to queries and keys of
             self-attention (RoPE), or ``None`` (positions added to the embeddings instead).

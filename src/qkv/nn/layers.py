@@ -38,8 +38,8 @@ class LayerConfig:
             ``"silu"`` (Marian).
         norm: ``"layernorm"`` (paper), ``"rmsnorm"`` (Zhang & Sennrich 2019) or ``"dyt"``
             (Zhu et al. 2025). norm_first: pre-LN (Xiong et al. 2020) instead of post-LN.
-        bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused) or ``"eager"``
-            (explicit Eq. 1). layer_norm_eps: the norm's epsilon.
+        bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused), ``"eager"``
+            (explicit Eq. 1) or ``"invariant"`` (SDPA per query: batch-invariant, for inference). layer_norm_eps: the norm's epsilon.
     """
 
     d_model: int = 512
@@ -52,7 +52,7 @@ class LayerConfig:
     norm: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
     norm_first: bool = False
     bias: bool = True
-    attention_backend: Literal["sdpa", "eager"] = "sdpa"
+    attention_backend: Literal["sdpa", "eager", "invariant"] = "sdpa"
     layer_norm_eps: float = 1e-5
 
     @property
