@@ -5,7 +5,7 @@ this script measures the machine's two limits in the same process as the workloa
 
 - weight-streaming bandwidth: matrix-vector products (one input row, as in decoding) with
   GPT-2 small's own matrices in a decoding step's order (repeated to at least ``--stream-mb``
-  MB, 256 by default), in float32 and bfloat16, through every kernel qkv could use (PyTorch's
+  MB, 256 by default), in float32, bfloat16 and int8, through every kernel qkv could use (PyTorch's
   ``F.linear`` with the weight stored (out, in) or (in, out), oneDNN's reordered weight). The
   bound for a dtype is the fastest kernel's GB/s. Square 4096 × 4096 matrices and a plain
   ``sum`` over 512 MB of float32 (the memory's read rate) are printed beside it;
@@ -17,8 +17,8 @@ counted by PyTorch's ``FlopCounterMode``):
 
 (a) batch-1 greedy generation, GPT-2-small shape (12 × 768, vocabulary 50257, biases), weights
     float32 and bfloat16 as ``TextGenerator.from_run`` lays them out (``prepare_for_inference``;
-    bfloat16 also without its default batch invariance, to show that cost), a 32-token prompt
-    and 128 new tokens. Bound: tokens/s = bandwidth / bytes per token, where
+    bfloat16 also without its default batch invariance, to show that cost; and int8 weights
+    with bfloat16 activations, ``--dtype int8``), a 32-token prompt and 128 new tokens. Bound: tokens/s = bandwidth / bytes per token, where
     the bytes are every weight a step reads (all matrices, the output projection included,
     biases, norms) plus the key/value cache read at the mean context length; the bandwidth is
     re-measured beside every timed run (one pass of the fastest kernel over the model's
@@ -66,35 +66,43 @@ from mfu import matmul_peak  # noqa: E402
 from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, cpu_capability
 from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
 from qkv.generate.lm import generate_tokens
+from qkv.generate.quantize import Int8Linear, quantize_int8
 from qkv.models import DecoderLM, LMConfig
+from qkv.nn.embeddings import TokenEmbedding
 
 GB = 1e9
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WEIGHTS = {**DTYPES, "int8": torch.int8}  # stored weights; int8 runs with bfloat16 activations
 GPT2_SMALL = LMConfig(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
                       max_len=1024, bias=True)
 GPT2_BLOCK = ((3 * 768, 768), (768, 768), (3072, 768), (768, 3072))  # (out, in) per matrix
 GPT2_MATRICES = GPT2_BLOCK * 12 + ((50257, 768),)  # every matrix of a decoding step, in order
 LARGE = ((4096, 4096),)
-A_RUNS = (("fp32", None), ("bf16", None), ("bf16", False))  # (dtype, batch_invariant) of (a)
+A_RUNS = (("fp32", None), ("bf16", None), ("bf16", False), ("int8", None))  # (weights, batch_invariant)
 
 
 # ----------------------------------------------------------------------------- the bounds
 
 
+def _linear_of(w: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(w.size(1), w.size(0), bias=False, device="meta").eval()
+    linear.weight = nn.Parameter(w, requires_grad=False)
+    return linear
+
+
 def _kernels(dtype: torch.dtype) -> dict:
-    """name -> function turning an (out, in) weight into a matrix-vector callable."""
+    """name -> function turning an (out, in) weight into a matrix-vector callable (int8: the
+    weight is given in bfloat16 and quantised)."""
     def linear(w):
         return lambda x: F.linear(x, w)
 
+    if dtype == torch.int8:
+        return {"int8 weight-only (`_weight_int8pack_mm`)": lambda w: Int8Linear(_linear_of(w))}
     out = {"F.linear, W (out, in)": linear}
     if dtype == torch.float32:
         out["F.linear, W stored (in, out)"] = lambda w: linear(w.t().contiguous().t())
     if dtype == torch.float32 or onednn_bf16_available():
-        def onednn(w):
-            linear = nn.Linear(w.size(1), w.size(0), bias=False, device="meta").eval()
-            linear.weight = nn.Parameter(w, requires_grad=False)
-            return PackedLinear(linear)
-        out["oneDNN reordered W"] = onednn
+        out["oneDNN reordered W"] = lambda w: PackedLinear(_linear_of(w))
     return out
 
 
@@ -110,9 +118,10 @@ class Stream:
             for shape in shapes:
                 chosen.append(shape)
                 self.bytes += shape[0] * shape[1] * dtype.itemsize
-        inputs = {n: torch.randn(1, rows, n, generator=g).to(dtype) for n in {s[1] for s in shapes}}
+        values = torch.bfloat16 if dtype == torch.int8 else dtype  # int8: quantised from these
+        inputs = {n: torch.randn(1, rows, n, generator=g).to(values) for n in {s[1] for s in shapes}}
         make = _kernels(dtype)[kernel]
-        self.products = [(make(torch.randn(shape, generator=g).to(dtype)), inputs[shape[1]])
+        self.products = [(make(torch.randn(shape, generator=g).to(values)), inputs[shape[1]])
                          for shape in chosen]
 
     @torch.no_grad()
@@ -154,12 +163,16 @@ def _seconds(fn) -> float:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes a forward step reads of the weights: every matrix of a linear layer (a tied output
-    projection included), biases and norms; of the embedding tables only one row each."""
+    projection included), biases and norms; of the embedding tables only one row each; of an
+    :class:`Int8Linear` its int8 matrix and scales (not the Parameter it keeps for the state dict)."""
     total, seen = 0, set()
     for module in model.modules():
-        if isinstance(module, nn.Embedding):
+        if isinstance(module, (nn.Embedding, TokenEmbedding)):  # a lookup reads one row
             total += module.weight[0].numel() * module.weight.element_size()
             continue
+        if isinstance(module, Int8Linear):
+            seen.add(id(module.weight))
+            total += module.qweight.numel() + module.scale.numel() * module.scale.element_size()
         for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))
@@ -198,17 +211,21 @@ def profile_top(fn, k: int = 6) -> str:
 # ------------------------------------------------------------------------------- workloads
 
 
-def gpt2_small(dtype: torch.dtype, batch_invariant: bool | None = None) -> DecoderLM:
+def gpt2_small(weights: str, batch_invariant: bool | None = None) -> DecoderLM:
     """GPT-2-small-shaped LM with random weights laid out for decoding. Every matrix is drawn
     N(0, 0.1²) instead of GPT-2's N(0, 0.02²): at the init's scale a random model repeats one
-    token, and the token check below should compare varied continuations."""
+    token, and the token check below should compare varied continuations. ``weights``: a key
+    of :data:`WEIGHTS` (int8: quantised from bfloat16, ``qkv.generate.quantize``)."""
     torch.manual_seed(0)
     model = DecoderLM(GPT2_SMALL).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(std=0.1)
-    return prepare_for_inference(model.to(dtype), batch_invariant=batch_invariant)
+    model = model.to(torch.bfloat16 if weights == "int8" else WEIGHTS[weights])
+    if weights == "int8":
+        quantize_int8(model)
+    return prepare_for_inference(model, batch_invariant=batch_invariant)
 
 
 def timed_generation(model, prompts, new_tokens: int) -> tuple[float, float, list]:
@@ -242,15 +259,16 @@ def workload_a(args, streams: dict, read_gbs: float, dtype_name: str,
     re-measured before every timed generation (the best kernel on GPT-2 small's matrices, one
     pass) and each run is divided by the bound measured beside it: the memory a shared machine
     gives drifts over minutes."""
-    dtype = DTYPES[dtype_name]
-    model = gpt2_small(dtype, batch_invariant)
+    dtype = WEIGHTS[dtype_name]
+    model = gpt2_small(dtype_name, batch_invariant)
+    activations = next(model.parameters()).dtype  # the key/value cache's
     prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, args.prompt_tokens),
                            generator=torch.Generator().manual_seed(1)).tolist()
     n = args.new_tokens
     rates = streams[dtype_name, "GPT-2 small's"]
     stream = Stream(dtype, max(rates, key=rates.get), args.stream_mb)
     stream.seconds(), timed_generation(model, prompt, 8)  # warm-up
-    step_bytes = weight_bytes(model) + kv_bytes(GPT2_SMALL, 1, args.prompt_tokens + n / 2, dtype)
+    step_bytes = weight_bytes(model) + kv_bytes(GPT2_SMALL, 1, args.prompt_tokens + n / 2, activations)
     bounds, runs = [], []
     for _ in range(args.repeats):
         bounds.append(stream.bytes / stream.seconds() / step_bytes)  # tokens/s
@@ -274,7 +292,7 @@ def workload_b(args, bw: dict, peak: dict, dtype_name: str, rows: int) -> dict:
     """(b) for ``rows`` prompts; ``kernel_tokens_s``: the rate if a step took only its weight
     products, at the best kernel's measured speed for ``rows`` rows."""
     dtype = DTYPES[dtype_name]
-    model = gpt2_small(dtype)
+    model = gpt2_small(dtype_name)
     g = torch.Generator().manual_seed(rows)
     lengths = torch.randint(8, 65, (rows,), generator=g).tolist()
     prompts = [torch.randint(0, GPT2_SMALL.vocab_size, (n,), generator=g).tolist() for n in lengths]
@@ -449,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     peak = {k: matmul_peak(dt, torch.device("cpu"), repeats=1 if args.quick else 3)[0]
             for k, dt in DTYPES.items()}
     streams = {}  # (dtype, what) -> {kernel: GB/s}
-    for k, dt in DTYPES.items():
+    for k, dt in WEIGHTS.items():
         streams[k, "GPT-2 small's"] = stream_bandwidth(dt, args.stream_mb, args.repeats)
         streams[k, "4096 × 4096"] = stream_bandwidth(dt, args.stream_mb, args.repeats, shapes=LARGE)
     bw = {k: max(streams[k, "GPT-2 small's"].values()) for k in DTYPES}

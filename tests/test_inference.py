@@ -17,7 +17,9 @@ from torch import nn
 
 from qkv.cli import main
 from qkv.generate.layout import PackedLinear, onednn_available, onednn_bf16_available, prepare_for_inference
+from qkv.errors import QkvError
 from qkv.generate.lm import generate_tokens
+from qkv.generate.quantize import Int8Linear, quantize_int8
 from qkv.generate.stats import DecodeStats
 from qkv.models import DecoderLM, LMConfig
 from qkv.nn.feedforward import PositionwiseFeedForward
@@ -184,6 +186,62 @@ def test_bfloat16_cached_decoding_gives_the_logits_of_full_recomputation_bit_for
     assert len(set(seq[0, 8:].tolist())) > 3
 
 
+def test_int8_linear_error_stays_within_half_a_quantisation_step():
+    """Int8Linear rounds each weight row to int8 with scale max|row| / 127: every output is
+    within sum_i |x_i| * scale_j / 2 of the exact product, plus the bfloat16 rounding of the
+    scale and of the output (2^-8 relative each)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40).eval().to(torch.bfloat16)
+    q = Int8Linear(linear)
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    exact = x.float() @ linear.weight.float().T + linear.bias.float()
+    with torch.no_grad():
+        y = q(x[None])[0].float()
+    assert y.shape == (5, 40) and q(x).dtype == torch.bfloat16
+    bound = x.abs().float() @ (q.scale.float() / 2)[None].expand(96, -1) + exact.abs() * 2 ** -7
+    assert ((y - exact).abs() <= bound).all()
+    assert (y - exact).abs().max() > 0, "int8 rounding is visible"
+
+
+def test_quantize_int8_keeps_state_dict_and_decodes_as_recomputation_bit_for_bit():
+    """quantize_int8 swaps every linear (the tied output projection too) for Int8Linear; the
+    state dict and the tie are unchanged; with prepare_for_inference's batch invariance the
+    cached greedy logits equal a full forward's bit for bit, and stay close to bfloat16's."""
+    model = _lm(tie_embeddings=True).to(torch.bfloat16)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(x).logits.float()
+    prepare_for_inference(quantize_int8(model))
+    assert all(isinstance(m, Int8Linear) for m in model.modules()
+               if isinstance(m, (nn.Linear, PackedLinear, Int8Linear)))
+    assert model.lm_head.weight is model.embed.weight
+    after_state = model.state_dict()
+    assert after_state.keys() == state.keys() and all(torch.equal(after_state[k], v) for k, v in state.items())
+    with torch.no_grad():
+        after = model(x).logits.float()
+        assert (after - before).abs().max() <= 0.05 * before.abs().max()
+        caches, seq, steps = model.new_caches(), x, []
+        logits = model(seq, caches=caches, last_only=True).logits[:, -1]
+        for _ in range(24):
+            steps.append(logits)
+            nxt = logits.max(-1).indices[:, None]
+            seq = torch.cat([seq, nxt], dim=1)
+            logits = model(nxt, caches=caches, last_only=True).logits[:, -1]
+        assert torch.equal(torch.cat(steps), model(seq[:, :-1]).logits[0, 7:])
+
+
+def test_quantize_int8_refuses_float32_and_training_mode():
+    """int8 weights run with bfloat16 activations, and only for inference: one-line errors."""
+    with pytest.raises(QkvError, match="cast the model to bfloat16"):
+        quantize_int8(_lm())
+    with pytest.raises(QkvError, match="eval"):
+        quantize_int8(_lm().to(torch.bfloat16).train())
+    q = Int8Linear(nn.Linear(8, 4).to(torch.bfloat16)).train()
+    with pytest.raises(RuntimeError, match="for inference"):
+        q(torch.randn(1, 8).to(torch.bfloat16))
+
+
 def test_prepare_leaves_a_model_in_training_mode_unpacked():
     """Packing is for inference only: a model still in training mode keeps nn.Linear."""
     model = _lm().to(torch.bfloat16).train()
@@ -222,6 +280,9 @@ def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
     out, err = capsys.readouterr()
     assert out.startswith("RO") and "tokens/s" not in out
     assert re.search(r"^7 new tokens in [0-9.]+ s: [0-9.]+ tokens/s", err, re.M), err
+    assert main(["generate", str(tiny_runs["lm"]), "--prompt", "RO", "--greedy",
+                 "--max-new-tokens", "7", "--dtype", "int8"]) == 0  # int8 weights
+    assert capsys.readouterr().out.startswith("RO")
     assert main(["translate", str(tiny_runs["translation"]), "Ein Mann.", "Eine Frau.", "--verbose"]) == 0
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 2 and "sentences/s" not in out

@@ -1,0 +1,80 @@
+"""Int8 weight-only quantisation for memory-bound decoding.
+
+Decoding one token streams every weight matrix from memory once, so halving the bytes per
+weight (bfloat16 → int8) nearly halves the time per token where the kernel keeps up. Each
+weight row (one output feature) is stored as int8 with one scale, ``s_j = max_i |W_ji| / 127``
+and ``Q_ji = round(W_ji / s_j)``, so ``W ≈ s ⊙ Q`` with an error of at most ``s_j / 2`` per
+entry; activations stay bfloat16 and the product dequantises on the fly
+(``torch._weight_int8pack_mm``, the kernel gpt-fast uses). The quality cost is measured, not
+assumed: ``benchmarks/int8_quality.py`` (perplexity and BLEU before and after).
+
+On a 2-core Xeon with AVX512_BF16 (no AMX) GPT-2-small-shaped greedy decoding ran at 92
+against 62 tokens/s with bfloat16 weights through oneDNN (``benchmarks/limits.py``); with
+float32 activations the same kernel is about 5× slower, so a model is cast to bfloat16 first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import QkvError
+
+
+class Int8Linear(nn.Module):
+    """Inference-only stand-in for an ``nn.Linear``: ``y = x (s ⊙ Q)ᵀ + b`` with ``Q`` the
+    weight rounded to int8 per output row and ``s`` the rows' scales (module docstring).
+
+    ``weight`` and ``bias`` are the wrapped module's own Parameters (the state dict and tied
+    embeddings are unchanged; the int8 copy is a snapshot, not saved). Put the model in eval
+    mode, and cast it to bfloat16, first.
+
+    Shape: ``x (..., in_features)`` bfloat16 → ``(..., out_features)`` bfloat16.
+
+    Raises:
+        QkvError: a weight that is not bfloat16 (cast the model first).
+        RuntimeError: ``forward`` in training mode.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if linear.weight.dtype != torch.bfloat16:
+            raise QkvError(f"int8 weights run with bfloat16 activations: cast the model to bfloat16 "
+                           f"first (this weight is {linear.weight.dtype})")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.to(torch.bfloat16)
+        self.train(linear.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise RuntimeError("Int8Linear is for inference (its weight is a snapshot): call "
+                               "model.eval() before quantize_int8")
+        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.qweight, self.scale)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+@torch.no_grad()
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` of a bfloat16 model in eval mode (the output projection
+    included) by an :class:`Int8Linear`. Returns ``model`` (changed in place); embeddings and
+    norms keep their dtype. Safe to call twice.
+
+    Raises:
+        QkvError: the model is in training mode or has a linear whose weight is not bfloat16.
+    """
+    if model.training:
+        raise QkvError("quantize a model for inference only: call model.eval() first")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear(child))
+    return model
