@@ -171,19 +171,26 @@ def test_bfloat16_cached_decoding_gives_the_logits_of_full_recomputation_bit_for
                    bias=True, activation="gelu")
     model = prepare_for_inference(_lm_like(cfg).to(torch.bfloat16))
     assert all(m.backend == "invariant" for m in model.modules() if hasattr(m, "backend"))
-    seq = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(1))
-    steps = []
-    with torch.no_grad():
-        caches = model.new_caches()
-        logits = model(seq, caches=caches, last_only=True).logits[:, -1]
-        for _ in range(40):
-            steps.append(logits)
-            nxt = logits.max(-1).indices[:, None]
-            seq = torch.cat([seq, nxt], dim=1)
-            logits = model(nxt, caches=caches, last_only=True).logits[:, -1]
-        full = model(seq[:, :-1]).logits[0, 7:]
-    assert torch.equal(torch.cat(steps), full)
-    assert len(set(seq[0, 8:].tolist())) > 3
+    prompt = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(1))
+    cached, full, tokens = _cached_and_full_logits(model, prompt, 40)
+    assert torch.equal(cached, full)
+    assert len(set(tokens)) > 3
+
+
+@torch.no_grad()
+def _cached_and_full_logits(model, prompt: torch.Tensor, steps: int):
+    """Greedy decoding of ``steps`` tokens after ``prompt (1, T)`` with the key/value cache:
+    ``(each step's logits (steps, V), the same positions' logits of one forward over the
+    whole sequence (steps, V), the new tokens)``."""
+    caches, seq, cached = model.new_caches(), prompt, []
+    logits = model(seq, caches=caches, last_only=True).logits[:, -1]
+    for _ in range(steps):
+        cached.append(logits)
+        nxt = logits.max(-1).indices[:, None]
+        seq = torch.cat([seq, nxt], dim=1)
+        logits = model(nxt, caches=caches, last_only=True).logits[:, -1]
+    t = prompt.size(1)
+    return torch.cat(cached), model(seq[:, :-1]).logits[0, t - 1:], seq[0, t:].tolist()
 
 
 def test_int8_linear_error_stays_within_half_a_quantisation_step():
@@ -220,15 +227,9 @@ def test_quantize_int8_keeps_state_dict_and_decodes_as_recomputation_bit_for_bit
     assert after_state.keys() == state.keys() and all(torch.equal(after_state[k], v) for k, v in state.items())
     with torch.no_grad():
         after = model(x).logits.float()
-        assert (after - before).abs().max() <= 0.05 * before.abs().max()
-        caches, seq, steps = model.new_caches(), x, []
-        logits = model(seq, caches=caches, last_only=True).logits[:, -1]
-        for _ in range(24):
-            steps.append(logits)
-            nxt = logits.max(-1).indices[:, None]
-            seq = torch.cat([seq, nxt], dim=1)
-            logits = model(nxt, caches=caches, last_only=True).logits[:, -1]
-        assert torch.equal(torch.cat(steps), model(seq[:, :-1]).logits[0, 7:])
+    assert (after - before).abs().max() <= 0.05 * before.abs().max()
+    cached, full, _ = _cached_and_full_logits(model, x, 24)
+    assert torch.equal(cached, full)
 
 
 def test_quantize_int8_refuses_float32_and_training_mode():
