@@ -26,25 +26,18 @@ import torch
 
 from common import machine, publish  # noqa: E402  (benchmarks/common.py)
 from qkv.data.protein_tasks import load_paratope
-from qkv.generate.quantize import quantize_int8
+from qkv.generate.quantize import cast_weights
 from qkv.hub.pretrained import load
 
-PRECISIONS = ("fp32", "bf16", "int8")
-
-
-def cast(model: torch.nn.Module, precision: str) -> torch.nn.Module:
-    """``model`` (eval mode) with float32, bfloat16 or int8 weights."""
-    if precision == "fp32":
-        return model.float()
-    model = model.to(torch.bfloat16)
-    return quantize_int8(model) if precision == "int8" else model
+WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": "int8"}  # for cast_weights
+PRECISIONS = tuple(WEIGHTS)
 
 
 @torch.no_grad()
 def iglm_perplexity(precision: str, limit: int | None) -> tuple[float, int]:
     """(perplexity, scored tokens) of IgLM on the paratope test chains."""
     model, tok = load("iglm")
-    model = cast(model.eval(), precision)
+    model = cast_weights(model.eval(), WEIGHTS[precision])
     eos = model.config.eos_id
     chains = [r for r in load_paratope().records if r.split == "test"][:limit]
     nll, count = 0.0, 0
@@ -63,7 +56,7 @@ def translation_bleu(run: str, precision: str, split: str) -> float:
     from qkv.generate.translator import Translator
 
     translator = Translator.from_run(run, beam_size=4, alpha=0.6)
-    cast(translator.model, precision)
+    cast_weights(translator.model, WEIGHTS[precision])
     src, ref = load_multi30k(split, "de", "en")[:2]
     return translation_scores(translator.translate(src), ref)["bleu"]
 

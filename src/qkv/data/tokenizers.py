@@ -15,6 +15,7 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normaliz
 from ..errors import QkvError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
 
 
 def read_tokenizer_json(path: str | Path) -> Tokenizer:
@@ -26,7 +27,6 @@ def read_tokenizer_json(path: str | Path) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
         raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
-SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
 
 
 class SubwordTokenizer:

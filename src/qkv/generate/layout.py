@@ -64,7 +64,36 @@ def onednn_bf16_available() -> bool:
         return False
 
 
-class PackedLinear(nn.Module):
+class FrozenLinear(nn.Module):
+    """Base of the inference-only stand-ins for an ``nn.Linear`` (:class:`PackedLinear`,
+    :class:`~qkv.generate.quantize.Int8Linear`): it keeps the wrapped module's own ``weight`` and
+    ``bias`` Parameters (the state dict, tied embeddings and read-outs stay as they were) while a
+    subclass computes from a derived copy made once (a snapshot, not saved), in :meth:`compute`.
+
+    Raises:
+        RuntimeError: ``forward`` in training mode (the copy would not follow the weight).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.train(linear.training)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise RuntimeError(f"{type(self).__name__} is for inference (its weight is a snapshot): "
+                               "call model.eval() before preparing the model")
+        return self.compute(x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class PackedLinear(FrozenLinear):
     """Inference-only stand-in for a CPU ``nn.Linear``: ``y = act(x Wᵀ + b)`` with ``W``
     reordered once by oneDNN into the blocked layout its matrix-vector kernel streams fastest,
     and the activation (``None``, ``"relu"``, ``"gelu"`` or ``"gelu_tanh"``) fused into the same kernel.
@@ -91,11 +120,9 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, activation: str | None = None, batch_rows: int = 1,
                  batch_invariant: bool = False) -> None:
-        super().__init__()
         if activation not in _POST_OPS:
             raise ValueError(f"unknown fused activation {activation!r}; choose one of {list(_POST_OPS)}")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
+        super().__init__(linear)
         self.activation = activation
         self.post_op, self.algorithm = _POST_OPS[activation]
         # The batch-size hint picks oneDNN's layout: 1 for decoding's one-row products (larger
@@ -103,7 +130,6 @@ class PackedLinear(nn.Module):
         # batched encoding.
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), batch_rows)
         self.one_row_as_two = batch_invariant and not self._one_row_kernel_agrees()
-        self.train(linear.training)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [],
@@ -115,17 +141,13 @@ class PackedLinear(nn.Module):
         x = x.to(self.weight.dtype)
         return torch.equal(self._product(x), torch.cat([self._product(r[None]) for r in x]))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            raise RuntimeError("PackedLinear is for inference (its weight is a snapshot): call "
-                               "model.eval() before prepare_for_inference")
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
         if self.one_row_as_two and x.numel() == self.in_features:
             return self._product(x.reshape(1, -1).expand(2, -1))[:1].reshape(*x.shape[:-1], -1)
         return self._product(x)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, activation={self.activation}"
+        return (f"{super().extra_repr()}, activation={self.activation}"
                 + (", one_row_as_two=True" if self.one_row_as_two else ""))
 
 

@@ -20,7 +20,7 @@ from ..errors import QkvError
 from ..models.decoder_lm import DecoderLM
 from ..nn.embeddings import check_token_ids
 from .layout import prepare_for_inference
-from .quantize import quantize_int8
+from .quantize import cast_weights
 from .sampling import check_sampling, choose_next, next_token_probs
 from .stats import DecodeStats
 
@@ -165,18 +165,15 @@ class TextGenerator:
             QkvError: an unknown ``quantize``, a missing run, or a model that is not an LM."""
         from ..hub.pretrained import is_short_name, load
 
+        if quantize not in (None, "int8"):
+            raise QkvError(f"unknown quantisation {quantize!r}; choose int8 (or none)")
         if is_short_name(run_dir):
             model, tokenizer = load(run_dir, device)
             if not isinstance(model, DecoderLM):
                 raise QkvError(f"{run_dir} is not a language model")
         else:
             model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
-        if quantize not in (None, "int8"):
-            raise QkvError(f"unknown quantisation {quantize!r}; choose int8 (or none)")
-        model = model.to(torch.bfloat16 if quantize else dtype)
-        if quantize:
-            quantize_int8(model.eval())
-        return cls(prepare_for_inference(model), tokenizer)
+        return cls(prepare_for_inference(cast_weights(model, quantize or dtype)), tokenizer)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Ids of ``prompt``. An empty prompt starts from the start token (``"\\n"`` for a

@@ -19,15 +19,16 @@ import torch
 from torch import nn
 
 from ..errors import QkvError
+from .layout import FrozenLinear
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(FrozenLinear):
     """Inference-only stand-in for an ``nn.Linear``: ``y = x (s ⊙ Q)ᵀ + b`` with ``Q`` the
     weight rounded to int8 per output row and ``s`` the rows' scales (module docstring).
 
-    ``weight`` and ``bias`` are the wrapped module's own Parameters (the state dict and tied
-    embeddings are unchanged; the int8 copy is a snapshot, not saved). Put the model in eval
-    mode, and cast it to bfloat16, first.
+    ``weight`` and ``bias`` stay the wrapped module's own Parameters (:class:`FrozenLinear`: the
+    state dict and tied embeddings are unchanged; the int8 copy is a snapshot, not saved). Put
+    the model in eval mode, and cast it to bfloat16, first.
 
     Shape: ``x (..., in_features)`` bfloat16 → ``(..., out_features)`` bfloat16.
 
@@ -37,29 +38,20 @@ class Int8Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
         if linear.weight.dtype != torch.bfloat16:
             raise QkvError(f"int8 weights run with bfloat16 activations: cast the model to bfloat16 "
                            f"first (this weight is {linear.weight.dtype})")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
+        super().__init__(linear)
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.to(torch.bfloat16)
-        self.train(linear.training)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            raise RuntimeError("Int8Linear is for inference (its weight is a snapshot): call "
-                               "model.eval() before quantize_int8")
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.qweight, self.scale)
         if self.bias is not None:
             y = y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 @torch.no_grad()
@@ -78,3 +70,17 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             if type(child) is nn.Linear:
                 setattr(parent, name, Int8Linear(child))
     return model
+
+
+def cast_weights(model: nn.Module, weights: torch.dtype | str) -> nn.Module:
+    """``model`` (eval mode, changed in place) with its weights in ``weights``: a torch dtype,
+    or ``"int8"`` (int8 matrices, everything else bfloat16: :func:`quantize_int8`).
+
+    Raises:
+        QkvError: a string other than ``"int8"``, or :func:`quantize_int8`'s errors.
+    """
+    if isinstance(weights, torch.dtype):
+        return model.to(weights)
+    if weights != "int8":
+        raise QkvError(f"unknown weight format {weights!r}: a torch dtype or int8")
+    return quantize_int8(model.to(torch.bfloat16))

@@ -138,11 +138,9 @@ def _per_query(q, k, v, mask, is_causal: bool, dropout_p: float) -> torch.Tensor
     outs = []
     for i in range(tq):
         end = tk - tq + i + 1 if is_causal else tk
-        qi, ki, vi = q[..., i:i + 1, :], k[..., :end, :], v[..., :end, :]
-        if mask is None:  # the call a decoding step makes, without the checks around it
-            outs.append(F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p))
-        else:
-            outs.append(scaled_dot_product_attention(qi, ki, vi, mask[..., i:i + 1, :end], dropout_p=dropout_p)[0])
+        row = None if mask is None else mask[..., i:i + 1, :end]
+        outs.append(scaled_dot_product_attention(q[..., i:i + 1, :], k[..., :end, :], v[..., :end, :],
+                                                 row, dropout_p=dropout_p)[0])
     return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
 
 
