@@ -74,8 +74,29 @@ def test_resume_on_another_number_of_processes_is_refused(runs):
     assert "was trained on 2 process(es); resume it on as many" in done.stderr
 
 
-def test_fewer_micro_batches_than_processes_is_refused(tmp_path):
-    done = _qkv("train", "lm", "--out", str(tmp_path / "r"), "--quiet", "train.max_steps=5", *SETTINGS,
-                "train.accum_steps=1", nproc=2)
-    assert done.returncode != 0
-    assert "train.accum_steps (1) must be at least the number of processes (2)" in done.stderr
+def test_the_defaults_train_under_torchrun_with_the_global_batch_of_one_process(tmp_path):
+    """With fewer micro-batches per step than processes (accum_steps 1, the default), each
+    process takes its rows of every micro-batch: the same global batch as one process."""
+    settings = [*SETTINGS, "train.accum_steps=1", "train.max_steps=20"]
+    one, two = tmp_path / "p1", tmp_path / "p2"
+    for run, nproc in ((one, 1), (two, 2)):
+        done = _qkv("train", "lm", "--out", str(run), "--quiet", *settings, nproc=nproc)
+        assert done.returncode == 0, done.stderr[-2000:]
+    for key in ("train_loss", "val_loss"):
+        a, b = _rows(one, key), _rows(two, key)
+        assert [s for s, _ in a] == [s for s, _ in b] and a
+        for (_, x), (_, y) in zip(a, b):
+            assert abs(x - y) < 1e-4 * abs(x), (key, x, y)
+
+
+def test_a_micro_batch_is_shared_out_by_rows():
+    from qkv.data.batching import make_batch
+    from qkv.train.distributed import share
+
+    rows = torch.arange(5)
+    assert [share(rows, r, 2).tolist() for r in (0, 1)] == [[0, 2, 4], [1, 3]]
+    assert share(list("abc"), 2, 4) == ["c"] and share(list("abc"), 3, 4) == []
+    batch = make_batch([([5, 6], [7]), ([5], [7, 8, 9]), ([6], [8])], [10, 11, 12], 0, 1, 2)
+    part = share(batch, 1, 2)  # the second pair: 3 target tokens + eos
+    assert part.index == [11] and part.n_tgt_tokens == 4 and part.tgt_out.tolist() == [[7, 8, 9, 2]]
+    assert share(batch, 0, 2).n_tgt_tokens + part.n_tgt_tokens == batch.n_tgt_tokens

@@ -139,7 +139,7 @@ def test_a_truncated_state_is_named_and_the_previous_one_offered(tmp_path):
     path = tmp_path / "train_state.pt"
     assert torch.load(previous_state_path(path), weights_only=True)["loop"]["step"] == 8
     path.write_bytes(path.read_bytes()[:1000])  # as a crash mid-write would leave it, unrenamed
-    with pytest.raises(QkvError, match=r"train_state.pt is truncated or corrupt .*train_state.prev.pt "
+    with pytest.raises(QkvError, match=r"train_state.pt is truncated; the previous state train_state.prev.pt "
                                        r"\(step 8\) is readable: mv "):
         _train(tmp_path, 12, resume=True)
     os.replace(previous_state_path(path), path)  # what the message offers

@@ -197,8 +197,13 @@ def _cmd_train(args) -> int:
     from .train import distributed
 
     ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
+    created = not Path(args.out).exists()
     try:
         summary = getattr(module, train_name)(recipe, args.out, resume=args.resume, progress=not args.quiet)
+    except QkvError:
+        if created and ctx.is_main:
+            _remove_unstarted(Path(args.out))
+        raise
     except KeyboardInterrupt:
         if ctx.is_main:
             _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command "
@@ -210,6 +215,15 @@ def _cmd_train(args) -> int:
         report(summary, args.out)
         print(json.dumps(summary, ensure_ascii=False))
     return 0
+
+
+def _remove_unstarted(run_dir: Path) -> None:
+    """Remove a run directory this command created if it was refused before its first training
+    state (a refused command leaves nothing behind); a run with a checkpoint is kept."""
+    import shutil
+
+    if run_dir.is_dir() and not (run_dir / "train_state.pt").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _read_inputs(args) -> list[str]:
@@ -630,6 +644,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its message's lines joined (an ``OSError``: the file and why)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # key=value overrides may come anywhere after the recipe, also after options.
@@ -644,11 +667,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _log("interrupted")
         return 130
-    except (QkvError, ValueError, OSError) as exc:
+    except (QkvError, OSError) as exc:  # the user's input, or the environment (files, disk)
         if args.debug:
             raise
-        _log(f"error: {exc}")
+        _log(f"error: {_one_line(exc)}")
         return 2
+    except Exception as exc:  # anything else is a bug: say so, never disguise it as a user error
+        if args.debug:
+            raise
+        _log(f"internal error (a bug in qkv, not a problem with your input): {type(exc).__name__}: "
+             f"{_one_line(exc)}; run the same command with `qkv --debug ...` for the traceback and "
+             "report it to the qkv developers")
+        return 1
 
 
 if __name__ == "__main__":

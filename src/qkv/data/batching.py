@@ -21,6 +21,7 @@ class TranslationBatch:
         tgt_out: ``(B, T)`` long, target ids + ``eos`` (labels), right-padded with ``pad``.
         n_tgt_tokens: number of non-pad labels (the loss normaliser).
         index: positions of these pairs in the data set (to restore order after decoding).
+        pad_id: the padding id (what :meth:`shard` does not count).
     """
 
     src: torch.Tensor
@@ -28,6 +29,18 @@ class TranslationBatch:
     tgt_out: torch.Tensor
     n_tgt_tokens: int
     index: list[int]
+    pad_id: int = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def shard(self, rank: int, world_size: int) -> "TranslationBatch":
+        """Pairs ``rank, rank + world_size, ...`` (one process's part under torchrun, see
+        :func:`qkv.train.distributed.share`); padding columns are kept."""
+        rows = slice(rank, None, world_size)
+        tgt_out = self.tgt_out[rows]
+        return TranslationBatch(self.src[rows], self.tgt_in[rows], tgt_out, int((tgt_out != self.pad_id).sum()),
+                                self.index[rows], self.pad_id)
 
 
 def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
@@ -45,7 +58,7 @@ def make_batch(pairs: list[tuple[list[int], list[int]]], index: list[int],
     src = pad_sequences([s + [eos_id] for s, _ in pairs], pad_id)
     tgt_in = pad_sequences([[bos_id] + t for _, t in pairs], pad_id)
     tgt_out = pad_sequences([t + [eos_id] for _, t in pairs], pad_id)
-    return TranslationBatch(src, tgt_in, tgt_out, int((tgt_out != pad_id).sum()), list(index))
+    return TranslationBatch(src, tgt_in, tgt_out, int((tgt_out != pad_id).sum()), list(index), pad_id)
 
 
 def token_batches(lengths: list[tuple[int, int]], max_tokens: int, shuffle: bool = True,

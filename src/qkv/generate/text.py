@@ -58,12 +58,21 @@ class TextEncoder:
     def rows(self, texts: list[str], max_len: int | None = None, warn: bool = True) -> list[list[int]]:
         """Token ids of each text (with the model's specials), cut to ``max_len`` tokens (default
         the model's context) keeping the final special token; a cut is logged as a warning
-        when ``warn``."""
+        when ``warn``.
+
+        Raises:
+            QkvError: no texts, a text that is not a string, or one that is empty or only
+                white space (named by its 1-based position).
+        """
         if not texts:
             raise QkvError("no input texts")
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if bad is not None:
             raise QkvError(f"input {bad + 1} is a {type(texts[bad]).__name__}, not a string")
+        empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
+        if empty is not None:  # it would be encoded as the special tokens alone: a meaningless vector
+            raise QkvError(f"input {empty + 1} is empty" + (" (only white space)" if texts[empty] else "")
+                           + ": give some text")
         rows = self.tokenizer.encode_batch(list(texts))
         limit = min(max_len or self.model.config.max_len, self.model.config.max_len)
         long = [i for i, r in enumerate(rows) if len(r) > limit]
@@ -92,7 +101,8 @@ class TextEncoder:
         return out
 
     def similarity(self, first: str, second: str) -> float:
-        """Cosine similarity of two texts' embeddings, in [-1, 1]."""
+        """Cosine similarity of two texts' embeddings, in [-1, 1]. Raises :class:`QkvError` for
+        an empty text."""
         a, b = self.embed([first, second])
         return float(a @ b)
 
@@ -101,6 +111,8 @@ class TextEncoder:
         best first. Raises :class:`QkvError` for ``top_k`` < 1."""
         if top_k < 1:
             raise QkvError(f"top_k must be >= 1 (got {top_k})")
+        if not query.strip():
+            raise QkvError("the query is empty: give some text to search for")
         vectors = self.embed(corpus)
         scores = vectors @ self.embed([query])[0]  # (N,)
         best = np.argsort(-scores, kind="stable")[:top_k]

@@ -15,46 +15,73 @@ from dataclasses import replace
 
 from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
-from ..errors import QkvError
+from ..errors import ConfigError, QkvError
 from ..settings import to_dict
 from ..train import distributed
-from ..train.checkpoint import load_weights, save_weights, write_json
+from ..train.checkpoint import check_state, load_weights, save_weights, write_json
 from ..train.loop import LoopState, train_loop
 from ..train.optim import make_optimizer
 
 logger = logging.getLogger(__name__)
 
 
-def prepare_run_dir(run_dir: str | Path, resume: bool) -> Path:
-    """Create ``run_dir``; refuse a non-empty one unless resuming (nothing saved is overwritten).
-    Under torchrun only rank 0 checks and creates it (the others never write)."""
+def require_at_least_one(settings, *names: str) -> None:
+    """Raise :class:`~qkv.errors.ConfigError` naming every field of ``settings`` among ``names``
+    that is set (not ``None``) and below 1: counts and sizes that mean nothing at 0 (a
+    ``max_tokens=0`` would make batches of nothing)."""
+    bad = [f"{n} ({getattr(settings, n)}) must be >= 1" for n in names
+           if getattr(settings, n) is not None and getattr(settings, n) < 1]
+    if bad:
+        raise ConfigError("; ".join(bad))
+
+
+def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
+    """Check that ``run_dir`` can take this run, writing nothing: a new run needs it absent or
+    empty (nothing saved is overwritten); ``resume`` needs a run of the same ``recipe``, trained
+    on as many processes, with a readable ``train_state.pt``. The directory is created by the
+    run's first write, once its data and settings are checked too. Under torchrun only rank 0
+    checks (the others never write).
+
+    Raises:
+        QkvError: a non-empty directory without ``resume``; with it: nothing to resume, a run
+            of another recipe or number of processes, a truncated or corrupt training state.
+    """
     run_dir = Path(run_dir)
     if not distributed.is_main():
         return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise QkvError(f"run directory {run_dir} is not empty; use --resume to continue it or "
-                       "choose another --out")
-    if resume and not (run_dir / "train_state.pt").is_file():
+    if run_dir.exists() and not run_dir.is_dir():
+        raise QkvError(f"--out {run_dir} is a file, not a directory")
+    if not resume:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise QkvError(f"run directory {run_dir} is not empty; use --resume to continue it or "
+                           "choose another --out")
+        return run_dir
+    if not (run_dir / "train_state.pt").is_file():
         raise QkvError(f"nothing to resume in {run_dir}: no train_state.pt (it stopped before its first "
                        "checkpoint); start it again without --resume, into an empty --out")
-    if resume:
-        _check_same_processes(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
-def _check_same_processes(run_dir: Path) -> None:
-    """Refuse to resume a run on another number of processes than it was trained on (its
-    random streams are per process), before anything is written."""
-    try:
-        saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # the training state is checked again when it is loaded
+    saved = _saved_settings(run_dir)
+    if saved.get("recipe") != recipe:
+        raise QkvError(f"{run_dir} is a {saved.get('recipe')!r} run, not {recipe!r}: resume it with "
+                       f"`qkv train {saved.get('recipe')} --out {run_dir} --resume`")
     before = saved.get("resolved", {}).get("processes", 1)
     now = distributed.context().world_size
     if before != now:
         raise QkvError(f"{run_dir} was trained on {before} process(es); resume it on as many (its "
                        f"random streams are per process), not {now}")
+    check_state(run_dir / "train_state.pt")
+    return run_dir
+
+
+def _saved_settings(run_dir: Path) -> dict:
+    path = run_dir / "train_config.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot resume {run_dir}: {path.name} is missing or unreadable "
+                       f"({getattr(exc, 'strerror', None) or exc})") from None
+    if not isinstance(saved, dict):
+        raise QkvError(f"cannot resume {run_dir}: {path.name} is not a JSON object")
+    return saved
 
 
 def git_commit() -> str | None:
@@ -81,15 +108,40 @@ class RunContext:
 
 
 def write_settings(run_dir: Path, recipe: str, settings, model_config,
-                   run: RunContext | None = None) -> None:
+                   run: RunContext | None = None, resume: bool = False) -> None:
     """``config.json`` (the model's config, vocabulary filled in) and ``train_config.json``
     (the recipe name, the settings tree as given with the same model config, what ``run``
-    resolved them to on this machine under ``"resolved"``, the git commit and torch version)."""
-    write_json(run_dir / "config.json", model_config.to_dict())
+    resolved them to on this machine under ``"resolved"``, the git commit and torch version).
+
+    ``resume``: the model must be the one saved in ``config.json`` (its training state holds
+    that model's weights); only ``train_config.json`` is rewritten, with today's settings
+    (a longer budget, say).
+
+    Raises:
+        QkvError: ``resume`` with a model config that differs from the saved one (the keys
+            named), before anything is written.
+    """
+    if resume:
+        _check_same_model(run_dir, model_config.to_dict())
+    else:
+        write_json(run_dir / "config.json", model_config.to_dict())
     tree = {**to_dict(settings), "model": model_config.to_dict()}
     resolved = {"resolved": run.to_dict()} if run is not None else {}
     write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, **resolved,
                                                "git_commit": git_commit(), "torch": torch.__version__})
+
+
+def _check_same_model(run_dir: Path, model: dict) -> None:
+    path = run_dir / "config.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot resume {run_dir}: {path.name} is missing or unreadable ({exc})") from None
+    changed = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
+    if changed:
+        diff = ", ".join(f"model.{k}: {saved.get(k)!r} saved, {model.get(k)!r} now" for k in changed[:5])
+        raise QkvError(f"cannot resume {run_dir} with another model ({diff}"
+                       f"{', ...' if len(changed) > 5 else ''}): resume with the run's own settings")
 
 
 def start_run(train) -> RunContext:
@@ -154,12 +206,14 @@ def training_figures(state: LoopState, model: torch.nn.Module, started: float) -
             "total_minutes": round((time.perf_counter() - started) / 60, 2)}
 
 
-def open_run(run_dir: str | Path, resume: bool, train, tokenizer) -> tuple[Path, RunContext]:
-    """Create (or reopen, ``resume``) the run directory, start the run (:func:`start_run`) and
-    save the ``tokenizer`` there: the first writes of a recipe, after its inputs are checked."""
-    run_dir = prepare_run_dir(run_dir, resume)
+def open_run(run_dir: str | Path, resume: bool, recipe: str, train, tokenizer) -> tuple[Path, RunContext]:
+    """Check the run directory (:func:`prepare_run_dir`), start the run (:func:`start_run`) and
+    save the ``tokenizer`` there (a new run; a resumed one keeps its own): the first write of a
+    recipe, after its inputs are checked."""
+    run_dir = prepare_run_dir(run_dir, resume, recipe)
     run = start_run(train)
-    tokenizer.save(run_dir / "tokenizer.json")
+    if not resume:
+        tokenizer.save(run_dir / "tokenizer.json")
     return run_dir, run
 
 

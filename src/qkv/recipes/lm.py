@@ -32,7 +32,7 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import keep_best, prepare_run_dir, start_run, write_settings
+from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,10 @@ class LMRecipe:
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size ({self.batch_size}) must be >= 1")
+        require_at_least_one(self, "batch_size", "vocab_size", "eval_batches", "num_samples", "sample_tokens",
+                             "top_k")
+        if not self.temperature > 0.0:
+            raise ValueError(f"temperature ({self.temperature}) must be > 0")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
 
@@ -131,7 +133,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         QkvError: bad corpus, an existing run directory without ``resume``, etc.
     """
     t_start = time.perf_counter()
-    run_dir = prepare_run_dir(run_dir, resume)
+    run_dir = prepare_run_dir(run_dir, resume, "lm")
     run = start_run(recipe.train)
     device = run.device
     text = load_corpus(recipe.corpus)
@@ -143,7 +145,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
     chars_per_token = len(val_text) / len(val_data)
     model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "lm", recipe, model_cfg, run)
+    write_settings(run_dir, "lm", recipe, model_cfg, run, resume)
     logger.info(f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
         f"{tok.kind} vocabulary of {tok.vocab_size}")
     model = DecoderLM(model_cfg).to(device)

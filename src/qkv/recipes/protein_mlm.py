@@ -32,7 +32,7 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import keep_best, prepare_run_dir, start_run, write_settings
+from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class ProteinMLMRecipe:
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
+        require_at_least_one(self, "max_tokens", "train_limit", "val_limit")
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
         if self.model.max_len < 3:
@@ -146,17 +147,18 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
                       progress: bool = True) -> dict:
     """Pretrain; keep the best-on-validation weights. Returns a summary dict."""
     t_start = time.perf_counter()
-    run_dir = prepare_run_dir(run_dir, resume)
+    run_dir = prepare_run_dir(run_dir, resume, "protein-mlm")
     run = start_run(recipe.train)
     device = run.device
     tok = AminoAcidTokenizer()
-    tok.save(run_dir / "tokenizer.json")
     train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
     train_seqs, val_seqs = train_seqs[: recipe.train_limit], val_seqs[: recipe.val_limit]
     train_ids = [tok.encode(s, add_special_tokens=False) for s in train_seqs]
     val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs]
     model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "protein-mlm", recipe, model_cfg, run)
+    if not resume:
+        tok.save(run_dir / "tokenizer.json")
+    write_settings(run_dir, "protein-mlm", recipe, model_cfg, run, resume)
     logger.info(f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
         f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)")
     width = model_cfg.max_len - 2

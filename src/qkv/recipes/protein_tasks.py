@@ -38,7 +38,8 @@ from ..models.encoder import EncoderModel
 from ..train.checkpoint import write_json
 from ..train import distributed
 from ..train.settings import TrainSettings
-from .common import encoder_with_head, fit_classifier, keep_best, open_run, training_figures, write_settings
+from .common import (encoder_with_head, fit_classifier, keep_best, open_run, require_at_least_one,
+                     training_figures, write_settings)
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class ProteinTaskRecipe:
     baseline: bool = True
 
     def __post_init__(self) -> None:
+        require_at_least_one(self, "max_tokens")
         if self.freeze and not self.init:
             raise ValueError("freeze=true (a linear probe) needs init=RUN_DIR, a pretrained encoder")
         if self.fold not in (0, 1, 2):
@@ -147,12 +149,14 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
     model, tok = build_model(recipe, len(task.classes), level)  # checked before anything is written
     cfg = model.config
-    run_dir, run = open_run(run_dir, resume, recipe.train, tok)
+    name = f"protein-{'cls' if level == 'sequence' else 'residue'}"
+    run_dir, run = open_run(run_dir, resume, name, recipe.train, tok)
     device = run.device
     mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
-    write_json(run_dir / "task.json", {"task": task.name, "level": level, "classes": list(task.classes),
-                                       "mode": mode, "citation": task.citation})
-    write_settings(run_dir, f"protein-{'cls' if level == 'sequence' else 'residue'}", recipe, cfg, run)
+    write_settings(run_dir, name, recipe, cfg, run, resume)
+    if not resume:  # a resumed run keeps its own
+        write_json(run_dir / "task.json", {"task": task.name, "level": level, "classes": list(task.classes),
+                                           "mode": mode, "citation": task.citation})
     counts = {s: len(task.split(s)) for s in ("train", "val", "test")}
     logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
         f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}")

