@@ -1,5 +1,7 @@
 """The settings tree: dotted and flat keys, typed values (every field kind), every problem at
-once, nothing written on error, --print-config round trip."""
+once, nothing written on error, --print-config round trip; renamed and dropped keys of earlier
+versions; finite floats only; ConfigError from config classes; property tests of the parser
+(random overrides and settings files give settings or one line of QkvError, nothing else)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qkv.cli import main
-from qkv.errors import QkvError
+from qkv.errors import ConfigError, QkvError
 from qkv.models.config import EncoderConfig, LMConfig, TransformerConfig
 from qkv.recipes.lm import LMRecipe
+from qkv.recipes.protein_mlm import ProteinMLMRecipe
 from qkv.recipes.protein_tasks import ProteinTaskRecipe
 from qkv.recipes.translation import TranslationRecipe
-from qkv.settings import dotted_key, resolve, to_dict
+from qkv.settings import dotted_key, field_names, resolve, to_dict
 from qkv.train.settings import TrainSettings
 
 
@@ -162,11 +167,208 @@ def test_family_configs_add_only_their_own_fields():
                                                                "token_dropout", "mask_id"}
 
 
-def test_old_encoder_config_with_fields_it_never_used_still_loads():
+def test_old_encoder_config_with_fields_it_never_used_still_loads(tmp_path):
     old = {**to_dict(EncoderConfig(vocab_size=30)), "tie_embeddings": True, "bos_id": None, "eos_id": None}
     assert EncoderConfig.from_dict(old) == EncoderConfig(vocab_size=30)
-    with pytest.raises(ValueError, match="unknown EncoderConfig keys: tie_embeddings"):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(old))
+    assert EncoderConfig.load(path) == EncoderConfig(vocab_size=30)
+    with pytest.raises(ConfigError, match="unknown EncoderConfig keys: tie_embeddings"):
         EncoderConfig.from_dict({**old, "tie_embeddings": False})  # a value the model cannot honour
+    with pytest.raises(ConfigError, match="unknown EncoderConfig keys: tie_embeddings"):
+        EncoderConfig.from_dict({**old, "tie_embeddings": 1})  # 1 is not true
+
+
+def test_dropped_and_renamed_keys_are_two_attributes():
+    assert EncoderConfig.dropped_keys == {"tie_embeddings": True, "bos_id": None, "eos_id": None}
+    assert EncoderConfig.renamed_keys == {} and TrainSettings.renamed_keys["amp_bf16"][:2] == ("precision", bool)
+    assert not hasattr(EncoderConfig, "legacy_keys") and not hasattr(TrainSettings, "legacy_keys")
+
+
+@pytest.mark.parametrize("override", ["bos_id=3", "model.bos_id=3", "eos_id=0",
+                                      "model.tie_embeddings=false", "tie_embeddings=1"])
+def test_a_dropped_key_of_another_value_is_refused_in_one_line(override):
+    with pytest.raises(QkvError) as info:
+        resolve(ProteinMLMRecipe, None, [override])
+    msg = str(info.value)
+    name = override.split("=")[0].rsplit(".", 1)[-1]
+    assert f"model.{name} is no longer a setting (EncoderConfig dropped it" in msg, msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("override", ["bos_id=3", "model.tie_embeddings=false"])
+def test_dropped_key_on_the_command_line_exits_2_with_one_line_and_no_run_directory(override, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "protein-mlm", "--out", str(out), override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: invalid settings: model.") and "is no longer a setting" in err, err
+    assert "\n" not in err and not out.exists()
+
+
+def test_a_dropped_key_at_its_old_value_is_ignored_with_a_warning(tmp_path, qkv_logs):
+    s = resolve(ProteinMLMRecipe, None, ["model.tie_embeddings=true", "bos_id=null", "model.eos_id=none"])
+    assert s == ProteinMLMRecipe()
+    warnings = [r.getMessage() for r in qkv_logs.records if r.levelname == "WARNING"]
+    assert "model.tie_embeddings is no longer a setting: ignored (EncoderConfig always has " \
+           "model.tie_embeddings=true)" in warnings, warnings
+    # an older settings file (its model section as an older qkv printed it) still resolves
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"model": {**to_dict(EncoderConfig()), "tie_embeddings": True,
+                                          "bos_id": None, "eos_id": None}}))
+    assert resolve(ProteinMLMRecipe, path) == ProteinMLMRecipe()
+
+
+def test_the_lm_keeps_the_fields_the_encoder_dropped():
+    s = resolve(LMRecipe, None, ["model.tie_embeddings=false", "bos_id=3"])
+    assert s.model.tie_embeddings is False and s.model.bos_id == 3
+    assert resolve(LMRecipe, None, ["model.tie_embeddings=true"]).model.tie_embeddings is True
+
+
+def test_a_renamed_key_is_still_read_with_a_warning(qkv_logs):
+    assert resolve(LMRecipe, None, ["amp_bf16=true"]).train.precision == "bf16"
+    warnings = [r.getMessage() for r in qkv_logs.records if r.levelname == "WARNING"]
+    assert warnings == ["amp_bf16 is deprecated: read as train.precision=bf16"]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.lr=nan", "train.lr"), ("train.lr=NaN", "train.lr"), ("model.dropout=nan", "model.dropout"),
+    ("train.max_minutes=inf", "train.max_minutes"), ("train.max_minutes=Infinity", "train.max_minutes"),
+    ("train.lr=1e400", "train.lr"), ("temperature=-inf", "temperature"),
+    ("model.layer_norm_eps=" + "9" * 400, "model.layer_norm_eps"),
+])
+def test_non_finite_floats_are_refused(override, key):
+    with pytest.raises(QkvError) as info:
+        resolve(LMRecipe, None, [override])
+    value = override.split("=", 1)[1]
+    assert str(info.value) == f"invalid settings: {key} must be a finite number, got {value!r}"
+
+
+def test_non_finite_floats_in_python_and_in_config_files_are_refused(tmp_path):
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="lr must be a finite number"):
+            TrainSettings(lr=bad)
+        with pytest.raises(ConfigError, match="layer_norm_eps must be a finite number"):
+            LMConfig(layer_norm_eps=bad)
+    path = tmp_path / "nan.json"
+    path.write_text('{"train": {"lr": NaN, "weight_decay": Infinity}, "model": {"dropout": 1e400}}')
+    with pytest.raises(QkvError) as info:
+        resolve(LMRecipe, path)
+    for key in ("train.lr", "train.weight_decay", "model.dropout"):
+        assert f"{key} must be a finite number" in str(info.value)
+    with pytest.raises(QkvError, match="train.lr must be a finite number"):
+        resolve(LMRecipe, None, ["train.lr=" + "1" * 400])
+
+
+def test_check_raises_config_error_which_is_a_value_error():
+    with pytest.raises(ConfigError) as info:
+        TrainSettings(max_steps=0, beta1=2.0)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, QkvError)
+    assert str(info.value) == ("invalid TrainSettings: max_steps (0) must be >= 1; "
+                               "beta1 (2.0) must be in [0, 1)")
+    with pytest.raises(ConfigError, match="needs an end"):
+        TrainSettings(max_steps=None).lr_schedule(64)
+    with pytest.raises(ConfigError, match="vocab_size not set"):
+        LMConfig().require("vocab_size")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("{not json", r"config.json is not valid JSON: "),
+    ("[1, 2]", r"config.json must hold a JSON object, got an array"),
+    ('"x"', r"config.json must hold a JSON object, got a string"),
+    ('{"d_model": 64, "bogus": 1}', r"config.json: unknown LMConfig keys: bogus"),
+    ('{"d_model": "wide"}', r"config.json: invalid LMConfig: d_model must be int, got 'wide'"),
+    (b"\xff\xfe{}", r"config.json is not valid JSON: "),
+])
+def test_model_config_load_refuses_a_bad_file_in_one_line_naming_it(text, expected, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as info:
+        LMConfig.load(path)
+    msg = str(info.value)
+    assert msg.startswith(str(path)) and expected in msg and "\n" not in msg, msg
+    with pytest.raises(ConfigError, match="LMConfig needs a JSON object of settings, got an array"):
+        LMConfig.from_dict([1])
+
+
+# ---------------------------------------------------------------- property tests of the parser
+
+RECIPES = [LMRecipe, TranslationRecipe, ProteinMLMRecipe, ProteinTaskRecipe]
+_NAMES = sorted({n for cls in RECIPES for n in field_names(cls)})
+KEYS = st.one_of(
+    st.sampled_from(_NAMES),                                                # dotted, real
+    st.sampled_from(sorted({n.rsplit(".", 1)[-1] for n in _NAMES})),        # flat, real or ambiguous
+    st.sampled_from(["amp_bf16", "train.amp_bf16", "model.amp_bf16",        # renamed
+                     "bos_id", "eos_id", "tie_embeddings", "model.bos_id",  # dropped (for encoders)
+                     "model.tie_embeddings", "train.bos_id", "model", "train", "model.", ".", "",
+                     "model..d_model", "train.lr.x"]),
+    st.text(max_size=12),                                                   # anything
+)
+TEXT_VALUES = st.one_of(
+    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "-0", "-0.0", "0",
+                     "1", "2", "3", "0.5", "1e-9", "", " ", "true", "false", "True", "null", "none",
+                     "None", "[]", "{}", '"x"', "[1]", "1" * 400, "-" + "9" * 5000, "9" * 30,
+                     "é", "ünïcödé", "\u2028", "a\nb", "\x00", "relu", "rotary", "bf16", "cosine",
+                     "char", "bpe", "signalp", "cls", "mean", "dyt"]),
+    st.integers().map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(max_size=10),
+)
+OVERRIDES = st.lists(st.one_of(st.builds(lambda k, v: f"{k}={v}", KEYS, TEXT_VALUES),
+                               st.text(max_size=8)), max_size=6)
+
+
+def _one_line_or_settings(cls, config, overrides):
+    try:
+        s = resolve(cls, config, overrides)
+    except QkvError as exc:
+        msg = str(exc)
+        assert msg and len(msg.splitlines()) == 1 and "\n" not in msg, repr(msg)
+    else:
+        assert isinstance(s, cls)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cls=st.sampled_from(RECIPES), overrides=OVERRIDES)
+def test_random_overrides_give_settings_or_one_line_qkv_error(cls, overrides):
+    _one_line_or_settings(cls, None, overrides)
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=10 ** 300),
+              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+              st.sampled_from([0, 1, 2, 3, -0.0, 0.5, 1e-9, "relu", "bf16", "rotary", "cls"])),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
+    max_leaves=8)
+CONFIGS = st.one_of(
+    st.dictionaries(KEYS, JSON_VALUES, max_size=6),                       # flat or nested
+    st.fixed_dictionaries({}, optional={"model": st.dictionaries(KEYS, JSON_VALUES, max_size=4),
+                                        "train": st.dictionaries(KEYS, JSON_VALUES, max_size=4)}),
+    JSON_VALUES,                                                          # not an object
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cls=st.sampled_from(RECIPES), config=CONFIGS, overrides=st.lists(st.builds(
+    lambda k, v: f"{k}={v}", KEYS, TEXT_VALUES), max_size=2), raw=st.booleans())
+def test_random_config_files_give_settings_or_one_line_qkv_error(cls, config, overrides, raw, tmp_path):
+    path = tmp_path / "settings.json"
+    text = json.dumps(config)
+    if raw:  # a damaged file: cut short
+        text = text[: len(text) // 2]
+    path.write_text(text, encoding="utf-8")
+    _one_line_or_settings(cls, path, overrides)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=CONFIGS)
+def test_random_config_json_loads_or_raises_one_line_config_error(config, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    for cls in (EncoderConfig, LMConfig, TransformerConfig):
+        try:
+            cls.load(path)
+        except ConfigError as exc:
+            assert str(exc).startswith(str(path)) and len(str(exc).splitlines()) == 1, str(exc)
 
 
 def _documented_train_commands():

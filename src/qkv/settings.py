@@ -5,12 +5,23 @@ family's config from :mod:`qkv.models.config`), ``train`` (:class:`qkv.train.set
 and the recipe's own data/task fields at the top. Keys are dotted (``model.d_model=256``,
 ``train.lr=3e-4``, ``src_lang=fr``). A flat key that names a field of exactly one section is
 accepted for it (``d_model=256`` is ``model.d_model=256``); one that several sections have is
-refused with the dotted names to use. A key of an earlier version that a section lists in its
-``legacy_keys`` is read as today's key, with a deprecation warning in the log.
+refused with the dotted names to use.
+
+Keys of earlier versions, declared by a section class in one of two class attributes:
+
+- ``renamed_keys``: ``{old name: (new name, old type, old value → new value)}``, a key that
+  was renamed (``train.amp_bf16`` → ``train.precision``). It is read from config files and
+  overrides as today's key, with a deprecation warning in the log.
+- ``dropped_keys``: ``{name: the value the model always used}``, a key that the section no
+  longer has (the protein encoder's ``model.tie_embeddings``, always ``true``). Older
+  ``config.json`` files and settings files hold it: with that value it is accepted and ignored
+  (with a warning in the log); with any other value it is refused, saying that the key was
+  dropped. :meth:`qkv.models.config.ModelConfig.from_dict` drops it the same way, silently.
 
 Every value is converted and checked against its field's annotation (``int``, ``float``,
-``bool``, ``str``, ``X | None``, ``Literal[...]``) before anything else happens; every problem
-is reported at once, each naming the key, the expected type and the value.
+``bool``, ``str``, ``X | None``, ``Literal[...]``) before anything else happens; a ``float``
+field takes finite numbers only (``nan``, ``inf`` and ``1e400`` are refused). Every problem is
+reported at once, in one line, each naming the key, the expected type and the value.
 """
 
 from __future__ import annotations
@@ -20,12 +31,13 @@ import difflib
 import functools
 import json
 import logging
+import math
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from .errors import QkvError
+from .errors import ConfigError, QkvError
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +75,8 @@ def convert(value: Any, tp, from_text: bool = False) -> Any:
 
     ``from_text``: ``value`` is a command-line string (``"3"``, ``"true"``, ``"null"``, ``"relu"``);
     otherwise a JSON value. An ``int`` field takes whole numbers only (``2.0`` is refused), a
-    ``float`` field takes ints and floats, a ``bool`` field only true/false.
+    ``float`` field finite ints and floats (not NaN, not an infinity), a ``bool`` field only
+    true/false.
     """
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -105,9 +118,54 @@ def convert(value: Any, tp, from_text: bool = False) -> Any:
         raise _Invalid
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond the float range
+                raise _Invalid from None
+            if math.isfinite(value):
+                return value
         raise _Invalid
     raise _Invalid
+
+
+def _takes_float(tp) -> bool:
+    return tp is float or float in typing.get_args(tp)
+
+
+def _non_finite(value: Any, from_text: bool) -> bool:
+    """Whether ``value`` is a number outside what a ``float`` field takes (NaN, an infinity,
+    an int beyond the float range), written as text (``nan``, ``-inf``, ``1e400``) or not."""
+    if isinstance(value, bool):
+        return False
+    if from_text and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return False
+    try:
+        return isinstance(value, (int, float)) and not math.isfinite(float(value))
+    except OverflowError:
+        return True
+
+
+def _mismatch(key: str, tp, value: Any, from_text: bool = False) -> str:
+    """The message for a value that the annotation ``tp`` refuses."""
+    if _takes_float(tp) and _non_finite(value, from_text):
+        return f"{key} must be a finite number, got {value!r}"
+    return f"{key} must be {type_name(tp)}, got {value!r}"
+
+
+def show_key(key: Any) -> str:
+    """A key as an error message shows it: as typed, or quoted when it is empty or holds
+    characters that would not print on one line."""
+    return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key \
+        else repr(key)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that does not print (line breaks among them) escaped as
+    Python writes it: a message is one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def field_problems(obj) -> list[str]:
@@ -122,21 +180,24 @@ def field_problems(obj) -> list[str]:
         try:
             convert(value, tp)
         except _Invalid:
-            out.append(f"{name} must be {type_name(tp)}, got {value!r}")
+            out.append(_mismatch(name, tp, value))
     return out
 
 
 def check(obj) -> None:
-    """Raise ``ValueError`` listing every problem of the dataclass instance ``obj``: values of
-    the wrong type (:func:`field_problems`), then what its ``problems()`` method finds (range
-    and consistency checks, skipped where a wrong type makes them impossible)."""
+    """Raise :class:`~qkv.errors.ConfigError` (a ``ValueError``) listing every problem of the
+    dataclass instance ``obj`` in one line: values of the wrong type (:func:`field_problems`),
+    then what its ``problems()`` method finds (range and consistency checks, skipped where a
+    wrong type makes them impossible)."""
     problems = field_problems(obj)
     try:
         problems += obj.problems()
-    except TypeError:  # a value of the wrong type, already named: range checks cannot run
-        pass
+    except Exception:
+        if not problems:  # every value has its type: a bug in problems()
+            raise
+        # else a value of the wrong type, already named, made the range checks impossible
     if problems:
-        raise ValueError(f"invalid {type(obj).__name__}: " + "; ".join(problems))
+        raise ConfigError(one_line(f"invalid {type(obj).__name__}: " + "; ".join(problems)))
 
 
 def field_names(cls, prefix: str = "") -> list[str]:
@@ -163,35 +224,64 @@ def dotted_key(cls, key: str) -> str:
     close = difflib.get_close_matches(key, names, n=3) or difflib.get_close_matches(
         key.rsplit(".", 1)[-1], [n.rsplit(".", 1)[-1] for n in names], n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise KeyError(f"unknown key {key}{hint}")
+    raise KeyError(f"unknown key {show_key(key)}{hint}")
 
 
-def _legacy_keys(cls, prefix: str = "") -> list[tuple[str, dict]]:
-    """``(dotted prefix, legacy_keys)`` of ``cls`` and its sections: a section class may map
-    keys of earlier versions to today's, ``{old: (new, old type, old value → new value)}``."""
-    out = [(prefix, getattr(cls, "legacy_keys", {}))]
+def _section_attr(cls, attr: str, prefix: str = "") -> list[tuple[str, type, dict]]:
+    """``(dotted prefix, section class, its attr)`` for ``cls`` and each of its sections, where
+    ``attr`` is ``"renamed_keys"`` or ``"dropped_keys"`` (see the module docstring)."""
+    out = [(prefix, cls, getattr(cls, attr, {}))]
     for f in dataclasses.fields(cls):
         tp = _hints(cls)[f.name]
         if _is_section(tp):
-            out += _legacy_keys(tp, f"{prefix}{f.name}.")
+            out += _section_attr(tp, attr, f"{prefix}{f.name}.")
     return out
 
 
 def _renamed(cls, key: str, value: Any, from_text: bool) -> tuple[str, Any] | None:
-    """Today's ``(dotted key, value)`` for a key of an earlier version (dotted, or flat when
-    unambiguous), logging a deprecation warning; ``None`` for other keys. Raises
+    """Today's ``(dotted key, value)`` for a key a section lists in its ``renamed_keys``
+    (dotted, or flat), logging a deprecation warning; ``None`` for other keys. Raises
     :class:`_Invalid` with the message for a value the old key's type refuses."""
     name = key.rsplit(".", 1)[-1]
-    for prefix, legacy in _legacy_keys(cls):
-        if name in legacy and key in (prefix + name, name):
-            new, old_type, to_new = legacy[name]
+    for prefix, _, renamed in _section_attr(cls, "renamed_keys"):
+        if name in renamed and key in (prefix + name, name):
+            new, old_type, to_new = renamed[name]
             try:
                 new_value = to_new(convert(value, old_type, from_text))
             except _Invalid:
-                raise _Invalid(f"{key} must be {type_name(old_type)}, got {value!r}") from None
+                raise _Invalid(_mismatch(key, old_type, value, from_text)) from None
             logger.warning(f"{key} is deprecated: read as {prefix}{new}={new_value}")
             return prefix + new, new_value
     return None
+
+
+def dropped_value_matches(value: Any, dropped: Any, from_text: bool = False) -> bool:
+    """Whether ``value`` (a JSON value, or command-line text) is ``dropped``, the value a
+    dropped key always held (``true`` is ``True``; ``1`` is not)."""
+    if dropped is None:
+        return value is None or (from_text and value in _NULLS)
+    try:
+        return convert(value, type(dropped), from_text) == dropped
+    except _Invalid:
+        return False
+
+
+def _dropped(cls, key: str, value: Any, from_text: bool) -> bool:
+    """``True`` for a key that a section lists in its ``dropped_keys`` (dotted, or flat) given
+    the value it always held: accepted and ignored, with a warning; ``False`` for other keys.
+    Raises :class:`_Invalid` with the message for a dropped key of any other value."""
+    name = key.rsplit(".", 1)[-1]
+    for prefix, section, dropped in _section_attr(cls, "dropped_keys"):
+        if name in dropped and key in (prefix + name, name):
+            old = json.dumps(dropped[name])
+            if not dropped_value_matches(value, dropped[name], from_text):
+                raise _Invalid(f"{prefix}{name} is no longer a setting ({section.__name__} dropped "
+                               f"it; only the value it always had, {old}, is still read), "
+                               f"got {value!r}")
+            logger.warning(f"{key} is no longer a setting: ignored ({section.__name__} always "
+                           f"has {prefix}{name}={old})")
+            return True
+    return False
 
 
 def _annotation(cls, dotted: str):
@@ -225,7 +315,7 @@ def _replace(default, values: dict[str, Any], problems: list[str], where: str):
             changes[f.name] = values[f.name]
     try:
         return dataclasses.replace(default, **changes)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:  # a section's or a recipe's validation
         problems.append(f"{where}: {exc}")
         return None
 
@@ -236,8 +326,9 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
 
     Raises:
         QkvError: one line listing every problem: an unreadable file, a malformed override, an
-            unknown or ambiguous key, a value of the wrong type (key, expected type, value), or
-            a value the section's validation refuses.
+            unknown or ambiguous key, a value of the wrong type (key, expected type, value), a
+            renamed key's value of the wrong type, a dropped key not at its old value, or a
+            value the section's validation refuses.
     """
     raw: list[tuple[str, Any, bool]] = []  # (key, value, from_text)
     problems: list[str] = []
@@ -247,7 +338,7 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
             if not isinstance(data, dict):
                 raise ValueError("expected a JSON object")
         except (OSError, ValueError) as exc:
-            raise QkvError(f"cannot read config file {config_file}: {exc}") from None
+            raise QkvError(one_line(f"cannot read config file {config_file}: {exc}")) from None
         raw += [(k, v, False) for k, v in _flatten(data)]
     for item in overrides:
         if "=" not in item:
@@ -267,17 +358,21 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
         try:
             dotted = dotted_key(cls, key)
         except KeyError as exc:
-            problems.append(exc.args[0])
+            try:
+                if not _dropped(cls, key, value, from_text):
+                    problems.append(exc.args[0])
+            except _Invalid as dropped:
+                problems.append(dropped.args[0])
             continue
         tp = _annotation(cls, dotted)
         try:
             values[dotted] = convert(value, tp, from_text)
         except _Invalid:
-            problems.append(f"{dotted} must be {type_name(tp)}, got {value!r}")
+            problems.append(_mismatch(dotted, tp, value, from_text))
     if not problems:
         settings = _replace(cls(), values, problems, cls.__name__)
     if problems:
-        raise QkvError("invalid settings: " + "; ".join(problems))
+        raise QkvError(one_line("invalid settings: " + "; ".join(problems)))
     return settings
 
 

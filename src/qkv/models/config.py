@@ -16,11 +16,19 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Callable, ClassVar, Literal
 
+from ..errors import ConfigError
 from ..nn.feedforward import Activation
 from ..nn.layers import LayerConfig
-from ..settings import check
+from ..settings import check, dropped_value_matches, show_key
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, in JSON's words (``an array``, ``a string``)."""
+    kinds = {bool: "true or false", type(None): "null", list: "an array", str: "a string",
+             int: "a number", float: "a number", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,17 +36,26 @@ class ModelConfig(LayerConfig):
     """What every model family shares: the layer settings, the kind of positions (§3.5) and
     ``max_len``, the longest sequence (positions ``0 .. max_len - 1``).
 
-    Construction validates every field and raises ``ValueError`` naming every bad value
-    (:meth:`problems` lists them); ``to_dict``/``from_dict``/``load`` are the ``config.json``
-    round trip.
+    Construction validates every field and raises :class:`~qkv.errors.ConfigError` (a
+    ``ValueError``) naming every bad value (:meth:`problems` lists them);
+    ``to_dict``/``from_dict``/``load`` are the ``config.json`` round trip.
+
+    ``dropped_keys``: keys that older ``config.json`` files hold but this family no longer has,
+    each with the value the model always used; :meth:`from_dict` drops such a key when it holds
+    that value and refuses it otherwise (the settings parser, :mod:`qkv.settings`, reads them
+    the same way, with a warning). ``renamed_keys``: keys of earlier versions read under their
+    new name in settings files and overrides, ``{old: (new, old type, old value → new
+    value)}`` (see :mod:`qkv.settings`; no family has one yet).
     """
 
     positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
     max_len: int = 1024
 
-    # keys older config.json files hold that this family no longer has, with the value the
-    # model always used: dropped on load when they hold that value.
-    legacy_keys: ClassVar[dict] = {}
+    # keys older config.json files hold that this family no longer has → the value the model
+    # always used: dropped on load when they hold that value (see the class docstring).
+    dropped_keys: ClassVar[dict[str, object]] = {}
+    # old key → (new key, old type, old value → new value), read by the settings parser only.
+    renamed_keys: ClassVar[dict[str, tuple[str, type, Callable]]] = {}
 
     def __post_init__(self) -> None:
         check(self)
@@ -59,7 +76,7 @@ class ModelConfig(LayerConfig):
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
-        if self.layer_norm_eps <= 0:
+        if not self.layer_norm_eps > 0:  # NaN too
             out.append(f"layer_norm_eps ({self.layer_norm_eps}) must be > 0")
         return out
 
@@ -75,10 +92,11 @@ class ModelConfig(LayerConfig):
         return out
 
     def require(self, *names: str) -> None:
-        """Raise ``ValueError`` if a field the model needs is still unset (``None``)."""
+        """Raise :class:`~qkv.errors.ConfigError` if a field the model needs is still unset
+        (``None``)."""
         unset = [n for n in names if getattr(self, n) is None]
         if unset:
-            raise ValueError(f"{type(self).__name__}: {', '.join(unset)} not set (the recipe sets "
+            raise ConfigError(f"{type(self).__name__}: {', '.join(unset)} not set (the recipe sets "
                              "vocabulary sizes from its tokenizer)")
 
     def to_dict(self) -> dict:
@@ -86,20 +104,47 @@ class ModelConfig(LayerConfig):
 
     @classmethod
     def from_dict(cls, data: dict):
-        """Build from a dict (``config.json``); unknown keys raise ``ValueError`` naming them.
-        Keys an older qkv wrote that this family dropped are accepted when they hold the value
-        the model always used."""
+        """Build from a dict (``config.json``). Keys an older qkv wrote that this family
+        dropped (``dropped_keys``) are ignored when they hold the value the model always used.
+
+        Raises:
+            ConfigError: ``data`` is not a dict, holds unknown keys (named, and a dropped key
+                of another value said to be one), or a bad value (named).
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cls.__name__} needs a JSON object of settings, got "
+                              f"{_json_kind(data)}")
         known = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in data.items()
-                if not (k in cls.legacy_keys and k not in known and v == cls.legacy_keys[k])}
-        unknown = sorted(set(data) - known)
+        data = {k: v for k, v in data.items() if not (
+            k in cls.dropped_keys and k not in known and dropped_value_matches(v, cls.dropped_keys[k]))}
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} keys: {', '.join(unknown)}")
+            named = [f"{k} (dropped: only {json.dumps(cls.dropped_keys[k])}, the value the model "
+                     f"always used, is read)" if k in cls.dropped_keys else show_key(k)
+                     for k in unknown]
+            raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(named)}")
         return cls(**data)
 
     @classmethod
     def load(cls, path: str | Path):
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        """Read a ``config.json``.
+
+        Raises:
+            ConfigError: one line naming the file: not UTF-8 JSON, not a JSON object, or what
+                :meth:`from_dict` refuses.
+            OSError: the file cannot be read.
+        """
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a JSON object, got {_json_kind(data)}")
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +161,7 @@ class TransformerConfig(ModelConfig):
     values with sines before cosines (Tensor2Tensor, Marian).
 
     Raises:
-        ValueError: on construction, naming every bad value.
+        ConfigError: (a ``ValueError``) on construction, naming every bad value.
     """
 
     src_vocab_size: int | None = None
@@ -184,7 +229,7 @@ class LMConfig(StackConfig):
     empty prompt starts from (``None``: empty prompts are refused).
 
     Raises:
-        ValueError: on construction, naming every bad value.
+        ConfigError: (a ``ValueError``) on construction, naming every bad value.
     """
 
     d_model: int = 128
@@ -222,7 +267,10 @@ class EncoderConfig(StackConfig):
     token_dropout: bool = False
     mask_id: int | None = None
 
-    legacy_keys: ClassVar[dict] = {"tie_embeddings": True, "bos_id": None, "eos_id": None}
+    # older protein encoders were saved with the LM's fields: the head was always tied, and
+    # there were no start or end ids
+    dropped_keys: ClassVar[dict[str, object]] = {"tie_embeddings": True, "bos_id": None,
+                                                 "eos_id": None}
     _special_ids: ClassVar[tuple[str, ...]] = ("pad_id", "mask_id")
 
     def problems(self) -> list[str]:
@@ -248,7 +296,7 @@ class ViTConfig(ModelConfig):
     token count (patches + 1) as in the other families.
 
     Raises:
-        ValueError: on construction, naming every bad value.
+        ConfigError: (a ``ValueError``) on construction, naming every bad value.
     """
 
     d_model: int = 128

@@ -9,8 +9,9 @@ Eq. 3, ``schedule="noam"``); Loshchilov & Hutter 2017/2019 (AdamW, cosine decay,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, ClassVar, Literal
 
+from ..errors import ConfigError
 from ..settings import check
 from .optim import budget_lr, noam_lr, warmup_cosine_lr
 
@@ -41,8 +42,11 @@ class TrainSettings:
     Faults: a non-finite loss or gradient norm stops the run naming the step, unless
     ``skip_nonfinite`` allows that many such steps to be skipped (their update discarded).
 
+    ``renamed_keys``: keys of earlier versions, still read from settings files and overrides
+    with a deprecation warning (see :mod:`qkv.settings`).
+
     Raises:
-        ValueError: on construction, naming every bad value.
+        ConfigError: (a ``ValueError``) on construction, naming every bad value.
     """
 
     max_steps: int | None = None
@@ -70,9 +74,11 @@ class TrainSettings:
     compile: bool = False
     skip_nonfinite: int = 0
 
-    # Keys of earlier versions, still read from config files and overrides (with a deprecation
-    # message): old name → (new name, old type, old value → new value). amp_bf16=false meant fp32.
-    legacy_keys = {"amp_bf16": ("precision", bool, lambda on: "bf16" if on else "fp32")}
+    # Renamed keys of earlier versions, still read from settings files and overrides (with a
+    # deprecation warning): old name → (new name, old type, old value → new value).
+    # amp_bf16=false meant fp32.
+    renamed_keys: ClassVar[dict[str, tuple[str, type, Callable]]] = {
+        "amp_bf16": ("precision", bool, lambda on: "bf16" if on else "fp32")}
 
     def __post_init__(self) -> None:
         check(self)
@@ -91,7 +97,7 @@ class TrainSettings:
             if value is not None and not value > 0:
                 out.append(f"{name} ({value}) must be > 0")
         for name in ("warmup_steps", "weight_decay", "snapshot_minutes", "skip_nonfinite"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # NaN too
                 out.append(f"{name} ({getattr(self, name)}) must be >= 0")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -111,18 +117,18 @@ class TrainSettings:
                 when ``lr`` is ``None``.
 
         Raises:
-            ValueError: a decaying schedule with no end (training by epochs only needs
+            ConfigError: a decaying schedule with no end (training by epochs only needs
                 ``lr_decay_steps``), or no peak learning rate.
         """
         if self.schedule == "noam":
             return lambda step, used=0.0: noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
         decay = self.lr_decay_steps or total_steps or self.max_steps
         if decay is None and self.max_minutes is None:
-            raise ValueError(f"train.schedule={self.schedule} needs an end: set train.max_steps, "
+            raise ConfigError(f"train.schedule={self.schedule} needs an end: set train.max_steps, "
                              "train.max_minutes or train.lr_decay_steps")
         peak = self.lr if self.lr is not None else peak_lr
         if peak is None:
-            raise ValueError("train.lr is not set")
+            raise ConfigError("train.lr is not set")
         low = peak * self.min_lr_ratio
         if decay is None:
             return lambda step, used=0.0: budget_lr(step, used, peak, low, self.warmup_steps,
