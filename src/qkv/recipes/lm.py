@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import runs
 from ..data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from ..data.text import consecutive_windows, load_corpus, random_windows, split_train_val, windows_at
-from ..errors import QkvError
+from ..errors import ConfigError, QkvError
 from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
@@ -72,9 +72,9 @@ class LMRecipe:
         require_at_least_one(self, "batch_size", "vocab_size", "eval_batches", "num_samples", "sample_tokens",
                              "top_k")
         if not self.temperature > 0.0:
-            raise ValueError(f"temperature ({self.temperature}) must be > 0")
+            raise ConfigError(f"temperature ({self.temperature}) must be > 0")
         if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
+            raise ConfigError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
 
     def model_config(self, tok) -> LMConfig:
         """``model`` with the tokenizer's vocabulary and start token."""

@@ -24,6 +24,7 @@ from ..data.batching import pad_sequences, token_batches
 from ..data.masking import mask_tokens
 from ..data.protein import load_pretraining_corpus
 from ..data.tokenizers import PROTEIN_SPECIALS, AminoAcidTokenizer
+from ..errors import ConfigError
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
@@ -61,9 +62,9 @@ class ProteinMLMRecipe:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
         require_at_least_one(self, "max_tokens", "train_limit", "val_limit")
         if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
+            raise ConfigError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
         if self.model.max_len < 3:
-            raise ValueError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
+            raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
                              "a residue and <eos>")
 
     def model_config(self, tok: AminoAcidTokenizer) -> EncoderConfig:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..data.batching import pad_sequences
 from ..data.protein_tasks import ProteinTask, load_task
 from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
-from ..errors import QkvError
+from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, per_group_binary_mcc, plot_confusion
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
@@ -80,11 +80,11 @@ class ProteinTaskRecipe:
     def __post_init__(self) -> None:
         require_at_least_one(self, "max_tokens")
         if self.freeze and not self.init:
-            raise ValueError("freeze=true (a linear probe) needs init=RUN_DIR, a pretrained encoder")
+            raise ConfigError("freeze=true (a linear probe) needs init=RUN_DIR, a pretrained encoder")
         if self.fold not in (0, 1, 2):
-            raise ValueError(f"fold ({self.fold}) must be 0, 1 or 2")
+            raise ConfigError(f"fold ({self.fold}) must be 0, 1 or 2")
         if self.model.max_len < 3:
-            raise ValueError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
+            raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
                              "a residue and <eos>")
 
     @property

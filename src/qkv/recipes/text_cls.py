@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
-from ..errors import QkvError
+from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
 from ..generate.text import TextEncoder
 from ..hub.pretrained import load
@@ -74,11 +74,11 @@ class TextClsRecipe:
     def __post_init__(self) -> None:
         require_at_least_one(self, "max_tokens")
         if self.freeze and self.scratch:
-            raise ValueError("freeze=true (a probe of pretrained features) and scratch=true exclude each other")
+            raise ConfigError("freeze=true (a probe of pretrained features) and scratch=true exclude each other")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1)")
+            raise ConfigError(f"dropout ({self.dropout}) must be in [0, 1)")
         if self.max_len < 3:
-            raise ValueError(f"max_len ({self.max_len}) must leave room for two specials and a token")
+            raise ConfigError(f"max_len ({self.max_len}) must leave room for two specials and a token")
 
     @property
     def mode(self) -> str:

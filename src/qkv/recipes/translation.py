@@ -21,6 +21,7 @@ import torch
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import load_multi30k
+from ..errors import ConfigError
 from ..evaluate.bleu import translation_scores
 from ..generate.translator import Translator
 from ..models.config import TransformerConfig
@@ -76,9 +77,9 @@ class TranslationRecipe:
 
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
-            raise ValueError(f"vocab_size ({self.vocab_size}) must be >= 8")
+            raise ConfigError(f"vocab_size ({self.vocab_size}) must be >= 8")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
+            raise ConfigError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
         require_at_least_one(self, "max_tokens", "beam_size", "max_train_tokens", "train_limit", "val_limit")
 
     def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.images import ImageSet, ImageTask, augment, load_image_task, to_model_input
-from ..errors import QkvError
+from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
 from ..generate.vision import ImageClassifier
 from ..models.config import ViTConfig
@@ -79,7 +79,7 @@ class ViTRecipe:
         if not 0.0 < self.val_fraction < 0.5:
             problems.append(f"val_fraction ({self.val_fraction}) must be in (0, 0.5)")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
 
 def load_task(recipe: ViTRecipe):

@@ -203,9 +203,9 @@ def train_loop(
             try:
                 model.load_state_dict(saved["model"])
             except RuntimeError as exc:  # a state of another model (shapes or names differ)
-                raise QkvError(f"{run_dir / 'train_state.pt'} holds the weights of another model: "
-                               f"{str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc}"
-                               ) from None
+                detail = [line.strip() for line in str(exc).splitlines() if line.strip()][-1]
+                raise QkvError(f"{run_dir / 'train_state.pt'} holds the weights of another model "
+                               f"({detail})") from None
         else:  # states written before the weights moved into them
             load_weights(model, run_dir / "last.safetensors")
         optimizer.load_state_dict(saved["optimizer"])
