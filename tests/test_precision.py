@@ -290,4 +290,4 @@ def test_every_recipe_passes_its_resolved_precision_to_the_loop():
         else:
             loop_kwargs = {k.arg: ast.unparse(k.value) for k in calls["train_loop"].keywords}
             assert loop_kwargs.get("precision") == "run.precision", name
-        assert ast.unparse(calls["write_settings"].args[-1]) == "run", name
+        assert "run" in [ast.unparse(a) for a in calls["write_settings"].args], name
