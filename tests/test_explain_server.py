@@ -203,3 +203,83 @@ def test_server_refuses_bad_image_uploads_with_413_and_422(vit_client):
 def test_image_endpoints_refuse_a_text_model(clients):
     res = clients["lm"].post("/api/image/explain", content=b"x")
     assert res.status_code == 422 and "takes text input" in res.json()["detail"]
+
+
+# --- issue 26: every bad input a clean refusal (4xx, a JSON one-line detail) --------------
+
+BAD_SETTINGS = [  # raw JSON text: json.dumps refuses NaN and the infinities by default
+    ('"seed": %d' % 2**70, 422, "invalid request: seed: Input should be less than 18446744073709551616"),
+    ('"seed": %d' % -2**70, 422, "invalid request: seed: Input should be greater than or equal to 0"),
+    ('"seed": -1', 422, "invalid request: seed: Input should be greater than or equal to 0"),
+    ('"temperature": NaN', 422, "invalid request: temperature: Input should be a finite number"),
+    ('"temperature": Infinity', 422, "invalid request: temperature: Input should be a finite number"),
+    ('"temperature": -Infinity', 422, "invalid request: temperature: Input should be a finite number"),
+    ('"top_p": NaN', 422, "invalid request: top_p: Input should be a finite number"),
+    ('"max_new_tokens": 1e400', 422, "invalid request: max_new_tokens: Input should be a finite number"),
+    ('"seed": ' + "9" * 5000, 400, "There was an error parsing the body"),  # over Python's int-digit limit
+]
+
+
+@pytest.mark.parametrize("family", ["lm", "protein"])
+@pytest.mark.parametrize("path", ["/api/explain", "/api/steps"])
+@pytest.mark.parametrize("setting, status, detail", BAD_SETTINGS)
+def test_bad_settings_are_refused_with_a_json_message(clients, family, path, setting, status, detail):
+    steps = ', "kind": "decoder", "layer": 0, "head": 0' if path == "/api/steps" else ""
+    body = '{"text": "%s", %s%s}' % ("AAA" if family == "protein" else "ROMEO", setting, steps)
+    res = clients[family].post(path, content=body, headers={"content-type": "application/json"})
+    assert (res.status_code, res.headers["content-type"]) == (status, "application/json"), res.text
+    assert res.json() == {"detail": detail}
+
+
+@pytest.mark.parametrize("settings", [{"top_p": 5e-324}, {"temperature": 1e-300}, {"temperature": 5e-324},
+                                      {"temperature": 1e-300, "top_p": 5e-324, "seed": 2**64 - 1}])
+def test_tiny_temperature_and_top_p_are_greedy_not_an_error(clients, settings):
+    client = clients["lm"]
+    greedy = client.post("/api/explain", json={"text": "ROMEO", "temperature": 0, "max_new_tokens": 8}).json()
+    res = client.post("/api/explain", json={"text": "ROMEO", "max_new_tokens": 8, **settings})
+    assert res.status_code == 200, res.text
+    out = res.json()["output"]
+    assert out["next_tokens"][0]["prob"] == 1.0
+    if "temperature" in settings:
+        assert out["text"] == greedy["output"]["text"]
+
+
+@pytest.mark.parametrize("body, needle", [
+    (b'{"text": ', "the body is not valid JSON (Expecting value at character 9)"),
+    (b"\xff\xfe", "the body is not valid JSON"), (b"[1, 2]", "valid dictionary"), (b"null", "valid dictionary")])
+def test_unparsable_bodies_get_one_line_json(clients, body, needle):
+    res = clients["lm"].post("/api/explain", content=body, headers={"content-type": "application/json"})
+    assert res.status_code == 422 and needle in res.json()["detail"] and "\n" not in res.json()["detail"]
+
+
+def test_a_lone_surrogate_is_refused_with_422(clients):
+    """JSON can spell a lone surrogate, which is no character (the subword tokenizer raised
+    TypeError on it)."""
+    body = b'{"text": "Ein \\ud800 Mann", "max_new_tokens": 3, "beam_size": 1}'
+    for client in clients.values():
+        res = client.post("/api/explain", content=body, headers={"content-type": "application/json"})
+        assert res.status_code == 422 and res.json() == {
+            "detail": "invalid request: text: Value error, not valid Unicode: a lone surrogate at position 5"}
+
+
+def test_the_openapi_document_is_served_without_a_docs_ui(clients):
+    client = clients["lm"]
+    res = client.get("/openapi.json")
+    assert res.status_code == 200 and res.headers["content-security-policy"].startswith("default-src 'self'")
+    doc = res.json()
+    assert {"/api/info", "/api/explain", "/api/steps", "/api/image/explain", "/api/image/steps"} <= set(doc["paths"])
+    seed = doc["components"]["schemas"]["ExplainRequest"]["properties"]["seed"]["anyOf"][0]
+    assert (seed["minimum"], seed["exclusiveMaximum"]) == (0, 2**64)
+    assert doc["paths"]["/api/explain"]["post"]["responses"]["422"]["content"]["application/json"]["schema"] == \
+        {"$ref": "#/components/schemas/ErrorMessage"}
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+
+
+@pytest.mark.parametrize("query", ["layer=99999999999999999999999&head=0&example=0", "layer=0&head=%d&example=0" % 2**70,
+                                   "layer=0&head=0&example=%d" % 2**70, "layer=-1&head=0&example=0",
+                                   "layer=0&head=0&example=NaN", "layer=0&head=0&example=1e400", "layer=1.5&head=0"])
+def test_image_query_parameters_out_of_range_are_422(vit_client, query):
+    res = vit_client.post("/api/image/steps?" + query)
+    assert res.status_code == 422 and isinstance(res.json()["detail"], str), res.text
+    res = vit_client.post("/api/image/explain?" + query.rpartition("&")[2])
+    assert res.status_code in (200, 422) and (res.status_code == 200 or isinstance(res.json()["detail"], str))

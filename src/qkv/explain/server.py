@@ -18,26 +18,38 @@ two text endpoints refuse it, and these answer instead:
   Answers as ``/api/explain``, plus the image, the patch grid and the rollout.
 - ``POST /api/image/steps?layer=L&head=H[&example=K]``: Eq. 1 for one head, the same body.
 
-Errors are JSON ``{"detail": message}``: 413 for an input over the cap (``max_chars``
-characters, the model's context in tokens, or a request body over :data:`MAX_BODY_BYTES`,
-for images :data:`MAX_IMAGE_BYTES`), 422 for anything else wrong with the input (unknown
-characters, layer out of range, bad settings, an image that is not one, is truncated or is
-a decompression bomb). Requests are answered one at a time (a lock): a model is not re-entrant while
-a step-through's hook is attached, and one user on a laptop needs no more.
+- ``GET /openapi.json``: the OpenAPI document of these endpoints (no docs UI: FastAPI's loads
+  its script from a CDN, which the page's Content-Security-Policy forbids).
+
+Errors are JSON ``{"detail": message}``, the message one line: 413 for an input over the cap
+(``max_chars`` characters, the model's context in tokens, or a request body over
+:data:`MAX_BODY_BYTES`, for images :data:`MAX_IMAGE_BYTES`), 422 for anything else wrong with
+the input (unknown characters, layer out of range, bad settings, an image that is not one, is
+truncated or is a decompression bomb), and for a body or query that does not fit the schema
+(``"invalid request: temperature: Input should be a finite number"``; the offending value is
+never echoed, so NaN, infinities or invalid Unicode cannot break the answer), 400 for a body
+that cannot be parsed at all. The settings' bounds: ``temperature`` a finite number in
+[0, 10] (0 = greedy; tiny values are greedy-equivalent, see :mod:`qkv.generate.sampling`),
+``top_p`` in (0, 1], ``top_k`` >= 1, ``seed`` an integer in [0, 2**64) (what
+``torch.Generator.manual_seed`` accepts, negatives aside). Requests are answered one at a time
+(a lock): a model is not re-entrant while a step-through's hook is attached, and one user on a
+laptop needs no more.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 from pathlib import Path
 from typing import Callable
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import QkvError
@@ -49,8 +61,29 @@ MAX_IMAGE_BYTES = 8 * 1024 * 1024  # an image upload (a large phone photo is 3-5
 IMAGE_API = "/api/image/"
 DECODING_FIELDS = {f.name for f in dataclasses.fields(DecodingOptions)}  # body keys that decode
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds below 2**64 (and >= -2**63)
 
 logger = logging.getLogger(__name__)
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that any client can parse: non-ASCII escaped (a lone surrogate in an echoed input
+    cannot fail to encode), and NaN or infinities refused rather than sent as invalid JSON."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+class ErrorMessage(BaseModel):
+    """Every error's body: one line naming the problem."""
+
+    detail: str
+
+
+ERROR_RESPONSES = {code: {"model": ErrorMessage, "description": what} for code, what in [
+    (400, "the body cannot be parsed"), (413, "the input or the body is over the cap"),
+    (422, "the input or a setting is wrong (the message says which)")]}
+IMAGE_ERRORS = {code: ERROR_RESPONSES[code] for code in (413, 422)}  # the body is read raw
 
 
 class ExplainRequest(BaseModel):
@@ -60,11 +93,25 @@ class ExplainRequest(BaseModel):
     text: str
     beam_size: int = Field(4, ge=1, le=16)
     max_new_tokens: int = Field(40, ge=0, le=400)
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    temperature: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
+                               description="0 = greedy; tiny values are greedy-equivalent")
     top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = 0
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False,
+                                description="the nucleus always keeps the most likely token")
+    seed: int | None = Field(0, ge=0, lt=SEED_LIMIT,
+                             description="0 <= seed < 2**64, the range torch's generator accepts")
     merge_words: bool = True
+
+    @field_validator("text")
+    @classmethod
+    def _unicode(cls, text: str) -> str:
+        """JSON can spell a lone surrogate (``"\\ud800"``), which is not a character: the
+        tokenizers would fail on it."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"not valid Unicode: a lone surrogate at position {exc.start + 1}") from None
+        return text
 
     def options(self) -> DecodingOptions:
         return DecodingOptions(**self.model_dump(include=DECODING_FIELDS))
@@ -78,14 +125,38 @@ class StepsRequest(ExplainRequest):
     head: int = Field(ge=0)
 
 
+# The image endpoints read the raw body themselves; the OpenAPI document says what it is.
+IMAGE_BODY = {"requestBody": {"required": False, "description": "an image file (PNG, JPEG, ...), "
+                              "or empty with ?example=INDEX",
+                              "content": {"application/octet-stream": {
+                                  "schema": {"type": "string", "format": "binary"}}}}}
+
+
+def validation_message(errors) -> str:
+    """Pydantic's validation errors as one line, ``"invalid request: where: what; ..."``,
+    without the offending values (they may be NaN, infinite or not valid Unicode)."""
+    parts = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        msg = str(error.get("msg", "invalid value"))
+        if error.get("type") == "json_invalid":  # loc is ("body", character offset)
+            why = (error.get("ctx") or {}).get("error")
+            why = why if isinstance(why, str) else msg
+            msg, loc = f"the body is not valid JSON ({why} at character {loc[0] if loc else 0})", []
+        parts.append((".".join(loc) + ": " if loc else "") + msg)
+    return " ".join(("invalid request: " + "; ".join(parts)).split())
+
+
 def create_app(explainer: Explainer) -> FastAPI:
     """The web app for one loaded model. Raises nothing; errors become JSON responses."""
-    app = FastAPI(title="qkv explain", docs_url=None, redoc_url=None, openapi_url=None)
+    # /openapi.json is served; the docs UIs stay off (they load assets from a CDN).
+    app = FastAPI(title="qkv explain", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+                  default_response_class=SafeJSONResponse)
     lock = threading.Lock()
 
     def too_large(size: str, cap: int) -> JSONResponse:
-        return JSONResponse({"detail": f"request body too large: {size} bytes, the cap is {cap}"},
-                            status_code=413)
+        return SafeJSONResponse({"detail": f"request body too large: {size} bytes, the cap is {cap}"},
+                                status_code=413)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -100,9 +171,13 @@ def create_app(explainer: Explainer) -> FastAPI:
 
     @app.exception_handler(QkvError)
     async def input_error(request: Request, exc: QkvError):
-        return JSONResponse({"detail": str(exc)}, status_code=413 if isinstance(exc, InputTooLong) else 422)
+        return SafeJSONResponse({"detail": str(exc)}, status_code=413 if isinstance(exc, InputTooLong) else 422)
 
-    @app.get("/")
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        return SafeJSONResponse({"detail": validation_message(exc.errors())}, status_code=422)
+
+    @app.get("/", response_class=HTMLResponse)
     def index():
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
@@ -117,13 +192,13 @@ def create_app(explainer: Explainer) -> FastAPI:
     def info():
         return {**explainer.info(), "max_upload_bytes": MAX_IMAGE_BYTES} if images else explainer.info()
 
-    @app.post("/api/explain")
+    @app.post("/api/explain", responses=ERROR_RESPONSES)
     def explain(body: ExplainRequest):
         check_input_kind("text")
         with lock:
             return explainer.explain(body.text, body.options(), body.merge_words).to_dict()
 
-    @app.post("/api/steps")
+    @app.post("/api/steps", responses=ERROR_RESPONSES)
     def steps(body: StepsRequest):
         check_input_kind("text")
         with lock:
@@ -151,18 +226,18 @@ def create_app(explainer: Explainer) -> FastAPI:
                 return fn(*args)
         return run_in_threadpool(call)  # the model runs off the event loop, one call at a time
 
-    @app.get(IMAGE_API + "examples")
+    @app.get(IMAGE_API + "examples", responses={422: ERROR_RESPONSES[422]})
     def image_examples():  # a plain def: FastAPI runs it on a worker thread
         check_input_kind("image")
         with lock:
             return {"examples": explainer.examples()}
 
-    @app.post(IMAGE_API + "explain")
+    @app.post(IMAGE_API + "explain", responses=IMAGE_ERRORS, openapi_extra=IMAGE_BODY)
     async def image_explain(request: Request, example: int | None = Query(None, ge=0)):
         image = await image_input(request, example)
         return await locked(lambda: explainer.explain(image).to_dict())
 
-    @app.post(IMAGE_API + "steps")
+    @app.post(IMAGE_API + "steps", responses=IMAGE_ERRORS, openapi_extra=IMAGE_BODY)
     async def image_steps(request: Request, layer: int = Query(ge=0), head: int = Query(ge=0),
                           example: int | None = Query(None, ge=0)):
         image = await image_input(request, example)

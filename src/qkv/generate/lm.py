@@ -24,6 +24,8 @@ from .quantize import cast_weights
 from .sampling import check_sampling, choose_next, next_token_probs
 from .stats import DecodeStats
 
+SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed accepts: [-2**63, 2**64)
+
 
 def _left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(tokens (B, L), attention_mask (B, L) bool or None when no row is padded)``."""
@@ -204,12 +206,17 @@ class TextGenerator:
 
         ``stop``: strings that end a row (cut off before the stop string). ``stream(row, text)``
         receives each row's new text as it is produced (held back only while it could still
-        be the start of a stop string). ``seed`` makes sampling reproducible.
+        be the start of a stop string). ``seed`` makes sampling reproducible: an integer in
+        torch's range, ``-2**63 <= seed < 2**64`` (a negative seed is the same as
+        ``seed + 2**64``).
 
         Raises:
-            QkvError: as :func:`generate_tokens` and :meth:`encode_prompt`.
+            QkvError: as :func:`generate_tokens` and :meth:`encode_prompt`, or a seed outside
+                that range.
         """
         tok = self.tokenizer
+        if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+            raise QkvError(f"seed must be an integer in [-2**63, 2**64) (got {seed})")
         ids = [self.encode_prompt(p) for p in prompts]
         generator = None
         if seed is not None:
@@ -260,7 +267,16 @@ class TextGenerator:
     def next_token_probs(self, prompt: str, k: int = 10, temperature: float = 1.0,
                          top_p: float | None = None) -> list[tuple[str, float]]:
         """The ``k`` most likely next tokens after ``prompt`` and their probabilities under
-        ``temperature`` (and ``top_p``), most likely first: ``[(token text, probability)]``."""
+        ``temperature`` (and ``top_p``), most likely first: ``[(token text, probability)]``.
+
+        Probabilities are finite for any accepted setting: a temperature or ``top_p`` too small
+        for float32 gives the most likely token probability 1 (shared among ties), see
+        :func:`~qkv.generate.sampling.filter_logits`.
+
+        Raises:
+            QkvError: meaningless settings (:func:`~qkv.generate.sampling.check_sampling`), or
+                as :meth:`encode_prompt`.
+        """
         ids = self.encode_prompt(prompt)[-self.model.config.max_len:]
         device = next(self.model.parameters()).device
         logits = self.model(torch.tensor([ids], device=device), last_only=True).logits[:, -1]
