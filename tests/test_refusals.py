@@ -21,9 +21,6 @@ from qkv.cli import main
 from qkv.errors import QkvError
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
-needs_shakespeare = pytest.mark.skipif(
-    not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"),
-    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")
 
 TINY_LM = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1", "model.max_len=32",
            "batch_size=4", "eval_batches=1", "num_samples=1", "sample_tokens=4", "train.eval_every=3",
@@ -57,8 +54,8 @@ def _refused(done: subprocess.CompletedProcess, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory) -> Path:
     """A finished 6-step character LM run (with train_state.pt and its .prev)."""
-    if not (DATA / "tinyshakespeare" / "input.txt").is_file():
-        pytest.skip("tiny-shakespeare not found")
+    if not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"):
+        pytest.skip(f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")  # in CI: fail
     run = tmp_path_factory.mktemp("refusals") / "lm"
     done = _qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=6", *TINY_LM)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -72,7 +69,6 @@ def lm_copy(lm_run, tmp_path) -> Path:
     return run
 
 
-@needs_shakespeare
 def test_resuming_with_another_recipe_is_refused_and_changes_nothing(lm_copy):
     before = _digest(lm_copy)
     done = _qkv("train", "protein-mlm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
@@ -81,7 +77,6 @@ def test_resuming_with_another_recipe_is_refused_and_changes_nothing(lm_copy):
     assert _qkv("generate", str(lm_copy), "--max-new-tokens", "3", "--seed", "1").returncode == 0
 
 
-@needs_shakespeare
 @pytest.mark.parametrize("damage, reason", [
     (lambda b: b[: len(b) // 2], "is truncated"),
     (lambda b: b"", "is empty"),
@@ -97,7 +92,6 @@ def test_resuming_a_damaged_state_is_refused_changes_nothing_and_offers_the_prev
     assert _digest(lm_copy) == before
 
 
-@needs_shakespeare
 def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
     import pickle
 
@@ -108,7 +102,6 @@ def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
     assert _digest(lm_copy) == before
 
 
-@needs_shakespeare
 def test_resuming_with_another_model_is_refused_and_changes_nothing(lm_copy):
     before = _digest(lm_copy)
     settings = [s for s in TINY_LM if not s.startswith("model.d_model")] + ["model.d_model=64"]
@@ -117,7 +110,6 @@ def test_resuming_with_another_model_is_refused_and_changes_nothing(lm_copy):
     assert _digest(lm_copy) == before
 
 
-@needs_shakespeare
 def test_resuming_with_unreadable_settings_is_refused_and_changes_nothing(lm_copy):
     (lm_copy / "train_config.json").write_text("{ not json")
     before = _digest(lm_copy)
@@ -126,15 +118,13 @@ def test_resuming_with_unreadable_settings_is_refused_and_changes_nothing(lm_cop
     assert _digest(lm_copy) == before
 
 
-@needs_shakespeare
 def test_a_new_run_into_a_used_directory_is_refused_and_changes_nothing(lm_copy):
     before = _digest(lm_copy)
     _refused(_qkv("train", "lm", "--out", str(lm_copy), "--quiet", *TINY_LM), "is not empty; use --resume")
     assert _digest(lm_copy) == before
 
 
-@needs_shakespeare
-def test_a_refused_new_run_leaves_no_directory(tmp_path):
+def test_a_refused_new_run_leaves_no_directory(lm_run, tmp_path):
     run = tmp_path / "new"
     _refused(_qkv("train", "lm", "--out", str(run), "--quiet", f"corpus={tmp_path / 'missing.txt'}", *TINY_LM))
     assert not run.exists()
