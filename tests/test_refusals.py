@@ -102,6 +102,17 @@ def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
     assert _digest(lm_copy) == before
 
 
+def test_resume_alone_continues_with_the_runs_own_settings(lm_copy):
+    """`--resume` starts from the settings in train_config.json; key=value still overrides."""
+    import json
+
+    done = _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads((lm_copy / "train_config.json").read_text())
+    assert saved["model"]["d_model"] == 32 and saved["batch_size"] == 4 and saved["train"]["max_steps"] == 8
+    assert json.loads((lm_copy / "summary.json").read_text())["steps"] == 8
+
+
 def test_resuming_with_another_model_is_refused_and_changes_nothing(lm_copy):
     before = _digest(lm_copy)
     settings = [s for s in TINY_LM if not s.startswith("model.d_model")] + ["model.d_model=64"]

@@ -188,7 +188,8 @@ def _cmd_train(args) -> int:
             overrides.append(f"{key}={value}")
     if args.freeze:
         overrides.append("freeze=true")
-    recipe = resolve(getattr(module, settings_name), args.config, overrides)
+    base = _saved_settings(args.out, args.recipe) if args.resume else None
+    recipe = resolve(getattr(module, settings_name), args.config, overrides, base=base)
     if args.print_config:
         print(json.dumps(to_dict(recipe), indent=2, ensure_ascii=False))
         return 0
@@ -215,6 +216,23 @@ def _cmd_train(args) -> int:
         report(summary, args.out)
         print(json.dumps(summary, ensure_ascii=False))
     return 0
+
+
+# what train_config.json records beside the settings (provenance, not settings)
+PROVENANCE = ("recipe", "resolved", "git_commit", "torch")
+
+
+def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:
+    """The settings a run of ``recipe`` saved in ``train_config.json``: what ``--resume``
+    starts from (``--config`` and ``key=value`` still override them). ``None`` where there is
+    none to read; the recipe's checks then say what is wrong with the directory."""
+    try:
+        saved = json.loads((Path(run_dir or "") / "train_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("recipe") != recipe:
+        return None
+    return {k: v for k, v in saved.items() if k not in PROVENANCE}
 
 
 def _remove_unstarted(run_dir: Path) -> None:

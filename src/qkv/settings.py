@@ -320,9 +320,12 @@ def _replace(default, values: dict[str, Any], problems: list[str], where: str):
         return None
 
 
-def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = ()):
-    """The settings ``cls`` from its defaults < ``config_file`` (JSON, nested sections or flat
-    keys) < ``overrides`` (``"key=value"`` strings).
+def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (),
+            base: dict | None = None):
+    """The settings ``cls`` from its defaults < ``base`` < ``config_file`` (JSON, nested
+    sections or flat keys) < ``overrides`` (``"key=value"`` strings). ``base``: a settings tree
+    as :func:`to_dict` gives it (a resumed run's own settings, so ``--resume`` alone continues
+    the run as it was).
 
     Raises:
         QkvError: one line listing every problem: an unreadable file, a malformed override, an
@@ -332,6 +335,8 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
     """
     raw: list[tuple[str, Any, bool]] = []  # (key, value, from_text)
     problems: list[str] = []
+    if base:
+        raw += [(k, v, False) for k, v in _flatten(base)]
     if config_file:
         try:
             data = json.loads(Path(config_file).read_text(encoding="utf-8"))
