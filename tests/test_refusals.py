@@ -195,3 +195,33 @@ def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
         _refused(_qkv("search", query, "--corpus", str(corpus), "--device", "cpu"), "query is empty")
     _refused(_qkv("similarity", "", "A dog.", "--device", "cpu"), "input 1 is empty")
     _refused(_qkv("similarity", "A dog.", " \t", "--device", "cpu"), "input 2 is empty (only white space)")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bogus"], "invalid choice: 'bogus'"),
+    (["train", "lm", "--max-steps", "abc"], "invalid int value: 'abc'"),
+    (["train", "lm", "--out", "R", "train.seed=-1"], "seed (-1) must be in [0, 2**32)"),
+    (["train", "lm", "--out", "R", "model.d_model=99999999999999999999999"], "must be an integer in [-2**63, 2**63)"),
+    (["translate", "{translation}", "--beam", "0", "Hallo"], "beam size must be between 1 (greedy) and"),
+    (["translate", "{translation}", "--beam", "99999999999999999999", "Hallo"], "beam size must be between 1"),
+    (["translate", "{translation}", "--alpha", "nan", "Hallo"], "alpha must be a finite number"),
+    (["evaluate", "{translation}", "--limit", "0"], "--limit must be >= 1"),
+    (["generate", "{lm}", "--num-samples", "0"], "--num-samples must be >= 1"),
+])
+def test_bad_options_are_one_line_with_status_2(tiny_runs, tmp_path, monkeypatch, capsys, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(**tiny_runs) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's own refusals
+        code = stop.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert not (tmp_path / "R").exists()
+
+
+def test_a_deeply_nested_config_file_is_refused(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["train", "lm", "--out", str(tmp_path / "R"), "--config", str(deep)]) == 2
+    assert "cannot read config file" in capsys.readouterr().err and not (tmp_path / "R").exists()

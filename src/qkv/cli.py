@@ -201,7 +201,7 @@ def _cmd_train(args) -> int:
     created = not Path(args.out).exists()
     try:
         summary = getattr(module, train_name)(recipe, args.out, resume=args.resume, progress=not args.quiet)
-    except QkvError:
+    except Exception:  # refused (or failed) before its first checkpoint: leave nothing behind
         if created and ctx.is_main:
             _remove_unstarted(Path(args.out))
         raise
@@ -246,6 +246,11 @@ def _remove_unstarted(run_dir: Path) -> None:
 
 def _read_inputs(args) -> list[str]:
     if args.text:
+        for i, text in enumerate(args.text):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # bytes the shell passed that are not UTF-8
+                raise QkvError(f"argument {i + 1} is not valid UTF-8 (character {exc.start})") from None
         return list(args.text)
     data = sys.stdin.buffer.read()
     try:
@@ -275,6 +280,8 @@ def _cmd_evaluate(args) -> int:
     from . import runs
     from .device import resolve_device
 
+    if args.limit is not None and args.limit < 1:
+        raise QkvError(f"--limit must be >= 1 (got {args.limit})")
     device = resolve_device(args.device)
     recipe = runs.run_recipe(args.run_dir)
     evaluate = RECIPES[recipe][3] if recipe in RECIPES else None
@@ -298,6 +305,9 @@ def _cmd_generate(args) -> int:
     logging.getLogger("qkv.cli").debug(f"dtype: {args.dtype if quantize else str(dtype).removeprefix('torch.')} ({why})")
     if (args.run_dir is None) == (args.model is None):
         raise QkvError("give a run directory or --model NAME|PATH (a pretrained language model)")
+    if args.num_samples < 1 or args.max_new_tokens < 0:
+        raise QkvError(f"--num-samples must be >= 1 and --max-new-tokens >= 0 (got {args.num_samples} and "
+                       f"{args.max_new_tokens})")
     gen = TextGenerator.from_run(args.run_dir or args.model, device=device, dtype=dtype, quantize=quantize)
     temperature = 1.0 if args.temperature is None else args.temperature
     if args.top_probs is not None:
@@ -526,10 +536,18 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (``error: ...``, exit 2) instead of a usage
+    block; ``--help`` still shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qkv", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show debug messages and tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a model with a recipe")
     p.add_argument("recipe", help="recipe name: " + ", ".join(RECIPES))
@@ -662,6 +680,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bug(exc: BaseException) -> int:
+    _log(f"internal error (a bug in qkv, not a problem with your input): {type(exc).__name__}: "
+         f"{_one_line(exc)[:300]}; run the same command with `qkv --debug ...` for the traceback and "
+         "report it to the qkv developers")
+    return 1
+
+
+def _out_of_memory(exc: RuntimeError) -> bool:
+    """Whether torch failed to allocate memory: the CPU allocator's message, or CUDA's
+    (``torch.OutOfMemoryError`` is a ``RuntimeError`` that says "out of memory")."""
+    return "can't allocate memory" in str(exc) or "out of memory" in str(exc)
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one line: its message's lines joined (an ``OSError``: the file and why)."""
     if isinstance(exc, OSError) and exc.strerror:
@@ -675,7 +706,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # key=value overrides may come anywhere after the recipe, also after options.
     args, extra = parser.parse_known_args(argv)
-    if extra:
+    if extra and args.command == "translate" and not any(x.startswith("-") for x in extra):
+        args.text = list(args.text) + extra  # sentences after options: `translate RUN --beam 1 "Hallo"`
+    elif extra:
         if args.command != "train" or any(x.startswith("-") or "=" not in x for x in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
@@ -690,13 +723,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _log(f"error: {_one_line(exc)}")
         return 2
+    except (MemoryError, OverflowError, RuntimeError) as exc:
+        if args.debug:
+            raise
+        if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
+            return _bug(exc)
+        # a size or number the user chose that this machine cannot hold
+        _log(f"error: {'a number is too large' if isinstance(exc, OverflowError) else 'out of memory'}: "
+             f"{_one_line(exc)[:300]} (choose smaller sizes: model, batch, max_len, vocabulary)")
+        return 2
     except Exception as exc:  # anything else is a bug: say so, never disguise it as a user error
         if args.debug:
             raise
-        _log(f"internal error (a bug in qkv, not a problem with your input): {type(exc).__name__}: "
-             f"{_one_line(exc)}; run the same command with `qkv --debug ...` for the traceback and "
-             "report it to the qkv developers")
-        return 1
+        return _bug(exc)
 
 
 if __name__ == "__main__":

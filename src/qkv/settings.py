@@ -113,7 +113,8 @@ def convert(value: Any, tp, from_text: bool = False) -> Any:
             return value
         raise _Invalid
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        # 64-bit: what torch and NumPy take; a larger count is never meant
+        if isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63:
             return value
         raise _Invalid
     if tp is float:
@@ -151,8 +152,23 @@ def _non_finite(value: Any, from_text: bool) -> bool:
 def _mismatch(key: str, tp, value: Any, from_text: bool = False) -> str:
     """The message for a value that the annotation ``tp`` refuses."""
     if _takes_float(tp) and _non_finite(value, from_text):
-        return f"{key} must be a finite number, got {value!r}"
-    return f"{key} must be {type_name(tp)}, got {value!r}"
+        return f"{key} must be a finite number, got {_shown(value)}"
+    if "int" in type_name(tp).split(" or ") and _is_huge_int(value, from_text):
+        return f"{key} must be an integer in [-2**63, 2**63), got {_shown(value)}"
+    return f"{key} must be {type_name(tp)}, got {_shown(value)}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def _is_huge_int(value: Any, from_text: bool) -> bool:
+    try:
+        number = json.loads(value) if from_text and isinstance(value, str) else value
+    except ValueError:
+        return False
+    return isinstance(number, int) and not isinstance(number, bool) and not -2**63 <= number < 2**63
 
 
 def show_key(key: Any) -> str:
@@ -342,8 +358,8 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
             data = json.loads(Path(config_file).read_text(encoding="utf-8"))
             if not isinstance(data, dict):
                 raise ValueError("expected a JSON object")
-        except (OSError, ValueError) as exc:
-            raise QkvError(one_line(f"cannot read config file {config_file}: {exc}")) from None
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+            raise QkvError(one_line(f"cannot read config file {config_file}: {exc}"[:300])) from None
         raw += [(k, v, False) for k, v in _flatten(data)]
     for item in overrides:
         if "=" not in item:

@@ -300,4 +300,6 @@ def load_task(task: str, level: str, fold: int = 0, labels: str | None = None, s
     for name in SPLITS:
         if not loaded.split(name):
             raise QkvError(f"task {task!r} has no {name} records")
+    if len(loaded.classes) < 2:
+        raise QkvError(f"task {task!r} has one class ({', '.join(loaded.classes)}): a classifier needs two or more")
     return loaded

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from ..models.transformer import Transformer
 from ..nn.embeddings import check_token_ids
 
@@ -76,11 +77,11 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
     (scored at the current length, as in Hugging Face's ``BeamSearchScorer``); the winner
     maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals greedy decoding.
 
-    Shape: ``src (B, S)`` long. Raises ``ValueError`` for ``beam_size < 1``, an id outside the
-    source vocabulary or ``S > max_len``.
+    Shape: ``src (B, S)`` long. Raises ``ValueError`` (:class:`~qkv.errors.ConfigError` for
+    ``beam_size < 1``) for a bad beam size, an id outside the source vocabulary or ``S > max_len``.
     """
     if beam_size < 1:
-        raise ValueError(f"beam_size ({beam_size}) must be >= 1")
+        raise ConfigError(f"beam_size ({beam_size}) must be >= 1")
     cfg = model.config
     memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
     b, k, device = src.size(0), beam_size, src.device

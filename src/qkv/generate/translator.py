@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import torch
 
 from ..data.batching import pad_sequences
 from ..data.tokenizers import SubwordTokenizer
+from ..errors import ConfigError
 from .. import runs
 from ..models.transformer import Transformer
 from .search import beam_search, greedy_decode
@@ -26,6 +28,8 @@ class Translator:
     Args:
         model, tokenizer: as from :func:`load_run`.
         beam_size: 1 = greedy; alpha: length penalty (§6.1: 4 and 0.6).
+            Raises :class:`~qkv.errors.ConfigError` for a beam outside 1..vocabulary size or
+            an alpha that is negative or not finite.
         max_src_tokens: longer inputs are truncated with a warning (default: model max_len - 2).
         batch_size: sentences per decoding batch.
 
@@ -35,6 +39,11 @@ class Translator:
 
     def __init__(self, model: Transformer, tokenizer: SubwordTokenizer, beam_size: int = 4,
                  alpha: float = 0.6, batch_size: int = 64, max_src_tokens: int | None = None) -> None:
+        vocab = model.config.tgt_vocab_size
+        if not (isinstance(beam_size, int) and 1 <= beam_size <= vocab):
+            raise ConfigError(f"beam size must be between 1 (greedy) and the vocabulary size {vocab} (got {beam_size})")
+        if not math.isfinite(alpha) or alpha < 0:
+            raise ConfigError(f"length penalty alpha must be a finite number >= 0 (got {alpha})")
         self.model, self.tokenizer = model, tokenizer
         self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
         self.max_src_tokens = max_src_tokens or model.config.max_len - 2

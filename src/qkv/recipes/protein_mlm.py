@@ -61,6 +61,8 @@ class ProteinMLMRecipe:
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
         require_at_least_one(self, "max_tokens", "train_limit", "val_limit")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
         if self.model.max_len < 3:

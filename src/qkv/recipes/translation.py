@@ -81,6 +81,9 @@ class TranslationRecipe:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
         require_at_least_one(self, "max_tokens", "beam_size", "max_train_tokens", "train_limit", "val_limit")
+        if self.model.max_len < self.max_train_tokens + 2:  # + bos/eos
+            raise ConfigError(f"model.max_len ({self.model.max_len}) must be at least max_train_tokens + 2 "
+                              f"({self.max_train_tokens + 2}): the training pairs would not fit")
 
     def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:
         """``model`` with the joint vocabulary and the tokenizer's special ids."""

@@ -86,6 +86,8 @@ class TrainSettings:
     def problems(self) -> list[str]:
         """Every out-of-range value, naming the field."""
         out = []
+        if not 0 <= self.seed < 2**32:  # NumPy's seeds, and every RNG qkv seeds from it
+            out.append(f"seed ({self.seed}) must be in [0, 2**32)")
         at_least_one = ("max_steps", "max_epochs", "accum_steps", "eval_every", "keep_snapshots",
                         "threads", "lr_decay_steps")
         for name in at_least_one:
