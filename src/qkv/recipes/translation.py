@@ -21,7 +21,7 @@ import torch
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import load_multi30k
-from ..errors import ConfigError
+from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import translation_scores
 from ..generate.translator import Translator
 from ..models.config import TransformerConfig
@@ -81,9 +81,8 @@ class TranslationRecipe:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
         require_at_least_one(self, "max_tokens", "beam_size", "max_train_tokens", "train_limit", "val_limit")
-        if self.model.max_len < self.max_train_tokens + 2:  # + bos/eos
-            raise ConfigError(f"model.max_len ({self.model.max_len}) must be at least max_train_tokens + 2 "
-                              f"({self.max_train_tokens + 2}): the training pairs would not fit")
+        if self.model.max_len < 2:
+            raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for a token and eos")
 
     def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:
         """``model`` with the joint vocabulary and the tokenizer's special ids."""
@@ -110,6 +109,12 @@ def _eval_batches(tok: SubwordTokenizer, pairs) -> list:
     """Length-sorted batches of ~8000 padded tokens for scoring, in a fixed order."""
     return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
             for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False)]
+
+
+def _fitting(pairs: list, max_len: int) -> list:
+    """The pairs whose source + eos and bos + target fit in ``max_len`` positions: those the
+    teacher-forced loss can score (decoding cuts over-long sources instead)."""
+    return [(s, t) for s, t in pairs if len(s) < max_len and len(t) < max_len]
 
 
 def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
@@ -153,9 +158,13 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     if not resume:
         tok.save(tok_path)
     write_settings(run_dir, "translation", recipe, model_cfg, run, resume)
+    # a pair fits the model when each side plus eos (source) or bos (target) is within max_len
+    longest = min(recipe.max_train_tokens, model_cfg.max_len - 1)
     pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
-             if 0 < len(s) <= recipe.max_train_tokens and 0 < len(t) <= recipe.max_train_tokens]
-    val_pairs = _encode_pairs(tok, val_src, val_tgt)
+             if 0 < len(s) <= longest and 0 < len(t) <= longest]
+    if not pairs:
+        raise QkvError(f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)")
+    val_pairs = _fitting(_encode_pairs(tok, val_src, val_tgt), model_cfg.max_len)
     lengths = [(len(s), len(t)) for s, t in pairs]
     logger.info(f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
         f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}")
@@ -221,7 +230,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 
     hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha).translate(src)
     decode_s = time.perf_counter() - t0
     with torch.no_grad():
-        nll, n = _teacher_forced_nll(model, _eval_batches(tok, _encode_pairs(tok, src, ref)), tok.pad_id)
+        pairs = _fitting(_encode_pairs(tok, src, ref), model.config.max_len)
+        nll, n = _teacher_forced_nll(model, _eval_batches(tok, pairs), tok.pad_id)
     scores = translation_scores(hyps, ref)
     return {"split": split, **scores, "loss": nll / n, "ppl": math.exp(nll / n), "n": len(src),
             "beam_size": beam_size, "alpha": alpha, "decode_seconds": round(decode_s, 1),
