@@ -28,6 +28,8 @@ class _StderrHandler(logging.Handler):
         from tqdm import tqdm
 
         msg = record.getMessage()
+        if record.name == "py.warnings":  # "file:line: Category: message" and the source line
+            msg = msg.strip().splitlines()[0]
         if record.levelno >= logging.WARNING:
             msg = f"{record.levelname.lower()}: {msg}"
         tqdm.write(msg, file=sys.stderr)

@@ -213,6 +213,8 @@ class HFTokenizer:
             vocab_list = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines()]
         except OSError as exc:
             raise QkvError(f"cannot read vocabulary {path}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise QkvError(f"vocabulary {path} is not UTF-8 text (byte {exc.start})") from None
         if not vocab_list:
             raise QkvError(f"vocabulary {path} is empty")
         vocab = {t: i for i, t in enumerate(vocab_list)}

@@ -140,9 +140,13 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     train_text, val_text = split_train_val(text, recipe.val_fraction)
     tok_path = run_dir / "tokenizer.json"
     tok = load_tokenizer(tok_path) if resume else _build_tokenizer(recipe, text, train_text)
+    train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
+    for name, data in (("training", train_data), ("validation", val_data)):  # checked before any write
+        if len(data) <= recipe.model.max_len:
+            raise QkvError(f"the {name} split has {len(data)} tokens, too few for windows of model.max_len "
+                           f"{recipe.model.max_len} (a longer corpus, or a smaller model.max_len)")
     if not resume:
         tok.save(tok_path)
-    train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
     chars_per_token = len(val_text) / len(val_data)
     model_cfg = recipe.model_config(tok)
     write_settings(run_dir, "lm", recipe, model_cfg, run, resume)
