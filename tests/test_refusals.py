@@ -207,6 +207,9 @@ def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
     (["translate", "{translation}", "--alpha", "nan", "Hallo"], "alpha must be a finite number"),
     (["evaluate", "{translation}", "--limit", "0"], "--limit must be >= 1"),
     (["generate", "{lm}", "--num-samples", "0"], "--num-samples must be >= 1"),
+    (["explain", "{lm}", "--input", "ab", "--out", "R", "--layer", "99"], "--layer 99 is outside the model's layers"),
+    (["explain", "{lm}", "--input", "ab", "--out", "R", "--head", "0"], "--head 0 is outside the model's heads 1..2"),
+    (["explain", "{lm}", "--input", "ab", "--out", "R", "--temperature", "nan"], "--temperature must be a finite"),
 ])
 def test_bad_options_are_one_line_with_status_2(tiny_runs, tmp_path, monkeypatch, capsys, argv, needle):
     monkeypatch.chdir(tmp_path)

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -517,10 +518,28 @@ def _decoding_options(args):
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
+def _check_explain_options(args, info: dict) -> None:
+    """Refuse ``qkv explain`` options outside the model, before any picture is written."""
+    layers, heads = info["n_layers"], info["n_heads"]
+    problems = []
+    if not -layers <= args.layer < layers:
+        problems.append(f"--layer {args.layer} is outside the model's layers 0..{layers - 1} (or -1 for the last)")
+    if not 1 <= args.head <= heads:
+        problems.append(f"--head {args.head} is outside the model's heads 1..{heads}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        problems.append(f"--temperature must be a finite number >= 0, 0 meaning greedy (got {args.temperature})")
+    if args.beam < 1:
+        problems.append(f"--beam must be >= 1 (got {args.beam})")
+    if problems:
+        raise QkvError("; ".join(problems))
+
+
 def _cmd_explain(args) -> int:
     from .device import resolve_device
     from .explain.loader import load_explainer
 
+    if args.max_chars < 1:
+        raise QkvError(f"--max-chars must be >= 1 (got {args.max_chars})")
     if args.serve == (args.input is not None):
         raise QkvError("give either --input TEXT (an image file for a vit run; with --out DIR) or --serve")
     explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=args.max_chars)
@@ -530,6 +549,7 @@ def _cmd_explain(args) -> int:
         return serve(explainer, host=args.host, port=args.port)
     if args.out is None:
         raise QkvError("--input needs --out DIR (where the pictures go)")
+    _check_explain_options(args, explainer.info())
     from .explain.plots import write_pictures
 
     for path in write_pictures(explainer, args.input, args.out, _decoding_options(args),
