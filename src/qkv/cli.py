@@ -221,19 +221,17 @@ def _cmd_train(args) -> int:
     return 0
 
 
-# what train_config.json records beside the settings (provenance, not settings)
-PROVENANCE = ("recipe", "resolved", "git_commit", "torch")
-
-
 def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:
     """The settings a run of ``recipe`` saved in ``train_config.json``: what ``--resume``
     starts from (``--config`` and ``key=value`` still override them). ``None`` where there is
     none to read; the recipe's checks then say what is wrong with the directory."""
+    from .recipes.common import PROVENANCE, read_run_json
+
     try:
-        saved = json.loads((Path(run_dir or "") / "train_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        saved = read_run_json(Path(run_dir or ""), "train_config.json")
+    except QkvError:
         return None
-    if not isinstance(saved, dict) or saved.get("recipe") != recipe:
+    if saved.get("recipe") != recipe:
         return None
     return {k: v for k, v in saved.items() if k not in PROVENANCE}
 

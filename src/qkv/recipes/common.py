@@ -59,7 +59,7 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
     if not (run_dir / "train_state.pt").is_file():
         raise QkvError(f"nothing to resume in {run_dir}: no train_state.pt (it stopped before its first "
                        "checkpoint); start it again without --resume, into an empty --out")
-    saved = _saved_settings(run_dir)
+    saved = read_run_json(run_dir, "train_config.json")
     if saved.get("recipe") != recipe:
         raise QkvError(f"{run_dir} is a {saved.get('recipe')!r} run, not {recipe!r}: resume it with "
                        f"`qkv train {saved.get('recipe')} --out {run_dir} --resume`")
@@ -72,15 +72,21 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
     return run_dir
 
 
-def _saved_settings(run_dir: Path) -> dict:
-    path = run_dir / "train_config.json"
+# what train_config.json records beside the settings (provenance, not settings)
+PROVENANCE = ("recipe", "resolved", "git_commit", "torch")
+
+
+def read_run_json(run_dir: Path, name: str) -> dict:
+    """The JSON object ``run_dir / name`` (``train_config.json``, ``config.json``) of a run to
+    resume. Raises :class:`QkvError` if it is missing, unreadable or not an object."""
+    path = Path(run_dir) / name
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot resume {run_dir}: {path.name} is missing or unreadable "
+        raise QkvError(f"cannot resume {run_dir}: {name} is missing or unreadable "
                        f"({getattr(exc, 'strerror', None) or exc})") from None
     if not isinstance(saved, dict):
-        raise QkvError(f"cannot resume {run_dir}: {path.name} is not a JSON object")
+        raise QkvError(f"cannot resume {run_dir}: {name} is not a JSON object")
     return saved
 
 
@@ -127,16 +133,12 @@ def write_settings(run_dir: Path, recipe: str, settings, model_config,
         write_json(run_dir / "config.json", model_config.to_dict())
     tree = {**to_dict(settings), "model": model_config.to_dict()}
     resolved = {"resolved": run.to_dict()} if run is not None else {}
-    write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, **resolved,
+    write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, **resolved,  # + PROVENANCE
                                                "git_commit": git_commit(), "torch": torch.__version__})
 
 
 def _check_same_model(run_dir: Path, model: dict) -> None:
-    path = run_dir / "config.json"
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot resume {run_dir}: {path.name} is missing or unreadable ({exc})") from None
+    saved = read_run_json(run_dir, "config.json")
     changed = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
     if changed:
         diff = ", ".join(f"model.{k}: {saved.get(k)!r} saved, {model.get(k)!r} now" for k in changed[:5])
