@@ -12,6 +12,10 @@ import torch
 
 from .train.checkpoint import load_weights
 
+# Written into config.json and train_config.json as "format_version"; a file without it is
+# version 1 (everything before this key existed).
+FORMAT_VERSION = 2
+
 
 def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> dict:
     """A ``train_state.pt`` as today's loop reads it, from any version's.
