@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo vit test venv pretrained clean
+.PHONY: demo vit test lint venv pretrained clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned first: on our machines this takes the local CPU wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,lint]"
 	$(MAKE) pretrained
 	touch $(BIN)/qkv
 
@@ -32,6 +32,13 @@ vit: venv
 
 test: venv
 	$(BIN)/python -m pytest tests
+
+# Style and types: ruff's lint rules and formatter (config in pyproject.toml), then mypy on the
+# typed part of the package (its `files` list in pyproject.toml). CONTRIBUTING.md has the details.
+lint: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

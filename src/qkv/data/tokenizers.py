@@ -2,15 +2,21 @@
 
 The paper (§5.1) uses byte-pair encoding with a shared source-target vocabulary. qkv trains one
 on the training split and saves it beside the model as ``tokenizer.json``.
+
+Five tokenizers share one interface, :class:`Tokenizer`: :class:`SubwordTokenizer` (qkv's BPE),
+:class:`CharTokenizer`, :class:`HFTokenizer` (a pretrained model's own), :class:`AminoAcidTokenizer`
+and :class:`PretrainedProteinTokenizer`. :func:`load_tokenizer` reads any of them back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Protocol, runtime_checkable
 
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                        processors, trainers)
+# HF ``tokenizers``' own class is ``Tokenizer`` too; here that name is qkv's Protocol.
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer as RustTokenizer
 
 from ..errors import QkvError
 
@@ -18,13 +24,55 @@ PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
 
 
-def read_tokenizer_json(path: str | Path) -> Tokenizer:
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What every qkv tokenizer offers: text ⇄ ids, the vocabulary size, the end token, saving.
+
+    ``encode(text, add_special_tokens=...)`` takes the text positionally (the protein tokenizers
+    call it ``sequence`` and take a ``seq_id`` for error messages as their second argument) and
+    ``add_special_tokens`` by keyword. Each class keeps its own default for it, which is what its
+    callers rely on: ``False`` for :class:`SubwordTokenizer` and :class:`CharTokenizer` (recipes
+    add ``bos``/``eos`` themselves), ``True`` for :class:`HFTokenizer` and the protein tokenizers
+    (they frame with the model's own specials). ``decode`` drops special tokens.
+
+    ``eos_id`` is the one special id all five have (``None`` for a character vocabulary and for
+    a pretrained vocabulary without one). Others exist where they make sense: ``bos_id`` (not on
+    protein tokenizers, which start with ``cls_id``), ``pad_id`` (not on
+    :class:`CharTokenizer`), ``unk_id``, ``mask_id``; read them with ``getattr(tok, name, None)``.
+    ``id_to_token`` is ``None`` for an id outside an HF vocabulary (e.g. a padded output layer).
+    """
+
+    @property
+    def kind(self) -> str:
+        """``"bpe"``, ``"char"``, ``"hf"``, ``"amino-acid"`` or ``"hf-protein"``."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int | None: ...
+
+    def encode(self, text: str, /, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str], /, *, add_special_tokens: bool = ...) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int], /) -> str: ...
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], /) -> list[str]: ...
+
+    def id_to_token(self, i: int, /) -> str | None: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+def read_tokenizer_json(path: str | Path) -> RustTokenizer:
     """An HF ``tokenizers`` JSON file; raises :class:`QkvError` if missing or unreadable."""
     path = Path(path)
     if not path.is_file():
         raise QkvError(f"tokenizer file not found: {path}")
     try:
-        return Tokenizer.from_file(str(path))
+        return RustTokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
         raise QkvError(f"cannot read tokenizer {path}: {exc}") from None
 
@@ -32,23 +80,24 @@ def read_tokenizer_json(path: str | Path) -> Tokenizer:
 class SubwordTokenizer:
     """Text ⇄ ids with a reversible BPE (spaces kept as ``▁``, punctuation split off).
 
-    ``encode`` returns ids without specials; callers add ``bos``/``eos``. ``decode`` drops
-    specials and restores the text (detokenized, ready for sacreBLEU). Characters never seen in
-    training become ``<unk>``.
+    ``encode`` returns ids without specials; callers add ``bos``/``eos`` (or pass
+    ``add_special_tokens=True`` for ``<bos> … <eos>``). ``decode`` drops specials and restores
+    the text (detokenized, ready for sacreBLEU). Characters never seen in training become ``<unk>``.
     """
 
     kind = "bpe"
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: RustTokenizer) -> None:
         self._tok = tokenizer
         ids = [tokenizer.token_to_id(s) for s in SPECIALS]
         if ids != [0, 1, 2, 3]:
             raise QkvError(f"tokenizer special tokens must be {SPECIALS} with ids 0-3, got {ids}")
-        self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2,
-              byte_level: bool = False) -> "SubwordTokenizer":
+    def train(
+        cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2, byte_level: bool = False
+    ) -> SubwordTokenizer:
         """Learn a BPE vocabulary of at most ``vocab_size`` entries from ``texts``.
 
         ``byte_level=False`` (sentences, translation): NFKC, words marked with ``▁``,
@@ -56,7 +105,7 @@ class SubwordTokenizer:
         models): GPT-2's byte-level BPE, which encodes any text losslessly, newlines and
         spacing included, and has no unknown pieces.
         """
-        tok = Tokenizer(models.BPE(unk_token=None if byte_level else UNK))
+        tok = RustTokenizer(models.BPE(unk_token=None if byte_level else UNK))
         if byte_level:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             tok.decoder = decoders.ByteLevel()
@@ -64,19 +113,27 @@ class SubwordTokenizer:
         else:
             # NFKC folds look-alikes (e.g. non-breaking spaces in Multi30k) into plain characters.
             tok.normalizer = normalizers.NFKC()
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated"),
-                pre_tokenizers.Digits(individual_digits=True)])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Metaspace(),
+                    pre_tokenizers.Punctuation(behavior="isolated"),
+                    pre_tokenizers.Digits(individual_digits=True),
+                ]
+            )
             tok.decoder = decoders.Metaspace()
             alphabet = []
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                      special_tokens=SPECIALS, show_progress=False,
-                                      initial_alphabet=alphabet)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=SPECIALS,
+            show_progress=False,
+            initial_alphabet=alphabet,
+        )
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 
     @classmethod
-    def load(cls, path: str | Path) -> "SubwordTokenizer":
+    def load(cls, path: str | Path) -> SubwordTokenizer:
         """Load ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
         return cls(read_tokenizer_json(path))
 
@@ -90,24 +147,26 @@ class SubwordTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids, self.eos_id] if add_special_tokens else ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        rows = [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [[self.bos_id, *r, self.eos_id] for r in rows] if add_special_tokens else rows
 
     def tokens(self, text: str) -> list[str]:
         """The subword pieces of ``text`` (for display)."""
         return self._tok.encode(text, add_special_tokens=False).tokens
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def id_to_token(self, i: int) -> str:
-        """The piece of id ``i`` (for display)."""
+    def id_to_token(self, i: int) -> str | None:
+        """The piece of id ``i`` (for display); ``None`` outside the vocabulary."""
         return self._tok.id_to_token(i)
 
-    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return self._tok.decode_batch(batch, skip_special_tokens=True)
 
 
@@ -118,7 +177,8 @@ class CharTokenizer:
     There is no unknown token: a character outside the vocabulary is an error that names it,
     since silently mapping it would make the model condition on something else. An empty
     prompt starts from ``"\\n"`` when the vocabulary has it (nanoGPT's convention), so
-    ``bos_id`` is the id of ``"\\n"`` (or ``None``).
+    ``bos_id`` is the id of ``"\\n"`` (or ``None``). There are no special tokens: ``eos_id`` is
+    ``None`` and ``add_special_tokens`` adds nothing.
     """
 
     kind = "char"
@@ -128,11 +188,11 @@ class CharTokenizer:
         if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
             raise QkvError("a character vocabulary needs distinct single characters")
         self._index = {c: i for i, c in enumerate(self.chars)}
-        self.bos_id = self._index.get("\n")
-        self.eos_id = None
+        self.bos_id: int | None = self._index.get("\n")
+        self.eos_id: int | None = None
 
     @classmethod
-    def train(cls, text: str) -> "CharTokenizer":
+    def train(cls, text: str) -> CharTokenizer:
         """The sorted set of characters of ``text``."""
         return cls(sorted(set(text)))
 
@@ -140,19 +200,28 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self.chars)
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text``; raises :class:`QkvError` naming characters outside the vocabulary."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Ids of ``text``; raises :class:`QkvError` naming characters outside the vocabulary.
+        ``add_special_tokens`` is accepted for the :class:`Tokenizer` interface; there are none."""
         try:
             return [self._index[c] for c in text]
         except KeyError:
             bad = sorted({c for c in text if c not in self._index})
             where = next(i for i, c in enumerate(text) if c not in self._index)
             shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in bad[:10])
-            raise QkvError(f"{len(bad)} character(s) not in the model's {self.vocab_size}-character "
-                           f"vocabulary: {shown}; first at position {where}") from None
+            raise QkvError(
+                f"{len(bad)} character(s) not in the model's {self.vocab_size}-character "
+                f"vocabulary: {shown}; first at position {where}"
+            ) from None
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
 
     def id_to_token(self, i: int) -> str:
         return self.chars[i]
@@ -165,9 +234,14 @@ class CharTokenizer:
 
 # Names pretrained vocabularies give their special tokens (BERT, RoBERTa/Marian, ESM, GPT-2),
 # in order of preference.
-HF_SPECIALS = {"pad": ("[PAD]", "<pad>"), "cls": ("[CLS]", "<s>", "<cls>"),
-               "sep": ("[SEP]", "</s>", "<eos>"), "unk": ("[UNK]", "<unk>"),
-               "mask": ("[MASK]", "<mask>"), "eot": ("<|endoftext|>",)}
+HF_SPECIALS = {
+    "pad": ("[PAD]", "<pad>"),
+    "cls": ("[CLS]", "<s>", "<cls>"),
+    "sep": ("[SEP]", "</s>", "<eos>"),
+    "unk": ("[UNK]", "<unk>"),
+    "mask": ("[MASK]", "<mask>"),
+    "eot": ("<|endoftext|>",),
+}
 
 
 class HFTokenizer:
@@ -184,11 +258,11 @@ class HFTokenizer:
 
     kind = "hf"
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: RustTokenizer) -> None:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
-        found = {}
+        found: dict[str, int | None] = {}
         for role, names in HF_SPECIALS.items():
             found[role] = next((i for i in map(tokenizer.token_to_id, names) if i is not None), None)
         self.pad_id, self.cls_id, self.sep_id = found["pad"], found["cls"], found["sep"]
@@ -197,12 +271,12 @@ class HFTokenizer:
         self.eos_id = self.sep_id if self.sep_id is not None else found["eot"]
 
     @classmethod
-    def load(cls, path: str | Path) -> "HFTokenizer":
+    def load(cls, path: str | Path) -> HFTokenizer:
         """Read an HF ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
         return cls(read_tokenizer_json(path))
 
     @classmethod
-    def from_vocab(cls, path: str | Path, lowercase: bool = False) -> "HFTokenizer":
+    def from_vocab(cls, path: str | Path, lowercase: bool = False) -> HFTokenizer:
         """A WordPiece tokenizer from a BERT-style ``vocab.txt`` (one token per line, id = line
         number), as ``BertTokenizerFast`` builds it. Entries written ``[X]`` or ``<x>`` are
         special tokens, matched whole. A vocabulary of single characters (a protein model's:
@@ -220,21 +294,27 @@ class HFTokenizer:
         vocab = {t: i for i, t in enumerate(vocab_list)}
         special = [t for t in vocab_list if (t[:1], t[-1:]) in (("[", "]"), ("<", ">")) and len(t) > 2]
         unk = next((t for t in HF_SPECIALS["unk"] if t in vocab), special[0] if special else vocab_list[0])
-        tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+        tok = RustTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
         per_char = all(len(t) == 1 for t in vocab_list if t not in special)
         if lowercase:
             tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                      pre_tokenizers.Split(Regex("."), "isolated")])
-                             if per_char else pre_tokenizers.BertPreTokenizer())
+        tok.pre_tokenizer = (
+            pre_tokenizers.Sequence(
+                [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]
+            )
+            if per_char
+            else pre_tokenizers.BertPreTokenizer()
+        )
         tok.decoder = decoders.Fuse() if per_char else decoders.WordPiece()  # residues: no spaces
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
         first = next((t for names in (HF_SPECIALS["cls"],) for t in names if t in vocab), None)
         last = next((t for t in HF_SPECIALS["sep"] if t in vocab), None)
         if first and last:
             tok.post_processor = processors.TemplateProcessing(
-                single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1",
-                special_tokens=[(first, vocab[first]), (last, vocab[last])])
+                single=f"{first} $A {last}",
+                pair=f"{first} $A {last} $B:1 {last}:1",
+                special_tokens=[(first, vocab[first]), (last, vocab[last])],
+            )
         return cls(tok)
 
     def save(self, path: str | Path) -> None:
@@ -261,8 +341,8 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
     def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
         """Ids and token types (0 for ``first``, 1 for ``second``) of a sentence pair."""
@@ -273,17 +353,18 @@ class HFTokenizer:
         """The pieces of ``text`` (for display)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).tokens
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return self._tok.decode_batch(batch, skip_special_tokens=True)
 
-    def id_to_token(self, i: int) -> str:
+    def id_to_token(self, i: int) -> str | None:
+        """The piece of id ``i``; ``None`` outside the vocabulary."""
         return self._tok.id_to_token(i)
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load ``tokenizer.json``: a :class:`CharTokenizer` or :class:`AminoAcidTokenizer` (qkv's
     own JSON), a :class:`SubwordTokenizer` (qkv's BPE: specials ``<pad> <bos> <eos> <unk>``
     at ids 0-3) or an :class:`HFTokenizer` (a pretrained model's). Raises :class:`QkvError`
@@ -345,8 +426,10 @@ class AminoAcidTokenizer:
             seq = seq[:-1]
         for i, c in enumerate(seq):
             if c not in self._index or c.startswith("<"):
-                raise QkvError(f"{seq_id}: character {c!r} at position {i + 1} is not an amino-acid "
-                               f"code (allowed: {AMINO_ACIDS} and {RARE_CODES}, any case, one trailing *)")
+                raise QkvError(
+                    f"{seq_id}: character {c!r} at position {i + 1} is not an amino-acid "
+                    f"code (allowed: {AMINO_ACIDS} and {RARE_CODES}, any case, one trailing *)"
+                )
         return seq
 
     def encode(self, sequence: str, seq_id: str = "sequence", add_special_tokens: bool = True) -> list[int]:
@@ -354,9 +437,19 @@ class AminoAcidTokenizer:
         ids = [self._index[c] for c in self.clean(sequence, seq_id)]
         return [self.cls_id, *ids, self.eos_id] if add_special_tokens else ids
 
-    def decode(self, ids) -> str:
+    def encode_batch(self, sequences: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Ids of each sequence; errors name it ``sequence N`` (1-based)."""
+        return [
+            self.encode(s, f"sequence {n}", add_special_tokens=add_special_tokens)
+            for n, s in enumerate(sequences, 1)
+        ]
+
+    def decode(self, ids: Iterable[int]) -> str:
         """Residues of ``ids`` (specials dropped)."""
         return "".join(self.tokens[i] for i in ids if i >= len(PROTEIN_SPECIALS))
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
 
     def id_to_token(self, i: int) -> str:
         return self.tokens[i]
@@ -384,14 +477,21 @@ class PretrainedProteinTokenizer:
 
     def __init__(self, tokenizer: HFTokenizer) -> None:
         self.hf = tokenizer
-        missing = [n for n in ("cls_id", "sep_id", "pad_id") if getattr(tokenizer, n) is None]
-        if missing:
+        cls_id, sep_id, pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+        if cls_id is None or sep_id is None or pad_id is None:
+            named = (("cls_id", cls_id), ("sep_id", sep_id), ("pad_id", pad_id))
+            missing = [n for n, i in named if i is None]
             raise QkvError(f"this vocabulary cannot frame protein sequences: no {', '.join(missing)}")
-        self.cls_id, self.eos_id, self.pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+        self.cls_id, self.eos_id, self.pad_id = cls_id, sep_id, pad_id
         self.unk_id, self.mask_id = tokenizer.unk_id, tokenizer.mask_id
         vocab = tokenizer.vocab
-        self._index = {c: vocab.get(c, self.unk_id) for c in AMINO_ACIDS + RARE_CODES}
-        self.residue_ids = sorted({self._index[a] for a in AMINO_ACIDS} - {self.unk_id})
+        # A code the vocabulary lacks maps to its unknown token; with no unknown token it has no id.
+        self._index: dict[str, int] = {}
+        for c in AMINO_ACIDS + RARE_CODES:
+            i = vocab.get(c, self.unk_id)
+            if i is not None:
+                self._index[c] = i
+        self.residue_ids = sorted({self._index[a] for a in AMINO_ACIDS if a in self._index} - {self.unk_id})
         self._clean = AminoAcidTokenizer().clean
 
     @property
@@ -402,20 +502,36 @@ class PretrainedProteinTokenizer:
         return self._clean(sequence, seq_id)
 
     def encode(self, sequence: str, seq_id: str = "sequence", add_special_tokens: bool = True) -> list[int]:
-        ids = [self._index[c] for c in self.clean(sequence, seq_id)]
+        seq = self.clean(sequence, seq_id)
+        missing = sorted({c for c in seq if c not in self._index})
+        if missing:
+            raise QkvError(
+                f"{seq_id}: this vocabulary has no token for {', '.join(missing)} and no unknown token"
+            )
+        ids = [self._index[c] for c in seq]
         return [self.cls_id, *ids, self.eos_id] if add_special_tokens else ids
 
-    def decode(self, ids) -> str:
-        return "".join(self.hf.id_to_token(i) for i in ids if i in self.residue_ids)
+    def encode_batch(self, sequences: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Ids of each sequence; errors name it ``sequence N`` (1-based)."""
+        return [
+            self.encode(s, f"sequence {n}", add_special_tokens=add_special_tokens)
+            for n, s in enumerate(sequences, 1)
+        ]
 
-    def id_to_token(self, i: int) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.hf.id_to_token(i) or "" for i in ids if i in self.residue_ids)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def id_to_token(self, i: int) -> str | None:
         return self.hf.id_to_token(i)
 
     def save(self, path: str | Path) -> None:
         self.hf.save(path)
 
 
-def protein_tokenizer(tokenizer) -> "AminoAcidTokenizer | PretrainedProteinTokenizer":
+def protein_tokenizer(tokenizer: Any) -> AminoAcidTokenizer | PretrainedProteinTokenizer:
     """The protein interface of a run's tokenizer: qkv's :class:`AminoAcidTokenizer` as it is,
     a pretrained model's :class:`HFTokenizer` wrapped in :class:`PretrainedProteinTokenizer`."""
     if isinstance(tokenizer, (AminoAcidTokenizer, PretrainedProteinTokenizer)):

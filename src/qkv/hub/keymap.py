@@ -11,6 +11,7 @@ that are not weights), kept aside (heads qkv does not model) or reported as unex
 from __future__ import annotations
 
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,12 +49,14 @@ class Rule:
     def hf_names(self) -> tuple[str, ...]:
         return (self.hf,) if isinstance(self.hf, str) else self.hf
 
-    def expand(self, n_layers: int) -> list["Rule"]:
+    def expand(self, n_layers: int) -> list[Rule]:
         """This rule with ``{}`` filled in for every layer (itself when it has no ``{}``)."""
         if "{}" not in self.qkv:
             return [self]
-        return [replace(self, hf=tuple(h.format(i) for h in self.hf_names), qkv=self.qkv.format(i))
-                for i in range(n_layers)]
+        return [
+            replace(self, hf=tuple(h.format(i) for h in self.hf_names), qkv=self.qkv.format(i))
+            for i in range(n_layers)
+        ]
 
 
 def expand(rules: tuple[Rule, ...], n_layers: int | dict[str, int], parts: set[str]) -> list[Rule]:
@@ -73,8 +76,9 @@ def parts_present(rules: tuple[Rule, ...], hf_keys: set[str]) -> set[str]:
     return found
 
 
-def to_qkv(hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str, ...],
-           keep: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def to_qkv(
+    hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str, ...], keep: tuple[str, ...]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Rename (and stack, transpose) an HF state dict into qkv names.
 
     Args:
@@ -91,13 +95,22 @@ def to_qkv(hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str
     """
     # Old TF-era names of LayerNorm parameters, which HF's own loader still renames (and
     # transformers 5 writes for some families): gamma is the weight, beta the bias.
-    hf_state = {re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight",
-                       re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", k)): v for k, v in hf_state.items()}
-    out, used = {}, set()
+    hf_state = {
+        re.sub(
+            r"(LayerNorm|layer_norm)\.gamma$",
+            r"\1.weight",
+            re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", k),
+        ): v
+        for k, v in hf_state.items()
+    }
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
     missing = [h for r in rules for h in r.hf_names if h not in hf_state]
     if missing:
-        raise QkvError(f"checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:8])}"
-                       + (" ..." if len(missing) > 8 else ""))
+        raise QkvError(
+            f"checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:8])}"
+            + (" ..." if len(missing) > 8 else "")
+        )
     for r in rules:
         parts = [hf_state[h] for h in r.hf_names]
         t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -107,13 +120,16 @@ def to_qkv(hf_state: dict[str, torch.Tensor], rules: list[Rule], skip: tuple[str
     kept = {k: hf_state[k] for k in rest if any(re.fullmatch(p, k) for p in keep)}
     unexpected = [k for k in rest if k not in kept]
     if unexpected:
-        raise QkvError(f"checkpoint has {len(unexpected)} unexpected tensor(s): "
-                       f"{', '.join(unexpected[:8])}" + (" ..." if len(unexpected) > 8 else ""))
+        raise QkvError(
+            f"checkpoint has {len(unexpected)} unexpected tensor(s): "
+            f"{', '.join(unexpected[:8])}" + (" ..." if len(unexpected) > 8 else "")
+        )
     return out, kept
 
 
-def to_hf(qkv_state: dict[str, torch.Tensor], rules: list[Rule],
-          shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+def to_hf(
+    qkv_state: dict[str, torch.Tensor], rules: list[Rule], shapes: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, torch.Tensor]:
     """The inverse of :func:`to_qkv`: qkv names → HF names (packed tensors split into equal
     parts, ``Conv1D`` weights transposed back, ``reshape`` rules given their HF shape from
     ``shapes``). Tensors are contiguous copies."""
@@ -122,15 +138,21 @@ def to_hf(qkv_state: dict[str, torch.Tensor], rules: list[Rule],
         t = qkv_state[r.qkv]
         t = t.t() if r.transpose else t
         if r.reshape:
+            if shapes is None:
+                raise ValueError(f"to_hf needs `shapes` for the reshape rule of {r.qkv}")
             t = t.reshape(shapes[r.hf_names[0]])
         chunks = t.chunk(len(r.hf_names), dim=0) if len(r.hf_names) > 1 else (t,)
-        for name, chunk in zip(r.hf_names, chunks):
+        for name, chunk in zip(r.hf_names, chunks, strict=True):
             out[name] = chunk.contiguous().clone()
     return out
 
 
-def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], may_lack: tuple[str, ...],
-              reshaped: set[str] = frozenset()) -> None:
+def load_into(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    may_lack: tuple[str, ...],
+    reshaped: AbstractSet[str] = frozenset(),
+) -> None:
     """Copy ``state`` into ``model``'s parameters, checking names and shapes.
 
     ``reshaped``: qkv names whose tensors only need the parameter's shape (same elements).
@@ -143,14 +165,19 @@ def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], may_lack: 
             name the model does not have, or a parameter nothing provides.
     """
     params = dict(model.state_dict(keep_vars=True))
-    state = {n: t.reshape(params[n].shape) if n in reshaped and n in params and t.numel() == params[n].numel()
-             else t for n, t in state.items()}
+    state = {
+        n: t.reshape(params[n].shape)
+        if n in reshaped and n in params and t.numel() == params[n].numel()
+        else t
+        for n, t in state.items()
+    }
     for name, t in state.items():
         if name not in params:
             raise QkvError(f"converted tensor {name} has no place in the qkv model")
         if tuple(t.shape) != tuple(params[name].shape):
-            raise QkvError(f"tensor {name}: checkpoint shape {tuple(t.shape)} != model shape "
-                           f"{tuple(params[name].shape)}")
+            raise QkvError(
+                f"tensor {name}: checkpoint shape {tuple(t.shape)} != model shape {tuple(params[name].shape)}"
+            )
     provided = {id(params[n]) for n in state}
     lacking = [n for n, p in params.items() if id(p) not in provided and not n.startswith(may_lack)]
     if lacking:

