@@ -1,0 +1,161 @@
+"""What a run keeps on disk to be resumed, picked from or averaged, and how it resumes.
+
+Exact resume: ``train_state.pt`` holds, in one atomically written file, everything the next
+step depends on: weights, optimizer moments, the step and the position in the epoch's batch
+order (each recipe's order is a function of ``seed`` and the epoch), and every RNG (Python,
+NumPy, torch CPU and CUDA). A run killed at any moment (even SIGKILL) and resumed repeats the
+steps since that checkpoint exactly, so with a step budget on CPU in fp32 it ends with the same
+bits as a run never interrupted. A time budget (``max_minutes``) cannot: where it ends, and the
+learning rate of a time-based schedule, depend on the machine's speed.
+
+Files in the run directory (written by rank 0 only; see :class:`Checkpointer`):
+``train_state.pt`` (and ``train_state.prev.pt``, the one it replaced), ``last.safetensors``,
+``best.safetensors`` and ``snapshots/step_N.safetensors``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from ..compat import upgrade_train_state
+from ..errors import QkvError
+from . import distributed
+from .checkpoint import load_state, save_state, save_weights
+from .settings import TrainSettings
+
+
+@dataclass
+class LoopState:
+    """What resume needs besides weights and optimizer: counters, best score, snapshots."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    elapsed_s: float = 0.0
+    best_score: float | None = None
+    last_snapshot_s: float = 0.0
+    snapshots: list[str] = field(default_factory=list)
+    skipped_nonfinite: int = 0
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from (Python, NumPy's global, torch CPU and CUDA), as
+    tensors and plain values that ``torch.load(weights_only=True)`` reads back (NumPy's key is
+    an int64 tensor: its uint32 array would not be)."""
+    # the legacy tuple (get_state's default), which NumPy's stubs type as "tuple or dict"
+    name, keys, pos, has_gauss, gauss = cast("tuple[str, np.ndarray, int, int, float]",
+                                             np.random.get_state())
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(saved: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned. A ``"numpy"`` of ``None`` (a state written
+    before NumPy's stream was saved, see :func:`qkv.compat.upgrade_train_state`) leaves NumPy's
+    stream as it is, as those versions did on resume."""
+    version, internal, gauss = saved["python"]
+    random.setstate((version, tuple(internal), gauss))  # a list after a round trip through torch.save
+    torch.set_rng_state(saved["torch"])
+    if saved["numpy"] is not None:
+        name, keys, pos, has_gauss, gauss = saved["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if saved["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+
+
+class Checkpointer:
+    """Writes and reads one run directory's checkpoints for the training loop.
+
+    Every process calls every method (:meth:`save` gathers each one's RNG streams, and each
+    keeps its own :class:`LoopState` in step); only rank 0 writes files.
+
+    Args:
+        model: the module itself (not its DDP or compiled wrapper: its state dict has no
+            wrapper prefixes).
+        score_key / higher_is_better: which validation metric picks ``best.safetensors``, and
+            in which direction it improves.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path,
+                 cfg: TrainSettings, score_key: str = "val_loss", higher_is_better: bool = False) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.score_key = score_key
+        self.higher_is_better = higher_is_better
+        self.state_path = self.run_dir / "train_state.pt"
+
+    def save(self, state: LoopState) -> None:
+        """Write ``train_state.pt`` (model, optimizer, ``state``, every rank's RNG streams in
+        rank order, the process count, the settings) and ``last.safetensors`` (the same weights,
+        for loading without the optimizer)."""
+        rngs = distributed.gather_objects(rng_state())
+        if distributed.is_main():
+            # One file for all of it: two files could be caught half-updated by a SIGKILL.
+            save_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "loop": asdict(state), "rng": rngs, "world_size": distributed.context().world_size,
+                        "settings": asdict(self.cfg)}, self.state_path)
+            save_weights(self.model, self.run_dir / "last.safetensors")
+
+    def keep_best(self, state: LoopState, scores: dict[str, float]) -> bool:
+        """Whether ``scores[score_key]`` beats ``state.best_score``; if so it becomes the best
+        and the model's weights are written to ``best.safetensors``.
+
+        Raises:
+            KeyError: ``scores`` lacks ``score_key`` (the recipe's validation and its score key
+                disagree).
+        """
+        score = scores[self.score_key]
+        better = state.best_score is None or (score > state.best_score if self.higher_is_better
+                                              else score < state.best_score)
+        if better:
+            state.best_score = score
+            if distributed.is_main():
+                save_weights(self.model, self.run_dir / "best.safetensors")
+        return better
+
+    def snapshot(self, state: LoopState) -> None:
+        """Write ``snapshots/step_N.safetensors`` for averaging and delete the oldest beyond
+        ``cfg.keep_snapshots``; ``state`` records which exist (a resumed run prunes what the run
+        before it wrote) and when this one was taken."""
+        path = self.run_dir / "snapshots" / f"step_{state.step}.safetensors"
+        main = distributed.is_main()
+        if main:
+            save_weights(self.model, path)
+        state.snapshots.append(str(path))
+        while len(state.snapshots) > self.cfg.keep_snapshots:
+            old = Path(state.snapshots.pop(0))
+            if main:
+                old.unlink(missing_ok=True)
+        state.last_snapshot_s = state.elapsed_s
+
+    def resume(self) -> LoopState:
+        """Load ``train_state.pt`` (any version's, through :func:`qkv.compat.upgrade_train_state`)
+        into the model, the optimizer and this process's RNG streams; return its loop state.
+
+        Raises:
+            QkvError: the state is missing, truncated or corrupt, was written by a run on
+                another number of processes (each has its own random streams), or holds the
+                weights of another model.
+        """
+        saved = upgrade_train_state(load_state(self.state_path), self.run_dir, self.model)
+        ctx = distributed.context()
+        if saved["world_size"] != ctx.world_size:
+            raise QkvError(f"{self.run_dir} was trained on {saved['world_size']} process(es); resume "
+                           f"it on as many (its random streams are per process), not {ctx.world_size}")
+        try:
+            self.model.load_state_dict(saved["model"])
+        except RuntimeError as exc:  # a state of another model (shapes or names differ)
+            detail = [line.strip() for line in str(exc).splitlines() if line.strip()][-1]
+            raise QkvError(f"{self.state_path} holds the weights of another model ({detail})") from None
+        self.optimizer.load_state_dict(saved["optimizer"])
+        set_rng_state(saved["rng"][ctx.rank])
+        return LoopState(**saved["loop"])
