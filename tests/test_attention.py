@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import qkv.generate.invariant  # noqa: F401  (registers the "invariant" backend)
 from qkv.nn import (KVCache, MultiHeadAttention, attention_steps, causal_mask, combine_masks,
                     padding_mask, scaled_dot_product_attention)
+from qkv.nn.attention import BACKENDS as REGISTERED, register_backend
 from torch_ref import copy_attention_from_torch
 
 TOL = 1e-5
@@ -227,6 +229,35 @@ def test_unknown_backend_rejected():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="flash9"):
         scaled_dot_product_attention(q, k, v, backend="flash9")
+    with pytest.raises(ValueError, match="flash9"):
+        MultiHeadAttention(16, 4, backend="flash9")
+
+
+def test_a_registered_backend_is_called_with_the_documented_arguments(monkeypatch):
+    """register_backend: the function gets (q, k, v, mask, is_causal, dropout_p) and its output
+    is the result, from the function and from MultiHeadAttention; need_weights still takes the
+    explicit path. The paper's two backends are registered by nn.attention itself."""
+    assert {"sdpa", "eager", "invariant"} <= set(REGISTERED)
+    calls = []
+
+    def doubled(q, k, v, mask, is_causal, dropout_p):
+        calls.append((mask, is_causal, dropout_p))
+        return 2 * REGISTERED["eager"](q, k, v, mask, is_causal, dropout_p)
+
+    monkeypatch.setitem(REGISTERED, "doubled", None)  # so that the name is removed afterwards
+    register_backend("doubled", doubled)
+    q, k, v = _qkv()
+    out, w = scaled_dot_product_attention(q, k, v, is_causal=True, backend="doubled")
+    assert w is None and calls == [(None, True, 0.0)]
+    torch.testing.assert_close(out, 2 * _sdpa(q, k, v, "eager", is_causal=True))
+    _, w = scaled_dot_product_attention(q, k, v, backend="doubled", need_weights=True)
+    assert w is not None and len(calls) == 1
+    mha = MultiHeadAttention(16, 4, backend="doubled").eval()
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        doubled_out = mha(x)[0]
+        mha.backend = "eager"
+        torch.testing.assert_close(doubled_out - mha.w_o.bias, 2 * (mha(x)[0] - mha.w_o.bias))
 
 
 # --------------------------------------------------------------------------- attention_steps
@@ -354,72 +385,6 @@ def test_mha_memory_must_match_the_kind():
     from qkv.nn.positional import RotaryEmbedding
     with pytest.raises(ValueError, match="rotary"):
         MultiHeadAttention(16, 4, rotary=RotaryEmbedding(4, 8), cross=True)
-
-
-# --------------------------------------------------------------------------- old checkpoints
-
-
-def _old_state_dict(module: MultiHeadAttention, prefix: str = "") -> dict:
-    """The state dict the pre-packing code saved: separate w_q, w_k, w_v (same values)."""
-    inner = module.n_heads * module.d_k
-    sd = {}
-    for kind in ("weight", "bias"):
-        packed = (torch.cat([module.w_q.state_dict()[kind], module.w_kv.state_dict()[kind]])
-                  if module.cross else module.w_qkv.state_dict()[kind])
-        for i, name in enumerate(("w_q", "w_k", "w_v")):
-            sd[f"{prefix}{name}.{kind}"] = packed[i * inner:(i + 1) * inner].clone()
-        sd[f"{prefix}w_o.{kind}"] = module.w_o.state_dict()[kind].clone()
-    return sd
-
-
-@pytest.mark.parametrize("cross", [False, True])
-def test_old_checkpoint_with_separate_projections_loads(cross):
-    """A state dict with w_q/w_k/w_v (the layout before packing) loads through the pre-hook,
-    nested in a larger model, to the same outputs; nothing is reported missing or unexpected."""
-    torch.manual_seed(1)
-    source = nn.ModuleDict({"attn": MultiHeadAttention(16, 4, cross=cross)}).eval()
-    target = nn.ModuleDict({"attn": MultiHeadAttention(16, 4, cross=cross)}).eval()
-    old = _old_state_dict(source["attn"], "attn.")
-    assert "attn.w_k.weight" in old and not any("w_qkv" in k or "w_kv" in k for k in old)
-    result = target.load_state_dict(old, strict=True)
-    assert not result.missing_keys and not result.unexpected_keys
-    x, memory = torch.randn(2, 3, 16), torch.randn(2, 4, 16)
-    kw = {"memory": memory} if cross else {}
-    with torch.no_grad():
-        torch.testing.assert_close(target["attn"](x, **kw)[0], source["attn"](x, **kw)[0])
-
-
-def test_old_checkpoint_file_loads_through_load_weights(tmp_path):
-    """qkv.train.checkpoint.load_weights (safetensors load_model, strict=False) goes through the
-    pre-hook; an incomplete old file reports the packed key as missing and the leftover old keys
-    as unexpected, by name."""
-    from safetensors.torch import save_file
-
-    from qkv.errors import QkvError
-    from qkv.train.checkpoint import load_weights, save_weights
-
-    torch.manual_seed(2)
-    make = lambda: nn.ModuleDict({"self_attn": MultiHeadAttention(16, 4),  # noqa: E731
-                                  "cross_attn": MultiHeadAttention(16, 4, cross=True)}).eval()
-    source, target = make(), make()
-    old = {**_old_state_dict(source["self_attn"], "self_attn."),
-           **_old_state_dict(source["cross_attn"], "cross_attn.")}
-    save_file(old, str(tmp_path / "old.safetensors"))
-    load_weights(target, tmp_path / "old.safetensors")
-    for name, p in source.state_dict().items():
-        assert torch.equal(target.state_dict()[name], p), name
-    save_weights(target, tmp_path / "new.safetensors")  # saved in the packed layout
-    load_weights(make(), tmp_path / "new.safetensors")
-
-    del old["self_attn.w_v.weight"]
-    save_file(old, str(tmp_path / "broken.safetensors"))
-    with pytest.raises(QkvError) as err:
-        load_weights(make(), tmp_path / "broken.safetensors")
-    msg = str(err.value)
-    missing, unexpected = msg.split("unexpected")
-    assert "self_attn.w_qkv.weight" in missing and "self_attn.w_qkv.bias" not in missing
-    assert "self_attn.w_q.weight" in unexpected and "self_attn.w_k.weight" in unexpected
-    assert "cross_attn" not in msg
 
 
 # --------------------------------------------------------------------------- KV cache

@@ -179,10 +179,14 @@ def test_old_encoder_config_with_fields_it_never_used_still_loads(tmp_path):
         EncoderConfig.from_dict({**old, "tie_embeddings": 1})  # 1 is not true
 
 
-def test_dropped_and_renamed_keys_are_two_attributes():
-    assert EncoderConfig.dropped_keys == {"tie_embeddings": True, "bos_id": None, "eos_id": None}
-    assert EncoderConfig.renamed_keys == {} and TrainSettings.renamed_keys["amp_bf16"][:2] == ("precision", bool)
-    assert not hasattr(EncoderConfig, "legacy_keys") and not hasattr(TrainSettings, "legacy_keys")
+def test_dropped_and_renamed_keys_live_in_compat_not_on_the_config_classes():
+    from qkv import compat
+
+    assert compat.dropped_keys(EncoderConfig) == {"tie_embeddings": True, "bos_id": None, "eos_id": None}
+    assert compat.renamed_keys(EncoderConfig) == {} and compat.dropped_keys(TrainSettings) == {}
+    assert compat.renamed_keys(TrainSettings)["amp_bf16"][:2] == ("precision", bool)
+    for cls in (EncoderConfig, LMConfig, TrainSettings):
+        assert not {"legacy_keys", "dropped_keys", "renamed_keys"} & set(dir(cls)), cls
 
 
 @pytest.mark.parametrize("override", ["bos_id=3", "model.bos_id=3", "eos_id=0",

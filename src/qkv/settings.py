@@ -7,16 +7,18 @@ and the recipe's own data/task fields at the top. Keys are dotted (``model.d_mod
 accepted for it (``d_model=256`` is ``model.d_model=256``); one that several sections have is
 refused with the dotted names to use.
 
-Keys of earlier versions, declared by a section class in one of two class attributes:
+Keys of earlier versions are listed per section class in :mod:`qkv.compat`, in one of two
+tables (the settings classes themselves describe only today's keys):
 
-- ``renamed_keys``: ``{old name: (new name, old type, old value → new value)}``, a key that
-  was renamed (``train.amp_bf16`` → ``train.precision``). It is read from config files and
-  overrides as today's key, with a deprecation warning in the log.
-- ``dropped_keys``: ``{name: the value the model always used}``, a key that the section no
-  longer has (the protein encoder's ``model.tie_embeddings``, always ``true``). Older
-  ``config.json`` files and settings files hold it: with that value it is accepted and ignored
-  (with a warning in the log); with any other value it is refused, saying that the key was
-  dropped. :meth:`qkv.models.config.ModelConfig.from_dict` drops it the same way, silently.
+- renamed keys (:func:`qkv.compat.renamed_keys`): ``{old name: (new name, old type, old value
+  → new value)}``, a key that was renamed (``train.amp_bf16`` → ``train.precision``). It is
+  read from config files and overrides as today's key, with a deprecation warning in the log.
+- dropped keys (:func:`qkv.compat.dropped_keys`): ``{name: the value the model always used}``,
+  a key that the section no longer has (the protein encoder's ``model.tie_embeddings``, always
+  ``true``). Older ``config.json`` files and settings files hold it: with that value it is
+  accepted and ignored (with a warning in the log); with any other value it is refused, saying
+  that the key was dropped. :meth:`qkv.models.config.ModelConfig.from_dict` drops it the same
+  way, silently.
 
 Every value is converted and checked against its field's annotation (``int``, ``float``,
 ``bool``, ``str``, ``X | None``, ``Literal[...]``) before anything else happens; a ``float``
@@ -35,8 +37,9 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
+from . import compat
 from .errors import ConfigError, QkvError
 
 logger = logging.getLogger(__name__)
@@ -243,23 +246,24 @@ def dotted_key(cls, key: str) -> str:
     raise KeyError(f"unknown key {show_key(key)}{hint}")
 
 
-def _section_attr(cls, attr: str, prefix: str = "") -> list[tuple[str, type, dict]]:
-    """``(dotted prefix, section class, its attr)`` for ``cls`` and each of its sections, where
-    ``attr`` is ``"renamed_keys"`` or ``"dropped_keys"`` (see the module docstring)."""
-    out = [(prefix, cls, getattr(cls, attr, {}))]
+def _section_keys(cls, table: Callable[[type], dict], prefix: str = "") -> list[tuple[str, type, dict]]:
+    """``(dotted prefix, section class, table(section class))`` for ``cls`` and each of its
+    sections, where ``table`` is :func:`qkv.compat.renamed_keys` or
+    :func:`qkv.compat.dropped_keys` (see the module docstring)."""
+    out = [(prefix, cls, table(cls))]
     for f in dataclasses.fields(cls):
         tp = _hints(cls)[f.name]
         if _is_section(tp):
-            out += _section_attr(tp, attr, f"{prefix}{f.name}.")
+            out += _section_keys(tp, table, f"{prefix}{f.name}.")
     return out
 
 
 def _renamed(cls, key: str, value: Any, from_text: bool) -> tuple[str, Any] | None:
-    """Today's ``(dotted key, value)`` for a key a section lists in its ``renamed_keys``
-    (dotted, or flat), logging a deprecation warning; ``None`` for other keys. Raises
-    :class:`_Invalid` with the message for a value the old key's type refuses."""
+    """Today's ``(dotted key, value)`` for a key renamed in a section (dotted, or flat),
+    logging a deprecation warning; ``None`` for other keys. Raises :class:`_Invalid` with the
+    message for a value the old key's type refuses."""
     name = key.rsplit(".", 1)[-1]
-    for prefix, _, renamed in _section_attr(cls, "renamed_keys"):
+    for prefix, _, renamed in _section_keys(cls, compat.renamed_keys):
         if name in renamed and key in (prefix + name, name):
             new, old_type, to_new = renamed[name]
             try:
@@ -283,11 +287,11 @@ def dropped_value_matches(value: Any, dropped: Any, from_text: bool = False) -> 
 
 
 def _dropped(cls, key: str, value: Any, from_text: bool) -> bool:
-    """``True`` for a key that a section lists in its ``dropped_keys`` (dotted, or flat) given
-    the value it always held: accepted and ignored, with a warning; ``False`` for other keys.
-    Raises :class:`_Invalid` with the message for a dropped key of any other value."""
+    """``True`` for a key that a section dropped (dotted, or flat) given the value it always
+    held: accepted and ignored, with a warning; ``False`` for other keys. Raises
+    :class:`_Invalid` with the message for a dropped key of any other value."""
     name = key.rsplit(".", 1)[-1]
-    for prefix, section, dropped in _section_attr(cls, "dropped_keys"):
+    for prefix, section, dropped in _section_keys(cls, compat.dropped_keys):
         if name in dropped and key in (prefix + name, name):
             old = json.dumps(dropped[name])
             if not dropped_value_matches(value, dropped[name], from_text):

@@ -5,7 +5,7 @@ Every loader returns a :class:`ProteinTask`: records with an id, the cleaned seq
 (one class name per sequence, or one per residue), the split (``train``/``val``/``test``) and,
 for SignalP, the organism group (kingdom).
 
-Splits (issue 4):
+Splits:
     SignalP 6.0 (Teufel et al. 2022): three homology-partitioned folds; ``fold=0`` tests on
         partition 0, validates on 1 and trains on 2 (``fold=k``: test k, val k+1, train k+2).
     AMP Scanner v2 (Veltri et al. 2018) and user files without a split column: stratified

@@ -1,8 +1,9 @@
 """Plain-text corpora for language modelling, and the windows a model trains on.
 
-Self-supervised labels (lecture notes ``001_*.txt``): the target of position t is the token at
-t + 1. The default corpus is tiny-shakespeare (Karpathy's char-rnn), split as nanoGPT does:
-first 90 % of the characters for training, last 10 % for validation.
+Self-supervised labels ("cook up 'labels' (prediction targets) from the unlabeled texts",
+lecture notes): the target of position t is the token at t + 1. The default corpus is
+tiny-shakespeare (Karpathy's char-rnn), split as nanoGPT does: first 90 % of the characters for
+training, last 10 % for validation.
 """
 
 from __future__ import annotations

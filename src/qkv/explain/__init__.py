@@ -1,6 +1,7 @@
 """Look inside a trained model: attention weights, Eq. 1 step by step, pictures, a local page.
 
-Model code never imports this package; it imports the models (see ``DESIGN.md``).
+Model code never imports this package; it imports the models, so inspection can change
+without touching the paper's modules.
 """
 
 from .capture import capture_steps

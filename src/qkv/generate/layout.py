@@ -2,29 +2,29 @@
 
 Decoding one token multiplies a vector by every weight matrix, so on a CPU it is limited by
 how fast the weights stream from memory (``benchmarks/limits.py`` measures that bound and how
-close decoding gets to it). The kernel that streams a weight fastest depends on its dtype:
+close decoding gets to it). The kernel that streams a weight fastest depends on its dtype
+(measurements: ``benchmarks/RESULTS.md``, "Weight layouts for CPU decoding"):
 
-- float32: PyTorch's own kernel with ``W`` stored ``(in_features, out_features)``. On a 2-core
-  AMD EPYC (AVX2) GPT-2-small greedy decoding ran at 25.2 against 21.0 tokens/s in the default
-  ``(out, in)`` storage; on a 2-core Xeon (AVX512) the two are within noise.
+- float32: PyTorch's own kernel with ``W`` stored ``(in_features, out_features)``, which on
+  some CPUs (AVX2) streams faster than the default ``(out, in)`` storage and on others is no
+  slower.
 - bfloat16, on a CPU with native bfloat16 (AVX512_BF16/AMX): oneDNN's inference kernel on a
-  weight it has reordered once into its blocked layout (:class:`PackedLinear`). On a 2-core
-  Xeon without AMX a matrix-vector product streams bfloat16 weights at ~20 GB/s this way
-  against ~14.5 GB/s through ``F.linear`` (which converts as it goes), and GPT-2-small greedy
-  decoding runs 1.35x faster. The FFN's activation is fused into its first product.
+  weight it has reordered once into its blocked layout (:class:`PackedLinear`), which streams
+  bfloat16 weights faster than ``F.linear`` (that converts them as it goes). The FFN's
+  activation is fused into its first product.
 - bfloat16 elsewhere (AVX2: emulated): ``F.linear`` on contiguous weights.
 
 Batched inference (encoding many sentences or proteins at once, ``batch_rows``) is bound by
 FLOPs instead, and a separate pass of the FFN's activation over the ``(tokens, d_ff)`` inner
-layer costs as much as the product before it (exact GELU, 4096 × 1536 fp32 on the 2-core
-Xeon: 19 ms after a 21 ms product). There every CPU linear goes to oneDNN, in float32 too, with
-the activation fused (22 ms for both).
+layer costs about as much as the product before it. There every CPU linear goes to oneDNN, in
+float32 too, with the activation fused into the product.
 
 Decoding in bfloat16 is also made batch-invariant (``batch_invariant``): a kernel may sum a
 row's products in another order when it computes one row than when it computes many, and one
 bfloat16 rounding (2^-8) is enough to flip a greedy token at a near-tie, so cached decoding
 would not always reproduce a full forward over the same text. Attention then runs one query
-per call, and a product whose one-row kernel sums differently runs a single row as two.
+per call (the ``"invariant"`` backend, :mod:`qkv.generate.invariant`), and a product whose
+one-row kernel sums differently runs a single row as two.
 
 The layout is set by giving each weight a *new* ``nn.Parameter`` (same values and shape, other
 strides) or by wrapping an ``nn.Linear`` in a :class:`PackedLinear` that keeps its Parameter,
@@ -40,6 +40,7 @@ from torch import nn
 from ..device import cpu_has_native_bf16
 from ..nn.attention import MultiHeadAttention
 from ..nn.feedforward import PositionwiseFeedForward
+from .invariant import per_query_attention  # noqa: F401  (importing it registers "invariant")
 
 # oneDNN's post-op names for the FFN activations: (attribute, algorithm); "none" = exact GELU.
 _POST_OPS = {None: ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
@@ -108,8 +109,8 @@ class PackedLinear(FrozenLinear):
     ``batch_invariant=True``: a row's output must not depend on how many rows share the call
     (cached decoding then reproduces full recomputation bit for bit). oneDNN's many-row
     kernels agree row for row, but for some shapes its one-row kernel sums in another order
-    (bfloat16 768 ← 3072 on a 2-core Xeon: 22 of 160 rows differ in the last bit). Which shapes
-    is measured here, once, on 64 random rows; where they differ, a single row is run as two
+    (some rows then differ in the last bit). Which shapes is measured here, once, on 64 random
+    rows; where they differ, a single row is run as two
     (``one_row_as_two``), which costs that product little: it streams the same weights.
 
     Raises:
@@ -187,14 +188,13 @@ def prepare_for_inference(model: nn.Module, batch_rows: int | None = None,
     bfloat16 CPU parts compute each row the same whatever the number of rows in the call,
     so greedy decoding with the key/value cache gives bit for bit the logits of a full
     forward over the sequence: attention modules take the ``"invariant"`` backend (one SDPA
-    call per query, see :func:`~qkv.nn.attention.scaled_dot_product_attention`) and packed products whose
-    one-row kernel sums in another order run single rows as two (:class:`PackedLinear`). In
-    float32 the kernels' order effects (~1e-7 relative) stay far below greedy decoding's
-    margins, and float32 is left as it is. On the GPT-2-small benchmark this cost bfloat16
-    decoding a few percent (``benchmarks/limits.py``) and turned 118 of 128 tokens equal to
-    recomputation (the rest near-ties within 1.7 %) into 128 of 128. Call it last, on a model loaded for
-    inference: an optimizer built earlier would still hold the old parameters. Nothing is
-    done on other devices, where the fused kernels prefer the default layout. Safe to call twice.
+    call per query, :mod:`qkv.generate.invariant`) and packed products whose one-row kernel
+    sums in another order run single rows as two (:class:`PackedLinear`). In float32 the
+    kernels' order effects (~1e-7 relative, float32's rounding) stay far below greedy
+    decoding's margins, and float32 is left as it is. (What this costs and gains on
+    GPT-2-small: ``benchmarks/RESULTS.md``.) Call it last, on a model loaded for inference: an
+    optimizer built earlier would still hold the old parameters. Nothing is done on other
+    devices, where the fused kernels prefer the default layout. Safe to call twice.
     """
     packs = {torch.bfloat16: onednn_bf16_available() and not model.training,
              torch.float32: batch_rows is not None and onednn_available() and not model.training}

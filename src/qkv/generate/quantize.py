@@ -6,11 +6,11 @@ weight row (one output feature) is stored as int8 with one scale, ``s_j = max_i 
 and ``Q_ji = round(W_ji / s_j)``, so ``W ≈ s ⊙ Q`` with an error of at most ``s_j / 2`` per
 entry; activations stay bfloat16 and the product dequantises on the fly
 (``torch._weight_int8pack_mm``, the kernel gpt-fast uses). The quality cost is measured, not
-assumed: ``benchmarks/int8_quality.py`` (perplexity and BLEU before and after).
+assumed: ``benchmarks/int8_quality.py`` (perplexity and BLEU before and after); the speed
+against bfloat16 weights is in ``benchmarks/RESULTS.md`` ("Int8 weights").
 
-On a 2-core Xeon with AVX512_BF16 (no AMX) GPT-2-small-shaped greedy decoding ran at 92
-against 62 tokens/s with bfloat16 weights through oneDNN (``benchmarks/limits.py``); with
-float32 activations the same kernel is about 5× slower, so a model is cast to bfloat16 first.
+The kernel is fast only with bfloat16 activations (with float32 ones it is several times
+slower), so a model is cast to bfloat16 first.
 """
 
 from __future__ import annotations

@@ -16,12 +16,14 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Literal
+from typing import ClassVar, Literal
 
+from ..compat import check_format_version, dropped_keys, with_format_version
 from ..errors import ConfigError
 from ..nn.feedforward import Activation
 from ..nn.layers import LayerConfig
 from ..settings import check, dropped_value_matches, show_key
+from ..train.checkpoint import write_json
 
 
 def _json_kind(value) -> str:
@@ -38,24 +40,13 @@ class ModelConfig(LayerConfig):
 
     Construction validates every field and raises :class:`~qkv.errors.ConfigError` (a
     ``ValueError``) naming every bad value (:meth:`problems` lists them);
-    ``to_dict``/``from_dict``/``load`` are the ``config.json`` round trip.
-
-    ``dropped_keys``: keys that older ``config.json`` files hold but this family no longer has,
-    each with the value the model always used; :meth:`from_dict` drops such a key when it holds
-    that value and refuses it otherwise (the settings parser, :mod:`qkv.settings`, reads them
-    the same way, with a warning). ``renamed_keys``: keys of earlier versions read under their
-    new name in settings files and overrides, ``{old: (new, old type, old value → new
-    value)}`` (see :mod:`qkv.settings`; no family has one yet).
+    ``to_dict``/``from_dict``/``save``/``load`` are the ``config.json`` round trip; what older
+    qkv versions wrote is read through :mod:`qkv.compat` (its format version, and keys a
+    family has since dropped).
     """
 
     positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
     max_len: int = 1024
-
-    # keys older config.json files hold that this family no longer has → the value the model
-    # always used: dropped on load when they hold that value (see the class docstring).
-    dropped_keys: ClassVar[dict[str, object]] = {}
-    # old key → (new key, old type, old value → new value), read by the settings parser only.
-    renamed_keys: ClassVar[dict[str, tuple[str, type, Callable]]] = {}
 
     def __post_init__(self) -> None:
         check(self)
@@ -100,27 +91,38 @@ class ModelConfig(LayerConfig):
                              "vocabulary sizes from its tokenizer)")
 
     def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict (no format version: see :meth:`save`)."""
         return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``config.json`` atomically: :meth:`to_dict` with ``"format_version"`` first
+        (:data:`qkv.compat.FORMAT_VERSION`)."""
+        write_json(Path(path), with_format_version(self.to_dict()))
 
     @classmethod
     def from_dict(cls, data: dict):
-        """Build from a dict (``config.json``). Keys an older qkv wrote that this family
-        dropped (``dropped_keys``) are ignored when they hold the value the model always used.
+        """Build from a dict (``config.json``). A ``"format_version"`` (absent: version 1) is
+        checked and removed; keys an older qkv wrote that this family dropped
+        (:func:`qkv.compat.dropped_keys`) are ignored when they hold the value the model
+        always used.
 
         Raises:
-            ConfigError: ``data`` is not a dict, holds unknown keys (named, and a dropped key
-                of another value said to be one), or a bad value (named).
+            ConfigError: ``data`` is not a dict, was written by a newer qkv (a higher
+                format version), holds unknown keys (named, and a dropped key of another value
+                said to be one), or a bad value (named).
         """
         if not isinstance(data, dict):
             raise ConfigError(f"{cls.__name__} needs a JSON object of settings, got "
                               f"{_json_kind(data)}")
+        data = check_format_version(data, f"this {cls.__name__}")
+        dropped = dropped_keys(cls)
         known = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in data.items() if not (
-            k in cls.dropped_keys and k not in known and dropped_value_matches(v, cls.dropped_keys[k]))}
+            k in dropped and k not in known and dropped_value_matches(v, dropped[k]))}
         unknown = sorted(set(data) - known, key=str)
         if unknown:
-            named = [f"{k} (dropped: only {json.dumps(cls.dropped_keys[k])}, the value the model "
-                     f"always used, is read)" if k in cls.dropped_keys else show_key(k)
+            named = [f"{k} (dropped: only {json.dumps(dropped[k])}, the value the model "
+                     f"always used, is read)" if k in dropped else show_key(k)
                      for k in unknown]
             raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(named)}")
         return cls(**data)
@@ -130,8 +132,8 @@ class ModelConfig(LayerConfig):
         """Read a ``config.json``.
 
         Raises:
-            ConfigError: one line naming the file: not UTF-8 JSON, not a JSON object, or what
-                :meth:`from_dict` refuses.
+            ConfigError: one line naming the file: not UTF-8 JSON, not a JSON object, written
+                by a newer qkv, or what :meth:`from_dict` refuses.
             OSError: the file cannot be read.
         """
         path = Path(path)
@@ -141,6 +143,7 @@ class ModelConfig(LayerConfig):
             raise ConfigError(f"{path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a JSON object, got {_json_kind(data)}")
+        data = check_format_version(data, str(path))  # the message names the file once
         try:
             return cls.from_dict(data)
         except ConfigError as exc:
@@ -267,10 +270,6 @@ class EncoderConfig(StackConfig):
     token_dropout: bool = False
     mask_id: int | None = None
 
-    # older protein encoders were saved with the LM's fields: the head was always tied, and
-    # there were no start or end ids
-    dropped_keys: ClassVar[dict[str, object]] = {"tie_embeddings": True, "bos_id": None,
-                                                 "eos_id": None}
     _special_ids: ClassVar[tuple[str, ...]] = ("pad_id", "mask_id")
 
     def problems(self) -> list[str]:

@@ -2,8 +2,8 @@
 
 Source: Vaswani et al. 2017, §3.1 (decoder stack, masked self-attention, §3.2.3) and §3.4
 (shared embedding / pre-softmax weights); Radford et al. 2018/2019 (GPT, GPT-2) for the
-decoder-only use: next-token prediction on plain text, the self-supervised objective of the
-lecture notes (``001_*.txt``): labels are the input shifted by one token.
+decoder-only use: next-token prediction on plain text, trained "in a self-supervised way"
+(lecture notes): labels are the input shifted by one token.
 
 Pre-LN is the default because a stack of post-LN blocks needs a careful learning-rate warm-up
 to train at all (the gradient at the output layers is large at initialisation; Xiong et al.

@@ -2,8 +2,8 @@
 
 Source: Vaswani et al. 2017, §3.1 (the encoder stack); Devlin et al. 2019 (BERT: masked
 language modelling, a classification token); Rives et al. 2021 (ESM: the same on proteins);
-lecture notes ``003_*.txt`` (Transformer encoders on protein sequences) and ``004_*.txt``
-(a pretrained encoder plus a feed-forward layer trained on the task).
+lecture notes: "Applying Encoders to Protein Sequences", and "people use pre-trained models
+and train a feed-forward (e.g. sigmoid) layer on their task".
 """
 
 from __future__ import annotations

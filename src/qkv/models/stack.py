@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
 from ..nn.layers import SelfAttentionLayer
@@ -77,6 +78,7 @@ class TransformerStack(nn.Module):
         self.layers = nn.ModuleList(SelfAttentionLayer(cfg, rotary) for _ in range(cfg.n_layers))
         self.final_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
                            if cfg.norm_first else nn.Identity())
+        read_old_weights(self)  # what earlier qkv versions saved loads too (qkv.compat)
 
     def _init_weights(self) -> None:
         gpt2_init(self, self.config.n_layers)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
 from ..nn.layers import DecoderLayer, EncoderLayer
@@ -115,6 +116,7 @@ class Transformer(nn.Module):
             nn.init.zeros_(self.generator.bias)
         if cfg.tie_output or cfg.share_embeddings:
             self.generator.weight = self.tgt_embed.weight
+        read_old_weights(self)  # what earlier qkv versions saved loads too (qkv.compat)
 
     def _init_weights(self) -> None:
         # Xavier-uniform projections, as in the reference Tensor2Tensor / nn.Transformer code.

@@ -1,10 +1,10 @@
 """Vision Transformer (ViT): the Transformer encoder over image patches.
 
 Source: Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", §3.1 (Eq. 1–4): patches are
-tokens (lecture notes ``001_*.txt``: "we can tokenize anything ... chop the input up into
-chunks, project each chunk to an embedding"), a learnable class token is prepended, positions
-are added, and the encoder stack of Vaswani et al. 2017 (§3.1) runs unchanged (pre-LN, GELU,
-as ViT). The class token's final state (or the mean of the patches) feeds a linear head.
+tokens ("we can tokenize anything ... chop the input up into chunks, project each chunk to an
+embedding", lecture notes), a learnable class token is prepended, positions are added, and the
+encoder stack of Vaswani et al. 2017 (§3.1) runs unchanged (pre-LN, GELU, as ViT). The class
+token's final state (or the mean of the patches) feeds a linear head.
 
 Input pixels are expected scaled to [-1, 1] (``pixel / 127.5 - 1``; see
 :func:`qkv.data.images.to_model_input`), the rule HF's ``ViTImageProcessor`` uses.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..compat import read_old_weights
 from ..nn.layers import SelfAttentionLayer
 from ..nn.norms import build_norm
 from ..nn.patches import PatchEmbedding, sinusoidal_2d_positions
@@ -73,6 +74,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.num_labels)
         gpt2_init(self, cfg.n_layers)
         nn.init.zeros_(self.head.weight)  # start from uniform class probabilities (as ViT)
+        read_old_weights(self)  # what earlier qkv versions saved loads too (qkv.compat)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Eq. 1: ``[x_class; x_p E] + E_pos`` → ``(B, 1 + N, D)``."""

@@ -1,15 +1,22 @@
 """Scaled dot-product attention and multi-head attention (with a key/value cache).
 
-Source: Vaswani et al. 2017, §3.2.1 (Eq. 1) and §3.2.2; lecture notes ``001_*.txt`` (query,
-key, value; matrix form; multi-head) and ``003_*.txt`` (softmax, masking).
+Source: Vaswani et al. 2017, §3.2.1 (Eq. 1: ``softmax(QKᵀ / sqrt(d_k)) V``; the dot products
+scaled by ``1/sqrt(d_k)``) and §3.2.2 (multi-head attention); lecture notes: "(query, key,
+value) and self-attention", "matrix form", "Multi-head Attention".
 
 Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broadcastable to
 ``(B, H, q_len, k_len)``.
+
+Backends: one computation of Eq. 1 is a function registered under a name
+(:func:`register_backend`, :data:`BACKENDS`). This module registers ``"sdpa"`` and
+``"eager"``; :mod:`qkv.generate.invariant` registers ``"invariant"`` (inference only) when it
+is imported.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +25,30 @@ from torch import nn
 
 from .masks import causal_mask, combine_masks
 
-BACKENDS = ("sdpa", "eager", "invariant")
+Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool, float],
+                   torch.Tensor]
+"""``fn(q, k, v, mask, is_causal, dropout_p) -> output``: Eq. 1 over queries ``q (B, H, Tq, Dh)``,
+keys ``k`` and values ``v (B, H, Tk, Dh)``, a boolean ``mask`` broadcastable to
+``(B, H, Tq, Tk)`` (``True`` = may attend) or ``None``, the look-ahead mask added when
+``is_causal`` (queries are the last ``Tq`` positions), dropout ``dropout_p`` on the weights.
+Returns ``(B, H, Tq, Dh)`` in ``q``'s dtype; a query row with no legal key gives zeros; raises
+``ValueError`` for ``is_causal`` with ``Tk < Tq``. The mask is already checked to be boolean."""
+
+# name → backend; the names MultiHeadAttention and scaled_dot_product_attention accept
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, fn: Backend) -> None:
+    """Make ``fn`` (see :data:`Backend`) available as ``backend=name`` to
+    :func:`scaled_dot_product_attention` and :class:`MultiHeadAttention`; a name registered
+    again is replaced."""
+    BACKENDS[name] = fn
+
+
+def check_backend(name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` and the registered backends unless it is one."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {tuple(BACKENDS)}")
 
 
 @dataclass
@@ -62,6 +92,44 @@ def attention_steps(q, k, v, mask=None) -> AttentionSteps:
     return AttentionSteps(q, k, v, scores, scaled, masked, weights, weights @ v)
 
 
+def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              is_causal: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, weights)`` of Eq. 1 computed step by step, the look-ahead mask folded in."""
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+    steps = attention_steps(q, k, v, mask)
+    if dropout_p > 0.0:
+        return F.dropout(steps.weights, p=dropout_p) @ v, steps.weights
+    return steps.output, steps.weights
+
+
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           is_causal: bool, dropout_p: float) -> torch.Tensor:
+    """The ``"eager"`` backend: Eq. 1 as written (:func:`attention_steps`)."""
+    return _explicit(q, k, v, mask, is_causal, dropout_p)[0]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          is_causal: bool, dropout_p: float) -> torch.Tensor:
+    """The ``"sdpa"`` backend: :func:`torch.nn.functional.scaled_dot_product_attention`."""
+    if is_causal and mask is None and q.size(-2) == k.size(-2):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    causal = causal_mask(q.size(-2), k.size(-2), device=q.device) if is_causal else None
+    if mask is None:  # the look-ahead mask alone leaves every query row a key
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p)
+    mask = mask if causal is None else mask & causal
+    # SDPA gives NaN for a query row with no legal key (an empty sequence). Finding such
+    # rows would cost a host sync, so instead let them attend to every key (a finite
+    # result) and zero their output afterwards.
+    has_key = mask.any(-1, keepdim=True)  # (..., Tq, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+    return out * has_key
+
+
+register_backend("sdpa", _sdpa)
+register_backend("eager", _eager)
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -74,74 +142,33 @@ def scaled_dot_product_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V  (Vaswani et al. 2017, Eq. 1).
 
-    Three backends compute the same function: ``"eager"`` (explicit math, can return the
-    weights), ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`, fused and
-    fast) and ``"invariant"``: SDPA called once per query, over exactly the keys it may see.
-    A fused kernel's summation order depends on how many queries and keys share a call, so one
-    query attending over a key/value cache and the same query inside a full causal forward
-    can differ in the last bit, and in bfloat16 (8-bit mantissa) that changes greedy tokens at
-    near-ties. One call per query makes each query's output, bit for bit, the same however
-    the queries are batched (a decoding step is one query anyway; a forward over ``Tq``
-    queries makes ``Tq`` calls, so it is meant for inference).
-    ``need_weights=True`` always takes an explicit path, so weights are never silently missing.
+    Every backend computes the same function: ``"eager"`` (explicit math, as
+    :func:`attention_steps`), ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`,
+    fused and fast) and whatever else is registered (:func:`register_backend`; ``"invariant"``
+    from :mod:`qkv.generate.invariant`, for batch-invariant decoding).
+    ``need_weights=True`` always takes the explicit path, so weights are never silently missing.
 
     Args:
         q: queries ``(B, H, Tq, Dh)``; k: keys ``(B, H, Tk, Dh)``; v: values ``(B, H, Tk, Dh)``.
         mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend; or ``None``.
         is_causal: additionally apply the look-ahead mask (queries are the last ``Tq`` positions).
         dropout_p: dropout on the attention weights (training only; the caller passes 0 in eval).
-        backend: ``"sdpa"``, ``"eager"`` or ``"invariant"``.
+        backend: a name in :data:`BACKENDS` (``"sdpa"``, ``"eager"``, ...).
         need_weights: also return the attention weights ``(B, H, Tq, Tk)``.
 
     Returns:
         ``(output (B, H, Tq, Dh), weights or None)``. Fully masked query rows give zeros.
 
     Raises:
-        ValueError: unknown backend, or a mask that is not boolean.
+        ValueError: unknown backend, a mask that is not boolean, or ``is_causal`` with fewer
+            keys than queries.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    check_backend(backend)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"attention mask must be boolean (True = may attend), got {mask.dtype}")
-    if backend == "invariant" and not need_weights:
-        return _per_query(q, k, v, mask, is_causal, dropout_p), None
-    fast = backend == "sdpa" and not need_weights
-    if fast and is_causal and mask is None and q.size(-2) == k.size(-2):
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        return out, None
-    may_have_empty_rows = mask is not None  # the look-ahead mask alone leaves every row a key
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
-    if fast:
-        if not may_have_empty_rows:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
-        # SDPA gives NaN for a query row with no legal key (an empty sequence). Finding such
-        # rows would cost a host sync, so instead let them attend to every key (a finite
-        # result) and zero their output afterwards.
-        has_key = mask.any(-1, keepdim=True)  # (..., Tq, 1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
-        return out * has_key, None
-    steps = attention_steps(q, k, v, mask)
-    if dropout_p > 0.0:
-        return F.dropout(steps.weights, p=dropout_p) @ v, steps.weights if need_weights else None
-    return steps.output, steps.weights if need_weights else None
-
-
-def _per_query(q, k, v, mask, is_causal: bool, dropout_p: float) -> torch.Tensor:
-    """The ``"invariant"`` backend: SDPA once per query over its keys (the first ``Tk - Tq + i
-    + 1`` under ``is_causal``), its mask row sliced to match."""
-    tq, tk = q.size(-2), k.size(-2)
-    if is_causal and tk < tq:
-        raise ValueError(f"k_len ({tk}) must be >= q_len ({tq})")  # as causal_mask says
-    if mask is not None:
-        mask = mask.expand(*mask.shape[:-2], tq, tk)
-    outs = []
-    for i in range(tq):
-        end = tk - tq + i + 1 if is_causal else tk
-        row = None if mask is None else mask[..., i:i + 1, :end]
-        outs.append(scaled_dot_product_attention(q[..., i:i + 1, :], k[..., :end, :], v[..., :end, :],
-                                                 row, dropout_p=dropout_p)[0])
-    return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
+    if need_weights:
+        return _explicit(q, k, v, mask, is_causal, dropout_p)
+    return BACKENDS[backend](q, k, v, mask, is_causal, dropout_p), None
 
 
 class KVCache:
@@ -210,24 +237,10 @@ class KVCache:
         self._spare, self._k, self._v = (self._k, self._v), spare_k, spare_v
 
 
-def _pack_old_projections(module: "MultiHeadAttention", state_dict: dict, prefix: str,
-                          *args) -> None:
-    """Load-state-dict pre-hook: checkpoints written before the projections were packed hold
-    separate ``w_q``/``w_k``/``w_v``; stack their rows into ``w_qkv`` (self-attention) or
-    ``w_kv`` (cross-attention, which keeps ``w_q``), in place. Anything else is left alone, so
-    a checkpoint that is neither layout still reports its missing/unexpected keys."""
-    names = ("w_q", "w_k", "w_v") if not module.cross else ("w_k", "w_v")
-    packed = "w_kv" if module.cross else "w_qkv"
-    for kind in ("weight", "bias"):
-        keys = [f"{prefix}{name}.{kind}" for name in names]
-        if all(key in state_dict for key in keys) and f"{prefix}{packed}.{kind}" not in state_dict:
-            state_dict[f"{prefix}{packed}.{kind}"] = torch.cat([state_dict.pop(key) for key in keys])
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O, head_i = Attention(Q W_Q_i, K W_K_i, V W_V_i).
 
-    Source: Vaswani et al. 2017, §3.2.2; notes ``001_*.txt`` ("Multi-head Attention").
+    Source: Vaswani et al. 2017, §3.2.2; lecture notes ("Multi-head Attention").
     The h per-head matrices ``W_Q_i``, ``W_K_i``, ``W_V_i`` (each ``d_model × d_k``) are stored
     stacked, and the projections of one input are packed into one ``nn.Linear``, so they run as
     one matrix multiply (the layout of ``torch.nn.MultiheadAttention.in_proj_weight``):
@@ -238,8 +251,8 @@ class MultiHeadAttention(nn.Module):
       ``w_kv = nn.Linear(D, 2·H·d_k)`` (K rows, then V rows) on the encoder memory;
     - ``w_o = nn.Linear(H·d_k, D)`` (``W_O``).
 
-    Checkpoints with separate ``w_q``/``w_k``/``w_v`` (before packing) still load: a
-    load-state-dict pre-hook packs them.
+    (Weights saved by earlier versions, with separate ``w_q``/``w_k``/``w_v``, are rewritten
+    to this layout by :func:`qkv.compat.pack_old_projections` as a model loads them.)
 
     Args:
         d_model: model width D.
@@ -247,9 +260,9 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights (0 in the paper's base model description,
             which applies dropout to sub-layer outputs; kept as an option).
         bias: use biases in the projections.
-        backend: ``"sdpa"``, ``"eager"`` or ``"invariant"`` (see
+        backend: a name in :data:`BACKENDS` (``"sdpa"``, ``"eager"``, ... see
             :func:`scaled_dot_product_attention`); an attribute that may be changed later (as
-            :func:`~qkv.generate.layout.prepare_for_inference` does).
+            :func:`~qkv.generate.layout.prepare_for_inference` does, to ``"invariant"``).
         d_k: per-head width (default ``d_model // n_heads``).
         rotary: a :class:`~qkv.nn.positional.RotaryEmbedding` applied to queries and keys of
             self-attention (RoPE), or ``None`` (positions added to the embeddings instead).
@@ -268,8 +281,7 @@ class MultiHeadAttention(nn.Module):
             if d_model % n_heads:
                 raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
             d_k = d_model // n_heads
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        check_backend(backend)
         if cross and rotary is not None:
             raise ValueError("rotary positions apply to self-attention only, not cross-attention "
                              "(the memory's positions are already encoded)")
@@ -283,7 +295,6 @@ class MultiHeadAttention(nn.Module):
             self.w_qkv = self._packed(d_model, inner, 3, bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
-        self._register_load_state_dict_pre_hook(_pack_old_projections, with_module=True)
 
     @staticmethod
     @torch.no_grad()

@@ -39,7 +39,9 @@ class LayerConfig:
         norm: ``"layernorm"`` (paper), ``"rmsnorm"`` (Zhang & Sennrich 2019) or ``"dyt"``
             (Zhu et al. 2025). norm_first: pre-LN (Xiong et al. 2020) instead of post-LN.
         bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused), ``"eager"``
-            (explicit Eq. 1) or ``"invariant"`` (SDPA per query: batch-invariant, for inference). layer_norm_eps: the norm's epsilon.
+            (explicit Eq. 1) or ``"invariant"`` (SDPA per query: batch-invariant, for
+            inference; registered by :mod:`qkv.generate.invariant`, see
+            :mod:`qkv.nn.attention`). layer_norm_eps: the norm's epsilon.
     """
 
     d_model: int = 512
@@ -129,8 +131,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attention(config)
         self.self_attn_block = residual(config)
-        # The FFN is registered before cross-attention so that a seed draws the same initial
-        # weights (in parameter order) as earlier qkv versions: runs stay reproducible.
+        # Registration order is initialisation order: each module draws its initial weights
+        # from the global RNG as it is built, so building the FFN before cross-attention (not
+        # in Figure 1's order) is what gives a seed the initial weights, and a seeded run the
+        # losses, that recorded runs and benchmarks hold. Reordering these lines changes them.
         self.ffn = feedforward(config)
         self.ffn_block = residual(config)
         self.cross_attn = attention(config, cross=True)

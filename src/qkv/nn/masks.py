@@ -4,8 +4,8 @@ One convention everywhere in qkv: a mask is a boolean tensor, ``True`` = *may at
 broadcastable to ``(batch, n_heads, q_len, k_len)``. Masks are built only here.
 
 Source: Vaswani et al. 2017, §3.2.3 ("we mask out (setting to −∞) all values in the input of
-the softmax which correspond to illegal connections") and the lecture notes on masking
-(``003_*.txt``).
+the softmax which correspond to illegal connections"); masking is among the lecture notes'
+"practical techniques commonly needed when training auto-regressive transformers".
 """
 
 from __future__ import annotations

@@ -80,5 +80,5 @@ class ResidualNorm(nn.Module):
 
     def _drop(self, out: torch.Tensor) -> torch.Tensor:
         # Outside training dropout is the identity; skipping the module call saves its
-        # overhead, which is a visible part of a decoding step (issue 16).
+        # overhead, which is a visible part of a decoding step at batch size 1.
         return self.dropout(out) if self.training else out

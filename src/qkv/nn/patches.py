@@ -1,7 +1,7 @@
 """Images as token sequences: cut into patches, project each patch to a vector.
 
-Source: lecture notes ``001_*.txt``: "We can tokenize anything. General strategy: chop the
-input up into chunks, project each chunk to an embedding"; Dosovitskiy et al. 2021 (ViT),
+Source: lecture notes: "We can tokenize anything. General strategy: chop the input up into
+chunks, project each chunk to an embedding"; Dosovitskiy et al. 2021 (ViT),
 §3.1, Eq. 1: ``z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos`` with ``E`` a
 ``(P²·C) × D`` matrix applied to each flattened ``P × P`` patch.
 """

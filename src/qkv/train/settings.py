@@ -9,7 +9,7 @@ Eq. 3, ``schedule="noam"``); Loshchilov & Hutter 2017/2019 (AdamW, cosine decay,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal
+from typing import Callable, Literal
 
 from ..errors import ConfigError
 from ..settings import check
@@ -42,8 +42,8 @@ class TrainSettings:
     Faults: a non-finite loss or gradient norm stops the run naming the step, unless
     ``skip_nonfinite`` allows that many such steps to be skipped (their update discarded).
 
-    ``renamed_keys``: keys of earlier versions, still read from settings files and overrides
-    with a deprecation warning (see :mod:`qkv.settings`).
+    Keys of earlier versions (``amp_bf16``) are still read from settings files and overrides,
+    with a deprecation warning (:data:`qkv.compat.RENAMED_KEYS`).
 
     Raises:
         ConfigError: (a ``ValueError``) on construction, naming every bad value.
@@ -73,12 +73,6 @@ class TrainSettings:
     threads: int | None = None
     compile: bool = False
     skip_nonfinite: int = 0
-
-    # Renamed keys of earlier versions, still read from settings files and overrides (with a
-    # deprecation warning): old name → (new name, old type, old value → new value).
-    # amp_bf16=false meant fp32.
-    renamed_keys: ClassVar[dict[str, tuple[str, type, Callable]]] = {
-        "amp_bf16": ("precision", bool, lambda on: "bf16" if on else "fp32")}
 
     def __post_init__(self) -> None:
         check(self)
