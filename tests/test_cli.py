@@ -52,15 +52,16 @@ def test_smoke_run_writes_a_complete_run_directory(run_dir):
     assert len(val) == 2 and val[-1] < val[0], "validation loss must fall on real data"
     train_cfg = json.loads((run_dir / "train_config.json").read_text())
     assert train_cfg["train"]["max_steps"] == 40 and train_cfg["train"]["seed"] == 1
-    assert train_cfg["model"] == json.loads((run_dir / "config.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config.pop("format_version") == train_cfg["format_version"] == 2
+    assert train_cfg["model"] == config and train_cfg["model_type"] == "transformer"
 
 
 def test_demo_report_shows_examples_bleu_wall_time_run_directory_and_next_steps(run_dir, capsys):
     """What `make demo` prints at the end (from the smoke run's real summary)."""
-    from qkv.cli import _report_translation
+    from qkv.recipes.translation import RECIPE
 
-    _report_translation(json.loads((run_dir / "summary.json").read_text()), str(run_dir))
-    err = capsys.readouterr().err
+    err = RECIPE.summary(json.loads((run_dir / "summary.json").read_text()), run_dir)
     assert err.count("  DE:  ") == 3 and err.count("  REF: ") == 3 and err.count("  QKV: ") == 3
     line = next(l for l in err.splitlines() if l.startswith("test2016 BLEU "))
     assert "sacreBLEU, cased" in line and "40 steps" in line and "min in all" in line

@@ -7,7 +7,6 @@ one line on stderr with a non-zero exit; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import math
@@ -50,140 +49,18 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 
 
-def _report_translation(summary: dict, out: str) -> None:
-    test, run = summary["test2016"], Path(out).resolve()
-    _log(f"\nexample translations (test2016, beam {test['beam_size']}):")
-    for ex in test["examples"][:3]:
-        _log(f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}")
-    _log(f"\ntest2016 BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
-         f"chrF {test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training, "
-         f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}")
-    _log(f"next:\n  qkv translate {run} \"Ein Hund rennt über die Wiese.\"\n"
-         f"  qkv explain {run} --serve        # attention of every layer and head, in the browser\n"
-         f"  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
-         f"   # the full recipe (see README)")
-
-
-def _report_lm(summary: dict, out: str) -> None:
-    val = summary["validation"]
-    _log(f"\nsample:\n{summary['samples'][0]}\n")
-    _log(f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
-         f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
-         f"and {summary['steps']} steps; run directory: {Path(out).resolve()}")
-
-
-def _report_protein_mlm(summary: dict, out: str) -> None:
-    val = summary["validation"]
-    _log(f"held-out masked-residue perplexity {val['val_ppl']:.2f} (uniform over 20 residues: 20) "
-         f"after {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
-         f"{Path(out).resolve()}")
-
-
-def _report_protein_task(summary: dict, out: str) -> None:
-    test = summary["test"]
-    score = summary.get("score") or ("q3" if "q3" in test else "mcc")
-    line = (f"{summary['task']} test ({summary['mode']}): {score.upper()} {test[score]:.3f}, accuracy "
-            f"{test['accuracy']:.3f}" + (f", AUROC {test['auroc']:.3f}" if "auroc" in test else ""))
-    base = summary.get("baseline_test")
-    if base:
-        line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score != 'q3' else 'accuracy']:.3f}"
-    _log(f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
-         f"{Path(out).resolve()} (confusion.png, summary.json)")
-
-
-def _report_vit(summary: dict, out: str) -> None:
-    test, run = summary["test"], Path(out).resolve()
-    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
-            f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
-            f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all")
-    if summary.get("test_single_view"):
-        line += (f"\n(each image and its mirror averaged, tta_hflip; one view: test accuracy "
-                 f"{summary['test_single_view']['accuracy']:.4f})")
-    base = summary.get("baseline_test")
-    if base:
-        line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
-    _log(f"{line}\nrun directory: {run} (summary.json, confusion.png)\nnext:\n"
-         f"  qkv classify {run} IMAGE.png ...\n"
-         f"  qkv explain {run} --input IMAGE.png --out {run}/explain   # where each head looks\n"
-         f"  qkv explain {run} --serve")
-
-
-def _evaluate_translation(module, run_dir, args, device) -> dict:
-    result = module.evaluate_run(run_dir, args.split, args.beam, args.alpha, args.limit, device=device)
-    result.pop("examples")
-    return result
-
-
-def _evaluate_lm(module, run_dir, args, device) -> dict:
-    return module.evaluate_lm_run(run_dir, "val" if args.split == "test2016" else args.split, device=device)
-
-
-def _evaluate_protein_mlm(module, run_dir, args, device) -> dict:
-    return module.evaluate_mlm_run(run_dir, device=device)
-
-
-def _evaluate_protein_task(module, run_dir, args, device) -> dict:
-    return module.evaluate_protein_run(run_dir, "test" if args.split == "test2016" else args.split,
-                                       device=device)
-
-
-def _report_text_cls(summary: dict, out: str) -> None:
-    test, run = summary["test"], Path(out).resolve()
-    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (MCC {test['mcc']:.3f}), "
-            f"{summary['mode']} of {summary['init']}, after {summary['train_minutes']:.1f} min and "
-            f"{summary['steps']} steps")
-    base = summary.get("baseline_test")
-    if base:
-        line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
-    _log(f"{line}\nrun directory: {run} (summary.json, confusion.png)")
-
-
-def _evaluate_text_cls(module, run_dir, args, device) -> dict:
-    return module.evaluate_text_run(run_dir, "test" if args.split == "test2016" else args.split, device=device)
-
-
-def _evaluate_vit(module, run_dir, args, device) -> dict:
-    from .evaluate.classification import plot_confusion
-
-    split = "test" if args.split == "test2016" else args.split
-    result = module.evaluate_vit_run(run_dir, split, device=device)
-    path = Path(run_dir) / f"confusion_{split}.png"
-    plot_confusion(result["confusion"], list(result["per_class"]), path, f"{result['task']} {split}")
-    _log(f"confusion matrix: {path}")
-    return result
-
-
-# The recipe table, the one place that imports recipes (qkv.recipes.<module>):
-# recipe name → (module, settings class, train function, evaluation, report).
-RECIPES = {
-    "translation": ("translation", "TranslationRecipe", "train_translation", _evaluate_translation,
-                    _report_translation),
-    "lm": ("lm", "LMRecipe", "train_lm", _evaluate_lm, _report_lm),
-    "protein-mlm": ("protein_mlm", "ProteinMLMRecipe", "train_protein_mlm", _evaluate_protein_mlm,
-                    _report_protein_mlm),
-    "protein-cls": ("protein_tasks", "ProteinTaskRecipe", "train_protein_cls", _evaluate_protein_task,
-                    _report_protein_task),
-    "protein-residue": ("protein_tasks", "ProteinTaskRecipe", "train_protein_residue",
-                        _evaluate_protein_task, _report_protein_task),
-    "vit": ("vit", "ViTRecipe", "train_vit", _evaluate_vit, _report_vit),
-    "text-cls": ("text_cls", "TextClsRecipe", "train_text_cls", _evaluate_text_cls, _report_text_cls),
-}
 # train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
 SETTING_FLAGS = {"max_steps": "train.max_steps", "max_minutes": "train.max_minutes", "task": "task",
                  "init": "init", "labels": "labels"}
 
 
-def _recipe_module(name: str):
-    if name not in RECIPES:
-        raise QkvError(f"unknown recipe {name!r}; available: {', '.join(RECIPES)}")
-    return importlib.import_module(f".recipes.{RECIPES[name][0]}", __package__)
-
-
 def _cmd_train(args) -> int:
+    from .recipes.registry import get
     from .settings import resolve, to_dict
 
-    module = _recipe_module(args.recipe)
-    _, settings_name, train_name, _, report = RECIPES[args.recipe]
+    recipe_kind = get(args.recipe)
+    if recipe_kind.train is None or recipe_kind.settings is None:
+        raise QkvError(f"{args.recipe!r} runs are converted (qkv convert hf), not trained")
     overrides = list(args.overrides)
     for flag, key in SETTING_FLAGS.items():
         value = getattr(args, flag)
@@ -192,7 +69,7 @@ def _cmd_train(args) -> int:
     if args.freeze:
         overrides.append("freeze=true")
     base = _saved_settings(args.out, args.recipe) if args.resume else None
-    recipe = resolve(getattr(module, settings_name), args.config, overrides, base=base)
+    recipe = resolve(recipe_kind.settings, args.config, overrides, base=base)
     if args.print_config:
         print(json.dumps(to_dict(recipe), indent=2, ensure_ascii=False))
         return 0
@@ -203,7 +80,7 @@ def _cmd_train(args) -> int:
     ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
     created = not Path(args.out).exists()
     try:
-        summary = getattr(module, train_name)(recipe, args.out, resume=args.resume, progress=not args.quiet)
+        summary = recipe_kind.train(recipe, args.out, resume=args.resume, progress=not args.quiet)
     except Exception:  # refused (or failed) before its first checkpoint: leave nothing behind
         if created and ctx.is_main:
             _remove_unstarted(Path(args.out))
@@ -215,8 +92,8 @@ def _cmd_train(args) -> int:
         return 130
     finally:
         distributed.shutdown()
-    if ctx.is_main:
-        report(summary, args.out)
+    if ctx.is_main and recipe_kind.summary is not None:
+        _log("\n" + recipe_kind.summary(summary, Path(args.out)))
         print(json.dumps(summary, ensure_ascii=False))
     return 0
 
@@ -278,18 +155,44 @@ def _cmd_translate(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from . import runs
     from .device import resolve_device
+    from .recipes.registry import kind_of
 
+    kind = kind_of(args.run_dir)
+    if kind.evaluate is None:
+        raise QkvError(f"{args.run_dir} is a {kind.name!r} run, which qkv evaluate does not score")
+    given = {"beam_size": args.beam, "alpha": args.alpha, "limit": args.limit}
+    given = {k: v for k, v in given.items() if v is not None}
+    if unused := [k for k in given if k not in kind.evaluate_options]:
+        flags = ", ".join("--" + {"beam_size": "beam"}.get(k, k) for k in unused)
+        raise QkvError(f"{flags}: not an option of a {kind.name} run's evaluation")
     if args.limit is not None and args.limit < 1:
         raise QkvError(f"--limit must be >= 1 (got {args.limit})")
-    device = resolve_device(args.device)
-    recipe = runs.run_recipe(args.run_dir)
-    evaluate = RECIPES[recipe][3] if recipe in RECIPES else None
-    if evaluate is None:
-        raise QkvError(f"{args.run_dir} is a {recipe!r} run, which qkv evaluate does not know")
-    print(json.dumps(evaluate(_recipe_module(recipe), args.run_dir, args, device)))
+    split = args.split or kind.splits[0]
+    if split not in kind.splits:
+        raise QkvError(f"a {kind.name} run has the splits {', '.join(kind.splits)} (got --split {split})")
+    result = kind.evaluate(args.run_dir, split, device=resolve_device(args.device), **given)
+    result.pop("examples", None)  # the scores only; summary.json keeps examples
+    print(json.dumps(result))
     return 0
+
+
+class _PromptEcho:
+    """Streams one sample to stdout, the prompt echoed with its first new text: a prompt or
+    setting the generator refuses leaves nothing on stdout."""
+
+    def __init__(self, prompt: str) -> None:
+        self.prompt, self.echoed = prompt, False
+
+    def __call__(self, row: int, text: str) -> None:
+        if not self.echoed:
+            sys.stdout.write(self.prompt)
+            self.echoed = True
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def end(self) -> None:
+        self(0, "\n")
 
 
 def _cmd_generate(args) -> int:
@@ -321,23 +224,11 @@ def _cmd_generate(args) -> int:
     for i in range(args.num_samples):
         if args.num_samples > 1:
             print(f"--- sample {i + 1} ---", file=sys.stderr, flush=True)
-        # The prompt is echoed with the first new text, so a refused prompt or setting leaves
-        # nothing on stdout.
-        echoed = [False]
-
-        def stream(row: int, text: str) -> None:
-            if not echoed[0]:
-                sys.stdout.write(args.prompt)
-                echoed[0] = True
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
+        echo = _PromptEcho(args.prompt)
         gen.generate([args.prompt], args.max_new_tokens, do_sample, temperature, args.top_k,
                      args.top_p, stop=args.stop, seed=None if args.seed is None else args.seed + i,
-                     stream=stream)
-        if not echoed[0]:
-            sys.stdout.write(args.prompt)
-        sys.stdout.write("\n")
+                     stream=echo)
+        echo.end()
         if args.verbose:
             sys.stdout.flush()
             print(gen.last_stats.summary(), file=sys.stderr)
@@ -385,10 +276,16 @@ def _cmd_classify(args) -> int:
     from .device import resolve_device
     from .generate.protein import ProteinEncoder
 
-    recipe = runs.run_recipe(args.run_dir)
-    if recipe == "vit":
+    from .recipes.registry import RECIPES, kind_of
+
+    kind = kind_of(args.run_dir)
+    if not kind.classifier:
+        heads = ", ".join(name for name, r in RECIPES.items() if r.classifier)
+        raise QkvError(f"{args.run_dir} is a {kind.name} run, without a task head; classify needs a run "
+                       f"of {heads}")
+    if kind.inputs == "image":
         return _classify_images(args)
-    if recipe == "text-cls":
+    if kind.inputs == "text":
         return _classify_texts(args)
     if len(args.inputs) != 1:
         raise QkvError("a protein classifier takes one FASTA file")
@@ -564,13 +461,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    """``--device``, as every command that runs a model takes it."""
+    where = "auto (CUDA, MPS, else CPU), cpu, cuda, ..." if default == "auto" else f"{default} (default), cuda, ..."
+    p.add_argument("--device", default=default, help=where)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .recipes.registry import RECIPES, trainable
+
     parser = _Parser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show debug messages and tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a model with a recipe")
-    p.add_argument("recipe", help="recipe name: " + ", ".join(RECIPES))
+    p.add_argument("recipe", help="recipe name: " + ", ".join(trainable()))
     p.add_argument("overrides", nargs="*",
                    help="settings as dotted key=value (model.d_model=256 train.lr=3e-4 src_lang=fr); "
                         "a key of one section may be given flat (d_model=256)")
@@ -597,19 +502,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy; default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    _device_option(p)
     p.add_argument("--verbose", action="store_true", help="print sentences/s on stderr at the end")
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("evaluate", help="score a run on a data split (JSON on stdout)")
     p.add_argument("run_dir")
-    p.add_argument("--split", default="test2016",
-                   help="translation: train, val or test2016 (default); language model: val (default) "
-                        "or train; classifiers: train, val or test (default)")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
-    p.add_argument("--limit", type=int, help="score only the first N sentences")
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    defaults = "; ".join(f"{name}: {', '.join(r.splits)}" for name, r in RECIPES.items() if r.evaluate)
+    p.add_argument("--split", help=f"the data split to score, the first named being the default ({defaults})")
+    p.add_argument("--beam", type=int, help="translation: beam size (default 4)")
+    p.add_argument("--alpha", type=float, help="translation: length penalty (default 0.6)")
+    p.add_argument("--limit", type=int, help="translation: score only the first N sentences")
+    _device_option(p)
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("generate", help="continue a prompt with a trained language model (streams to stdout)")
@@ -627,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--top-probs", type=int, metavar="K",
                    help="instead of generating, print the K most likely next tokens and their probabilities")
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    _device_option(p)
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
                    help="weights' precision for decoding (auto: bfloat16 on CUDA and on CPUs with "
                         "AMX bfloat16 units, else float32; int8: int8 weights, bfloat16 activations, "
@@ -641,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="protein run: one FASTA file; text-cls run: one text file (a text per line); "
                         "vit run: image files (PNG, JPEG, ...), each "
                         "converted to the model's channels and resized to its image size")
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    _device_option(p)
     p.set_defaults(func=_cmd_classify)
 
     p = sub.add_parser("embed", help="embeddings: sentences with a pretrained text encoder (--model), or "
@@ -651,14 +555,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="pretrained text encoder: minilm, an HF folder or a converted run")
     p.add_argument("--out", required=True, help="output .safetensors file")
     p.add_argument("--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence")
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    _device_option(p)
     p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("similarity", help="cosine similarity of two sentences' embeddings")
     p.add_argument("first")
     p.add_argument("second")
     p.add_argument("--model", default="minilm", help="text encoder (default minilm)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    _device_option(p)
     p.set_defaults(func=_cmd_similarity)
 
     p = sub.add_parser("search", help="semantic search: the corpus lines closest to a query (TSV: score, line)")
@@ -666,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", required=True, help="text file, one entry per line (- for stdin)")
     p.add_argument("--model", default="minilm", help="text encoder (default minilm)")
     p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, else CPU), cpu, cuda, ...")
+    _device_option(p)
     p.set_defaults(func=_cmd_search)
 
     p = sub.add_parser("convert", help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, "
@@ -695,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    _device_option(p, default="cpu")
     p.set_defaults(func=_cmd_explain)
     return parser
 

@@ -12,25 +12,11 @@ from pathlib import Path
 
 import torch
 
+from . import compat
 from .data.tokenizers import load_tokenizer
 from .errors import QkvError
-from .models.config import EncoderConfig, LMConfig, TransformerConfig, ViTConfig
-from .models.decoder_lm import DecoderLM
-from .models.encoder import EncoderModel
-from .models.transformer import Transformer
-from .models.vit import VisionTransformer
+from .models.model_types import MODEL_TYPES, ModelType
 from .train.checkpoint import load_weights
-
-PROTEIN_RECIPES = ("protein-mlm", "protein-cls", "protein-residue")
-# recipe name → (config class, model class)
-FAMILIES = {"translation": (TransformerConfig, Transformer), "lm": (LMConfig, DecoderLM),
-            **{name: (EncoderConfig, EncoderModel) for name in PROTEIN_RECIPES},
-            "vit": (ViTConfig, VisionTransformer),
-            "encoder": (EncoderConfig, EncoderModel),  # a converted pretrained encoder (qkv.hub)
-            "text-cls": (EncoderConfig, EncoderModel)}
-# families whose input is not text: no tokenizer.json (a ViT's "tokenizer" is its patch size)
-NO_TOKENIZER = ("vit",)
-
 
 def run_recipe(run_dir: str | Path) -> str:
     """The recipe that produced a run (``"translation"``, ``"lm"``, ...), from
@@ -52,7 +38,7 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors",
 
     Args:
         family: the recipe(s) expected (``"translation"``, ``"lm"``, or a tuple such as
-            :data:`PROTEIN_RECIPES`); ``None`` accepts any.
+            ``("protein-mlm", "protein-cls")``); ``None`` accepts any.
 
     Raises:
         QkvError: directory or one of ``config.json``, the weights, ``tokenizer.json`` missing,
@@ -61,20 +47,40 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors",
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise QkvError(f"run directory not found: {run_dir}")
-    recipe = run_recipe(run_dir) if (run_dir / "train_config.json").is_file() else None
-    needed = ("config.json", weights) + (() if recipe in NO_TOKENIZER else ("tokenizer.json",))
+    kind = run_recipe(run_dir) if (run_dir / "train_config.json").is_file() else None
+    model_type = model_type_of(run_dir) if kind else None
+    needed = ("config.json", weights) + (() if model_type and not model_type.tokenizer else ("tokenizer.json",))
     missing = [f for f in needed if not (run_dir / f).is_file()]
     if missing:
         raise QkvError(f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
                        "(training not finished? `qkv train ... --resume` continues it)")
-    recipe = recipe or run_recipe(run_dir)
-    wanted = (family,) if isinstance(family, str) else family or tuple(FAMILIES)
-    if recipe not in FAMILIES or recipe not in wanted:
-        wanted = " or ".join(wanted)
-        raise QkvError(f"{run_dir} is a {recipe!r} run; this needs a {wanted} run")
-    config_cls, model_cls = FAMILIES[recipe]
-    config = config_cls.load(run_dir / "config.json")  # a bad file: ConfigError naming it
-    model = model_cls(config)
+    kind = kind or run_recipe(run_dir)
+    if family is not None and kind not in ((family,) if isinstance(family, str) else family):
+        wanted = " or ".join((family,) if isinstance(family, str) else family)
+        raise QkvError(f"{run_dir} is a {kind!r} run; this needs a {wanted} run")
+    model_type = model_type or model_type_of(run_dir)
+    config = model_type.config.load(run_dir / "config.json")  # a bad file: ConfigError naming it
+    model = model_type.model(config)
     load_weights(model, run_dir / weights)
     model.to(device).eval()
-    return model, None if recipe in NO_TOKENIZER else load_tokenizer(run_dir / "tokenizer.json")
+    return model, load_tokenizer(run_dir / "tokenizer.json") if model_type.tokenizer else None
+
+
+def model_type_of(run_dir: str | Path) -> ModelType:
+    """The architecture a run holds: ``"model_type"`` in its ``train_config.json`` (runs of
+    earlier versions: inferred from the recipe name, :func:`qkv.compat.model_type_name`).
+
+    Raises:
+        QkvError: a run that names no architecture this version knows.
+    """
+    run_dir = Path(run_dir)
+    meta = run_dir / "train_config.json"
+    try:
+        saved = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot tell what kind of run {run_dir} is: {exc}") from None
+    name = saved.get("model_type") or compat.model_type_name(run_recipe(run_dir))
+    if name not in MODEL_TYPES:
+        raise QkvError(f"{run_dir} holds a {name!r} model, which this version of qkv does not know")
+    return MODEL_TYPES[name]
+

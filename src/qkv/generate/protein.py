@@ -27,6 +27,10 @@ from ..models.encoder import EncoderModel
 logger = logging.getLogger(__name__)
 
 
+# The kinds of run whose encoder reads amino acids (a converted encoder: AntiBERTy, ESM-2).
+PROTEIN_KINDS = ("protein-mlm", "protein-cls", "protein-residue", "encoder")
+
+
 class ProteinEncoder:
     """A trained encoder with its task: tokens in, class probabilities or embeddings out.
 
@@ -49,7 +53,7 @@ class ProteinEncoder:
         :func:`qkv.runs.load_run`. Raises :class:`QkvError` for a missing,
         incomplete or other kind of run directory."""
         run_dir = Path(run_dir)
-        model, tok = runs.load_run(run_dir, device=device, family=runs.PROTEIN_RECIPES + ("encoder",))
+        model, tok = runs.load_run(run_dir, device=device, family=PROTEIN_KINDS)
         meta_path = run_dir / "task.json"
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)

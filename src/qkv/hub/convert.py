@@ -17,6 +17,7 @@ import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import SafetensorError
@@ -24,7 +25,9 @@ from safetensors.torch import load_file, save_file
 
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..models.config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig, ViTConfig
+from ..compat import FORMAT_VERSION
+from ..models.config import EncoderConfig, LMConfig, ModelConfig
+from ..models.model_types import for_config
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
 from ..models.transformer import Transformer
@@ -34,10 +37,6 @@ from . import keymap
 from .families import Family, family_for, family_of
 
 logger = logging.getLogger(__name__)
-
-MODELS = {"encoder": (EncoderConfig, EncoderModel), "lm": (LMConfig, DecoderLM),
-          "translation": (TransformerConfig, Transformer), "vit": (ViTConfig, VisionTransformer)}
-
 
 def layer_counts(config: ModelConfig) -> dict[str, int]:
     """How many layers each stack of a model has (what ``Rule.stack`` names)."""
@@ -60,6 +59,12 @@ class Converted:
     parts: set[str]
     hf_config: dict
     kept: dict[str, torch.Tensor]
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's config: every qkv model keeps it as ``.config`` (torch types module
+        attributes as ``Tensor | Module``, hence the cast)."""
+        return cast(ModelConfig, self.model.config)
 
 
 def read_json(path: Path) -> dict:
@@ -157,7 +162,7 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None, settings: d
         config = type(config).from_dict({**config.to_dict(), **extra})
     rules = keymap.expand(family.rules, layer_counts(config), parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
-    model = MODELS[family.recipe][1](config)
+    model = for_config(config).model(config)
     # qkv's own task heads, and the heads of parts this checkpoint lacks, keep their initialisation
     absent = {r.qkv for r in keymap.expand(family.rules, layer_counts(config), {r.part for r in family.rules} - parts)}
     keymap.load_into(model, qkv_state, TASK_HEADS + tuple(absent), {r.qkv for r in rules if r.reshape})
@@ -176,7 +181,7 @@ def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | N
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
     conv = read_hf(folder, tokenizer, settings)
-    write_json(run_dir / "config.json", conv.model.config.to_dict())
+    conv.config.save(run_dir / "config.json")
     if conv.tokenizer is not None:
         conv.tokenizer.save(run_dir / "tokenizer.json")
     if conv.kept:
@@ -185,6 +190,8 @@ def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | N
     write_json(run_dir / "hf.json", {"family": conv.family.name, "parts": sorted(conv.parts),
                                      "source": str(Path(folder).resolve()), "hf_config": conv.hf_config})
     write_json(run_dir / "train_config.json", {"recipe": conv.family.recipe,
+                                               "model_type": for_config(conv.config).name,
+                                               "format_version": FORMAT_VERSION,
                                                "converted_from": str(Path(folder).resolve())})
     save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
     logger.debug(f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}")

@@ -13,9 +13,11 @@ import torch
 
 from dataclasses import replace
 
+from ..compat import FORMAT_VERSION, check_format_version
 from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
 from ..errors import ConfigError, QkvError
+from ..models.model_types import for_config
 from ..settings import to_dict
 from ..train import distributed
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
@@ -73,7 +75,7 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
 
 
 # what train_config.json records beside the settings (provenance, not settings)
-PROVENANCE = ("recipe", "resolved", "git_commit", "torch")
+PROVENANCE = ("recipe", "model_type", "format_version", "resolved", "git_commit", "torch")
 
 
 def read_run_json(run_dir: Path, name: str) -> dict:
@@ -130,15 +132,16 @@ def write_settings(run_dir: Path, recipe: str, settings, model_config,
     if resume:
         _check_same_model(run_dir, model_config.to_dict())
     else:
-        write_json(run_dir / "config.json", model_config.to_dict())
+        model_config.save(run_dir / "config.json")
     tree = {**to_dict(settings), "model": model_config.to_dict()}
     resolved = {"resolved": run.to_dict()} if run is not None else {}
-    write_json(run_dir / "train_config.json", {"recipe": recipe, **tree, **resolved,  # + PROVENANCE
-                                               "git_commit": git_commit(), "torch": torch.__version__})
+    write_json(run_dir / "train_config.json", {  # the settings tree, + PROVENANCE
+        "recipe": recipe, "model_type": for_config(model_config).name, "format_version": FORMAT_VERSION,
+        **tree, **resolved, "git_commit": git_commit(), "torch": torch.__version__})
 
 
 def _check_same_model(run_dir: Path, model: dict) -> None:
-    saved = read_run_json(run_dir, "config.json")
+    saved = check_format_version(read_run_json(run_dir, "config.json"), str(run_dir / "config.json"))
     changed = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
     if changed:
         diff = ", ".join(f"model.{k}: {saved.get(k)!r} saved, {model.get(k)!r} now" for k in changed[:5])

@@ -32,6 +32,9 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
+from ..explain.explainers import LMExplainer
+from ..models.model_types import DECODER_LM
+from .base import Recipe
 from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
@@ -219,3 +222,16 @@ def evaluate_lm_run(run_dir: str | Path, split: str = "val", device: torch.devic
         nll, n = split_nll(model, data, model.config.max_len)
     metrics = _metrics(nll, n, len(text) / len(data), prefix="")
     return {"split": split, f"{split}_loss": metrics.pop("loss"), **metrics, "tokens": n}
+
+
+def summary_text(summary: dict, run_dir: Path) -> str:
+    """What ``qkv train lm`` shows at the end: a sample and the validation scores."""
+    val = summary["validation"]
+    return (f"sample:\n{summary['samples'][0]}\n\n"
+            f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
+            f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
+            f"and {summary['steps']} steps; run directory: {Path(run_dir).resolve()}")
+
+
+RECIPE = Recipe(name="lm", settings=LMRecipe, train=train_lm, evaluate=evaluate_lm_run, splits=("val", "train"),
+                summary=summary_text, model_type=DECODER_LM, explainer=LMExplainer, inputs="text")

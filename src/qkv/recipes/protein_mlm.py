@@ -24,7 +24,7 @@ from ..data.batching import pad_sequences, token_batches
 from ..data.masking import mask_tokens
 from ..data.protein import load_pretraining_corpus
 from ..data.tokenizers import PROTEIN_SPECIALS, AminoAcidTokenizer
-from ..errors import ConfigError
+from ..errors import ConfigError, QkvError
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
@@ -33,6 +33,9 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
+from ..explain.explainers import ProteinExplainer
+from ..models.model_types import ENCODER
+from .base import Recipe
 from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
@@ -109,9 +112,15 @@ def validation_batches(val_ids: list[list[int]], width: int, collate: MaskedBatc
             for idx in token_batches([(len(r), 0) for r in rows], 16384, shuffle=False)]
 
 
-def evaluate_mlm_run(run_dir: str | Path, device="cpu") -> dict:
+def evaluate_mlm_run(run_dir: str | Path, split: str = "val", device: torch.device | str = "cpu") -> dict:
     """Held-out masked-residue perplexity of a ``protein-mlm`` run (its own split and
-    settings, from ``train_config.json``), beside the uniform-20 baseline."""
+    settings, from ``train_config.json``), beside the uniform-20 baseline.
+
+    Raises:
+        QkvError: a split other than ``"val"`` (the held-out proteins), or a bad run directory.
+    """
+    if split != "val":
+        raise QkvError(f"a protein-mlm run is scored on its held-out proteins: split val (got {split!r})")
     settings = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
     model = ProteinEncoder.from_run(run_dir, device).model
     tok = AminoAcidTokenizer()
@@ -201,3 +210,16 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
                "total_minutes": round((time.perf_counter() - t_start) / 60, 2)}
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def summary_text(summary: dict, run_dir: Path) -> str:
+    """What ``qkv train protein-mlm`` shows at the end: the held-out perplexity."""
+    val = summary["validation"]
+    return (f"held-out masked-residue perplexity {val['val_ppl']:.2f} (uniform over 20 residues: 20) "
+            f"after {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
+            f"{Path(run_dir).resolve()}")
+
+
+RECIPE = Recipe(name="protein-mlm", settings=ProteinMLMRecipe, train=train_protein_mlm, evaluate=evaluate_mlm_run,
+                splits=("val",), summary=summary_text, model_type=ENCODER,
+                explainer=ProteinExplainer, inputs="protein")

@@ -2,7 +2,7 @@
 classification (``qkv train protein-residue``), from scratch, fine-tuned from a pretrained
 masked-LM encoder (``init=RUN_DIR``, or a converted pretrained one such as ``init=antiberty``),
 or as a linear probe (``freeze=true``: only the head is
-trained, as lecture notes ``004_*.txt`` put it: "people use pre-trained models and train a
+trained, as the lecture notes put it: "people use pre-trained models and train a
 feed-forward layer on their task").
 
 Flow: :func:`qkv.data.protein_tasks.load_task` → ``<cls> residues <eos>`` tokens →
@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from ..data.batching import pad_sequences
@@ -38,6 +39,9 @@ from ..models.encoder import EncoderModel
 from ..train.checkpoint import write_json
 from ..train import distributed
 from ..train.settings import TrainSettings
+from ..explain.explainers import ProteinExplainer
+from ..models.model_types import ENCODER
+from .base import Recipe
 from .common import (encoder_with_head, fit_classifier, keep_best, open_run, require_at_least_one,
                      training_figures, write_settings)
 
@@ -231,7 +235,7 @@ def train_protein_residue(recipe, run_dir, resume=False, progress=True) -> dict:
     return train_protein_task(recipe, run_dir, "residue", resume, progress)
 
 
-def evaluate_protein_run(run_dir: str | Path, split: str = "test", device="cpu") -> dict:
+def evaluate_protein_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``protein-cls``/``protein-residue`` run on ``split`` (its own task
     and settings, from ``train_config.json``)."""
     run_dir = Path(run_dir)
@@ -242,3 +246,28 @@ def evaluate_protein_run(run_dir: str | Path, split: str = "test", device="cpu")
     if split not in ("train", "val", "test"):
         raise QkvError(f"split must be train, val or test (got {split!r})")
     return {"task": task.name, "split": split, **evaluate_split(encoder, task, split)}
+
+
+def summary_text(summary: dict, run_dir: Path) -> str:
+    """What ``qkv train protein-cls|protein-residue`` shows at the end: the test score beside
+    the classical baseline's."""
+    test = summary["test"]
+    score = summary.get("score") or ("q3" if "q3" in test else "mcc")
+    line = (f"{summary['task']} test ({summary['mode']}): {score.upper()} {test[score]:.3f}, accuracy "
+            f"{test['accuracy']:.3f}" + (f", AUROC {test['auroc']:.3f}" if "auroc" in test else ""))
+    base = summary.get("baseline_test")
+    if base:
+        line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score != 'q3' else 'accuracy']:.3f}"
+    return (f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
+            f"{Path(run_dir).resolve()} (confusion.png, summary.json)")
+
+
+def _protein_recipe(name: str, train) -> Recipe:
+    return Recipe(name=name, settings=ProteinTaskRecipe, train=train, evaluate=evaluate_protein_run,
+                  splits=("test", "val", "train"), summary=summary_text, model_type=ENCODER,
+                  explainer=ProteinExplainer, inputs="protein", classifier=True)
+
+
+# One module, two recipes: a label per sequence, or per residue.
+CLS_RECIPE = _protein_recipe("protein-cls", train_protein_cls)
+RESIDUE_RECIPE = _protein_recipe("protein-residue", train_protein_residue)

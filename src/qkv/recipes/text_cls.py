@@ -2,7 +2,7 @@
 sentiment on all-MiniLM-L6-v2.
 
 Three modes on the same architecture and tokenizer (``init``: a pretrained short name, HF
-folder or converted run), as lecture notes ``004_*.txt`` put it ("people use pre-trained models
+folder or converted run), as the lecture notes put it ("people use pre-trained models
 and train a feed-forward layer on their task"):
 
 - fine-tune (default): every weight trains, starting from the pretrained ones;
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 
 from ..data.batching import pad_sequences
@@ -37,6 +38,9 @@ from ..models.encoder import EncoderModel
 from ..train import distributed
 from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
+from ..explain.explainers import TextExplainer
+from ..models.model_types import ENCODER
+from .base import Recipe
 from .common import (encoder_with_head, fit_classifier, keep_best, open_run, require_at_least_one,
                      training_figures, write_settings)
 
@@ -159,7 +163,7 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
     return summary
 
 
-def evaluate_text_run(run_dir: str | Path, split: str = "test", device="cpu") -> dict:
+def evaluate_text_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``text-cls`` run on ``split`` of its own task."""
     run_dir = Path(run_dir)
     settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
@@ -169,3 +173,20 @@ def evaluate_text_run(run_dir: str | Path, split: str = "test", device="cpu") ->
     task = load_text_task(settings["task"], settings.get("split_seed", 0))
     return {"task": task.name, "split": split, **evaluate_split(encoder, task, split)}
 
+
+
+def summary_text(summary: dict, run_dir: Path) -> str:
+    """What ``qkv train text-cls`` shows at the end: test accuracy beside the TF-IDF baseline's."""
+    test = summary["test"]
+    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (MCC {test['mcc']:.3f}), "
+            f"{summary['mode']} of {summary['init']}, after {summary['train_minutes']:.1f} min and "
+            f"{summary['steps']} steps")
+    base = summary.get("baseline_test")
+    if base:
+        line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
+    return f"{line}\nrun directory: {Path(run_dir).resolve()} (summary.json, confusion.png)"
+
+
+RECIPE = Recipe(name="text-cls", settings=TextClsRecipe, train=train_text_cls, evaluate=evaluate_text_run,
+                splits=("test", "val", "train"), summary=summary_text, model_type=ENCODER,
+                explainer=TextExplainer, inputs="text", classifier=True)

@@ -33,6 +33,10 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
+from ..data.translation import SPLITS
+from ..explain.explainers import TranslationExplainer
+from ..models.model_types import TRANSFORMER
+from .base import Recipe
 from .common import prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
@@ -236,3 +240,25 @@ def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 
     return {"split": split, **scores, "loss": nll / n, "ppl": math.exp(nll / n), "n": len(src),
             "beam_size": beam_size, "alpha": alpha, "decode_seconds": round(decode_s, 1),
             "examples": [{"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(src, ref, hyps))[:5]]}
+
+
+def summary_text(summary: dict, run_dir: Path) -> str:
+    """What ``qkv train translation`` shows at the end: three test translations, the test
+    scores, the wall time and what to run next."""
+    test, run = summary["test2016"], Path(run_dir).resolve()
+    lines = [f"example translations (test2016, beam {test['beam_size']}):"]
+    lines += [f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}" for ex in test["examples"][:3]]
+    lines += [f"\ntest2016 BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
+              f"chrF {test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training, "
+              f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
+              f"next:\n  qkv translate {run} \"Ein Hund rennt über die Wiese.\"\n"
+              f"  qkv explain {run} --serve        # attention of every layer and head, in the browser\n"
+              f"  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
+              f"   # the full recipe (see README)"]
+    return "\n".join(lines)
+
+
+RECIPE = Recipe(name="translation", settings=TranslationRecipe, train=train_translation,
+                evaluate=evaluate_run, splits=("test2016", *(s for s in SPLITS if s != "test2016")),
+                evaluate_options=("beam_size", "alpha", "limit"), summary=summary_text,
+                model_type=TRANSFORMER, explainer=TranslationExplainer, inputs="text")

@@ -33,6 +33,9 @@ from ..train import distributed
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
+from ..explain.vision import ImageExplainer
+from ..models.model_types import VIT
+from .base import Recipe
 from .common import keep_best, prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
@@ -210,7 +213,7 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
     return summary
 
 
-def evaluate_vit_run(run_dir: str | Path, split: str = "test", device="cpu") -> dict:
+def evaluate_vit_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``qkv train vit`` run on ``split`` of its own task (as recorded in
     ``train_config.json``).
 
@@ -228,3 +231,37 @@ def evaluate_vit_run(run_dir: str | Path, split: str = "test", device="cpu") -> 
     data = load_task(recipe).split(split)
     return {"task": recipe.task, "split": split, "tta": classifier.hflip_tta,
             **evaluate_images(classifier, data)}
+
+
+def evaluate_with_confusion(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
+    """:func:`evaluate_vit_run`, and its confusion matrix drawn to ``confusion_SPLIT.png`` in
+    the run directory (``qkv evaluate``)."""
+    result = evaluate_vit_run(run_dir, split, device)
+    path = Path(run_dir) / f"confusion_{split}.png"
+    plot_confusion(result["confusion"], list(result["per_class"]), path, f"{result['task']} {split}")
+    logger.info(f"confusion matrix: {path}")
+    return result
+
+
+def summary_text(summary: dict, run_dir: Path) -> str:
+    """What ``qkv train vit`` shows at the end: test accuracy (with and without the mirrored
+    view), the baseline's, and what to run next."""
+    test, run = summary["test"], Path(run_dir).resolve()
+    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
+            f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
+            f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all")
+    if summary.get("test_single_view"):
+        line += (f"\n(each image and its mirror averaged, tta_hflip; one view: test accuracy "
+                 f"{summary['test_single_view']['accuracy']:.4f})")
+    base = summary.get("baseline_test")
+    if base:
+        line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
+    return (f"{line}\nrun directory: {run} (summary.json, confusion.png)\nnext:\n"
+            f"  qkv classify {run} IMAGE.png ...\n"
+            f"  qkv explain {run} --input IMAGE.png --out {run}/explain   # where each head looks\n"
+            f"  qkv explain {run} --serve")
+
+
+RECIPE = Recipe(name="vit", settings=ViTRecipe, train=train_vit, evaluate=evaluate_with_confusion,
+                splits=("test", "val", "train"), summary=summary_text, model_type=VIT,
+                explainer=ImageExplainer, inputs="image", classifier=True)

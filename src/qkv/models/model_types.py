@@ -1,0 +1,51 @@
+"""The four model architectures a run directory can hold, by the name ``train_config.json``
+records as ``"model_type"`` (as Hugging Face's ``config.json`` does): which config class reads
+``config.json`` and which module it builds.
+
+Recipes name theirs (:attr:`qkv.recipes.base.Recipe.model_type`); :func:`qkv.runs.load_run`
+reads a run of any kind through this table without knowing the recipes, which sit above it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig, ViTConfig
+from .decoder_lm import DecoderLM
+from .encoder import EncoderModel
+from .transformer import Transformer
+from .vit import VisionTransformer
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """One architecture: ``name`` (what ``train_config.json`` records), its ``config`` class,
+    the ``model`` class built from it, and whether its input is tokens (a ``tokenizer.json``
+    beside the weights; a ViT reads pixels)."""
+
+    name: str
+    config: type[ModelConfig]
+    model: type[nn.Module]
+    tokenizer: bool = True
+
+
+TRANSFORMER = ModelType("transformer", TransformerConfig, Transformer)  # encoder-decoder, §3
+DECODER_LM = ModelType("decoder-lm", LMConfig, DecoderLM)
+ENCODER = ModelType("encoder", EncoderConfig, EncoderModel)
+VIT = ModelType("vit", ViTConfig, VisionTransformer, tokenizer=False)
+
+MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT)}
+
+
+def for_config(config: ModelConfig) -> ModelType:
+    """The architecture a model config describes.
+
+    Raises:
+        TypeError: a config class no entry of :data:`MODEL_TYPES` reads.
+    """
+    for kind in MODEL_TYPES.values():
+        if type(config) is kind.config:
+            return kind
+    raise TypeError(f"no model type reads a {type(config).__name__}")
