@@ -39,10 +39,13 @@ def batches(tok, n_batches: int, rows: int = 32, length: int = 128) -> tuple[lis
     piece = length - 2
     full, padded = [], []
     for b in range(n_batches):
-        ids = [[tok.cls_id, *stream[(b * rows + r) * piece:(b * rows + r + 1) * piece], tok.sep_id] for r in range(rows)]
+        ids = [
+            [tok.cls_id, *stream[(b * rows + r) * piece : (b * rows + r + 1) * piece], tok.sep_id]
+            for r in range(rows)
+        ]
         t = torch.tensor(ids)
         full.append((t, torch.ones_like(t, dtype=torch.bool)))
-        chosen = tok.encode_batch(captions[b * rows:(b + 1) * rows])
+        chosen = tok.encode_batch(captions[b * rows : (b + 1) * rows])
         width = max(map(len, chosen))
         t = torch.tensor([c + [tok.pad_id] * (width - len(c)) for c in chosen])
         padded.append((t, t != tok.pad_id))
@@ -71,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     encoder = TextEncoder.load("minilm")  # as qkv embed loads it (weights packed for batches)
     ours, tok = encoder.model, encoder.tokenizer
     folder = str(locate("minilm")[0])
-    refs = {impl: BertModel.from_pretrained(folder, attn_implementation=impl).eval() for impl in ("sdpa", "eager")}
+    refs = {
+        impl: BertModel.from_pretrained(folder, attn_implementation=impl).eval() for impl in ("sdpa", "eager")
+    }
     full, padded = batches(tok, args.batches)
 
     def run_ours(ids, mask):
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     def run_ref(model):
         def run(ids, mask):
             return masked_mean(model(input_ids=ids, attention_mask=mask.long()).last_hidden_state, mask)
+
         return run
 
     with torch.inference_mode():  # same numbers first
@@ -88,12 +94,14 @@ def main(argv: list[str] | None = None) -> None:
         diff = max(float((run_ours(ids, mask) - run_ref(r)(ids, mask)).abs().max()) for r in refs.values())
     for work in (full, padded):  # warm-up
         timed(run_ours, work[:1]), [timed(run_ref(r), work[:1]) for r in refs.values()]
-    lines = [f"### Sentence encoding, all-MiniLM-L6-v2 (issue 13)\n",
-             f"`python benchmarks/bench_encode.py --repeats {args.repeats}`; {machine()}; "
-             f"{time.strftime('%Y-%m-%d')}. fp32, inference mode, mean pooling; {args.batches} batches "
-             f"of 32 per repeat; max |difference| of the pooled vectors vs HF: {diff:.1e}.\n",
-             "| work | qkv sentences/s (range) | HF sentences/s (range) | qkv / HF (range) |",
-             "|---|---|---|---|"]
+    lines = [
+        "### Sentence encoding, all-MiniLM-L6-v2 (issue 13)\n",
+        f"`python benchmarks/bench_encode.py --repeats {args.repeats}`; {machine()}; "
+        f"{time.strftime('%Y-%m-%d')}. fp32, inference mode, mean pooling; {args.batches} batches "
+        f"of 32 per repeat; max |difference| of the pooled vectors vs HF: {diff:.1e}.\n",
+        "| work | qkv sentences/s (range) | HF sentences/s (range) | qkv / HF (range) |",
+        "|---|---|---|---|",
+    ]
     for name, work in (("32 × 128 tokens", full), ("32 captions, padded", padded)):
         for impl, ref in refs.items():
             o, r = alternate(args.repeats, lambda: timed(run_ours, work), lambda: timed(run_ref(ref), work))

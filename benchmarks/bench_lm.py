@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from common import alternate, machine, publish, row  # noqa: E402  (benchmarks/common.py)
+
 from qkv.data.text import load_corpus, random_windows, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer
 from qkv.generate.layout import prepare_for_inference
@@ -60,11 +60,23 @@ except ImportError:  # pragma: no cover
 
 def hf_model(cfg: LMConfig) -> GPT2LMHeadModel:
     """A GPT-2 of the same shape as ``cfg`` (random init, no download)."""
-    config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
-                        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
-                        activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, layer_norm_epsilon=cfg.layer_norm_eps,
-                        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    config = GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.max_len,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        n_inner=cfg.d_ff,
+        activation_function="gelu",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -101,9 +113,15 @@ def logit_diff(ours: DecoderLM, ref: GPT2LMHeadModel, tokens: torch.Tensor) -> f
 
 def optimizer(model) -> torch.optim.Optimizer:
     params = list(model.parameters())
-    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                             lr=1e-3, betas=(0.9, 0.99), fused=True)
+    return torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-3,
+        betas=(0.9, 0.99),
+        fused=True,
+    )
 
 
 def train_steps(model, logits_fn, opt, batches) -> tuple[int, float]:
@@ -138,8 +156,12 @@ def bench_training(args) -> dict:
     run_ours(), run_ref()  # warm-up
     ours_rate, ref_rate = alternate(args.repeats, run_ours, run_ref)
     # rates are steps/s; report ms/step
-    return {"ours": [1000 / r for r in ours_rate], "ref": [1000 / r for r in ref_rate],
-            "params": (ours.num_parameters(), ref.num_parameters()), "logit_diff": diff}
+    return {
+        "ours": [1000 / r for r in ours_rate],
+        "ref": [1000 / r for r in ref_rate],
+        "params": (ours.num_parameters(), ref.num_parameters()),
+        "logit_diff": diff,
+    }
 
 
 def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
@@ -149,7 +171,9 @@ def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
     copy_ours_into_hf(ours, ref)
     ours, ref = ours.to(dtype), ref.to(dtype)
     prepare_for_inference(ours)  # what TextGenerator.from_run does (layout only; values unchanged)
-    prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(
+        0, cfg.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(1)
+    )
     diff = logit_diff(ours, ref, prompt)
     tolerance = 1e-3 if dtype == torch.float32 else 0.5  # bfloat16 keeps ~3 significant digits
     assert diff < tolerance, f"reference does not compute the same function (max logit diff {diff})"
@@ -164,16 +188,28 @@ def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
     def run_ref():
         start = time.perf_counter()
         with torch.no_grad():
-            seq = ref.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                               max_new_tokens=n, min_new_tokens=n, use_cache=True, pad_token_id=0)
-        out["ref"] = seq[0, prompt.size(1):].tolist()
+            seq = ref.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                use_cache=True,
+                pad_token_id=0,
+            )
+        out["ref"] = seq[0, prompt.size(1) :].tolist()
         return n, time.perf_counter() - start
 
     run_ours(), run_ref()  # warm-up
     same = sum(a == b for a, b in zip(out["ours"], out["ref"])) / n
     ours_rate, ref_rate = alternate(args.repeats, run_ours, run_ref)
-    return {"ours": ours_rate, "ref": ref_rate, "params": (ours.num_parameters(), ref.num_parameters()),
-            "logit_diff": diff, "same_tokens": same}
+    return {
+        "ours": ours_rate,
+        "ref": ref_rate,
+        "params": (ours.num_parameters(), ref.num_parameters()),
+        "logit_diff": diff,
+        "same_tokens": same,
+    }
 
 
 def report(args, train: dict, gen: dict, gen_bf16: dict) -> str:
@@ -227,8 +263,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.repeats, args.train_steps, args.new_tokens = 1, 5, 8
     train = bench_training(args)
-    print(f"training: ours {statistics.median(train['ours']):.2f} ms/step, "
-          f"HF {statistics.median(train['ref']):.2f} ms/step", file=sys.stderr)
+    print(
+        f"training: ours {statistics.median(train['ours']):.2f} ms/step, "
+        f"HF {statistics.median(train['ref']):.2f} ms/step",
+        file=sys.stderr,
+    )
     gen = bench_generation(args)
     gen_bf16 = bench_generation(args, torch.bfloat16)
     text = report(args, train, gen, gen_bf16)

@@ -72,9 +72,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from common import alternate, machine, row  # noqa: E402  (benchmarks/common.py)
 from torch import nn
 
-from common import alternate, machine, row  # noqa: E402  (benchmarks/common.py)
 from qkv.data.tokenizers import SubwordTokenizer
 from qkv.data.translation import load_multi30k
 from qkv.generate.search import greedy_decode
@@ -140,12 +140,19 @@ class ReferenceSeq2Seq(nn.Module):
     """The tutorial's ``Seq2SeqTransformer`` (batch-first). Takes right-padded id tensors and
     converts pad ids into ``nn.Transformer``'s masks itself (True = pad / -inf = masked)."""
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
-                 tgt_padding_mask: bool = False) -> None:
+    def __init__(
+        self, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, tgt_padding_mask: bool = False
+    ) -> None:
         super().__init__()
-        self.transformer = nn.Transformer(d_model=D_MODEL, nhead=N_HEADS, num_encoder_layers=N_LAYERS,
-                                          num_decoder_layers=N_LAYERS, dim_feedforward=D_FF,
-                                          dropout=DROPOUT, batch_first=True)
+        self.transformer = nn.Transformer(
+            d_model=D_MODEL,
+            nhead=N_HEADS,
+            num_encoder_layers=N_LAYERS,
+            num_decoder_layers=N_LAYERS,
+            dim_feedforward=D_FF,
+            dropout=DROPOUT,
+            batch_first=True,
+        )
         self.generator = nn.Linear(D_MODEL, tgt_vocab_size)
         self.src_tok_emb = TokenEmbedding(src_vocab_size, D_MODEL)
         self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, D_MODEL)
@@ -160,28 +167,38 @@ class ReferenceSeq2Seq(nn.Module):
         src_padding_mask = src == self.pad_id  # (B, S), True = pad
         tgt_mask = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
         tgt_padding_mask = (tgt == self.pad_id) if self.tgt_padding_mask else None
-        outs = self.transformer(self.positional_encoding(self.src_tok_emb(src)),
-                                self.positional_encoding(self.tgt_tok_emb(tgt)),
-                                tgt_mask=tgt_mask, src_key_padding_mask=src_padding_mask,
-                                tgt_key_padding_mask=tgt_padding_mask,
-                                memory_key_padding_mask=src_padding_mask)
+        outs = self.transformer(
+            self.positional_encoding(self.src_tok_emb(src)),
+            self.positional_encoding(self.tgt_tok_emb(tgt)),
+            tgt_mask=tgt_mask,
+            src_key_padding_mask=src_padding_mask,
+            tgt_key_padding_mask=tgt_padding_mask,
+            memory_key_padding_mask=src_padding_mask,
+        )
         return self.generator(outs)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         src_padding_mask = src == self.pad_id
-        memory = self.transformer.encoder(self.positional_encoding(self.src_tok_emb(src)),
-                                          src_key_padding_mask=src_padding_mask)
+        memory = self.transformer.encoder(
+            self.positional_encoding(self.src_tok_emb(src)), src_key_padding_mask=src_padding_mask
+        )
         return memory, src_padding_mask
 
-    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, tgt_mask: torch.Tensor,
-               src_padding_mask: torch.Tensor) -> torch.Tensor:
-        return self.transformer.decoder(self.positional_encoding(self.tgt_tok_emb(tgt)), memory, tgt_mask,
-                                        memory_key_padding_mask=src_padding_mask)
+    def decode(
+        self, tgt: torch.Tensor, memory: torch.Tensor, tgt_mask: torch.Tensor, src_padding_mask: torch.Tensor
+    ) -> torch.Tensor:
+        return self.transformer.decoder(
+            self.positional_encoding(self.tgt_tok_emb(tgt)),
+            memory,
+            tgt_mask,
+            memory_key_padding_mask=src_padding_mask,
+        )
 
 
 @torch.no_grad()
-def reference_greedy_decode(model: ReferenceSeq2Seq, src: torch.Tensor, steps: int, bos_id: int,
-                            eos_id: int) -> torch.Tensor:
+def reference_greedy_decode(
+    model: ReferenceSeq2Seq, src: torch.Tensor, steps: int, bos_id: int, eos_id: int
+) -> torch.Tensor:
     """The tutorial's ``greedy_decode``, batched: encode once, then at every step re-run the
     decoder over the whole prefix and pick the argmax of the last position. Stops when every
     sentence has produced ``eos`` (as ``greedy_decode`` does) or after ``steps`` steps.
@@ -227,7 +244,7 @@ def make_batches(n_batches: int, batch_size: int, vocab_size: int, seed: int):
 
     batches = []
     for b in range(n_batches):
-        idx = chosen[b * batch_size:(b + 1) * batch_size]
+        idx = chosen[b * batch_size : (b + 1) * batch_size]
         src_ids = src_tok.encode_batch([pairs[i][0] for i in idx])
         tgt_ids = tgt_tok.encode_batch([pairs[i][1] for i in idx])
         src = padded([s + [eos] for s in src_ids])
@@ -241,11 +258,23 @@ def make_batches(n_batches: int, batch_size: int, vocab_size: int, seed: int):
 # Models, checks, timed work
 # --------------------------------------------------------------------------------------------
 def build_ours(src_vocab: int, tgt_vocab: int, pad: int, bos: int, eos: int) -> Transformer:
-    cfg = TransformerConfig(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=D_MODEL,
-                            n_heads=N_HEADS, d_ff=D_FF, n_encoder_layers=N_LAYERS,
-                            n_decoder_layers=N_LAYERS, dropout=DROPOUT, attention_dropout=DROPOUT,
-                            activation_dropout=DROPOUT, share_embeddings=False, tie_output=False,
-                            pad_id=pad, bos_id=bos, eos_id=eos)
+    cfg = TransformerConfig(
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=tgt_vocab,
+        d_model=D_MODEL,
+        n_heads=N_HEADS,
+        d_ff=D_FF,
+        n_encoder_layers=N_LAYERS,
+        n_decoder_layers=N_LAYERS,
+        dropout=DROPOUT,
+        attention_dropout=DROPOUT,
+        activation_dropout=DROPOUT,
+        share_embeddings=False,
+        tie_output=False,
+        pad_id=pad,
+        bos_id=bos,
+        eos_id=eos,
+    )
     return Transformer(cfg)
 
 
@@ -260,6 +289,7 @@ def ref_logits(model: ReferenceSeq2Seq, src, tgt_in):
 def copy_ours_into_reference(ours: Transformer, ref: ReferenceSeq2Seq) -> None:
     """Load our weights into the reference (our packed q/k/v rows are ``in_proj``'s layout;
     the reference's extra final LayerNorms stay identity-like, its generator bias is zeroed)."""
+
     def mha(dst: nn.MultiheadAttention, src) -> None:
         if src.cross:  # queries from w_q, keys and values from w_kv
             dst.in_proj_weight.copy_(torch.cat([src.w_q.weight, src.w_kv.weight]))
@@ -291,8 +321,9 @@ def copy_ours_into_reference(ours: Transformer, ref: ReferenceSeq2Seq) -> None:
         ref.generator.bias.zero_()
 
 
-def sanity_checks(ours: Transformer, ref: ReferenceSeq2Seq, batch, tgt_vocab: int, pad: int,
-                  bos: int, eos: int) -> dict:
+def sanity_checks(
+    ours: Transformer, ref: ReferenceSeq2Seq, batch, tgt_vocab: int, pad: int, bos: int, eos: int
+) -> dict:
     """Loss at init ≈ ln(V) and 'same weights → same function' (see the module docstring)."""
     src, tgt_in, tgt_out, n = batch
     ours.eval(), ref.eval()
@@ -311,10 +342,17 @@ def sanity_checks(ours: Transformer, ref: ReferenceSeq2Seq, batch, tgt_vocab: in
     assert diff < 1e-3, f"same weights but logits differ by {diff:.2e}: not the same function"
     steps = 8
     ours_ids = greedy_decode(ours, sub, max_new_tokens=steps)
-    twin_ids = [_strip(row[1:], eos, pad) for row in reference_greedy_decode(twin, sub, steps, bos, eos).tolist()]
+    twin_ids = [
+        _strip(row[1:], eos, pad) for row in reference_greedy_decode(twin, sub, steps, bos, eos).tolist()
+    ]
     same = sum(a == b for a, b in zip(ours_ids, twin_ids)) / len(ours_ids)
-    return {"nll_ours": float(nll_ours), "nll_ref": float(nll_ref), "ln_v": ln_v,
-            "logit_diff": diff, "greedy_same": same}
+    return {
+        "nll_ours": float(nll_ours),
+        "nll_ref": float(nll_ref),
+        "ln_v": ln_v,
+        "logit_diff": diff,
+        "greedy_same": same,
+    }
 
 
 def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
@@ -355,8 +393,16 @@ def decode_pass(decode_fn, batches) -> tuple[int, float]:
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
-def report(args, pad: int, n_params: tuple[int, int], vocab: tuple[int, int], batches, checks: dict,
-           train: tuple[list, list], decode: tuple[list, list]) -> str:
+def report(
+    args,
+    pad: int,
+    n_params: tuple[int, int],
+    vocab: tuple[int, int],
+    batches,
+    checks: dict,
+    train: tuple[list, list],
+    decode: tuple[list, list],
+) -> str:
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ)
     cmd = " ".join(filter(None, [env, "python", shlex.join(sys.argv)]))
     mean_src = statistics.mean(int((b[0] != pad).sum()) / b[0].size(0) for b in batches)
@@ -389,18 +435,25 @@ def report(args, pad: int, n_params: tuple[int, int], vocab: tuple[int, int], ba
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measure (median reported)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny settings for a sanity run: batch 16, 2 batches, 2 repeats, 10 decode steps")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny settings for a sanity run: batch 16, 2 batches, 2 repeats, 10 decode steps",
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--batches", type=int, default=4, help="distinct batches, each used once per repeat")
     p.add_argument("--decode-steps", type=int, default=20, help="greedy decoding steps (forced, both models)")
     p.add_argument("--vocab-size", type=int, default=8000, help="BPE vocabulary size per language")
-    p.add_argument("--ref-tgt-padding-mask", action="store_true",
-                   help="also give the reference a target key-padding mask, as the tutorial does")
+    p.add_argument(
+        "--ref-tgt-padding-mask",
+        action="store_true",
+        help="also give the reference a target key-padding mask, as the tutorial does",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--append-results", action="store_true", help="append the section to --results")
     p.add_argument("--results", type=Path, default=RESULTS)
@@ -419,7 +472,9 @@ def main(argv: list[str] | None = None) -> None:
     batches, src_tok, tgt_tok = make_batches(args.batches, args.batch_size, args.vocab_size, args.seed)
     pad, bos, eos = tgt_tok.pad_id, tgt_tok.bos_id, tgt_tok.eos_id
     vocab = (src_tok.vocab_size, tgt_tok.vocab_size)
-    print(f"data ready in {time.perf_counter() - t0:.1f}s: vocab de {vocab[0]}, en {vocab[1]}", file=sys.stderr)
+    print(
+        f"data ready in {time.perf_counter() - t0:.1f}s: vocab de {vocab[0]}, en {vocab[1]}", file=sys.stderr
+    )
 
     torch.manual_seed(args.seed)
     ours = build_ours(*vocab, pad, bos, eos)
@@ -431,11 +486,17 @@ def main(argv: list[str] | None = None) -> None:
 
     # (a) training
     adam = dict(lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    opt_ours, opt_ref = torch.optim.Adam(ours.parameters(), **adam), torch.optim.Adam(ref.parameters(), **adam)
+    opt_ours, opt_ref = (
+        torch.optim.Adam(ours.parameters(), **adam),
+        torch.optim.Adam(ref.parameters(), **adam),
+    )
     train_pass(ours, ours_logits, opt_ours, batches[:1], pad)  # warm-up, not timed
     train_pass(ref, ref_logits, opt_ref, batches[:1], pad)
-    train = alternate(args.repeats, lambda: train_pass(ours, ours_logits, opt_ours, batches, pad),
-                      lambda: train_pass(ref, ref_logits, opt_ref, batches, pad))
+    train = alternate(
+        args.repeats,
+        lambda: train_pass(ours, ours_logits, opt_ours, batches, pad),
+        lambda: train_pass(ref, ref_logits, opt_ref, batches, pad),
+    )
     print(f"training done ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
 
     # (b) greedy decoding, exactly decode_steps steps for both (eos made unreachable, checked)
@@ -456,8 +517,9 @@ def main(argv: list[str] | None = None) -> None:
 
     decode_pass(decode_ours, batches[:1])  # warm-up, not timed
     decode_pass(decode_ref, batches[:1])
-    decode = alternate(args.repeats, lambda: decode_pass(decode_ours, batches),
-                       lambda: decode_pass(decode_ref, batches))
+    decode = alternate(
+        args.repeats, lambda: decode_pass(decode_ours, batches), lambda: decode_pass(decode_ref, batches)
+    )
     print(f"decoding done ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
 
     section = report(args, pad, n_params, vocab, batches, checks, train, decode)

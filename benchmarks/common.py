@@ -16,7 +16,7 @@ def alternate(repeats: int, ours_fn, ref_fn) -> tuple[list[float], list[float]]:
     ours_rates, ref_rates = [], []
     for r in range(repeats):
         order = [(ours_fn, ours_rates), (ref_fn, ref_rates)]
-        for fn, rates in (order if r % 2 == 0 else order[::-1]):
+        for fn, rates in order if r % 2 == 0 else order[::-1]:
             work, seconds = fn()
             rates.append(work / seconds)
     return ours_rates, ref_rates
@@ -26,20 +26,27 @@ def machine() -> str:
     cpu = platform.processor()
     if not cpu:
         try:
-            cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                       if line.startswith("model name"))
+            cpu = next(
+                line.split(":", 1)[1].strip()
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")
+            )
         except (OSError, StopIteration):
             cpu = platform.machine()
-    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}")
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}"
+    )
 
 
 def row(name: str, ours: list[float], ref: list[float]) -> str:
     mo, mr = statistics.median(ours), statistics.median(ref)
     ratios = [o / r for o, r in zip(ours, ref)]
-    return (f"| {name} | {mo:,.1f} ({min(ours):,.1f}–{max(ours):,.1f}) | "
-            f"{mr:,.1f} ({min(ref):,.1f}–{max(ref):,.1f}) | **{mo / mr:.2f}** "
-            f"({min(ratios):.2f}–{max(ratios):.2f}) |")
+    return (
+        f"| {name} | {mo:,.1f} ({min(ours):,.1f}–{max(ours):,.1f}) | "
+        f"{mr:,.1f} ({min(ref):,.1f}–{max(ref):,.1f}) | **{mo / mr:.2f}** "
+        f"({min(ratios):.2f}–{max(ratios):.2f}) |"
+    )
 
 
 def publish(text: str, append: bool, results) -> None:

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-
 from common import machine  # noqa: E402  (benchmarks/common.py)
+
 from qkv.data.batching import make_batch, token_batches
 from qkv.data.text import load_corpus, random_windows, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer, SubwordTokenizer
@@ -93,8 +93,9 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name in args.workloads:
         torch.manual_seed(0)
-        model, train, batches, loss_fn = (lm_workload(args.steps) if name == "lm"
-                                          else translation_workload(args.steps, args.tokens))
+        model, train, batches, loss_fn = (
+            lm_workload(args.steps) if name == "lm" else translation_workload(args.steps, args.tokens)
+        )
         eager = model.train()
         compiled = copy.deepcopy(model).train()
         runs = {"eager": (eager, eager), "compiled": (compiled, torch.compile(compiled))}
@@ -107,14 +108,16 @@ def main() -> None:
             step(*runs["eager"], optimizers["eager"], loss_fn, batch)
         times = {"eager": [], "compiled": []}
         for r in range(args.repeats):
-            for key in (("eager", "compiled") if r % 2 == 0 else ("compiled", "eager")):
+            for key in ("eager", "compiled") if r % 2 == 0 else ("compiled", "eager"):
                 t0 = time.perf_counter()
                 for batch in batches:
                     step(*runs[key], optimizers[key], loss_fn, batch)
                 times[key].append((time.perf_counter() - t0) / len(batches) * 1000)
         e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
-        print(f"| {name} | {e:.1f} ({min(times['eager']):.1f}–{max(times['eager']):.1f}) | "
-              f"{c:.1f} ({min(times['compiled']):.1f}–{max(times['compiled']):.1f}) | **{e / c:.2f}** | {warm:.0f} |")
+        print(
+            f"| {name} | {e:.1f} ({min(times['eager']):.1f}–{max(times['eager']):.1f}) | "
+            f"{c:.1f} ({min(times['compiled']):.1f}–{max(times['compiled']):.1f}) | **{e / c:.2f}** | {warm:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -24,32 +24,86 @@ from pathlib import Path
 
 TRAIN_SECONDS = 560
 # (d_model, max_tokens) -> seconds per optimizer step, 3 + 3 layers, d_ff 4 d_model, BPE 8000
-SECONDS_PER_STEP = {(128, 2048): 0.741, (192, 1024): 0.480, (192, 2048): 0.977,
-                    (256, 1024): 0.662, (256, 2048): 1.443, (256, 4096): 2.64}
+SECONDS_PER_STEP = {
+    (128, 2048): 0.741,
+    (192, 1024): 0.480,
+    (192, 2048): 0.977,
+    (256, 1024): 0.662,
+    (256, 2048): 1.443,
+    (256, 4096): 2.64,
+}
 
 BASE = ["val_bleu=true", "beam_size=1"]
 CANDIDATES = {
     # the recipe before issue 12: Eq. 3 schedule tuned for thousands of steps
     "before": ["max_tokens=4096"],
-    "lin_mt2048_lr1e-3": ["max_tokens=2048", "train.schedule=linear", "train.lr=1e-3",
-                          "train.warmup_steps=40", "train.min_lr_ratio=0", "model.dropout=0.1"],
-    "lin_mt1024_lr1e-3": ["max_tokens=1024", "train.schedule=linear", "train.lr=1e-3",
-                          "train.warmup_steps=80", "train.min_lr_ratio=0", "model.dropout=0.1"],
-    "lin_mt2048_lr2e-3_preln": ["max_tokens=2048", "train.schedule=linear", "train.lr=2e-3",
-                                "train.warmup_steps=40", "train.min_lr_ratio=0",
-                                "model.dropout=0.1", "model.norm_first=true"],
-    "preln_mt1024_lr2e-3": ["max_tokens=1024", "train.schedule=linear", "train.lr=2e-3",
-                            "train.warmup_steps=80", "train.min_lr_ratio=0", "model.dropout=0.1",
-                            "model.norm_first=true"],
-    "preln_d192_mt2048_lr2e-3": ["max_tokens=2048", "train.schedule=linear", "train.lr=2e-3",
-                                 "train.warmup_steps=60", "train.min_lr_ratio=0", "model.dropout=0.1",
-                                 "model.norm_first=true", "model.d_model=192", "model.d_ff=768"],
-    "preln_d192_mt1024_lr2e-3": ["max_tokens=1024", "train.schedule=linear", "train.lr=2e-3",
-                                 "train.warmup_steps=100", "train.min_lr_ratio=0", "model.dropout=0.1",
-                                 "model.norm_first=true", "model.d_model=192", "model.d_ff=768"],
-    "preln_d128_mt2048_lr3e-3": ["max_tokens=2048", "train.schedule=linear", "train.lr=3e-3",
-                                 "train.warmup_steps=100", "train.min_lr_ratio=0", "model.dropout=0.1",
-                                 "model.norm_first=true", "model.d_model=128", "model.d_ff=512"],
+    "lin_mt2048_lr1e-3": [
+        "max_tokens=2048",
+        "train.schedule=linear",
+        "train.lr=1e-3",
+        "train.warmup_steps=40",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+    ],
+    "lin_mt1024_lr1e-3": [
+        "max_tokens=1024",
+        "train.schedule=linear",
+        "train.lr=1e-3",
+        "train.warmup_steps=80",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+    ],
+    "lin_mt2048_lr2e-3_preln": [
+        "max_tokens=2048",
+        "train.schedule=linear",
+        "train.lr=2e-3",
+        "train.warmup_steps=40",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+        "model.norm_first=true",
+    ],
+    "preln_mt1024_lr2e-3": [
+        "max_tokens=1024",
+        "train.schedule=linear",
+        "train.lr=2e-3",
+        "train.warmup_steps=80",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+        "model.norm_first=true",
+    ],
+    "preln_d192_mt2048_lr2e-3": [
+        "max_tokens=2048",
+        "train.schedule=linear",
+        "train.lr=2e-3",
+        "train.warmup_steps=60",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+        "model.norm_first=true",
+        "model.d_model=192",
+        "model.d_ff=768",
+    ],
+    "preln_d192_mt1024_lr2e-3": [
+        "max_tokens=1024",
+        "train.schedule=linear",
+        "train.lr=2e-3",
+        "train.warmup_steps=100",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+        "model.norm_first=true",
+        "model.d_model=192",
+        "model.d_ff=768",
+    ],
+    "preln_d128_mt2048_lr3e-3": [
+        "max_tokens=2048",
+        "train.schedule=linear",
+        "train.lr=3e-3",
+        "train.warmup_steps=100",
+        "train.min_lr_ratio=0",
+        "model.dropout=0.1",
+        "model.norm_first=true",
+        "model.d_model=128",
+        "model.d_ff=512",
+    ],
 }
 
 
@@ -67,19 +121,42 @@ def run(name: str, out: Path, threads: int) -> dict:
     overrides = CANDIDATES[name]
     steps = _steps(overrides)
     run_dir = out / name
-    cmd = [sys.executable, "-m", "qkv.cli", "train", "translation", "--out", str(run_dir),
-           "--quiet", *BASE, *overrides, f"train.max_steps={steps}", "train.max_minutes=null",
-           f"train.eval_every={steps // 4}", f"train.threads={threads}", "train.snapshot_minutes=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qkv.cli",
+        "train",
+        "translation",
+        "--out",
+        str(run_dir),
+        "--quiet",
+        *BASE,
+        *overrides,
+        f"train.max_steps={steps}",
+        "train.max_minutes=null",
+        f"train.eval_every={steps // 4}",
+        f"train.threads={threads}",
+        "train.snapshot_minutes=2",
+    ]
     if not (run_dir / "summary.json").is_file():
         # The CLI's report includes test2016 figures: kept out of sight, selection is on validation.
         done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode:
             raise RuntimeError(f"{name} failed:\n{done.stderr[-2000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    curve = [(r["step"], round(r["val_bleu"], 2)) for r in map(json.loads, open(run_dir / "metrics.jsonl"))
-             if "val_bleu" in r]
-    return {"name": name, "steps": steps, "val_bleu": round(summary["validation"]["val_bleu"], 2),
-            "weights": summary["selected_weights"], "curve": curve, "overrides": " ".join(overrides)}
+    curve = [
+        (r["step"], round(r["val_bleu"], 2))
+        for r in map(json.loads, open(run_dir / "metrics.jsonl"))
+        if "val_bleu" in r
+    ]
+    return {
+        "name": name,
+        "steps": steps,
+        "val_bleu": round(summary["validation"]["val_bleu"], 2),
+        "weights": summary["selected_weights"],
+        "curve": curve,
+        "overrides": " ".join(overrides),
+    }
 
 
 def main() -> None:
@@ -95,8 +172,10 @@ def main() -> None:
     print("| candidate | steps | val BLEU (selected weights) | curve (step, val BLEU) | settings |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['name']} | {r['steps']} | {r['val_bleu']} ({r['weights']}) | "
-              f"{r['curve']} | `{r['overrides']}` |")
+        print(
+            f"| {r['name']} | {r['steps']} | {r['val_bleu']} ({r['weights']}) | "
+            f"{r['curve']} | `{r['overrides']}` |"
+        )
 
 
 if __name__ == "__main__":

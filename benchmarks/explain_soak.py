@@ -44,19 +44,28 @@ def main(run: str, text: str, port: int = 8791) -> None:
             if i % 2:
                 res = client.post("/api/explain", json={"text": text, "seed": i})
             else:
-                res = client.post("/api/steps", json={"text": text, "seed": i, "kind": kind,
-                                                      "layer": i % info["n_layers"],
-                                                      "head": (i // 2) % info["n_heads"]})
+                res = client.post(
+                    "/api/steps",
+                    json={
+                        "text": text,
+                        "seed": i,
+                        "kind": kind,
+                        "layer": i % info["n_layers"],
+                        "head": (i // 2) % info["n_heads"],
+                    },
+                )
             codes.append(res.status_code)
         seconds, after = time.perf_counter() - start, rss_mib(proc.pid)
         too_long = client.post("/api/explain", json={"text": "A" * (info["max_chars"] + 1)})
         traversal = client.get("/static/%2e%2e/server.py")
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=30)[1].decode().strip().splitlines()
-    print(f"{run}: {codes.count(200)}/200 OK in {seconds:.1f} s ({1000 * seconds / 200:.0f} ms/request); "
-          f"RSS {before:.0f} -> {after:.0f} MiB ({after - before:+.1f}); over the cap -> "
-          f"{too_long.status_code} {too_long.json()['detail']!r}; traversal -> {traversal.status_code}; "
-          f"Ctrl-C -> exit {proc.returncode}, {err[-1]!r}")
+    print(
+        f"{run}: {codes.count(200)}/200 OK in {seconds:.1f} s ({1000 * seconds / 200:.0f} ms/request); "
+        f"RSS {before:.0f} -> {after:.0f} MiB ({after - before:+.1f}); over the cap -> "
+        f"{too_long.status_code} {too_long.json()['detail']!r}; traversal -> {traversal.status_code}; "
+        f"Ctrl-C -> exit {proc.returncode}, {err[-1]!r}"
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
-
 from common import machine, publish  # noqa: E402  (benchmarks/common.py)
+
 from qkv.data.protein_tasks import load_paratope
 from qkv.generate.quantize import cast_weights
 from qkv.hub.pretrained import load
@@ -71,27 +71,35 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     ppl = {k: iglm_perplexity(k, args.chains) for k in PRECISIONS}
     tokens = ppl["fp32"][1]
-    rows.append(["IgLM perplexity, paratope test chains"] + [f"{ppl[k][0]:.4f}" for k in PRECISIONS]
-                + [f"{(ppl['int8'][0] / ppl['fp32'][0] - 1):+.2%}"])
+    rows.append(
+        ["IgLM perplexity, paratope test chains"]
+        + [f"{ppl[k][0]:.4f}" for k in PRECISIONS]
+        + [f"{(ppl['int8'][0] / ppl['fp32'][0] - 1):+.2%}"]
+    )
     print(f"perplexity {ppl}", file=sys.stderr)
     if args.translation_run:
         for split in ("val", "test2016"):
             bleu = {k: translation_bleu(args.translation_run, k, split) for k in PRECISIONS}
             print(f"{split} BLEU {bleu}", file=sys.stderr)
-            rows.append([f"translation BLEU, Multi30k {split}, beam 4"] + [f"{bleu[k]:.2f}" for k in PRECISIONS]
-                        + [f"{bleu['int8'] - bleu['fp32']:+.2f} BLEU"])
-    text = "\n".join([
-        f"## int8_quality — {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        "",
-        f"- command: `python {shlex.join(sys.argv)}`",
-        f"- machine: {machine()}",
-        f"- IgLM scored on {tokens} tokens; int8 = int8 weights per output row, bfloat16 activations",
-        "",
-        "| measure | float32 | bfloat16 | int8 | int8 vs float32 |",
-        "|---|---|---|---|---|",
-        *("| " + " | ".join(r) + " |" for r in rows),
-        "",
-    ])
+            rows.append(
+                [f"translation BLEU, Multi30k {split}, beam 4"]
+                + [f"{bleu[k]:.2f}" for k in PRECISIONS]
+                + [f"{bleu['int8'] - bleu['fp32']:+.2f} BLEU"]
+            )
+    text = "\n".join(
+        [
+            f"## int8_quality — {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+            "",
+            f"- command: `python {shlex.join(sys.argv)}`",
+            f"- machine: {machine()}",
+            f"- IgLM scored on {tokens} tokens; int8 = int8 weights per output row, bfloat16 activations",
+            "",
+            "| measure | float32 | bfloat16 | int8 | int8 vs float32 |",
+            "|---|---|---|---|---|",
+            *("| " + " | ".join(r) + " |" for r in rows),
+            "",
+        ]
+    )
     publish(text, args.append_results, args.results)
 
 

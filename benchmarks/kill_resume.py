@@ -33,20 +33,44 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-SETTINGS = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=2",
-            "model.dropout=0.1", "model.max_len=32", "batch_size=8", "eval_batches=2",
-            "num_samples=1", "sample_tokens=8", "train.threads=1", "train.precision=fp32",
-            "train.warmup_steps=10", "train.snapshot_minutes=1000"]
+SETTINGS = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.n_layers=2",
+    "model.dropout=0.1",
+    "model.max_len=32",
+    "batch_size=8",
+    "eval_batches=2",
+    "num_samples=1",
+    "sample_tokens=8",
+    "train.threads=1",
+    "train.precision=fp32",
+    "train.warmup_steps=10",
+    "train.snapshot_minutes=1000",
+]
 
 
 def command(out: Path, steps: int, eval_every: int, resume: bool) -> list[str]:
-    return [sys.executable, "-m", "qkv", "train", "lm", "--out", str(out), "--quiet",
-            f"train.max_steps={steps}", f"train.eval_every={eval_every}", *SETTINGS,
-            *(["--resume"] if resume else [])]
+    return [
+        sys.executable,
+        "-m",
+        "qkv",
+        "train",
+        "lm",
+        "--out",
+        str(out),
+        "--quiet",
+        f"train.max_steps={steps}",
+        f"train.eval_every={eval_every}",
+        *SETTINGS,
+        *(["--resume"] if resume else []),
+    ]
 
 
-def run(cmd: list[str], kill_after: float | None = None, watch: Path | None = None
-        ) -> tuple[int, str, float, float | None]:
+def run(
+    cmd: list[str], kill_after: float | None = None, watch: Path | None = None
+) -> tuple[int, str, float, float | None]:
     """Run ``cmd``; with ``kill_after`` seconds, SIGKILL it then if still running (checked every
     10 ms). Returns (exit status, stderr, seconds it ran, seconds until ``watch`` first existed
     or ``None``); a killed process has status -9."""
@@ -92,13 +116,17 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = work / "reference"
     shutil.rmtree(ref, ignore_errors=True)
-    code, err, wall, first = run(command(ref, args.steps, args.eval_every, False), watch=ref / "train_state.pt")
+    code, err, wall, first = run(
+        command(ref, args.steps, args.eval_every, False), watch=ref / "train_state.pt"
+    )
     first = wall if first is None else first
     if code != 0:
         print(f"reference run failed ({code}): {err.strip()[-500:]}", file=sys.stderr)
         return 1
-    print(f"reference: {args.steps} steps in {wall:.1f} s (process start included; first checkpoint "
-          f"at {first:.1f} s); kill moments drawn from ({first:.1f} s, {wall:.1f} s)")
+    print(
+        f"reference: {args.steps} steps in {wall:.1f} s (process start included; first checkpoint "
+        f"at {first:.1f} s); kill moments drawn from ({first:.1f} s, {wall:.1f} s)"
+    )
 
     passed = 0
     for trial in range(args.trials):
@@ -109,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         killed_at = "after the end" if code == 0 else "?"
         if code != 0:
             state = out / "train_state.pt"
-            killed_at = (f"step {torch.load(state, weights_only=True)['loop']['step']}"
-                         if state.is_file() else "before the first checkpoint")
+            killed_at = (
+                f"step {torch.load(state, weights_only=True)['loop']['step']}"
+                if state.is_file()
+                else "before the first checkpoint"
+            )
         restarts = 0
         while code != 0:
             code, err = run(command(out, args.steps, args.eval_every, True))[:2]
@@ -121,11 +152,16 @@ def main(argv: list[str] | None = None) -> int:
             if code != 0:
                 print(f"trial {trial}: the resumed run failed ({code}): {err.strip()[-300:]}")
                 break
-        ok, why = (same_weights(ref / "last.safetensors", out / "last.safetensors") if code == 0
-                   else (False, "did not finish"))
+        ok, why = (
+            same_weights(ref / "last.safetensors", out / "last.safetensors")
+            if code == 0
+            else (False, "did not finish")
+        )
         passed += ok
-        print(f"trial {trial}: SIGKILL after {delay:.2f} s (last checkpoint: {killed_at}"
-              f"{f', started afresh {restarts}x' if restarts else ''}) -> {why}")
+        print(
+            f"trial {trial}: SIGKILL after {delay:.2f} s (last checkpoint: {killed_at}"
+            f"{f', started afresh {restarts}x' if restarts else ''}) -> {why}"
+        )
     print(f"{passed} of {args.trials} killed-and-resumed runs end bit-identical to the reference")
     return 0 if passed == args.trials else 1
 

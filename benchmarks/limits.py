@@ -63,12 +63,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import machine, publish  # noqa: E402  (benchmarks/common.py)
+from mfu import matmul_peak  # noqa: E402
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from common import machine, publish  # noqa: E402  (benchmarks/common.py)
-from mfu import matmul_peak  # noqa: E402
-from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, cpu_capability
+from qkv.device import cpu_capability, cpu_has_amx_bf16, cpu_has_native_bf16
 from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
 from qkv.generate.lm import generate_tokens
 from qkv.generate.quantize import Int8Linear, cast_weights
@@ -78,8 +78,9 @@ from qkv.nn.embeddings import TokenEmbedding
 GB = 1e9
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 WEIGHTS = {**DTYPES, "int8": torch.int8}  # stored weights; int8 runs with bfloat16 activations
-GPT2_SMALL = LMConfig(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
-                      max_len=1024, bias=True)
+GPT2_SMALL = LMConfig(
+    vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024, bias=True
+)
 GPT2_BLOCK = ((3 * 768, 768), (768, 768), (3072, 768), (768, 3072))  # (out, in) per matrix
 GPT2_MATRICES = GPT2_BLOCK * 12 + ((50257, 768),)  # every matrix of a decoding step, in order
 LARGE = ((4096, 4096),)
@@ -98,6 +99,7 @@ def _linear_of(w: torch.Tensor) -> nn.Linear:
 def _kernels(dtype: torch.dtype) -> dict:
     """name -> function turning an (out, in) weight into a matrix-vector callable (int8: the
     weight is given in bfloat16 and quantised)."""
+
     def linear(w):
         return lambda x: F.linear(x, w)
 
@@ -115,8 +117,9 @@ class Stream:
     """Products of ``rows`` input rows with weights of ``shapes`` (all of them once, cycled to
     ≥ ``min_mb`` MB) through one kernel of :func:`_kernels`; :meth:`seconds` times one pass."""
 
-    def __init__(self, dtype: torch.dtype, kernel: str, min_mb: int, rows: int = 1,
-                 shapes: tuple = GPT2_MATRICES) -> None:
+    def __init__(
+        self, dtype: torch.dtype, kernel: str, min_mb: int, rows: int = 1, shapes: tuple = GPT2_MATRICES
+    ) -> None:
         g = torch.Generator().manual_seed(0)
         chosen, self.bytes = [], 0
         while not chosen or self.bytes < min_mb * 1e6:
@@ -126,8 +129,9 @@ class Stream:
         values = torch.bfloat16 if dtype == torch.int8 else dtype  # int8: quantised from these
         inputs = {n: torch.randn(1, rows, n, generator=g).to(values) for n in {s[1] for s in shapes}}
         make = _kernels(dtype)[kernel]
-        self.products = [(make(torch.randn(shape, generator=g).to(values)), inputs[shape[1]])
-                         for shape in chosen]
+        self.products = [
+            (make(torch.randn(shape, generator=g).to(values)), inputs[shape[1]]) for shape in chosen
+        ]
 
     @torch.no_grad()
     def seconds(self) -> float:
@@ -137,8 +141,9 @@ class Stream:
         return time.perf_counter() - start
 
 
-def stream_bandwidth(dtype: torch.dtype, min_mb: int, repeats: int, rows: int = 1,
-                     shapes: tuple = GPT2_MATRICES) -> dict[str, float]:
+def stream_bandwidth(
+    dtype: torch.dtype, min_mb: int, repeats: int, rows: int = 1, shapes: tuple = GPT2_MATRICES
+) -> dict[str, float]:
     """GB/s of products of ``rows`` input rows with ≥ ``min_mb`` MB of weights of ``shapes``,
     per kernel (the best of ``repeats`` passes after a warm-up pass)."""
     rates = {}
@@ -243,8 +248,9 @@ def timed_generation(model, prompts, new_tokens: int) -> tuple[float, float, lis
     """(seconds to the first token, seconds of the remaining steps, tokens)."""
     marks = []
     start = time.perf_counter()
-    out = generate_tokens(model, prompts, new_tokens, do_sample=False,
-                          on_tokens=lambda _: marks.append(time.perf_counter()))
+    out = generate_tokens(
+        model, prompts, new_tokens, do_sample=False, on_tokens=lambda _: marks.append(time.perf_counter())
+    )
     return marks[0] - start, marks[-1] - marks[0], out
 
 
@@ -255,7 +261,7 @@ def recomputation_check(model, prompt: list[int], tokens: list[int]) -> tuple[in
     logits those of a re-run on its prefix, so agreeing everywhere means the recomputed greedy
     run is the same). Returns (positions whose argmax is the cached token, and where it is not,
     the margin: (top logit − the cached token's logit) / |top logit|)."""
-    logits = model(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].float()
+    logits = model(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :].float()
     cached = torch.tensor(tokens)
     best = logits.max(-1)
     agree = best.indices == cached
@@ -263,8 +269,9 @@ def recomputation_check(model, prompt: list[int], tokens: list[int]) -> tuple[in
     return int(agree.sum()), ((best.values - chosen) / best.values.abs())[~agree].tolist()
 
 
-def workload_a(args, streams: dict, read_gbs: float, dtype_name: str,
-               batch_invariant: bool | None = None) -> dict:
+def workload_a(
+    args, streams: dict, read_gbs: float, dtype_name: str, batch_invariant: bool | None = None
+) -> dict:
     """(a) in ``dtype_name`` (``batch_invariant``: as :func:`prepare_for_inference`, whose
     default makes bfloat16 decoding reproduce recomputation bit for bit). Both bounds are
     re-measured before every timed generation and each run is divided by the ones measured
@@ -276,8 +283,9 @@ def workload_a(args, streams: dict, read_gbs: float, dtype_name: str,
     dtype = WEIGHTS[dtype_name]
     model = gpt2_small(dtype_name, batch_invariant)
     activations = next(model.parameters()).dtype  # the key/value cache's
-    prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, args.prompt_tokens),
-                           generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = torch.randint(
+        0, GPT2_SMALL.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(1)
+    ).tolist()
     n = args.new_tokens
     rates = streams[dtype_name, "GPT-2 small's"]
     best = max(rates, key=rates.get)
@@ -287,8 +295,9 @@ def workload_a(args, streams: dict, read_gbs: float, dtype_name: str,
     bounds, strict, runs = [], [], []
     for _ in range(args.repeats):
         bounds.append(3 * streaming.bytes / sum(streaming.seconds() for _ in range(3)) / step_bytes)
-        strict.append((n - 1) * working_set.bytes / sum(working_set.seconds() for _ in range(n - 1))
-                      / step_bytes)  # tokens/s
+        strict.append(
+            (n - 1) * working_set.bytes / sum(working_set.seconds() for _ in range(n - 1)) / step_bytes
+        )  # tokens/s
         runs.append(timed_generation(model, prompt, n))
     decodes = [(n - 1) / r[1] for r in runs]
     fractions = [d / b for d, b in zip(decodes, bounds)]
@@ -298,14 +307,23 @@ def workload_a(args, streams: dict, read_gbs: float, dtype_name: str,
     ours = runs[0][2][0]
     agree, margins = recomputation_check(model, prompt[0], ours)
     label = dtype_name if batch_invariant is None else f"{dtype_name}, batch_invariant={batch_invariant}"
-    return dict(dtype=label, decode=decode, e2e=statistics.median(n / (r[0] + r[1]) for r in runs),
-                bytes=step_bytes, bound=statistics.median(bounds), fraction=statistics.median(fractions),
-                fraction_range=(min(fractions), max(fractions)),
-                strict=statistics.median(strict_fractions),
-                strict_range=(min(strict_fractions), max(strict_fractions)),
-                of_large=decode * step_bytes / (large * GB), of_read=decode * step_bytes / (read_gbs * GB),
-                agree=agree, margins=margins, distinct=len(set(ours)),
-                profile=profile_top(lambda: generate_tokens(model, prompt, 32, do_sample=False)))
+    return dict(
+        dtype=label,
+        decode=decode,
+        e2e=statistics.median(n / (r[0] + r[1]) for r in runs),
+        bytes=step_bytes,
+        bound=statistics.median(bounds),
+        fraction=statistics.median(fractions),
+        fraction_range=(min(fractions), max(fractions)),
+        strict=statistics.median(strict_fractions),
+        strict_range=(min(strict_fractions), max(strict_fractions)),
+        of_large=decode * step_bytes / (large * GB),
+        of_read=decode * step_bytes / (read_gbs * GB),
+        agree=agree,
+        margins=margins,
+        distinct=len(set(ours)),
+        profile=profile_top(lambda: generate_tokens(model, prompt, 32, do_sample=False)),
+    )
 
 
 def workload_b(args, bw: dict, peak: dict, dtype_name: str, rows: int) -> dict:
@@ -328,10 +346,16 @@ def workload_b(args, bw: dict, peak: dict, dtype_name: str, rows: int) -> dict:
     t_flop = flops / peak[dtype_name]
     bound = max(t_bw, t_flop)
     kernel_gbs = max(stream_bandwidth(dtype, args.stream_mb, args.repeats, rows).values())
-    return dict(dtype=dtype_name, rows=rows, tokens_s=rows / step, bound_tokens_s=rows / bound,
-                kernel_tokens_s=rows * kernel_gbs * GB / weight_bytes(model),
-                fraction=bound / step, limit="bandwidth" if t_bw >= t_flop else "FLOP/s",
-                profile=profile_top(lambda: generate_tokens(model, prompts, 16, do_sample=False)))
+    return dict(
+        dtype=dtype_name,
+        rows=rows,
+        tokens_s=rows / step,
+        bound_tokens_s=rows / bound,
+        kernel_tokens_s=rows * kernel_gbs * GB / weight_bytes(model),
+        fraction=bound / step,
+        limit="bandwidth" if t_bw >= t_flop else "FLOP/s",
+        profile=profile_top(lambda: generate_tokens(model, prompts, 16, do_sample=False)),
+    )
 
 
 def workload_c(args, bw: dict, peak: dict) -> dict | None:
@@ -361,16 +385,26 @@ def workload_c(args, bw: dict, peak: dict) -> dict | None:
     batches = -(-len(src) // translator.batch_size)
     # A decoder step reads the decoder's weights (not cross-attention's key/value projection,
     # applied once to the memory) and the output projection; each batch reads the encoder's.
-    dec_bytes = (weight_bytes(model.decoder) + weight_bytes(model.generator)
-                 - sum(weight_bytes(layer.cross_attn.w_kv) for layer in model.decoder.layers))
+    dec_bytes = (
+        weight_bytes(model.decoder)
+        + weight_bytes(model.generator)
+        - sum(weight_bytes(layer.cross_attn.w_kv) for layer in model.decoder.layers)
+    )
     t_bw = (steps[0] * dec_bytes + batches * weight_bytes(model.encoder)) / (bw["fp32"] * GB)
     t_flop = flops / peak["fp32"]
     bound = max(t_bw, t_flop)
     small = src[:64]
-    return dict(sentences=len(src), sentences_s=len(src) / measured, seconds=measured,
-                steps=steps[0], flops=flops, flop_s=flops / measured,
-                fraction=bound / measured, limit="bandwidth" if t_bw >= t_flop else "FLOP/s",
-                profile=profile_top(lambda: translator.translate(small)))
+    return dict(
+        sentences=len(src),
+        sentences_s=len(src) / measured,
+        seconds=measured,
+        steps=steps[0],
+        flops=flops,
+        flop_s=flops / measured,
+        fraction=bound / measured,
+        limit="bandwidth" if t_bw >= t_flop else "FLOP/s",
+        profile=profile_top(lambda: translator.translate(small)),
+    )
 
 
 def workload_d(args, peak: dict) -> dict:
@@ -382,18 +416,25 @@ def workload_d(args, peak: dict) -> dict:
 
     cfg = ProteinTaskRecipe().model
     torch.manual_seed(0)
-    model = EncoderModel(EncoderConfig(**{**cfg.__dict__, "vocab_size": 33, "num_labels": 3,
-                                          "dropout": 0.0})).eval()
+    model = EncoderModel(
+        EncoderConfig(**{**cfg.__dict__, "vocab_size": 33, "num_labels": 3, "dropout": 0.0})
+    ).eval()
     encoder = ProteinEncoder(model, ("H", "E", "C"), "residue")
     seqs = [r.sequence for r in load_flip_secondary_structure().split("test")][: args.proteins]
     encoder.embed(seqs[:8])  # warm-up
     measured = statistics.median(_seconds(lambda: encoder.embed(seqs)) for _ in range(args.repeats))
     flops = count_flops(lambda: encoder.embed(seqs))
     lengths = [len(s) for s in seqs]
-    return dict(sequences=len(seqs), residues=sum(lengths), min_len=min(lengths),
-                max_len=max(lengths), sequences_s=len(seqs) / measured, flop_s=flops / measured,
-                fraction=flops / measured / peak["fp32"],
-                profile=profile_top(lambda: encoder.embed(seqs[:64])))
+    return dict(
+        sequences=len(seqs),
+        residues=sum(lengths),
+        min_len=min(lengths),
+        max_len=max(lengths),
+        sequences_s=len(seqs) / measured,
+        flop_s=flops / measured,
+        fraction=flops / measured / peak["fp32"],
+        profile=profile_top(lambda: encoder.embed(seqs[:64])),
+    )
 
 
 # ---------------------------------------------------------------------------------- report
@@ -403,13 +444,21 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
     """Markdown lines of a titled table; nothing when there are no rows."""
     if not rows:
         return []
-    return ["", title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows)]
+    return [
+        "",
+        title,
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 def report(args, streams, read_gbs, peak, a, b, c, d) -> str:
     cmd = " ".join(["python", shlex.join(sys.argv)])
-    flags = [f for f, has in (("AVX512_BF16", cpu_has_native_bf16()), ("AMX_BF16", cpu_has_amx_bf16())) if has]
+    flags = [
+        f for f, has in (("AVX512_BF16", cpu_has_native_bf16()), ("AMX_BF16", cpu_has_amx_bf16())) if has
+    ]
     kernels = list(dict.fromkeys(k for rates in streams.values() for k in rates))
     lines = [
         f"## limits{' (--quick: sanity run, not a result)' if args.quick else ''} — "
@@ -430,39 +479,87 @@ def report(args, streams, read_gbs, peak, a, b, c, d) -> str:
         "|---|---|" + "---|" * len(kernels),
     ]
     for (dt, what), rates in streams.items():
-        lines.append(f"| {dt} | {what} | " + " | ".join(f"{rates[k]:.1f}" if k in rates else "–" for k in kernels) + " |")
-    lines += _table(f"(a) batch-1 greedy generation, GPT-2-small shape, {args.prompt_tokens}-token prompt "
-                    f"+ {args.new_tokens} new tokens:",
-                    ["weights", "bytes/token", "bound tokens/s", "decoding tokens/s",
-                     "**fraction** (range over runs)", "of the working-set bound (range)",
-                     "of the 4096² rate, of the plain read",
-                     "end to end tokens/s", "greedy tokens = recomputation's", "where the time goes"],
-                    [[r["dtype"], f"{r['bytes'] / 1e6:.0f} MB", f"{r['bound']:.1f}", f"{r['decode']:.1f}",
-                      f"**{r['fraction']:.0%}** ({r['fraction_range'][0]:.0%}–{r['fraction_range'][1]:.0%})",
-                      f"{r['strict']:.0%} ({r['strict_range'][0]:.0%}–{r['strict_range'][1]:.0%})",
-                      f"{r['of_large']:.0%}, {r['of_read']:.0%}", f"{r['e2e']:.1f}",
-                      f"{r['agree']} of {args.new_tokens} ({r['distinct']} distinct)"
-                      + (f"; others: margins {', '.join(f'{m:.1e}' for m in r['margins'])}" if r["margins"] else ""),
-                      r["profile"]] for r in a])
-    lines += _table(f"(b) batched greedy generation, prompts of 8-64 tokens, {args.new_tokens} new tokens:",
-                    ["weights", "prompts", "tokens/s", "bound tokens/s (limit)", "**fraction**",
-                     "products alone at this many rows, tokens/s", "where the time goes"],
-                    [[r["dtype"], str(r["rows"]), f"{r['tokens_s']:.0f}",
-                      f"{r['bound_tokens_s']:.0f} ({r['limit']})", f"**{r['fraction']:.0%}**",
-                      f"{r['kernel_tokens_s']:.0f}", r["profile"]] for r in b])
+        lines.append(
+            f"| {dt} | {what} | "
+            + " | ".join(f"{rates[k]:.1f}" if k in rates else "–" for k in kernels)
+            + " |"
+        )
+    lines += _table(
+        f"(a) batch-1 greedy generation, GPT-2-small shape, {args.prompt_tokens}-token prompt "
+        f"+ {args.new_tokens} new tokens:",
+        [
+            "weights",
+            "bytes/token",
+            "bound tokens/s",
+            "decoding tokens/s",
+            "**fraction** (range over runs)",
+            "of the working-set bound (range)",
+            "of the 4096² rate, of the plain read",
+            "end to end tokens/s",
+            "greedy tokens = recomputation's",
+            "where the time goes",
+        ],
+        [
+            [
+                r["dtype"],
+                f"{r['bytes'] / 1e6:.0f} MB",
+                f"{r['bound']:.1f}",
+                f"{r['decode']:.1f}",
+                f"**{r['fraction']:.0%}** ({r['fraction_range'][0]:.0%}–{r['fraction_range'][1]:.0%})",
+                f"{r['strict']:.0%} ({r['strict_range'][0]:.0%}–{r['strict_range'][1]:.0%})",
+                f"{r['of_large']:.0%}, {r['of_read']:.0%}",
+                f"{r['e2e']:.1f}",
+                f"{r['agree']} of {args.new_tokens} ({r['distinct']} distinct)"
+                + (
+                    f"; others: margins {', '.join(f'{m:.1e}' for m in r['margins'])}" if r["margins"] else ""
+                ),
+                r["profile"],
+            ]
+            for r in a
+        ],
+    )
+    lines += _table(
+        f"(b) batched greedy generation, prompts of 8-64 tokens, {args.new_tokens} new tokens:",
+        [
+            "weights",
+            "prompts",
+            "tokens/s",
+            "bound tokens/s (limit)",
+            "**fraction**",
+            "products alone at this many rows, tokens/s",
+            "where the time goes",
+        ],
+        [
+            [
+                r["dtype"],
+                str(r["rows"]),
+                f"{r['tokens_s']:.0f}",
+                f"{r['bound_tokens_s']:.0f} ({r['limit']})",
+                f"**{r['fraction']:.0%}**",
+                f"{r['kernel_tokens_s']:.0f}",
+                r["profile"],
+            ]
+            for r in b
+        ],
+    )
     lines.append("")
     if c is None:
         lines.append("(c) translation: not run (needs `--translation-run`).")
     else:
-        lines.append(f"(c) translation, beam 4, {c['sentences']} test2016 sentences, float32: "
-                     f"{c['sentences_s']:.1f} sentences/s ({c['seconds']:.1f} s, {c['steps']} decoder "
-                     f"steps), {c['flop_s'] / 1e9:.1f} GFLOP/s; bound: {c['limit']}; **fraction "
-                     f"{c['fraction']:.0%}**. Where the time goes: {c['profile']}.")
+        lines.append(
+            f"(c) translation, beam 4, {c['sentences']} test2016 sentences, float32: "
+            f"{c['sentences_s']:.1f} sentences/s ({c['seconds']:.1f} s, {c['steps']} decoder "
+            f"steps), {c['flop_s'] / 1e9:.1f} GFLOP/s; bound: {c['limit']}; **fraction "
+            f"{c['fraction']:.0%}**. Where the time goes: {c['profile']}."
+        )
     if d is not None:
-        lines += ["", f"(d) protein encoder inference (`embed`), {d['sequences']} FLIP test proteins of "
-                  f"{d['min_len']}-{d['max_len']} residues ({d['residues']} in all), float32: "
-                  f"{d['sequences_s']:.1f} sequences/s, {d['flop_s'] / 1e9:.1f} GFLOP/s = **"
-                  f"{d['fraction']:.0%} of the fp32 peak**. Where the time goes: {d['profile']}."]
+        lines += [
+            "",
+            f"(d) protein encoder inference (`embed`), {d['sequences']} FLIP test proteins of "
+            f"{d['min_len']}-{d['max_len']} residues ({d['residues']} in all), float32: "
+            f"{d['sequences_s']:.1f} sequences/s, {d['flop_s'] / 1e9:.1f} GFLOP/s = **"
+            f"{d['fraction']:.0%} of the fp32 peak**. Where the time goes: {d['profile']}.",
+        ]
     lines.append("")
     return "\n".join(lines)
 
@@ -486,8 +583,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.repeats, args.new_tokens, args.stream_mb = 1, 8, 64
         args.sentences, args.c_repeats, args.proteins, args.batch_rows = 16, 1, 16, "8"
-    peak = {k: matmul_peak(dt, torch.device("cpu"), repeats=1 if args.quick else 3)[0]
-            for k, dt in DTYPES.items()}
+    peak = {
+        k: matmul_peak(dt, torch.device("cpu"), repeats=1 if args.quick else 3)[0] for k, dt in DTYPES.items()
+    }
     streams = {}  # (dtype, what) -> {kernel: GB/s}
     for k, dt in WEIGHTS.items():
         streams[k, "GPT-2 small's"] = stream_bandwidth(dt, args.stream_mb, args.repeats)
@@ -497,11 +595,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bounds: {streams}, read {read_gbs:.1f} GB/s, peak {peak}", file=sys.stderr)
     run = set(args.workloads)
     # bfloat16 also without batch invariance: what reproducing recomputation costs
-    a = ([workload_a(args, streams, read_gbs, k, invariant) for k, invariant in A_RUNS]
-         if "a" in run else [])
+    a = [workload_a(args, streams, read_gbs, k, invariant) for k, invariant in A_RUNS] if "a" in run else []
     print(f"(a) {a}", file=sys.stderr)
-    b = ([workload_b(args, bw, peak, k, int(rows)) for k in DTYPES for rows in args.batch_rows.split(",")]
-         if "b" in run else [])
+    b = (
+        [workload_b(args, bw, peak, k, int(rows)) for k in DTYPES for rows in args.batch_rows.split(",")]
+        if "b" in run
+        else []
+    )
     print(f"(b) {b}", file=sys.stderr)
     c = workload_c(args, bw, peak) if "c" in run else None
     print(f"(c) {c}", file=sys.stderr)

@@ -41,9 +41,11 @@ def main() -> None:
                 losses.append(float(F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())))
             estimates.append(statistics.mean(losses))
     below = sum(e <= args.threshold for e in estimates) / len(estimates)
-    print(f"{args.draws} estimates of {args.eval_iters} batches x {args.batch_size} windows: mean "
-          f"{statistics.mean(estimates):.4f}, sd {statistics.stdev(estimates):.4f}, range "
-          f"{min(estimates):.4f}-{max(estimates):.4f}; share <= {args.threshold}: {below:.2f}")
+    print(
+        f"{args.draws} estimates of {args.eval_iters} batches x {args.batch_size} windows: mean "
+        f"{statistics.mean(estimates):.4f}, sd {statistics.stdev(estimates):.4f}, range "
+        f"{min(estimates):.4f}-{max(estimates):.4f}; share <= {args.threshold}: {below:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
-
 from common import machine  # noqa: E402  (benchmarks/common.py)
 from compile_step import step, translation_workload  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode
+
 from qkv.device import cpu_has_native_bf16
 from qkv.models import DecoderLM
 from qkv.models.config import LMConfig
@@ -58,7 +58,7 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> t
             t = time.perf_counter()
             a @ b
             _sync(device)
-            best = max(best, (2 * n ** 3 / (time.perf_counter() - t), n))
+            best = max(best, (2 * n**3 / (time.perf_counter() - t), n))
     return best
 
 
@@ -69,8 +69,9 @@ def _sync(device: torch.device) -> None:
 
 def gpt2_small_workload(steps: int, batch: int):
     """GPT-2 small's shape, random weights and tokens (FLOPs do not depend on the data)."""
-    model = DecoderLM(LMConfig(vocab_size=50304, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
-                               max_len=1024, dropout=0.0))
+    model = DecoderLM(
+        LMConfig(vocab_size=50304, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024, dropout=0.0)
+    )
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 50304, (batch, 1025), generator=g) for _ in range(steps)]
 
@@ -89,24 +90,36 @@ def step_flops(model, loss_fn, batch) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=["translation-base", "translation"],
-                   choices=["translation-base", "translation", "gpt2-small"])
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["translation-base", "translation"],
+        choices=["translation-base", "translation", "gpt2-small"],
+    )
     p.add_argument("--tokens", type=int, default=2048, help="padded tokens per translation batch")
     p.add_argument("--lm-batch", type=int, default=8, help="1,024-token windows per gpt2-small batch")
     p.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=None,
-                   help="default: bf16 on CUDA; fp32 on a CPU, and bf16 too where it is native")
+    p.add_argument(
+        "--precision",
+        nargs="+",
+        choices=["fp32", "bf16"],
+        default=None,
+        help="default: bf16 on CUDA; fp32 on a CPU, and bf16 too where it is native",
+    )
     args = p.parse_args()
     device = torch.device(args.device)
-    precisions = args.precision or (["bf16"] if device.type == "cuda" else
-                                    ["fp32", "bf16"] if cpu_has_native_bf16() else ["fp32"])
+    precisions = args.precision or (
+        ["bf16"] if device.type == "cuda" else ["fp32", "bf16"] if cpu_has_native_bf16() else ["fp32"]
+    )
     print(f"machine: {machine()}")
     peaks = {}
     for precision in precisions:
         peaks[precision], n = matmul_peak(DTYPES[precision], device)
-        print(f"matmul peak ({DTYPES[precision]}, {device}): {peaks[precision] / 1e9:,.1f} GFLOP/s at n = {n}")
+        print(
+            f"matmul peak ({DTYPES[precision]}, {device}): {peaks[precision] / 1e9:,.1f} GFLOP/s at n = {n}"
+        )
     print("| workload | precision | parameters | GFLOP / step | s / step | GFLOP/s | MFU |")
     print("|---|---|---|---|---|---|---|")
     profiles = {}
@@ -118,8 +131,10 @@ def main() -> None:
         else:
             overrides = BASE if name == "translation-base" else {}
             model, train, batches, loss_fn = translation_workload(args.steps, args.tokens, **overrides)
-            batches = [replace(b, src=b.src.to(device), tgt_in=b.tgt_in.to(device),
-                               tgt_out=b.tgt_out.to(device)) for b in batches]
+            batches = [
+                replace(b, src=b.src.to(device), tgt_in=b.tgt_in.to(device), tgt_out=b.tgt_out.to(device))
+                for b in batches
+            ]
         model = model.to(device).train()
         optimizer = make_optimizer(model, train)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -139,16 +154,20 @@ def main() -> None:
         s = statistics.median(times)
         params = sum(q.numel() for q in model.parameters())
         shape = f"{args.lm_batch} x 1024 tokens" if name == "gpt2-small" else f"{args.tokens} tokens/batch"
-        print(f"| {name} ({shape}) | {precision} | {params / 1e6:.1f} M | {flops / 1e9:,.1f} | "
-              f"{s:.3f} | {flops / s / 1e9:,.1f} | **{flops / s / peaks[precision]:.0%}** |")
+        print(
+            f"| {name} ({shape}) | {precision} | {params / 1e6:.1f} M | {flops / 1e9:,.1f} | "
+            f"{s:.3f} | {flops / s / 1e9:,.1f} | **{flops / s / peaks[precision]:.0%}** |"
+        )
         profiles[f"{name}, {precision}"] = prof
     clock = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     for name, prof in profiles.items():
         events = prof.key_averages()
         total = sum(getattr(e, clock) for e in events)
         top = sorted(events, key=lambda e: getattr(e, clock), reverse=True)[:10]
-        print(f"\nwhere {name}'s step time goes ({clock.replace('_', ' ')}): " + ", ".join(
-            f"{e.key} {getattr(e, clock) / total:.0%}" for e in top))
+        print(
+            f"\nwhere {name}'s step time goes ({clock.replace('_', ' ')}): "
+            + ", ".join(f"{e.key} {getattr(e, clock) / total:.0%}" for e in top)
+        )
 
 
 if __name__ == "__main__":

@@ -33,15 +33,34 @@ from pathlib import Path
 NORMS = ("layernorm", "rmsnorm", "dyt")
 
 TASKS = {
-    "lm": {"recipe": "lm", "args": ["sample_tokens=50", "num_samples=1"],
-           "metric": lambda s: s["validation"]["val_loss"], "name": "val loss", "better": "lower"},
-    "translation": {"recipe": "translation",
-                    "args": ["model.d_model=128", "model.n_heads=4", "model.d_ff=512",
-                             "model.n_encoder_layers=2", "model.n_decoder_layers=2", "model.dropout=0.1",
-                             "vocab_size=4000", "max_tokens=2048", "train.max_minutes=null",
-                             "train.warmup_steps=200", "train.lr_factor=1.0", "train.snapshot_minutes=1000",
-                             "beam_size=1"],
-                    "metric": lambda s: s["validation"]["val_bleu"], "name": "val BLEU", "better": "higher"},
+    "lm": {
+        "recipe": "lm",
+        "args": ["sample_tokens=50", "num_samples=1"],
+        "metric": lambda s: s["validation"]["val_loss"],
+        "name": "val loss",
+        "better": "lower",
+    },
+    "translation": {
+        "recipe": "translation",
+        "args": [
+            "model.d_model=128",
+            "model.n_heads=4",
+            "model.d_ff=512",
+            "model.n_encoder_layers=2",
+            "model.n_decoder_layers=2",
+            "model.dropout=0.1",
+            "vocab_size=4000",
+            "max_tokens=2048",
+            "train.max_minutes=null",
+            "train.warmup_steps=200",
+            "train.lr_factor=1.0",
+            "train.snapshot_minutes=1000",
+            "beam_size=1",
+        ],
+        "metric": lambda s: s["validation"]["val_bleu"],
+        "name": "val BLEU",
+        "better": "higher",
+    },
 }
 
 
@@ -52,9 +71,23 @@ def run(task: str, norm: str, seed: int, out: Path, mt_steps: int) -> float:
     summary = run_dir / "summary.json"
     if not summary.is_file() and not (out / f"{run_dir.name}.failed").is_file():
         spec = TASKS[task]
-        extra = [f"train.max_steps={mt_steps}", f"train.eval_every={mt_steps}"] if task == "translation" else []
-        cmd = [sys.executable, "-m", "qkv", "train", spec["recipe"], "--out", str(run_dir), "--quiet",
-               f"model.norm={norm}", f"train.seed={seed}", *spec["args"], *extra]
+        extra = (
+            [f"train.max_steps={mt_steps}", f"train.eval_every={mt_steps}"] if task == "translation" else []
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "qkv",
+            "train",
+            spec["recipe"],
+            "--out",
+            str(run_dir),
+            "--quiet",
+            f"model.norm={norm}",
+            f"train.seed={seed}",
+            *spec["args"],
+            *extra,
+        ]
         print(" ".join(cmd[1:]), file=sys.stderr, flush=True)
         if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
             (out / f"{run_dir.name}.failed").write_text("see the command's stderr\n")
@@ -81,9 +114,10 @@ def table(out: Path, seeds: list[int], mt_steps: int, train: bool) -> str:
                 cells.append(f"failed ({failed} runs)")
                 continue
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            cells.append(f"{statistics.mean(values):.3f} ± {spread:.3f} "
-                         f"({', '.join(f'{v:.3f}' for v in values)})"
-                         + (f", {failed} failed" if failed else ""))
+            cells.append(
+                f"{statistics.mean(values):.3f} ± {spread:.3f} "
+                f"({', '.join(f'{v:.3f}' for v in values)})" + (f", {failed} failed" if failed else "")
+            )
         lines.append(f"| {task} | {spec['name']} ({spec['better']} is better) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -13,9 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-TASKS = [("signalp", "SignalP 6.0 (6 types), partition 0", "mcc"),
-         ("amp", "AMP Scanner v2, held-out 10 %", "accuracy"),
-         ("flip", "FLIP secondary structure (Q3)", "q3")]
+TASKS = [
+    ("signalp", "SignalP 6.0 (6 types), partition 0", "mcc"),
+    ("amp", "AMP Scanner v2, held-out 10 %", "accuracy"),
+    ("flip", "FLIP secondary structure (Q3)", "q3"),
+]
 MODES = ("scratch", "probe", "finetune")
 
 
@@ -29,7 +31,9 @@ def fmt(metrics: dict, key: str) -> str:
 def main(root: str) -> None:
     root = Path(root)
     # protein_gpu.sh fits the baselines once, apart from the runs: {task: metrics}
-    separate = json.loads((root / "baselines.json").read_text()) if (root / "baselines.json").is_file() else {}
+    separate = (
+        json.loads((root / "baselines.json").read_text()) if (root / "baselines.json").is_file() else {}
+    )
     print("| task | model | test | validation | train min | steps |")
     print("|---|---|---|---|---|---|")
     for prefix, title, key in TASKS:
@@ -41,15 +45,21 @@ def main(root: str) -> None:
                 continue
             s = json.loads(path.read_text())
             baseline = s.get("baseline_test") or baseline
-            print(f"| {title} | {mode} | {fmt(s['test'], key)} | {fmt(s['validation'], key)} | "
-                  f"{s['train_minutes']} | {s['steps']} |")
+            print(
+                f"| {title} | {mode} | {fmt(s['test'], key)} | {fmt(s['validation'], key)} | "
+                f"{s['train_minutes']} | {s['steps']} |"
+            )
         if baseline:
-            print(f"| {title} | baseline: {baseline['baseline']} | {fmt(baseline, key if key != 'q3' else 'accuracy')} | | | |")
+            print(
+                f"| {title} | baseline: {baseline['baseline']} | {fmt(baseline, key if key != 'q3' else 'accuracy')} | | | |"
+            )
     ft = root / "signalp_finetune" / "summary.json"
     if ft.is_file():
         print("\nSignalP test, fine-tuned: MCC per kingdom (any SP vs none; per type: type vs rest)\n")
         per = json.loads(ft.read_text())["test"]["per_kingdom_mcc"]
-        print("| kingdom | n | any SP vs none | " + " | ".join(["SP", "LIPO", "TAT", "TATLIPO", "PILIN"]) + " |")
+        print(
+            "| kingdom | n | any SP vs none | " + " | ".join(["SP", "LIPO", "TAT", "TATLIPO", "PILIN"]) + " |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for kingdom, row in per.items():
             cells = [f"{row[t]:.3f}" if t in row else "" for t in ("SP", "LIPO", "TAT", "TATLIPO", "PILIN")]

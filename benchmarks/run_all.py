@@ -46,10 +46,13 @@ SCRIPTS = {
 
 def machine_lines() -> list[str]:
     from common import machine  # benchmarks/common.py
+
     from qkv.device import cpu_capability, cpu_has_amx_bf16, cpu_has_native_bf16
 
-    cpu = (f"{cpu_capability()} vectors, native bf16: {'yes' if cpu_has_native_bf16() else 'no'}, "
-           f"AMX bf16: {'yes' if cpu_has_amx_bf16() else 'no'}")
+    cpu = (
+        f"{cpu_capability()} vectors, native bf16: {'yes' if cpu_has_native_bf16() else 'no'}, "
+        f"AMX bf16: {'yes' if cpu_has_amx_bf16() else 'no'}"
+    )
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     return [f"- machine: {machine()}", f"- CPU: {cpu}", f"- GPU: {gpu}"]
 
@@ -82,16 +85,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=sorted(SCRIPTS), help="run these scripts only")
     args = ap.parse_args(argv)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    parts = [BEGIN, f"## All comparisons in one run ({'quick check' if args.quick else 'results'}) — {date}", "",
-             f"- command: `python benchmarks/run_all.py{' --quick' if args.quick else ''}`", *machine_lines(), ""]
+    parts = [
+        BEGIN,
+        f"## All comparisons in one run ({'quick check' if args.quick else 'results'}) — {date}",
+        "",
+        f"- command: `python benchmarks/run_all.py{' --quick' if args.quick else ''}`",
+        *machine_lines(),
+        "",
+    ]
     failed = 0
     for script in args.only or SCRIPTS:
         script_args = SCRIPTS[script][1 if args.quick else 0]
         code, seconds, out = run(script, script_args)
         failed += code != 0
         print(f"{script}: exit {code}, {seconds:.0f} s", file=sys.stderr, flush=True)
-        parts += [f"### {script} {' '.join(script_args)}".rstrip() + f" — exit {code}, {seconds:.0f} s", "",
-                  demote_headings(out), ""]
+        parts += [
+            f"### {script} {' '.join(script_args)}".rstrip() + f" — exit {code}, {seconds:.0f} s",
+            "",
+            demote_headings(out),
+            "",
+        ]
     parts.append(END)
     section = "\n".join(parts)
     print(section)

@@ -20,25 +20,81 @@ import subprocess
 import sys
 from pathlib import Path
 
-COMMON = ["--quiet", "train.threads=1", "train.precision=fp32", "train.seed=7",
-          "train.snapshot_minutes=1000"]
+COMMON = ["--quiet", "train.threads=1", "train.precision=fp32", "train.seed=7", "train.snapshot_minutes=1000"]
 # recipe → its arguments: a few dozen steps of a small model on a slice of the real data
 RUNS = {
-    "translation": ["translation", "train_limit=3000", "val_limit=40", "d_model=64", "n_heads=2",
-                    "d_ff=128", "n_encoder_layers=1", "n_decoder_layers=1", "vocab_size=1000",
-                    "max_tokens=2048", "train.eval_every=20", "train.warmup_steps=20", "beam_size=2",
-                    "train.max_steps=40"],
-    "lm": ["lm", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=2",
-           "model.dropout=0.1", "model.max_len=32", "batch_size=8", "eval_batches=2", "num_samples=1",
-           "sample_tokens=8", "train.warmup_steps=10", "train.eval_every=20", "train.max_steps=60"],
-    "protein-cls": ["protein-cls", "--task", "amp-scanner", "model.d_model=32", "model.n_heads=2",
-                    "model.d_ff=64", "model.n_layers=2", "train.eval_every=10", "train.max_steps=30",
-                    "train.warmup_steps=5"],
-    "vit": ["vit", "--task", "digits", "model.n_heads=2", "model.n_layers=2", "model.patch_size=2",
-            "model.d_model=16", "model.d_ff=32", "train.lr=3e-3", "train.max_steps=40",
-            "train.eval_every=20", "train.warmup_steps=5", "batch_size=32", "baseline=false"],
-    "text-cls": ["text-cls", "--task", "sst2", "--init", "minilm", "--freeze", "train.max_steps=20",
-                 "train.eval_every=10", "train.warmup_steps=5", "baseline=false"],
+    "translation": [
+        "translation",
+        "train_limit=3000",
+        "val_limit=40",
+        "d_model=64",
+        "n_heads=2",
+        "d_ff=128",
+        "n_encoder_layers=1",
+        "n_decoder_layers=1",
+        "vocab_size=1000",
+        "max_tokens=2048",
+        "train.eval_every=20",
+        "train.warmup_steps=20",
+        "beam_size=2",
+        "train.max_steps=40",
+    ],
+    "lm": [
+        "lm",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "model.n_layers=2",
+        "model.dropout=0.1",
+        "model.max_len=32",
+        "batch_size=8",
+        "eval_batches=2",
+        "num_samples=1",
+        "sample_tokens=8",
+        "train.warmup_steps=10",
+        "train.eval_every=20",
+        "train.max_steps=60",
+    ],
+    "protein-cls": [
+        "protein-cls",
+        "--task",
+        "amp-scanner",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "model.n_layers=2",
+        "train.eval_every=10",
+        "train.max_steps=30",
+        "train.warmup_steps=5",
+    ],
+    "vit": [
+        "vit",
+        "--task",
+        "digits",
+        "model.n_heads=2",
+        "model.n_layers=2",
+        "model.patch_size=2",
+        "model.d_model=16",
+        "model.d_ff=32",
+        "train.lr=3e-3",
+        "train.max_steps=40",
+        "train.eval_every=20",
+        "train.warmup_steps=5",
+        "batch_size=32",
+        "baseline=false",
+    ],
+    "text-cls": [
+        "text-cls",
+        "--task",
+        "sst2",
+        "--init",
+        "minilm",
+        "--freeze",
+        "train.max_steps=20",
+        "train.eval_every=10",
+        "train.warmup_steps=5",
+        "baseline=false",
+    ],
 }
 TIMING = ("_per_s", "_min", "_minutes", "_seconds")  # tokens_per_s, elapsed_min, ...
 
@@ -82,7 +138,9 @@ def compare(old: Path, new: Path) -> int:
             continue
         bad += 1
         where = diff if diff is not None else min(len(rows_a), len(rows_b))
-        print(f"{name}: differs at row {where}:\n  old {rows_a[where:where + 1]}\n  new {rows_b[where:where + 1]}")
+        print(
+            f"{name}: differs at row {where}:\n  old {rows_a[where : where + 1]}\n  new {rows_b[where : where + 1]}"
+        )
     return 1 if bad else 0
 
 

@@ -62,23 +62,56 @@ def tiny_runs(tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("tiny_runs")
     torch.manual_seed(0)
-    sentences = ["Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch im Park.",
-                 "A man rides a bike.", "A woman reads a book in the park."] * 5
+    sentences = [
+        "Ein Mann fährt mit dem Fahrrad.",
+        "Eine Frau liest ein Buch im Park.",
+        "A man rides a bike.",
+        "A woman reads a book in the park.",
+    ] * 5
     bpe = SubwordTokenizer.train(sentences, vocab_size=120, min_frequency=1)
-    mt_cfg = TransformerConfig(src_vocab_size=bpe.vocab_size, tgt_vocab_size=bpe.vocab_size, d_model=16,
-                               n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, max_len=64)
+    mt_cfg = TransformerConfig(
+        src_vocab_size=bpe.vocab_size,
+        tgt_vocab_size=bpe.vocab_size,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        max_len=64,
+    )
     chars = CharTokenizer.train("ROMEO:\nBut soft, what light through yonder window breaks?")
-    lm_cfg = LMConfig(vocab_size=chars.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=64,
-                      positional="rotary")
+    lm_cfg = LMConfig(
+        vocab_size=chars.vocab_size,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=2,
+        max_len=64,
+        positional="rotary",
+    )
     aa = AminoAcidTokenizer()
-    enc_cfg = EncoderConfig(vocab_size=aa.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2,
-                            max_len=64, num_labels=2, dropout=0.0, positional="rotary")
+    enc_cfg = EncoderConfig(
+        vocab_size=aa.vocab_size,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=2,
+        max_len=64,
+        num_labels=2,
+        dropout=0.0,
+        positional="rotary",
+    )
     return {
         "translation": _write_run(root / "mt", Transformer(mt_cfg), mt_cfg, "translation", bpe),
         "lm": _write_run(root / "lm", DecoderLM(lm_cfg), lm_cfg, "lm", chars),
-        "protein": _write_run(root / "protein", EncoderModel(enc_cfg), enc_cfg, "protein-cls", aa,
-                              {"task.json": {"task": "toy", "level": "sequence",
-                                             "classes": ["non-AMP", "AMP"]}}),
+        "protein": _write_run(
+            root / "protein",
+            EncoderModel(enc_cfg),
+            enc_cfg,
+            "protein-cls",
+            aa,
+            {"task.json": {"task": "toy", "level": "sequence", "classes": ["non-AMP", "AMP"]}},
+        ),
     }
 
 
@@ -87,10 +120,17 @@ def tiny_vit_run(tmp_path_factory):
     """A ``qkv train vit`` run directory on scikit-learn's 8 × 8 digits: 2 layers, 2 heads,
     2 × 2 patches (16 patches + the class token), 20 steps (a few seconds on one thread;
     barely trained: for code that reads runs, not for accuracy)."""
-    return train_digits_vit(tmp_path_factory.mktemp("tiny_vit") / "run", "model.d_model=16",
-                            "model.d_ff=32", "train.max_steps=20", "train.eval_every=1000",
-                            "train.warmup_steps=5", "batch_size=32", "baseline=false",
-                            "train.precision=fp32")
+    return train_digits_vit(
+        tmp_path_factory.mktemp("tiny_vit") / "run",
+        "model.d_model=16",
+        "model.d_ff=32",
+        "train.max_steps=20",
+        "train.eval_every=1000",
+        "train.warmup_steps=5",
+        "batch_size=32",
+        "baseline=false",
+        "train.precision=fp32",
+    )
 
 
 def train_digits_vit(run, *overrides: str):
@@ -98,8 +138,22 @@ def train_digits_vit(run, *overrides: str):
     on one thread, plus ``overrides``; asserts it succeeded and returns ``run``."""
     from qkv.cli import main
 
-    code = main(["train", "vit", "--task", "digits", "--out", str(run), "--quiet", "model.n_heads=2",
-                 "model.n_layers=2", "model.patch_size=2", "train.lr=3e-3", "train.threads=1",
-                 *overrides])
+    code = main(
+        [
+            "train",
+            "vit",
+            "--task",
+            "digits",
+            "--out",
+            str(run),
+            "--quiet",
+            "model.n_heads=2",
+            "model.n_layers=2",
+            "model.patch_size=2",
+            "train.lr=3e-3",
+            "train.threads=1",
+            *overrides,
+        ]
+    )
     assert code == 0
     return run

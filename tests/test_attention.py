@@ -14,12 +14,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch_ref import copy_attention_from_torch
 
 import qkv.generate.invariant  # noqa: F401  (registers the "invariant" backend)
-from qkv.nn import (KVCache, MultiHeadAttention, attention_steps, causal_mask, combine_masks,
-                    padding_mask, scaled_dot_product_attention)
-from qkv.nn.attention import BACKENDS as REGISTERED, register_backend
-from torch_ref import copy_attention_from_torch
+from qkv.nn import (
+    KVCache,
+    MultiHeadAttention,
+    attention_steps,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+from qkv.nn.attention import BACKENDS as REGISTERED
+from qkv.nn.attention import register_backend
 
 TOL = 1e-5
 BACKENDS = ("eager", "sdpa", "invariant")
@@ -27,8 +35,11 @@ BACKENDS = ("eager", "sdpa", "invariant")
 
 def _qkv(b=2, h=3, tq=5, tk=6, dh=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, tq, dh, generator=g), torch.randn(b, h, tk, dh, generator=g),
-            torch.randn(b, h, tk, dh, generator=g))
+    return (
+        torch.randn(b, h, tq, dh, generator=g),
+        torch.randn(b, h, tk, dh, generator=g),
+        torch.randn(b, h, tk, dh, generator=g),
+    )
 
 
 def _key_mask(lengths, tk):
@@ -106,11 +117,11 @@ def test_causal_mask_blocks_future_keys(backend):
     out = _sdpa(q, k, v, backend, is_causal=True)
     t = 2
     k2, v2 = k.clone(), v.clone()
-    k2[:, :, t + 1:] = torch.randn_like(k2[:, :, t + 1:]) * 10
-    v2[:, :, t + 1:] = 123.0
+    k2[:, :, t + 1 :] = torch.randn_like(k2[:, :, t + 1 :]) * 10
+    v2[:, :, t + 1 :] = 123.0
     out2 = _sdpa(q, k2, v2, backend, is_causal=True)
     assert torch.allclose(out2[:, :, : t + 1], out[:, :, : t + 1], atol=1e-6, rtol=0)
-    assert (out2[:, :, t + 1:] - out[:, :, t + 1:]).abs().max() > 1e-2
+    assert (out2[:, :, t + 1 :] - out[:, :, t + 1 :]).abs().max() > 1e-2
 
 
 # --------------------------------------------------------------------------- eager == sdpa
@@ -155,8 +166,8 @@ def test_invariant_backend_gives_each_query_the_bits_of_computing_it_alone(dtype
     mask = kw.get("mask")
     for i in range(tq):
         end = i + 1 if kw.get("is_causal") else tk
-        row_mask = None if mask is None else mask.expand(2, 1, tq, tk)[:, :, i:i + 1, :end]
-        alone = _sdpa(q[:, :, i:i + 1], k[:, :, :end], v[:, :, :end], "invariant", mask=row_mask)
+        row_mask = None if mask is None else mask.expand(2, 1, tq, tk)[:, :, i : i + 1, :end]
+        alone = _sdpa(q[:, :, i : i + 1], k[:, :, :end], v[:, :, :end], "invariant", mask=row_mask)
         assert torch.equal(alone[:, :, 0], full[:, :, i]), f"query {i}"
 
 
@@ -298,7 +309,6 @@ def test_attention_hand_computed_example():
 # --------------------------------------------------------------------------- parity with torch.nn
 
 
-
 def _mha_pair(d_model=16, n_heads=4, backend="sdpa", cross=False):
     theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
     with torch.no_grad():  # non-zero biases so a wrong bias mapping cannot pass
@@ -316,8 +326,9 @@ def test_mha_self_attention_matches_torch_with_key_padding(backend, no_torch_fas
     x = torch.randn(3, 6, 16)
     keep = _key_mask([6, 4, 1], 6)  # (B, 1, 1, S), True = real
     with torch.no_grad():
-        ref, ref_w = theirs(x, x, x, key_padding_mask=~keep[:, 0, 0], need_weights=True,
-                            average_attn_weights=False)
+        ref, ref_w = theirs(
+            x, x, x, key_padding_mask=~keep[:, 0, 0], need_weights=True, average_attn_weights=False
+        )
         out, w = ours(x, mask=keep, need_weights=True)
         out_fast, _ = ours(x, mask=keep)
     assert (out - ref).abs().max() <= TOL
@@ -383,6 +394,7 @@ def test_mha_memory_must_match_the_kind():
     with pytest.raises(ValueError, match="needs memory"):
         MultiHeadAttention(16, 4, cross=True).steps(x)
     from qkv.nn.positional import RotaryEmbedding
+
     with pytest.raises(ValueError, match="rotary"):
         MultiHeadAttention(16, 4, rotary=RotaryEmbedding(4, 8), cross=True)
 
@@ -398,7 +410,7 @@ def test_kv_cache_one_token_at_a_time_equals_full_causal(backend):
     with torch.no_grad():
         full, _ = mha(x, is_causal=True)
         cache = KVCache()
-        steps = [mha(x[:, t:t + 1], cache=cache)[0] for t in range(6)]
+        steps = [mha(x[:, t : t + 1], cache=cache)[0] for t in range(6)]
     assert cache.k.shape == cache.v.shape == (2, 4, 6, 4)
     assert (torch.cat(steps, dim=1) - full).abs().max() <= TOL
 
@@ -482,8 +494,12 @@ def test_kv_cache_append_grows_and_keeps_history():
 
 @settings(max_examples=40, deadline=None)
 @given(
-    b=st.integers(1, 3), h=st.integers(1, 4), tq=st.integers(1, 8), extra_k=st.integers(0, 4),
-    dh=st.integers(1, 16), kind=st.sampled_from(["none", "padding", "random", "causal", "causal+random"]),
+    b=st.integers(1, 3),
+    h=st.integers(1, 4),
+    tq=st.integers(1, 8),
+    extra_k=st.integers(0, 4),
+    dh=st.integers(1, 16),
+    kind=st.sampled_from(["none", "padding", "random", "causal", "causal+random"]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_property_eager_equals_sdpa_random_shapes(b, h, tq, extra_k, dh, kind, seed):
@@ -519,18 +535,18 @@ def test_eval_mode_weight_edits_take_effect_immediately():
         first, _ = mha(x, mask=mask)
         heads = mha.steps(x, mask=mask).output  # (B, H, T, Dh)
         w_o = mha.w_o.weight.clone()
-        contribution = [heads[:, j] @ w_o[:, j * d_k:(j + 1) * d_k].T for j in range(4)]
+        contribution = [heads[:, j] @ w_o[:, j * d_k : (j + 1) * d_k].T for j in range(4)]
         # forward == sum of the per-head contributions + bias (so the split above is right)
         torch.testing.assert_close(first, sum(contribution) + mha.w_o.bias)
 
-        mha.w_o.weight[:, h * d_k:(h + 1) * d_k] = 0.0
+        mha.w_o.weight[:, h * d_k : (h + 1) * d_k] = 0.0
         second, _ = mha(x, mask=mask)
         others = sum(c for j, c in enumerate(contribution) if j != h) + mha.w_o.bias
         torch.testing.assert_close(second, others)
         assert (second - first).abs().max() > 1e-3
 
-        mha.w_qkv.weight[2 * 16:].mul_(2.0)  # the value rows (and bias): V doubles, so does
-        mha.w_qkv.bias[2 * 16:].mul_(2.0)  # every head's output
+        mha.w_qkv.weight[2 * 16 :].mul_(2.0)  # the value rows (and bias): V doubles, so does
+        mha.w_qkv.bias[2 * 16 :].mul_(2.0)  # every head's output
         third, _ = mha(x, mask=mask)
         torch.testing.assert_close(third - mha.w_o.bias, 2 * (second - mha.w_o.bias))
         mha.w_qkv.weight[:16].mul_(3.0)  # the query rows: sharper attention

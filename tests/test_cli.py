@@ -16,12 +16,26 @@ from qkv.cli import main
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # Outside CI a missing data set skips these tests; in CI it must fail, not pass silently.
-pytestmark = pytest.mark.skipif(not (DATA / "multi30k" / "train.de.gz").is_file() and not os.environ.get("CI"),
-                                reason=f"Multi30k not found under {DATA} (set QKV_DATA_DIR)")
+pytestmark = pytest.mark.skipif(
+    not (DATA / "multi30k" / "train.de.gz").is_file() and not os.environ.get("CI"),
+    reason=f"Multi30k not found under {DATA} (set QKV_DATA_DIR)",
+)
 
-SMOKE = ["train_limit=3000", "val_limit=40", "d_model=64", "n_heads=2", "d_ff=128",  # the demo recipe on a slice
-         "n_encoder_layers=1", "n_decoder_layers=1", "vocab_size=1000", "max_tokens=2048",
-         "eval_every=20", "warmup_steps=20", "beam_size=2", "snapshot_minutes=0"]
+SMOKE = [
+    "train_limit=3000",
+    "val_limit=40",
+    "d_model=64",
+    "n_heads=2",
+    "d_ff=128",  # the demo recipe on a slice
+    "n_encoder_layers=1",
+    "n_decoder_layers=1",
+    "vocab_size=1000",
+    "max_tokens=2048",
+    "eval_every=20",
+    "warmup_steps=20",
+    "beam_size=2",
+    "snapshot_minutes=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +49,24 @@ def run_dir(tmp_path_factory):
 
 def _qkv(*args, stdin: bytes = b"") -> subprocess.CompletedProcess:
     env = {**os.environ, "QKV_DATA_DIR": str(DATA)}
-    return subprocess.run([sys.executable, "-m", "qkv", *args], input=stdin, capture_output=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *args], input=stdin, capture_output=True, env=env, timeout=300
+    )
 
 
 def test_smoke_run_writes_a_complete_run_directory(run_dir):
     """A short real run leaves config, weights, tokenizer, metrics, curve and a test score."""
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "train_config.json",
-                 "metrics.jsonl", "loss.png", "summary.json", "last.safetensors", "train_state.pt"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "train_config.json",
+        "metrics.jsonl",
+        "loss.png",
+        "summary.json",
+        "last.safetensors",
+        "train_state.pt",
+    ):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 40
@@ -71,8 +95,13 @@ def test_demo_report_shows_examples_bleu_wall_time_run_directory_and_next_steps(
 
 def test_translate_args_and_stdin_keep_order_and_empty_lines(run_dir):
     """Lines on stdin give one translation each, in order; an empty line translates to empty."""
-    res = _qkv("translate", str(run_dir), "--beam", "2",
-               stdin="Ein Mann fährt Fahrrad.\n\nZwei Hunde spielen im Schnee.\n".encode())
+    res = _qkv(
+        "translate",
+        str(run_dir),
+        "--beam",
+        "2",
+        stdin="Ein Mann fährt Fahrrad.\n\nZwei Hunde spielen im Schnee.\n".encode(),
+    )
     assert res.returncode == 0, res.stderr.decode()
     lines = res.stdout.decode().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""

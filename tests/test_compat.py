@@ -31,8 +31,12 @@ def _qkv_classes() -> dict[str, type]:
     import qkv.models.config as configs
     import qkv.train.settings as train_settings
 
-    return {name: obj for module in (configs, train_settings) for name, obj in vars(module).items()
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj)}
+    return {
+        name: obj
+        for module in (configs, train_settings)
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+    }
 
 
 def test_every_table_entry_names_a_settings_class_and_fits_its_fields():
@@ -50,8 +54,7 @@ def test_every_table_entry_names_a_settings_class_and_fits_its_fields():
 def test_old_config_with_dropped_keys_reads_as_before(tmp_path):
     """An old protein encoder's config.json (the LM's fields at their only values) loads as
     today's config; another value is refused naming the key; a subclass inherits the rule."""
-    old = {**EncoderConfig(vocab_size=30).to_dict(), "tie_embeddings": True, "bos_id": None,
-           "eos_id": None}
+    old = {**EncoderConfig(vocab_size=30).to_dict(), "tie_embeddings": True, "bos_id": None, "eos_id": None}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(old))
     assert EncoderConfig.load(path) == EncoderConfig(vocab_size=30)
@@ -132,10 +135,13 @@ def _old_state_dict(module: MultiHeadAttention, prefix: str = "") -> dict:
     inner = module.n_heads * module.d_k
     sd = {}
     for kind in ("weight", "bias"):
-        packed = (torch.cat([module.w_q.state_dict()[kind], module.w_kv.state_dict()[kind]])
-                  if module.cross else module.w_qkv.state_dict()[kind])
+        packed = (
+            torch.cat([module.w_q.state_dict()[kind], module.w_kv.state_dict()[kind]])
+            if module.cross
+            else module.w_qkv.state_dict()[kind]
+        )
         for i, name in enumerate(("w_q", "w_k", "w_v")):
-            sd[f"{prefix}{name}.{kind}"] = packed[i * inner:(i + 1) * inner].clone()
+            sd[f"{prefix}{name}.{kind}"] = packed[i * inner : (i + 1) * inner].clone()
         sd[f"{prefix}w_o.{kind}"] = module.w_o.state_dict()[kind].clone()
     return sd
 
@@ -180,14 +186,36 @@ def test_old_projections_convert_to_identical_outputs(cross):
 
 def _families():
     return [
-        lambda: Transformer(TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2,
-                                              d_ff=32, n_encoder_layers=1, n_decoder_layers=2, max_len=16)),
-        lambda: DecoderLM(LMConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=16,
-                                   positional="rotary", bias=True)),
-        lambda: EncoderModel(EncoderConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2,
-                                           max_len=16, num_labels=2)),
-        lambda: VisionTransformer(ViTConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, image_size=8,
-                                            patch_size=4, max_len=8)),
+        lambda: Transformer(
+            TransformerConfig(
+                src_vocab_size=20,
+                tgt_vocab_size=20,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                n_encoder_layers=1,
+                n_decoder_layers=2,
+                max_len=16,
+            )
+        ),
+        lambda: DecoderLM(
+            LMConfig(
+                vocab_size=20,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                n_layers=2,
+                max_len=16,
+                positional="rotary",
+                bias=True,
+            )
+        ),
+        lambda: EncoderModel(
+            EncoderConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=16, num_labels=2)
+        ),
+        lambda: VisionTransformer(
+            ViTConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, image_size=8, patch_size=4, max_len=8)
+        ),
     ]
 
 
@@ -220,12 +248,18 @@ def test_every_model_family_reads_old_weights_files_to_identical_outputs(family,
 def test_an_incomplete_old_file_reports_what_is_missing_by_name(tmp_path):
     """Only a complete old projection is rewritten: the packed key is reported missing and the
     old keys left over unexpected, by name (the comparison can fail)."""
-    make = lambda: nn.ModuleDict({"self_attn": MultiHeadAttention(16, 4),  # noqa: E731
-                                  "cross_attn": MultiHeadAttention(16, 4, cross=True)}).eval()
+    make = lambda: nn.ModuleDict(
+        {
+            "self_attn": MultiHeadAttention(16, 4),  # noqa: E731
+            "cross_attn": MultiHeadAttention(16, 4, cross=True),
+        }
+    ).eval()
     source, target = make(), make()
     compat.read_old_weights(target)
-    old = {**_old_state_dict(source["self_attn"], "self_attn."),
-           **_old_state_dict(source["cross_attn"], "cross_attn.")}
+    old = {
+        **_old_state_dict(source["self_attn"], "self_attn."),
+        **_old_state_dict(source["cross_attn"], "cross_attn."),
+    }
     del old["self_attn.w_v.weight"]
     save_file(old, str(tmp_path / "broken.safetensors"))
     with pytest.raises(QkvError) as err:
@@ -277,8 +311,11 @@ def test_an_old_train_state_without_its_weights_file_is_refused(tmp_path):
 
 
 def test_today_s_train_state_passes_unchanged(tmp_path):
-    state = {"step": 3, "model": _lm().state_dict(), "world_size": 2,
-             "rng": [{"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": None,
-                      "cuda": []}] * 2}
+    state = {
+        "step": 3,
+        "model": _lm().state_dict(),
+        "world_size": 2,
+        "rng": [{"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": None, "cuda": []}] * 2,
+    }
     new = compat.upgrade_train_state(state, tmp_path, _lm())
     assert new.keys() == state.keys() and all(new[k] is state[k] for k in state)

@@ -28,8 +28,11 @@ def _encoder_step(model, tokens):
     mlm = model(tokens).logits
     cls = model.classify_sequence(tokens).logits
     residues = model.classify_residues(tokens).logits
-    return (F.cross_entropy(mlm.flatten(0, 1), tokens.flatten()) + cls.logsumexp(-1).mean()
-            + residues.logsumexp(-1).mean())
+    return (
+        F.cross_entropy(mlm.flatten(0, 1), tokens.flatten())
+        + cls.logsumexp(-1).mean()
+        + residues.logsumexp(-1).mean()
+    )
 
 
 def _padded(vocab, pad, lengths, width):
@@ -41,17 +44,53 @@ def _padded(vocab, pad, lengths, width):
 
 CASES = {
     "encoder-decoder": lambda norm: (
-        Transformer(TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2, d_ff=32,
-                                      n_encoder_layers=2, n_decoder_layers=2, norm=norm)),
-        _transformer_step, (_padded(40, 0, [7, 4], 7), _padded(40, 0, [6, 3], 6))),
+        Transformer(
+            TransformerConfig(
+                src_vocab_size=40,
+                tgt_vocab_size=40,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                n_encoder_layers=2,
+                n_decoder_layers=2,
+                norm=norm,
+            )
+        ),
+        _transformer_step,
+        (_padded(40, 0, [7, 4], 7), _padded(40, 0, [6, 3], 6)),
+    ),
     "decoder-only": lambda norm: (
-        DecoderLM(LMConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=2, positional="rotary",
-                           dropout=0.1, norm=norm)),
-        _lm_step, (torch.randint(0, 40, (2, 9)),)),
+        DecoderLM(
+            LMConfig(
+                vocab_size=40,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                n_layers=2,
+                positional="rotary",
+                dropout=0.1,
+                norm=norm,
+            )
+        ),
+        _lm_step,
+        (torch.randint(0, 40, (2, 9)),),
+    ),
     "encoder": lambda norm: (
-        EncoderModel(EncoderConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_layers=2, num_labels=3,
-                                   dropout=0.1, norm=norm)),
-        _encoder_step, (_padded(30, 1, [8, 5], 8),)),
+        EncoderModel(
+            EncoderConfig(
+                vocab_size=30,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                n_layers=2,
+                num_labels=3,
+                dropout=0.1,
+                norm=norm,
+            )
+        ),
+        _encoder_step,
+        (_padded(30, 1, [8, 5], 8),),
+    ),
 }
 
 
@@ -89,10 +128,31 @@ def test_train_compile_setting_compiles_the_training_steps(tmp_path, monkeypatch
 
     monkeypatch.setattr(torch, "compile", compile_fast)
     out = tmp_path / "run"
-    assert main(["train", "protein-cls", "--task", "amp-scanner", "--out", str(out), "--quiet",
-                 "train.compile=true", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
-                 "model.n_layers=1", "model.max_len=32", "train.max_steps=3", "train.eval_every=3",
-                 "baseline=false", "max_tokens=1024", "train.threads=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "protein-cls",
+                "--task",
+                "amp-scanner",
+                "--out",
+                str(out),
+                "--quiet",
+                "train.compile=true",
+                "model.d_model=16",
+                "model.n_heads=2",
+                "model.d_ff=32",
+                "model.n_layers=1",
+                "model.max_len=32",
+                "train.max_steps=3",
+                "train.eval_every=3",
+                "baseline=false",
+                "max_tokens=1024",
+                "train.threads=1",
+            ]
+        )
+        == 0
+    )
     torch._dynamo.reset()
     assert len(compiled) == 1
     assert not any("_orig_mod" in k for k in load_file(str(out / "model.safetensors")))

@@ -16,19 +16,38 @@ from safetensors.torch import load_file
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 pytestmark = pytest.mark.skipif(
     not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"),
-    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")
+    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)",
+)
 
 # dropout 0: with dropout the two set-ups draw different masks and can only agree on average
-SETTINGS = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=2", "model.dropout=0",
-            "model.max_len=32", "batch_size=8", "eval_batches=2", "num_samples=1", "sample_tokens=8",
-            "train.precision=fp32", "train.warmup_steps=5", "train.eval_every=20", "train.accum_steps=2"]
+SETTINGS = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.n_layers=2",
+    "model.dropout=0",
+    "model.max_len=32",
+    "batch_size=8",
+    "eval_batches=2",
+    "num_samples=1",
+    "sample_tokens=8",
+    "train.precision=fp32",
+    "train.warmup_steps=5",
+    "train.eval_every=20",
+    "train.accum_steps=2",
+]
 
 
 def _qkv(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                if nproc > 1 else [sys.executable])
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
     env = {**os.environ, "QKV_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*launcher, "-m", "qkv", *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [*launcher, "-m", "qkv", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +56,9 @@ def runs(tmp_path_factory):
     out = {}
     for nproc in (1, 2):
         out[nproc] = root / f"p{nproc}"
-        done = _qkv("train", "lm", "--out", str(out[nproc]), "--quiet", "train.max_steps=40", *SETTINGS, nproc=nproc)
+        done = _qkv(
+            "train", "lm", "--out", str(out[nproc]), "--quiet", "train.max_steps=40", *SETTINGS, nproc=nproc
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     return out
 
@@ -63,6 +84,7 @@ def test_two_processes_match_one_with_the_same_global_batch(runs):
 def test_two_processes_write_one_run_directory(runs):
     def listing(run):
         return sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+
     assert listing(runs[2]) == listing(runs[1])  # no stray files from rank 1
     state = torch.load(runs[2] / "train_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["rng"]) == 2  # each rank's random streams

@@ -29,8 +29,10 @@ def test_snippets_run(page, tmp_path, monkeypatch, capsys):
 
 def _anchors(page: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#+ (.*)$", page.read_text(encoding="utf-8"), flags=re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", page.read_text(encoding="utf-8"), flags=re.M)
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -68,8 +68,8 @@ def test_step_through_reproduces_the_modules_output(tiny_runs, family):
         module = ex.attention_module(kind, 1)
         seen = []
         handle = module.register_forward_hook(  # full-sequence calls (beam search uses a cache)
-            lambda m, a, kw, out: seen.append(out[0]) if kw.get("cache") is None else None,
-            with_kwargs=True)
+            lambda m, a, kw, out: seen.append(out[0]) if kw.get("cache") is None else None, with_kwargs=True
+        )
         try:
             ex.explain(INPUTS[family])
             head_rows = [ex.steps(INPUTS[family], kind, 1, h) for h in range(module.n_heads)]
@@ -146,10 +146,29 @@ def test_bad_input_is_named(tiny_runs, tmp_path):
 
 
 EXPECTED_FILES = {
-    "translation": {"attention_encoder.png", "attention_decoder.png", "attention_cross.png", "alignment.png",
-                    "positional_encoding.png", "steps.png", "explanation.json"},
-    "lm": {"attention_decoder.png", "positional_encoding.png", "next_tokens.png", "steps.png", "explanation.json"},
-    "protein": {"attention_encoder.png", "positional_encoding.png", "classes.png", "steps.png", "explanation.json"},
+    "translation": {
+        "attention_encoder.png",
+        "attention_decoder.png",
+        "attention_cross.png",
+        "alignment.png",
+        "positional_encoding.png",
+        "steps.png",
+        "explanation.json",
+    },
+    "lm": {
+        "attention_decoder.png",
+        "positional_encoding.png",
+        "next_tokens.png",
+        "steps.png",
+        "explanation.json",
+    },
+    "protein": {
+        "attention_encoder.png",
+        "positional_encoding.png",
+        "classes.png",
+        "steps.png",
+        "explanation.json",
+    },
 }
 
 
@@ -160,8 +179,23 @@ def test_explain_cli_writes_the_pictures(tiny_runs, tmp_path, family):
     from qkv.cli import main
 
     out = tmp_path / family
-    assert main(["explain", str(tiny_runs[family]), "--input", INPUTS[family], "--out", str(out),
-                 "--max-new-tokens", "4", "--beam", "2"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                str(tiny_runs[family]),
+                "--input",
+                INPUTS[family],
+                "--out",
+                str(out),
+                "--max-new-tokens",
+                "4",
+                "--beam",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert {p.name for p in out.iterdir()} == EXPECTED_FILES[family]
     for png in out.glob("*.png"):
         with Image.open(png) as im:

@@ -17,8 +17,9 @@ from qkv.explain import load_explainer
 from qkv.explain.server import create_app, serve_in_thread
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium; "
-                                                         ".ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium; .ci/run installs it)"
+)
 playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 
 INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
@@ -78,8 +79,16 @@ def test_vit_page_uploads_an_image_and_draws_the_overlays(tiny_vit_run, tmp_path
             page.goto(base + "/")
             page.wait_for_selector("#examples .example")
             assert page.locator("#input").is_hidden() and page.locator("#image-card").is_hidden()
-            page.set_input_files("#file", files=[{"name": "upload.png", "mimeType": "image/png",
-                                                  "buffer": _png_bytes(size=(40, 40), color=230)}])
+            page.set_input_files(
+                "#file",
+                files=[
+                    {
+                        "name": "upload.png",
+                        "mimeType": "image/png",
+                        "buffer": _png_bytes(size=(40, 40), color=230),
+                    }
+                ],
+            )
             page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
             page.wait_for_selector('body[data-steps-ready="1"]', timeout=60_000)
             assert page.locator("#image-overview .head").count() == info["n_layers"] * info["n_heads"]
@@ -92,11 +101,16 @@ def test_vit_page_uploads_an_image_and_draws_the_overlays(tiny_vit_run, tmp_path
                 for (let i = 0; i < d.length; i += 4) if (d[i] > d[i + 2] + 40) n++;
                 return n / (d.length / 4);
             }""")
-            assert warm > 0.5, f"only {warm:.0%} of the overlay is tinted"  # near-uniform attention: all of it
+            assert warm > 0.5, (
+                f"only {warm:.0%} of the overlay is tinted"
+            )  # near-uniform attention: all of it
             assert page.locator("#step-weights tbody tr").count() == 1 + info["grid_size"] ** 2
             page.locator("#image-overview .head").last.click()
-            assert page.locator("#overlay-caption").inner_text().startswith(
-                f"Layer {info['n_layers']}, head {info['n_heads']}")
+            assert (
+                page.locator("#overlay-caption")
+                .inner_text()
+                .startswith(f"Layer {info['n_layers']}, head {info['n_heads']}")
+            )
             page.locator("#image-card").scroll_into_view_if_needed()
             page.wait_for_timeout(200)
             page.screenshot(path=str(ARTIFACTS / "explain_vit.png"), full_page=True)

@@ -23,8 +23,9 @@ INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "
 
 @pytest.fixture(scope="module")
 def clients(tiny_runs):
-    return {family: TestClient(create_app(load_explainer(run, max_chars=60)))
-            for family, run in tiny_runs.items()}
+    return {
+        family: TestClient(create_app(load_explainer(run, max_chars=60))) for family, run in tiny_runs.items()
+    }
 
 
 @pytest.mark.parametrize("family", ["translation", "lm", "protein"])
@@ -52,8 +53,11 @@ def test_server_refuses_input_over_the_cap_with_a_message(clients):
     client = clients["protein"]
     res = client.post("/api/explain", json={"text": "A" * 61})
     assert res.status_code == 413 and res.json()["detail"] == "input too long: 61 characters, the cap is 60"
-    res = client.post("/api/explain", content=b'{"text": "' + b"A" * MAX_BODY_BYTES + b'"}',
-                      headers={"content-type": "application/json"})
+    res = client.post(
+        "/api/explain",
+        content=b'{"text": "' + b"A" * MAX_BODY_BYTES + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert res.status_code == 413 and "request body too large" in res.json()["detail"]
     res = client.post("/api/explain", json={"text": "AB1"})
     assert res.status_code == 422 and "'1' at position 3" in res.json()["detail"]
@@ -63,9 +67,17 @@ def test_server_refuses_input_over_the_cap_with_a_message(clients):
     assert client.post("/api/explain", json={"txt": "AAA"}).status_code == 422
 
 
-@pytest.mark.parametrize("path", ["/static/../server.py", "/static/%2e%2e/server.py",
-                                  "/static/..%2fserver.py", "/static/%2e%2e%2f%2e%2e%2fcli.py",
-                                  "/static//etc/passwd", "/../../etc/passwd"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/../server.py",
+        "/static/%2e%2e/server.py",
+        "/static/..%2fserver.py",
+        "/static/%2e%2e%2f%2e%2e%2fcli.py",
+        "/static//etc/passwd",
+        "/../../etc/passwd",
+    ],
+)
 def test_server_rejects_paths_outside_its_assets(clients, path):
     client = clients["lm"]
     assert client.get("/static/app.js").status_code == 200
@@ -98,8 +110,12 @@ def test_200_sequential_requests_on_loopback_without_errors_or_memory_growth(tin
                 assert http.post("/api/explain", json=body).status_code == 200
             before = _rss_mib()
             codes = [http.post("/api/explain", json=body).status_code for _ in range(150)]
-            codes += [http.post("/api/steps", json={**body, "kind": "encoder", "layer": i % 2,
-                                                    "head": 0}).status_code for i in range(50)]
+            codes += [
+                http.post(
+                    "/api/steps", json={**body, "kind": "encoder", "layer": i % 2, "head": 0}
+                ).status_code
+                for i in range(50)
+            ]
             grown = _rss_mib() - before
         assert codes == [200] * 200
         assert grown < 40, f"resident memory grew {grown:.1f} MiB over 200 requests"
@@ -110,9 +126,12 @@ def test_200_sequential_requests_on_loopback_without_errors_or_memory_growth(tin
 
 def test_serve_shuts_down_cleanly_on_ctrl_c(tiny_runs):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         for _ in range(300):
             try:
@@ -135,12 +154,16 @@ def test_serve_on_a_taken_port_is_a_clean_error(tiny_runs):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve",
-                              "--port", str(port)], capture_output=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "qkv", "explain", str(tiny_runs["lm"]), "--serve", "--port", str(port)],
+            capture_output=True,
+            timeout=120,
+        )
     assert res.returncode == 2 and res.stderr.decode().startswith("error: cannot listen on 127.0.0.1")
 
 
 # --- a ViT run: images instead of text -----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def vit_client(tiny_vit_run):
@@ -164,7 +187,9 @@ def test_server_explains_an_uploaded_image_every_layer_and_head(vit_client):
     assert all(len(head) == 17 and len(head[0]) == 17 for layer in weights for head in layer)
     assert amap["key_tokens"][:2] == ["CLS", "r1c1"]
     out = data["output"]
-    assert len(out["rollout"]) == 4 and len(out["classes"]) == 10 and out["image"].startswith("data:image/png")
+    assert (
+        len(out["rollout"]) == 4 and len(out["classes"]) == 10 and out["image"].startswith("data:image/png")
+    )
     steps = client.post("/api/image/steps?layer=1&head=1", content=_png_bytes()).json()
     assert len(steps["weights"]) == 17 and steps["query_tokens"][0] == "CLS"
     picked = client.post("/api/image/explain?example=2").json()
@@ -189,9 +214,12 @@ def test_server_refuses_bad_image_uploads_with_413_and_422(vit_client):
 
     res = client.post("/api/image/explain", content=chunked())
     assert res.status_code == 413 and "more than the cap" in res.json()["detail"]
-    for body, message in [(b"%PDF-1.4 not an image", "not an image file"),
-                          (truncated_png(), "truncated or corrupt"),
-                          (bomb_png(), "decompression-bomb guard"), (b"", "empty upload")]:
+    for body, message in [
+        (b"%PDF-1.4 not an image", "not an image file"),
+        (truncated_png(), "truncated or corrupt"),
+        (bomb_png(), "decompression-bomb guard"),
+        (b"", "empty upload"),
+    ]:
         res = client.post("/api/image/explain", content=body)
         assert res.status_code == 422 and message in res.json()["detail"], res.text
         assert "\n" not in res.json()["detail"]
@@ -209,7 +237,7 @@ def test_image_endpoints_refuse_a_text_model(clients):
 
 BAD_SETTINGS = [  # raw JSON text: json.dumps refuses NaN and the infinities by default
     ('"seed": %d' % 2**70, 422, "invalid request: seed: Input should be less than 18446744073709551616"),
-    ('"seed": %d' % -2**70, 422, "invalid request: seed: Input should be greater than or equal to 0"),
+    ('"seed": %d' % -(2**70), 422, "invalid request: seed: Input should be greater than or equal to 0"),
     ('"seed": -1', 422, "invalid request: seed: Input should be greater than or equal to 0"),
     ('"temperature": NaN', 422, "invalid request: temperature: Input should be a finite number"),
     ('"temperature": Infinity', 422, "invalid request: temperature: Input should be a finite number"),
@@ -231,8 +259,15 @@ def test_bad_settings_are_refused_with_a_json_message(clients, family, path, set
     assert res.json() == {"detail": detail}
 
 
-@pytest.mark.parametrize("settings", [{"top_p": 5e-324}, {"temperature": 1e-300}, {"temperature": 5e-324},
-                                      {"temperature": 1e-300, "top_p": 5e-324, "seed": 2**64 - 1}])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"top_p": 5e-324},
+        {"temperature": 1e-300},
+        {"temperature": 5e-324},
+        {"temperature": 1e-300, "top_p": 5e-324, "seed": 2**64 - 1},
+    ],
+)
 def test_tiny_temperature_and_top_p_are_greedy_not_an_error(clients, settings):
     client = clients["lm"]
     greedy = client.post("/api/explain", json={"text": "ROMEO", "temperature": 0, "max_new_tokens": 8}).json()
@@ -244,9 +279,15 @@ def test_tiny_temperature_and_top_p_are_greedy_not_an_error(clients, settings):
         assert out["text"] == greedy["output"]["text"]
 
 
-@pytest.mark.parametrize("body, needle", [
-    (b'{"text": ', "the body is not valid JSON (Expecting value at character 9)"),
-    (b"\xff\xfe", "the body is not valid JSON"), (b"[1, 2]", "valid dictionary"), (b"null", "valid dictionary")])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b'{"text": ', "the body is not valid JSON (Expecting value at character 9)"),
+        (b"\xff\xfe", "the body is not valid JSON"),
+        (b"[1, 2]", "valid dictionary"),
+        (b"null", "valid dictionary"),
+    ],
+)
 def test_unparsable_bodies_get_one_line_json(clients, body, needle):
     res = clients["lm"].post("/api/explain", content=body, headers={"content-type": "application/json"})
     assert res.status_code == 422 and needle in res.json()["detail"] and "\n" not in res.json()["detail"]
@@ -259,7 +300,8 @@ def test_a_lone_surrogate_is_refused_with_422(clients):
     for client in clients.values():
         res = client.post("/api/explain", content=body, headers={"content-type": "application/json"})
         assert res.status_code == 422 and res.json() == {
-            "detail": "invalid request: text: Value error, not valid Unicode: a lone surrogate at position 5"}
+            "detail": "invalid request: text: Value error, not valid Unicode: a lone surrogate at position 5"
+        }
 
 
 def test_the_openapi_document_is_served_without_a_docs_ui(clients):
@@ -267,17 +309,29 @@ def test_the_openapi_document_is_served_without_a_docs_ui(clients):
     res = client.get("/openapi.json")
     assert res.status_code == 200 and res.headers["content-security-policy"].startswith("default-src 'self'")
     doc = res.json()
-    assert {"/api/info", "/api/explain", "/api/steps", "/api/image/explain", "/api/image/steps"} <= set(doc["paths"])
+    assert {"/api/info", "/api/explain", "/api/steps", "/api/image/explain", "/api/image/steps"} <= set(
+        doc["paths"]
+    )
     seed = doc["components"]["schemas"]["ExplainRequest"]["properties"]["seed"]["anyOf"][0]
     assert (seed["minimum"], seed["exclusiveMaximum"]) == (0, 2**64)
-    assert doc["paths"]["/api/explain"]["post"]["responses"]["422"]["content"]["application/json"]["schema"] == \
-        {"$ref": "#/components/schemas/ErrorMessage"}
+    assert doc["paths"]["/api/explain"]["post"]["responses"]["422"]["content"]["application/json"][
+        "schema"
+    ] == {"$ref": "#/components/schemas/ErrorMessage"}
     assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
 
 
-@pytest.mark.parametrize("query", ["layer=99999999999999999999999&head=0&example=0", "layer=0&head=%d&example=0" % 2**70,
-                                   "layer=0&head=0&example=%d" % 2**70, "layer=-1&head=0&example=0",
-                                   "layer=0&head=0&example=NaN", "layer=0&head=0&example=1e400", "layer=1.5&head=0"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "layer=99999999999999999999999&head=0&example=0",
+        "layer=0&head=%d&example=0" % 2**70,
+        "layer=0&head=0&example=%d" % 2**70,
+        "layer=-1&head=0&example=0",
+        "layer=0&head=0&example=NaN",
+        "layer=0&head=0&example=1e400",
+        "layer=1.5&head=0",
+    ],
+)
 def test_image_query_parameters_out_of_range_are_422(vit_client, query):
     res = vit_client.post("/api/image/steps?" + query)
     assert res.status_code == 422 and isinstance(res.json()["detail"], str), res.text

@@ -26,7 +26,9 @@ def _png_bytes(size=(20, 12), mode="L", color=200) -> bytes:
 def truncated_png() -> bytes:
     """The first half of a 64 × 64 noise PNG: the header reads, the pixel data stops short."""
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64), dtype=np.uint8)).save(buf, format="PNG")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64), dtype=np.uint8)).save(
+        buf, format="PNG"
+    )
     return buf.getvalue()[: len(buf.getvalue()) // 2]
 
 
@@ -39,6 +41,7 @@ def bomb_png() -> bytes:
 
 
 # --- attention rollout (Abnar & Zuidema 2020) ----------------------------------------------
+
 
 def test_rollout_rows_sum_to_one_and_match_the_definition():
     torch.manual_seed(0)
@@ -69,6 +72,7 @@ def test_rollout_takes_per_layer_arrays_and_refuses_bad_shapes():
 
 
 # --- the explainer ------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def explainer(tiny_vit_run) -> ImageExplainer:
@@ -108,10 +112,15 @@ def test_explain_an_image_file_bytes_and_test_pick(explainer, tmp_path):
 
 
 def test_explainer_refuses_bad_images_with_one_line(explainer, tmp_path):
-    cases = [(b"not an image at all", "not an image file"), (truncated_png(), "truncated or corrupt"),
-             (bomb_png(), "decompression-bomb guard"),
-             (b"", "empty upload"), (str(tmp_path / "missing.png"), "image file not found"),
-             (10_000, "out of range"), (np.zeros((8, 8, 3), np.uint8), "pixels must be uint8")]
+    cases = [
+        (b"not an image at all", "not an image file"),
+        (truncated_png(), "truncated or corrupt"),
+        (bomb_png(), "decompression-bomb guard"),
+        (b"", "empty upload"),
+        (str(tmp_path / "missing.png"), "image file not found"),
+        (10_000, "out of range"),
+        (np.zeros((8, 8, 3), np.uint8), "pixels must be uint8"),
+    ]
     for image, message in cases:
         with pytest.raises(QkvError, match=message) as exc:
             explainer.explain(image)
@@ -128,20 +137,52 @@ def test_read_image_takes_a_binary_file_object():
 
 # --- qkv explain --input IMAGE --out DIR ------------------------------------------------
 
+
 def test_cli_explain_writes_the_vit_pictures(tiny_vit_run, tmp_path, capsys):
     image = tmp_path / "input.png"
     image.write_bytes(_png_bytes(size=(30, 30), mode="RGB", color=(250, 250, 250)))
-    assert main(["explain", str(tiny_vit_run), "--input", str(image), "--out", str(tmp_path / "pics"),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                str(tiny_vit_run),
+                "--input",
+                str(image),
+                "--out",
+                str(tmp_path / "pics"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out.split()
     names = {p.rsplit("/", 1)[-1] for p in printed}
-    assert {"attention_layer1.png", "attention_layer2.png", "rollout.png", "classes.png",
-            "attention_encoder.png", "steps.png", "explanation.json"} <= names
+    assert {
+        "attention_layer1.png",
+        "attention_layer2.png",
+        "rollout.png",
+        "classes.png",
+        "attention_encoder.png",
+        "steps.png",
+        "explanation.json",
+    } <= names
     for path in printed:
         with open(path, "rb") as f:
             assert len(f.read()) > 2000
-    assert main(["explain", str(tiny_vit_run), "--input", str(tmp_path / "nope.png"), "--out",
-                 str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "explain",
+                str(tiny_vit_run),
+                "--input",
+                str(tmp_path / "nope.png"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "image file not found" in capsys.readouterr().err
 
 

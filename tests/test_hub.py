@@ -19,27 +19,52 @@ from qkv.models.encoder import masked_mean  # noqa: E402
 from qkv.models.stack import position_ids  # noqa: E402
 
 TOL = 1e-5
-PROTEIN_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO", ".", "-", "<null_1>", "<mask>"]
+PROTEIN_VOCAB = [
+    "<cls>",
+    "<pad>",
+    "<eos>",
+    "<unk>",
+    *"LAGVSERTIDPKQNFYMHWCXBUZO",
+    ".",
+    "-",
+    "<null_1>",
+    "<mask>",
+]
 WORD_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(45)]]
 
 
 def _bert(pooler: bool):
-    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, max_position_embeddings=40)
+    cfg = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+    )
     return transformers.BertModel(cfg) if pooler else transformers.BertForMaskedLM(cfg), WORD_VOCAB
 
 
 def _esm():
-    cfg = transformers.EsmConfig(vocab_size=33, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                 intermediate_size=64, max_position_embeddings=40,
-                                 position_embedding_type="rotary", token_dropout=True, mask_token_id=32,
-                                 pad_token_id=1)
+    cfg = transformers.EsmConfig(
+        vocab_size=33,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        position_embedding_type="rotary",
+        token_dropout=True,
+        mask_token_id=32,
+        pad_token_id=1,
+    )
     return transformers.EsmForMaskedLM(cfg), PROTEIN_VOCAB
 
 
 def _gpt2():
-    cfg = transformers.GPT2Config(vocab_size=33, n_embd=32, n_layer=2, n_head=4, n_positions=40,
-                                  bos_token_id=0, eos_token_id=2)
+    cfg = transformers.GPT2Config(
+        vocab_size=33, n_embd=32, n_layer=2, n_head=4, n_positions=40, bos_token_id=0, eos_token_id=2
+    )
     return transformers.GPT2LMHeadModel(cfg), PROTEIN_VOCAB
 
 
@@ -72,8 +97,12 @@ def _hf_outputs(model, kind, ids, mask):
     """(final hidden states, logits or pooled output) of an HF model."""
     with torch.no_grad():
         if kind == "gpt2":
-            out = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask),
-                        output_hidden_states=True)
+            out = model(
+                input_ids=ids,
+                attention_mask=mask.long(),
+                position_ids=position_ids(mask),
+                output_hidden_states=True,
+            )
             return out.hidden_states[-1], out.logits
         out = model(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True)
         if kind == "bert-base":
@@ -134,15 +163,18 @@ def test_gpt2_greedy_generation_with_our_cache_equals_hf_generate(tmp_path):
     conv = read_hf(_save(hf, vocab, tmp_path / "hf"))
     prompts = [[5, 9, 11, 4, 20], [7, 3, 30]]
     for prompt in prompts:
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=1,
-                          eos_token_id=None)[0, len(prompt):].tolist()
+        ref = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=1, eos_token_id=None
+        )[0, len(prompt) :].tolist()
         ours = generate_tokens(conv.model, [prompt], 20, do_sample=False)[0]
         assert ours == ref
 
 
 def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
-    with pytest.raises(QkvError, match=r"unsupported HF model_type 't5' \(T5Model\); qkv converts: bert, esm, gpt2"):
+    with pytest.raises(
+        QkvError, match=r"unsupported HF model_type 't5' \(T5Model\); qkv converts: bert, esm, gpt2"
+    ):
         import_hf(tmp_path, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
@@ -156,7 +188,9 @@ def test_mis_shaped_tensor_is_named_with_both_shapes(tmp_path):
     key = "bert.encoder.layer.1.output.dense.weight"
     state[key] = torch.zeros(32, 63)
     save_file(state, src / "model.safetensors")
-    with pytest.raises(QkvError, match=r"layers\.1\.ffn\.w_2\.weight: checkpoint shape \(32, 63\) != model shape \(32, 64\)"):
+    with pytest.raises(
+        QkvError, match=r"layers\.1\.ffn\.w_2\.weight: checkpoint shape \(32, 63\) != model shape \(32, 64\)"
+    ):
         import_hf(src, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
@@ -242,7 +276,11 @@ def _skip_unless(name: str):
 def test_minilm_sentence_embeddings_equal_transformers_mean_pooling():
     from qkv.generate.text import TextEncoder
 
-    texts = ["A dog runs in the park.", "Two men are playing football on a sunny afternoon near the river.", "Hi"]
+    texts = [
+        "A dog runs in the park.",
+        "Two men are playing football on a sunny afternoon near the river.",
+        "Hi",
+    ]
     encoder = TextEncoder.load("minilm")
     ours = torch.from_numpy(encoder.embed(texts))
     tok = encoder.tokenizer
@@ -255,7 +293,9 @@ def test_minilm_sentence_embeddings_equal_transformers_mean_pooling():
         hidden = ref_model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
     ref = torch.nn.functional.normalize(masked_mean(hidden, mask), dim=-1)
     assert (ours - ref).abs().max() <= TOL
-    assert encoder.similarity("A dog runs.", "A puppy is running.") > encoder.similarity("A dog runs.", "Stocks fell.")
+    assert encoder.similarity("A dog runs.", "A puppy is running.") > encoder.similarity(
+        "A dog runs.", "Stocks fell."
+    )
 
 
 @_skip_unless("antiberty")
@@ -263,7 +303,9 @@ def test_antiberty_mlm_logits_equal_transformers():
     from qkv import load
 
     model, tok = load("antiberty")
-    ids = torch.tensor([tok.encode("EVQLVESGGGLVQPGGSLRLSCAAS"), tok.encode("DIQMTQSPSSLSASVGDRVTITC") + [tok.pad_id] * 2])
+    ids = torch.tensor(
+        [tok.encode("EVQLVESGGGLVQPGGSLRLSCAAS"), tok.encode("DIQMTQSPSSLSASVGDRVTITC") + [tok.pad_id] * 2]
+    )
     mask = ids != tok.pad_id
     ref = transformers.BertForMaskedLM.from_pretrained(locate("antiberty")[0]).eval()
     with torch.no_grad():
@@ -285,10 +327,22 @@ def test_iglm_logits_equal_transformers():
 
 def _marian(tmp_path):
     cfg = transformers.MarianConfig(
-        vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=39, decoder_start_token_id=39, eos_token_id=0, activation_function="swish",
-        scale_embedding=True, init_std=0.3)
+        vocab_size=40,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=39,
+        decoder_start_token_id=39,
+        eos_token_id=0,
+        activation_function="swish",
+        scale_embedding=True,
+        init_std=0.3,
+    )
     hf = transformers.MarianMTModel(cfg).eval()
     with torch.no_grad():
         hf.final_logits_bias.normal_(std=0.1)  # zero in a fresh model: make the bias count
@@ -311,7 +365,12 @@ def test_marian_converts_with_the_same_logits_both_ways(tmp_path):
     conv = import_hf(src_dir, tmp_path / "run")
     cfg = conv.model.config
     assert (cfg.positional, cfg.norm_first, cfg.activation, cfg.scale_embeddings, cfg.output_bias) == (
-        "sinusoidal_halves", False, "silu", True, True)
+        "sinusoidal_halves",
+        False,
+        "silu",
+        True,
+        True,
+    )
     src, tgt = _marian_batch()
     with torch.no_grad():
         ref = hf(input_ids=src, attention_mask=(src != 39).long(), decoder_input_ids=tgt).logits
@@ -332,8 +391,9 @@ def test_marian_greedy_translation_with_our_cache_equals_hf_generate(tmp_path):
     outputs = []
     for row in src:
         row = row[row != 39][None]
-        ref = hf.generate(row, max_new_tokens=12, do_sample=False, num_beams=1, forced_eos_token_id=None,
-                          bad_words_ids=None)[0, 1:].tolist()
+        ref = hf.generate(
+            row, max_new_tokens=12, do_sample=False, num_beams=1, forced_eos_token_id=None, bad_words_ids=None
+        )[0, 1:].tolist()
         ours = greedy_decode(model, row, max_new_tokens=12)[0]
         assert ours == [t for t in ref[: ref.index(0)] if t != 39] if 0 in ref else ref
         outputs.append(tuple(ours))
@@ -362,7 +422,9 @@ def test_protein_recipes_start_from_a_converted_encoder_with_its_own_tokenizer(t
     assert model.config.num_labels == 2 and model.config.token_dropout
     ids, mask = _batch("esm")
     with torch.no_grad():
-        ref_hidden = hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
+        ref_hidden = hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[
+            -1
+        ]
         hidden = model.eval()(ids).hidden
     assert (hidden - ref_hidden)[mask].abs().max() <= TOL  # the pretrained weights, not an init
 
@@ -373,9 +435,29 @@ def test_explain_works_on_converted_checkpoints(tmp_path):
     from qkv.explain.explainers import DecodingOptions, ProteinExplainer, TextExplainer
     from qkv.explain.loader import load_explainer
 
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dog", "runs", "a", "cat", "sleep", "##s", "."]
-    cfg = transformers.BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)
+    words = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "the",
+        "dog",
+        "runs",
+        "a",
+        "cat",
+        "sleep",
+        "##s",
+        ".",
+    ]
+    cfg = transformers.BertConfig(
+        vocab_size=len(words),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+    )
     import_hf(_save(transformers.BertForMaskedLM(cfg), words, tmp_path / "bert"), tmp_path / "bert_run")
     esm, vocab = _esm()
     import_hf(_save(esm, vocab, tmp_path / "esm"), tmp_path / "esm_run")
@@ -399,8 +481,16 @@ def test_explain_works_on_converted_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("head", [True, False])
 def test_vit_converts_with_the_same_outputs_both_ways(head, tmp_path):
-    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                 image_size=28, patch_size=7, num_channels=1, num_labels=10)
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=28,
+        patch_size=7,
+        num_channels=1,
+        num_labels=10,
+    )
     cls = transformers.ViTForImageClassification if head else transformers.ViTModel
     hf = cls(cfg).eval()
     if head:
@@ -413,7 +503,9 @@ def test_vit_converts_with_the_same_outputs_both_ways(head, tmp_path):
     with torch.no_grad():
         ref = hf(pixel_values=images)
         ours = conv.model(images)
-        ref_hidden = (hf.vit if head else hf)(pixel_values=images).last_hidden_state  # after the final LayerNorm
+        ref_hidden = (hf.vit if head else hf)(
+            pixel_values=images
+        ).last_hidden_state  # after the final LayerNorm
     assert (ours.hidden - ref_hidden).abs().max() <= TOL
     if head:
         assert (ours.logits - ref.logits).abs().max() <= TOL and ref.logits.abs().max() > 0.1

@@ -121,19 +121,25 @@ def test_import_graph_resolves_relative_and_function_level_imports():
 
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
-    assert not cycles, "import cycles between qkv modules (one per tangle; break each):\n" + \
-        "\n".join(" -> ".join(c) for c in cycles)
+    assert not cycles, "import cycles between qkv modules (one per tangle; break each):\n" + "\n".join(
+        " -> ".join(c) for c in cycles
+    )
 
 
 def _print_uses(path: Path) -> list[str]:
     """Calls of the builtin ``print`` and references to it (``log=print`` defaults)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    shadowed = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                and n.name == "print"}
+    shadowed = {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == "print"
+    }
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "print" and isinstance(node.ctx, ast.Load) \
-                and not shadowed:
+        if (
+            isinstance(node, ast.Name)
+            and node.id == "print"
+            and isinstance(node.ctx, ast.Load)
+            and not shadowed
+        ):
             found.append(f"{path.relative_to(SRC.parent)}:{node.lineno}")
     return found
 
@@ -148,7 +154,7 @@ def test_the_library_never_prints():
 # Run in a fresh interpreter: snapshot global state, import every qkv module one by one
 # (found on disk, so nothing is imported before the first snapshot), and name the module
 # whose import changed something.
-_PROBE = r'''
+_PROBE = r"""
 import json, logging, os, pkgutil, random, sys, warnings
 import importlib, importlib.util
 import matplotlib
@@ -203,14 +209,21 @@ walked = sorted(m.name for m in pkgutil.walk_packages(importlib.import_module("q
 final = snapshot()
 print(json.dumps({"modules": sorted(names), "walked": walked, "errors": errors, "changes": changes,
                   "changed": [k for k in final if final[k] != first[k]]}))
-'''
+"""
 
 
 def test_importing_every_module_changes_no_global_state(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     env.pop("MPLBACKEND", None)
-    res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(report["modules"]) > 40 and set(report["walked"]) <= set(report["modules"])
@@ -231,13 +244,19 @@ def _global_state():
 
     import matplotlib
 
-    return {"backend": repr(matplotlib.rcParams._get("backend")),
-            "pyplot": "matplotlib.pyplot" in sys.modules,
-            "formatwarning": warnings.formatwarning, "showwarning": warnings.showwarning,
-            "root handlers": list(logging.getLogger().handlers), "root level": logging.getLogger().level,
-            "logger handlers": {name: list(lg.handlers)
-                                for name, lg in logging.root.manager.loggerDict.items()
-                                if isinstance(lg, logging.Logger) and lg.handlers}}
+    return {
+        "backend": repr(matplotlib.rcParams._get("backend")),
+        "pyplot": "matplotlib.pyplot" in sys.modules,
+        "formatwarning": warnings.formatwarning,
+        "showwarning": warnings.showwarning,
+        "root handlers": list(logging.getLogger().handlers),
+        "root level": logging.getLogger().level,
+        "logger handlers": {
+            name: list(lg.handlers)
+            for name, lg in logging.root.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger) and lg.handlers
+        },
+    }
 
 
 @pytest.mark.parametrize("family", ["translation", "lm", "protein"])
@@ -283,8 +302,12 @@ def test_server_prints_nothing(tiny_runs, capsys):
             assert http.get("/api/info").status_code == 200
             body = {"text": INPUTS["lm"], "max_new_tokens": 3}
             assert http.post("/api/explain", json=body).status_code == 200
-            assert http.post("/api/steps", json={"text": INPUTS["lm"], "kind": "decoder", "layer": 0,
-                                                 "head": 0}).status_code == 200
+            assert (
+                http.post(
+                    "/api/steps", json={"text": INPUTS["lm"], "kind": "decoder", "layer": 0, "head": 0}
+                ).status_code
+                == 200
+            )
             assert http.post("/api/explain", json={"text": ""}).status_code == 422  # an error: no print
     finally:
         server.should_exit = True
@@ -312,8 +335,7 @@ def test_serve_logs_its_status_lines_instead_of_printing(tiny_runs, capsys, capl
     with caplog.at_level(logging.INFO, logger="qkv.explain.server"):
         assert serve(load_explainer(tiny_runs["lm"]), port=port) == 0
     assert capsys.readouterr().out == ""
-    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records
-             if r.name == "qkv.explain.server"]
+    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.name == "qkv.explain.server"]
     assert [(n, lv) for n, lv, _ in lines] == [("qkv.explain.server", logging.INFO)] * 2
     assert f"http://127.0.0.1:{port}/" in lines[0][2] and "stopped" in lines[1][2]
     assert calls and calls[0]["port"] == port

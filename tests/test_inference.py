@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.cli import main
-from qkv.generate.layout import PackedLinear, onednn_available, onednn_bf16_available, prepare_for_inference
 from qkv.errors import QkvError
+from qkv.generate.layout import PackedLinear, onednn_available, onednn_bf16_available, prepare_for_inference
 from qkv.generate.lm import generate_tokens
 from qkv.generate.quantize import Int8Linear, quantize_int8
 from qkv.generate.stats import DecodeStats
@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("QKV_DATA_DIR", ROOT.parent / "shared" / "data"))
 
 needs_onednn_bf16 = pytest.mark.skipif(
-    not onednn_bf16_available(), reason="oneDNN bfloat16 needs a CPU with native bfloat16 (AVX512_BF16/AMX)")
+    not onednn_bf16_available(), reason="oneDNN bfloat16 needs a CPU with native bfloat16 (AVX512_BF16/AMX)"
+)
 
 
 def _lm_like(cfg: LMConfig) -> DecoderLM:
@@ -44,8 +45,19 @@ def _lm_like(cfg: LMConfig) -> DecoderLM:
 
 def _lm(**kw) -> DecoderLM:
     """A small random LM (:func:`_lm_like`)."""
-    return _lm_like(LMConfig(vocab_size=50, d_model=64, n_heads=4, d_ff=256, n_layers=2, max_len=64,
-                             bias=True, activation="gelu", **kw))
+    return _lm_like(
+        LMConfig(
+            vocab_size=50,
+            d_model=64,
+            n_heads=4,
+            d_ff=256,
+            n_layers=2,
+            max_len=64,
+            bias=True,
+            activation="gelu",
+            **kw,
+        )
+    )
 
 
 @needs_onednn_bf16
@@ -62,7 +74,7 @@ def test_packed_linear_equals_linear_then_activation(activation):
         ref = act(F.linear(x.float(), linear.weight.float(), linear.bias.float()))
         out = packed(x)
         assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], 80)
-        torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=2 ** -7)
+        torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=2**-7)
     assert packed.weight is linear.weight and packed.bias is linear.bias
 
 
@@ -79,8 +91,17 @@ def test_batched_float32_encoder_packs_every_linear_with_the_activation_fused(ac
     from qkv.models.encoder import EncoderModel
 
     torch.manual_seed(0)
-    model = EncoderModel(EncoderConfig(vocab_size=30, d_model=64, n_heads=4, d_ff=256, n_layers=2,
-                                       activation=activation, norm_first=False)).eval()
+    model = EncoderModel(
+        EncoderConfig(
+            vocab_size=30,
+            d_model=64,
+            n_heads=4,
+            d_ff=256,
+            n_layers=2,
+            activation=activation,
+            norm_first=False,
+        )
+    ).eval()
     tokens = torch.randint(2, 30, (4, 20))
     tokens[1, 12:] = model.config.pad_id
     with torch.no_grad():
@@ -137,7 +158,7 @@ def test_prepare_bfloat16_packs_keeps_state_dict_and_ties_and_decodes_as_recompu
     with torch.no_grad():
         for _ in range(24):
             seq.append(int(model(torch.tensor([seq]), last_only=True).logits[0, -1].argmax()))
-    assert cached == seq[len(prompt):] and len(set(cached)) > 3
+    assert cached == seq[len(prompt) :] and len(set(cached)) > 3
     prepare_for_inference(model)  # a second call changes nothing
     assert isinstance(model.layers[0].ffn.w_1, PackedLinear) and model.layers[0].ffn.w_1.activation == "gelu"
     tied = prepare_for_inference(_lm(tie_embeddings=True).to(torch.bfloat16))
@@ -156,7 +177,7 @@ def test_batch_invariant_packed_linear_gives_one_row_the_bits_of_many(shape):
     x = torch.randn(1, 48, n_in).to(torch.bfloat16)
     with torch.no_grad():
         many = packed(x)
-        alone = torch.cat([packed(x[:, t:t + 1]) for t in range(48)], dim=1)
+        alone = torch.cat([packed(x[:, t : t + 1]) for t in range(48)], dim=1)
     assert torch.equal(alone, many)
 
 
@@ -167,8 +188,9 @@ def test_bfloat16_cached_decoding_gives_the_logits_of_full_recomputation_bit_for
     over the whole sequence (without it, kernel summation orders differ in the last bit and
     greedy tokens flip at near-ties)."""
     torch.manual_seed(0)
-    cfg = LMConfig(vocab_size=50, d_model=64, n_heads=4, d_ff=3072, n_layers=2, max_len=64,
-                   bias=True, activation="gelu")
+    cfg = LMConfig(
+        vocab_size=50, d_model=64, n_heads=4, d_ff=3072, n_layers=2, max_len=64, bias=True, activation="gelu"
+    )
     model = prepare_for_inference(_lm_like(cfg).to(torch.bfloat16))
     assert all(m.backend == "invariant" for m in model.modules() if hasattr(m, "backend"))
     prompt = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -190,7 +212,7 @@ def _cached_and_full_logits(model, prompt: torch.Tensor, steps: int):
         seq = torch.cat([seq, nxt], dim=1)
         logits = model(nxt, caches=caches, last_only=True).logits[:, -1]
     t = prompt.size(1)
-    return torch.cat(cached), model(seq[:, :-1]).logits[0, t - 1:], seq[0, t:].tolist()
+    return torch.cat(cached), model(seq[:, :-1]).logits[0, t - 1 :], seq[0, t:].tolist()
 
 
 def test_int8_linear_error_stays_within_half_a_quantisation_step():
@@ -205,7 +227,7 @@ def test_int8_linear_error_stays_within_half_a_quantisation_step():
     with torch.no_grad():
         y = q(x[None])[0].float()
     assert y.shape == (5, 40) and q(x).dtype == torch.bfloat16
-    bound = x.abs().float() @ (q.scale.float() / 2)[None].expand(96, -1) + exact.abs() * 2 ** -7
+    bound = x.abs().float() @ (q.scale.float() / 2)[None].expand(96, -1) + exact.abs() * 2**-7
     assert ((y - exact).abs() <= bound).all()
     assert (y - exact).abs().max() > 0, "int8 rounding is visible"
 
@@ -220,11 +242,16 @@ def test_quantize_int8_keeps_state_dict_and_decodes_as_recomputation_bit_for_bit
     with torch.no_grad():
         before = model(x).logits.float()
     prepare_for_inference(quantize_int8(model))
-    assert all(isinstance(m, Int8Linear) for m in model.modules()
-               if isinstance(m, (nn.Linear, PackedLinear, Int8Linear)))
+    assert all(
+        isinstance(m, Int8Linear)
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, PackedLinear, Int8Linear))
+    )
     assert model.lm_head.weight is model.embed.weight
     after_state = model.state_dict()
-    assert after_state.keys() == state.keys() and all(torch.equal(after_state[k], v) for k, v in state.items())
+    assert after_state.keys() == state.keys() and all(
+        torch.equal(after_state[k], v) for k, v in state.items()
+    )
     with torch.no_grad():
         after = model(x).logits.float()
     assert (after - before).abs().max() <= 0.05 * before.abs().max()
@@ -252,8 +279,16 @@ def test_prepare_leaves_a_model_in_training_mode_unpacked():
 
 def test_eval_mode_skips_dropout_but_training_applies_it():
     """Dropout calls are skipped in eval mode (a decoding-speed measure); training still drops."""
-    cfg = LMConfig(vocab_size=20, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_len=16,
-                   dropout=0.5, activation_dropout=0.5)
+    cfg = LMConfig(
+        vocab_size=20,
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        n_layers=2,
+        max_len=16,
+        dropout=0.5,
+        activation_dropout=0.5,
+    )
     model = DecoderLM(cfg)
     x = torch.randint(0, 20, (2, 8))
     model.eval()
@@ -276,13 +311,40 @@ def test_decode_stats_summary():
 
 def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
     """``--verbose`` adds one throughput line on stderr; stdout holds only the text."""
-    assert main(["generate", str(tiny_runs["lm"]), "--prompt", "RO", "--greedy",
-                 "--max-new-tokens", "7", "--verbose"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(tiny_runs["lm"]),
+                "--prompt",
+                "RO",
+                "--greedy",
+                "--max-new-tokens",
+                "7",
+                "--verbose",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert out.startswith("RO") and "tokens/s" not in out
     assert re.search(r"^7 new tokens in [0-9.]+ s: [0-9.]+ tokens/s", err, re.M), err
-    assert main(["generate", str(tiny_runs["lm"]), "--prompt", "RO", "--greedy",
-                 "--max-new-tokens", "7", "--dtype", "int8"]) == 0  # int8 weights
+    assert (
+        main(
+            [
+                "generate",
+                str(tiny_runs["lm"]),
+                "--prompt",
+                "RO",
+                "--greedy",
+                "--max-new-tokens",
+                "7",
+                "--dtype",
+                "int8",
+            ]
+        )
+        == 0
+    )  # int8 weights
     assert capsys.readouterr().out.startswith("RO")
     assert main(["translate", str(tiny_runs["translation"]), "Ein Mann.", "Eine Frau.", "--verbose"]) == 0
     out, err = capsys.readouterr()
@@ -290,20 +352,36 @@ def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
     assert re.search(r"^2 sentences in [0-9.]+ s: [0-9.]+ sentences/s", err, re.M), err
 
 
-@pytest.mark.skipif(not (DATA / "flip_secondary_structure").is_dir() or not (DATA / "multi30k").is_dir(),
-                    reason=f"FLIP or Multi30k not found under {DATA} (set QKV_DATA_DIR)")
+@pytest.mark.skipif(
+    not (DATA / "flip_secondary_structure").is_dir() or not (DATA / "multi30k").is_dir(),
+    reason=f"FLIP or Multi30k not found under {DATA} (set QKV_DATA_DIR)",
+)
 def test_limits_benchmark_runs(tiny_runs):
     """benchmarks/limits.py --quick (the bounds and workloads a-d; c on a tiny random run)
     completes and reports each workload as a fraction of its bound, with float32 greedy
     tokens equal to full recomputation's: a check that it runs, not a figure."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "limits.py"), "--quick",
-                           "--translation-run", str(tiny_runs["translation"])],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "QKV_DATA_DIR": str(DATA)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "limits.py"),
+            "--quick",
+            "--translation-run",
+            str(tiny_runs["translation"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "QKV_DATA_DIR": str(DATA)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    for workload in ("(a) batch-1 greedy", "(b) batched greedy", "(c) translation, beam 4",
-                     "(d) protein encoder inference"):
+    for workload in (
+        "(a) batch-1 greedy",
+        "(b) batched greedy",
+        "(c) translation, beam 4",
+        "(d) protein encoder inference",
+    ):
         assert workload in out, out
     assert len(re.findall(r"\*\*\d+%", out)) >= 5, out
     fp32_a = re.search(r"^\| fp32 \| \d+ MB \|.*$", out, re.M).group(0)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-
-from qkv.nn import DecoderLayer, EncoderLayer, LayerConfig, MultiHeadAttention, ResidualNorm
 from torch_ref import copy_attention_from_torch
+
+from qkv.nn import DecoderLayer, EncoderLayer, LayerConfig, ResidualNorm
 
 D, H, FF = 16, 4, 32
 TOL = 1e-5
-
 
 
 def _copy_norm(ours: nn.LayerNorm, theirs: nn.LayerNorm) -> None:
@@ -40,13 +39,15 @@ def _copy_self_attention_and_ffn(ours, theirs) -> None:
 
 
 def _config(norm_first: bool, backend: str) -> LayerConfig:
-    return LayerConfig(d_model=D, n_heads=H, d_ff=FF, dropout=0.1, norm_first=norm_first,
-                       attention_backend=backend)
+    return LayerConfig(
+        d_model=D, n_heads=H, d_ff=FF, dropout=0.1, norm_first=norm_first, attention_backend=backend
+    )
 
 
 def _encoder_pair(norm_first: bool, backend: str):
-    theirs = nn.TransformerEncoderLayer(D, H, FF, dropout=0.1, activation="relu", batch_first=True,
-                                        norm_first=norm_first)
+    theirs = nn.TransformerEncoderLayer(
+        D, H, FF, dropout=0.1, activation="relu", batch_first=True, norm_first=norm_first
+    )
     _randomise(theirs)
     ours = EncoderLayer(_config(norm_first, backend))
     with torch.no_grad():
@@ -56,8 +57,9 @@ def _encoder_pair(norm_first: bool, backend: str):
 
 
 def _decoder_pair(norm_first: bool, backend: str):
-    theirs = nn.TransformerDecoderLayer(D, H, FF, dropout=0.1, activation="relu", batch_first=True,
-                                        norm_first=norm_first)
+    theirs = nn.TransformerDecoderLayer(
+        D, H, FF, dropout=0.1, activation="relu", batch_first=True, norm_first=norm_first
+    )
     _randomise(theirs)
     ours = DecoderLayer(_config(norm_first, backend))
     with torch.no_grad():
@@ -105,8 +107,13 @@ def test_decoder_layer_matches_torch(norm_first, backend, no_torch_fastpath):
     tgt_keep, src_keep = _keep([6, 4, 1], 6), _keep([8, 3, 5], 8)
     blocked = ~torch.ones(6, 6, dtype=torch.bool).tril()  # torch polarity: True = may NOT attend
     with torch.no_grad():
-        ref = theirs(tgt, memory, tgt_mask=blocked, tgt_key_padding_mask=~tgt_keep[:, 0, 0],
-                     memory_key_padding_mask=~src_keep[:, 0, 0])
+        ref = theirs(
+            tgt,
+            memory,
+            tgt_mask=blocked,
+            tgt_key_padding_mask=~tgt_keep[:, 0, 0],
+            memory_key_padding_mask=~src_keep[:, 0, 0],
+        )
         out, _ = ours(tgt, memory, self_mask=tgt_keep, memory_mask=src_keep, is_causal=True)
     assert out.shape == ref.shape == (3, 6, D)
     assert (out - ref).abs().max() <= TOL

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch_ref import copy_attention_from_torch
 
 from qkv.cli import main
 from qkv.data.tokenizers import CharTokenizer, load_tokenizer
@@ -25,7 +26,6 @@ from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.norms import DyT, build_norm
 from qkv.nn.positional import RotaryEmbedding
 from qkv.train.optim import warmup_cosine_lr
-from torch_ref import copy_attention_from_torch
 
 POSITIONALS = ["learned", "sinusoidal", "rotary"]
 V = 13
@@ -36,8 +36,17 @@ def _lm(positional: str = "learned", norm: str = "layernorm", max_len: int = 32,
     logits are well separated (greedy ties would make token comparisons meaningless); the head
     is untied by default because a random tied model mostly repeats its last token."""
     kw.setdefault("tie_embeddings", False)
-    cfg = LMConfig(vocab_size=V, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=max_len,
-                   positional=positional, norm=norm, **kw)
+    cfg = LMConfig(
+        vocab_size=V,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=2,
+        max_len=max_len,
+        positional=positional,
+        norm=norm,
+        **kw,
+    )
     model = DecoderLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -52,7 +61,7 @@ def _greedy_no_cache(model: DecoderLM, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
         seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -73,7 +82,7 @@ def test_cached_decoding_equals_full_recomputation(positional):
         caches = model.new_caches()
         steps = [model(tokens[:, :6], caches=caches).logits]
         for t in range(6, 20):
-            steps.append(model(tokens[:, t:t + 1], caches=caches).logits)
+            steps.append(model(tokens[:, t : t + 1], caches=caches).logits)
     assert caches[0].k.shape == (1, 2, 20, 8)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
@@ -156,7 +165,7 @@ def test_stop_tokens_end_a_row_and_are_kept():
     stop = free[3]
     cut = generate_tokens(model, [prompt, prompt], 10, do_sample=False, stop_tokens=[stop])
     first = free.index(stop)
-    assert cut == [free[:first + 1]] * 2
+    assert cut == [free[: first + 1]] * 2
 
 
 # ---------------------------------------------------------------- sampling
@@ -190,11 +199,13 @@ def test_top_p_keeps_exactly_the_nucleus():
     logits = torch.stack([p.log(), p[[3, 1, 2, 0]].log()])  # second row: same, permuted
     inf = float("-inf")
     out = filter_logits(logits, top_p=0.7)
-    expected = torch.tensor([[math.log(0.5), math.log(0.3), inf, inf],
-                             [inf, math.log(0.3), inf, math.log(0.5)]])
+    expected = torch.tensor(
+        [[math.log(0.5), math.log(0.3), inf, inf], [inf, math.log(0.3), inf, math.log(0.5)]]
+    )
     torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(next_token_probs(logits, top_p=0.7),
-                               torch.tensor([[0.625, 0.375, 0, 0], [0, 0.375, 0, 0.625]]))
+    torch.testing.assert_close(
+        next_token_probs(logits, top_p=0.7), torch.tensor([[0.625, 0.375, 0, 0], [0, 0.375, 0, 0.625]])
+    )
     assert torch.isfinite(filter_logits(logits, top_p=0.4)).sum(-1).tolist() == [1, 1]
     assert torch.isfinite(filter_logits(logits, top_p=0.9)).sum(-1).tolist() == [3, 3]
     torch.testing.assert_close(filter_logits(logits, top_p=1.0), logits)
@@ -211,9 +222,16 @@ def test_top_p_keeps_exactly_the_nucleus():
     assert choose_next(logits, do_sample=False).tolist() == [0, 3]
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(temperature=0.0), "temperature"), (dict(temperature=-1.0), "temperature"),
-    (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p")])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+    ],
+)
 def test_meaningless_sampling_settings_are_refused(kwargs, needle):
     with pytest.raises(QkvError, match=needle):
         check_sampling(**kwargs)
@@ -222,22 +240,29 @@ def test_meaningless_sampling_settings_are_refused(kwargs, needle):
 # ---------------------------------------------------------------- causality
 
 
-@pytest.mark.parametrize("positional, norm, norm_first, backend", [
-    ("learned", "layernorm", True, "sdpa"), ("sinusoidal", "layernorm", True, "sdpa"),
-    ("rotary", "layernorm", True, "sdpa"), ("learned", "dyt", True, "sdpa"),
-    ("rotary", "dyt", True, "eager"), ("sinusoidal", "rmsnorm", False, "eager")])
+@pytest.mark.parametrize(
+    "positional, norm, norm_first, backend",
+    [
+        ("learned", "layernorm", True, "sdpa"),
+        ("sinusoidal", "layernorm", True, "sdpa"),
+        ("rotary", "layernorm", True, "sdpa"),
+        ("learned", "dyt", True, "sdpa"),
+        ("rotary", "dyt", True, "eager"),
+        ("sinusoidal", "rmsnorm", False, "eager"),
+    ],
+)
 def test_no_leakage_from_future_tokens(positional, norm, norm_first, backend):
     """Logits at positions <= t do not change when the tokens after t change."""
     model = _lm(positional, norm, norm_first=norm_first, attention_backend=backend)
     a = torch.randint(0, V, (2, 12))
     t = 5
     b = a.clone()
-    b[:, t + 1:] = (a[:, t + 1:] + torch.randint(1, V, (2, 12 - t - 1))) % V
-    assert (a[:, t + 1:] != b[:, t + 1:]).all()
+    b[:, t + 1 :] = (a[:, t + 1 :] + torch.randint(1, V, (2, 12 - t - 1))) % V
+    assert (a[:, t + 1 :] != b[:, t + 1 :]).all()
     with torch.no_grad():
         la, lb = model(a).logits, model(b).logits
-    torch.testing.assert_close(la[:, :t + 1], lb[:, :t + 1], atol=1e-6, rtol=1e-6)
-    assert (la[:, t + 1:] - lb[:, t + 1:]).abs().max() > 1e-2, "later positions must see the change"
+    torch.testing.assert_close(la[:, : t + 1], lb[:, : t + 1], atol=1e-6, rtol=1e-6)
+    assert (la[:, t + 1 :] - lb[:, t + 1 :]).abs().max() > 1e-2, "later positions must see the change"
 
 
 # ---------------------------------------------------------------- training
@@ -249,8 +274,7 @@ def test_tiny_lm_overfits_a_sentence():
     text = "the quick brown fox jumps over the lazy dog."
     tok = CharTokenizer.train(text)
     ids = torch.tensor([tok.encode(text)])
-    cfg = LMConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, d_ff=64, n_layers=2,
-                   max_len=len(text))
+    cfg = LMConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_len=len(text))
     model = DecoderLM(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(300):
@@ -402,10 +426,10 @@ def test_warmup_cosine_schedule():
     f = [warmup_cosine_lr(s, lr, min_lr, warmup, decay) for s in range(1, 131)]  # f[s - 1]
     assert f[0] == pytest.approx(lr / (warmup + 1))
     assert f[warmup] == pytest.approx(lr) and max(f) == f[warmup]  # peak at step warmup + 1
-    assert all(a < b for a, b in zip(f[:warmup], f[1:warmup + 1]))  # rising warm-up
-    assert all(a > b for a, b in zip(f[warmup:decay], f[warmup + 1:decay + 1]))  # cosine decay
+    assert all(a < b for a, b in zip(f[:warmup], f[1 : warmup + 1]))  # rising warm-up
+    assert all(a > b for a, b in zip(f[warmup:decay], f[warmup + 1 : decay + 1]))  # cosine decay
     assert f[decay] == pytest.approx(min_lr)  # step decay + 1
-    assert all(x == min_lr for x in f[decay + 1:])
+    assert all(x == min_lr for x in f[decay + 1 :])
     mid = (warmup + decay) // 2 + 1  # half-way through the decay: the mean of the two
     assert f[mid - 1] == pytest.approx((lr + min_lr) / 2)
 
@@ -465,13 +489,18 @@ def test_dyt_formula():
     torch.testing.assert_close(no_bias(x), torch.tanh(0.5 * x))
 
 
-@pytest.mark.parametrize("kwargs, needles", [
-    (dict(norm="batchnorm"), ["norm", "batchnorm"]),
-    (dict(positional="alibi"), ["positional", "alibi"]),
-    (dict(d_model=30, n_heads=4), ["d_model (30)", "n_heads (4)"]),
-    (dict(positional="rotary", d_model=12, n_heads=4), ["d_k (3)", "rotary"]),
-    (dict(dropout=1.0), ["dropout"]), (dict(bos_id=99), ["bos_id (99)"]),
-    (dict(norm="batchnorm", positional="alibi"), ["batchnorm", "alibi"])])
+@pytest.mark.parametrize(
+    "kwargs, needles",
+    [
+        (dict(norm="batchnorm"), ["norm", "batchnorm"]),
+        (dict(positional="alibi"), ["positional", "alibi"]),
+        (dict(d_model=30, n_heads=4), ["d_model (30)", "n_heads (4)"]),
+        (dict(positional="rotary", d_model=12, n_heads=4), ["d_k (3)", "rotary"]),
+        (dict(dropout=1.0), ["dropout"]),
+        (dict(bos_id=99), ["bos_id (99)"]),
+        (dict(norm="batchnorm", positional="alibi"), ["batchnorm", "alibi"]),
+    ],
+)
 def test_lm_config_rejects_bad_values(kwargs, needles):
     with pytest.raises(ValueError) as err:
         LMConfig(vocab_size=50, **kwargs)
@@ -494,11 +523,13 @@ def test_decoder_lm_matches_a_torch_reference(no_torch_fastpath):
     """DecoderLM (pre-LN, GELU, learned positions, biases, tied head) equals embeddings +
     positions + nn.TransformerEncoder (norm_first, causal mask) + LayerNorm + tied head."""
     d, h, ff, n_layers, max_len = 16, 4, 32, 2, 16
-    ours = DecoderLM(LMConfig(vocab_size=V, d_model=d, n_heads=h, d_ff=ff, n_layers=n_layers,
-                              max_len=max_len, bias=True)).eval()
+    ours = DecoderLM(
+        LMConfig(vocab_size=V, d_model=d, n_heads=h, d_ff=ff, n_layers=n_layers, max_len=max_len, bias=True)
+    ).eval()
     emb, pos, final = nn.Embedding(V, d), nn.Embedding(max_len, d), nn.LayerNorm(d)
-    layer = nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, activation="gelu", batch_first=True,
-                                       norm_first=True)
+    layer = nn.TransformerEncoderLayer(
+        d, h, ff, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    )
     stack = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False).eval()
     with torch.no_grad():
         for p in [*stack.parameters(), *final.parameters()]:
@@ -528,9 +559,18 @@ DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] /
 # Outside CI a missing corpus skips these tests; in CI it must fail, not pass silently.
 needs_data = pytest.mark.skipif(
     not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"),
-    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")
-SMOKE = ["eval_every=10", "sample_tokens=20", "num_samples=1", "d_model=32", "n_heads=2",
-         "d_ff=64", "n_layers=1", "--quiet"]
+    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)",
+)
+SMOKE = [
+    "eval_every=10",
+    "sample_tokens=20",
+    "num_samples=1",
+    "d_model=32",
+    "n_heads=2",
+    "d_ff=64",
+    "n_layers=1",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -559,8 +599,16 @@ def _clean_error(code: int, out: str, err: str, *needles: str) -> None:
 
 @needs_data
 def test_lm_run_directory(lm_run):
-    for name in ("samples.txt", "model.safetensors", "summary.json", "config.json",
-                 "tokenizer.json", "train_config.json", "metrics.jsonl", "train_state.pt"):
+    for name in (
+        "samples.txt",
+        "model.safetensors",
+        "summary.json",
+        "config.json",
+        "tokenizer.json",
+        "train_config.json",
+        "metrics.jsonl",
+        "train_state.pt",
+    ):
         assert (lm_run / name).is_file(), name
     summary = json.loads((lm_run / "summary.json").read_text())
     assert summary["steps"] == 20
@@ -579,44 +627,77 @@ def test_lm_run_directory(lm_run):
 @needs_data
 def test_generate_prompt_reproducible_and_empty(lm_run, capsys):
     run = str(lm_run)
-    code, out, _ = _run(capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "20",
-                        "--seed", "1")
+    code, out, _ = _run(
+        capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1"
+    )
     assert code == 0
     assert out.startswith("ROMEO:") and out.endswith("\n") and len(out) == 6 + 20 + 1
-    assert _run(capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "20",
-                "--seed", "1")[1] == out
-    assert _run(capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "20",
-                "--seed", "2")[1] != out
+    assert (
+        _run(capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1")[1] == out
+    )
+    assert (
+        _run(capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "2")[1] != out
+    )
     code, empty, _ = _run(capsys, "generate", run, "--prompt", "", "--max-new-tokens", "20", "--seed", "1")
     assert code == 0 and len(empty) == 20 + 1
     newline = _run(capsys, "generate", run, "--prompt", "\n", "--max-new-tokens", "20", "--seed", "1")[1]
     assert newline == "\n" + empty, "an empty prompt starts from '\\n'"
     code, greedy, _ = _run(capsys, "generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "8", "--greedy")
-    assert code == 0 and greedy == _run(capsys, "generate", run, "--prompt", "ROMEO:",
-                                        "--max-new-tokens", "8", "--top-k", "1", "--seed", "5")[1]
+    assert (
+        code == 0
+        and greedy
+        == _run(
+            capsys,
+            "generate",
+            run,
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "8",
+            "--top-k",
+            "1",
+            "--seed",
+            "5",
+        )[1]
+    )
 
 
 @needs_data
 def test_generate_stop_string_cuts_before_it(lm_run, capsys):
     run = str(lm_run)
     args = ["generate", run, "--prompt", "ROMEO:", "--max-new-tokens", "30", "--seed", "3"]
-    text = _run(capsys, *args)[1][len("ROMEO:"):-1]
+    text = _run(capsys, *args)[1][len("ROMEO:") : -1]
     stop = text[6:8]
     code, out, _ = _run(capsys, *args, "--stop", stop)
-    assert code == 0 and out == "ROMEO:" + text[:text.find(stop)] + "\n"
+    assert code == 0 and out == "ROMEO:" + text[: text.find(stop)] + "\n"
 
 
 @needs_data
-@pytest.mark.parametrize("args, needles", [
-    (["--prompt", "héllo"], ["'é'", "position 1"]),
-    (["--temperature", "0"], ["temperature", "greedy"]),
-    (["--temperature", "-1"], ["temperature"]),
-    (["--top-p", "0"], ["top_p"]), (["--top-p", "1.5"], ["top_p"]),
-    (["--max-new-tokens", "0"], ["max_new_tokens"]),
-    (["--top-probs", "0"], ["--top-probs"]), (["--top-probs", "-1"], ["--top-probs"]),
-    (["--top-probs", "3", "--temperature", "0"], ["temperature"]),
-], ids=["unknown-char", "temperature-0", "temperature-neg", "top-p-0", "top-p-1.5",
-        "max-new-tokens-0", "top-probs-0", "top-probs-neg", "top-probs-temperature-0"])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--prompt", "héllo"], ["'é'", "position 1"]),
+        (["--temperature", "0"], ["temperature", "greedy"]),
+        (["--temperature", "-1"], ["temperature"]),
+        (["--top-p", "0"], ["top_p"]),
+        (["--top-p", "1.5"], ["top_p"]),
+        (["--max-new-tokens", "0"], ["max_new_tokens"]),
+        (["--top-probs", "0"], ["--top-probs"]),
+        (["--top-probs", "-1"], ["--top-probs"]),
+        (["--top-probs", "3", "--temperature", "0"], ["temperature"]),
+    ],
+    ids=[
+        "unknown-char",
+        "temperature-0",
+        "temperature-neg",
+        "top-p-0",
+        "top-p-1.5",
+        "max-new-tokens-0",
+        "top-probs-0",
+        "top-probs-neg",
+        "top-probs-temperature-0",
+    ],
+)
 def test_generate_bad_input_is_a_clean_error(lm_run, capsys, args, needles):
     _clean_error(*_run(capsys, "generate", str(lm_run), "--seed", "1", *args), *needles)
 
@@ -664,8 +745,10 @@ def test_resume_continues_to_more_steps(lm_run, tmp_path, capsys):
     assert (run / "model.safetensors").read_bytes() == before
 
 
-@pytest.mark.parametrize("override, needle", [("d_modle=64", "d_modle"), ("norm=batchnorm", "batchnorm"),
-                                              ("tokenizer=word", "tokenizer")])
+@pytest.mark.parametrize(
+    "override, needle",
+    [("d_modle=64", "d_modle"), ("norm=batchnorm", "batchnorm"), ("tokenizer=word", "tokenizer")],
+)
 def test_lm_recipe_bad_config_fails_before_writing(tmp_path, capsys, override, needle):
     out = tmp_path / "run"
     _clean_error(*_run(capsys, "train", "lm", override, "--out", str(out), "--max-steps", "5"), needle)

@@ -56,6 +56,7 @@ def _reference_grad(batches):
 
 # ---------------------------------------------------------------------------- one step
 
+
 def test_a_step_normalises_accumulated_gradients_by_all_target_tokens(tmp_path):
     batches = _micro_batches()
     grads, before = _reference_grad(batches)
@@ -83,8 +84,9 @@ def test_a_step_clips_the_gradient_to_clip_norm(tmp_path):
     update = torch.cat([(before[n] - p.detach()).flatten() for n, p in model.named_parameters()])
     assert update.norm().item() == pytest.approx(0.1, rel=1e-4)
     # clipping scales the whole gradient: its direction is kept
-    torch.testing.assert_close(update / update.norm(),
-                               torch.cat([g.flatten() for g in grads.values()]) / norm)
+    torch.testing.assert_close(
+        update / update.norm(), torch.cat([g.flatten() for g in grads.values()]) / norm
+    )
 
 
 def test_a_stop_asked_for_during_the_backward_is_reported_by_that_step(tmp_path):
@@ -114,14 +116,18 @@ def test_a_nan_step_is_skipped_up_to_skip_nonfinite_then_raises(tmp_path, caplog
     assert "non-finite loss at step 7" in caplog.text
     assert "skipped (1 of train.skip_nonfinite=1)" in caplog.text
     assert all(p.grad is None for p in model.parameters()), "the bad gradients are discarded"
-    with pytest.raises(NonFiniteLoss, match=r"non-finite loss at step 7 \(loss nan.*first non-finite "
-                                            r"gradient: weight\).*is untouched"):
+    with pytest.raises(
+        NonFiniteLoss,
+        match=r"non-finite loss at step 7 \(loss nan.*first non-finite "
+        r"gradient: weight\).*is untouched",
+    ):
         step(_micro_batches()[:1], LoopState(step=6, skipped_nonfinite=1))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} was updated by a non-finite step"
 
 
 # ---------------------------------------------------------------------------- checkpoints
+
 
 class _Net(torch.nn.Module):
     def __init__(self) -> None:
@@ -157,8 +163,15 @@ def _reseed(seed):
 
 def test_resume_restores_weights_optimizer_loop_state_and_every_rng(tmp_path):
     model, opt, checkpoints = _trained(tmp_path)
-    state = LoopState(step=7, epoch=1, batch_in_epoch=3, elapsed_s=12.5, best_score=0.25,
-                      snapshots=["a"], skipped_nonfinite=1)
+    state = LoopState(
+        step=7,
+        epoch=1,
+        batch_in_epoch=3,
+        elapsed_s=12.5,
+        best_score=0.25,
+        snapshots=["a"],
+        skipped_nonfinite=1,
+    )
     _reseed(11)
     checkpoints.save(state)
     expected = _draws()
@@ -183,8 +196,15 @@ def test_resume_of_an_old_state_reads_last_safetensors_and_leaves_numpy_alone(tm
     model, opt, _ = _trained(tmp_path)
     save_weights(model, tmp_path / "last.safetensors")
     _reseed(11)
-    torch.save({"optimizer": opt.state_dict(), "loop": {"step": 3}, "py_rng": random.getstate(),
-                "torch_rng": torch.get_rng_state()}, tmp_path / "train_state.pt")
+    torch.save(
+        {
+            "optimizer": opt.state_dict(),
+            "loop": {"step": 3},
+            "py_rng": random.getstate(),
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp_path / "train_state.pt",
+    )
     expected_py, expected_torch = random.random(), torch.rand(3)
 
     other, _, resumed = _trained(tmp_path, seed=1)
@@ -218,9 +238,13 @@ def test_snapshots_keep_only_the_newest_keep_snapshots(tmp_path):
     assert state.last_snapshot_s == 900.0
 
 
-@pytest.mark.parametrize(("higher_is_better", "scores", "best"),
-                         [(False, [3.0, 2.0, 2.5, 2.0], [True, True, False, False]),
-                          (True, [1.0, 2.0, 1.5, 2.0], [True, True, False, False])])
+@pytest.mark.parametrize(
+    ("higher_is_better", "scores", "best"),
+    [
+        (False, [3.0, 2.0, 2.5, 2.0], [True, True, False, False]),
+        (True, [1.0, 2.0, 1.5, 2.0], [True, True, False, False]),
+    ],
+)
 def test_best_safetensors_follows_the_score_direction(tmp_path, higher_is_better, scores, best):
     model, opt, _ = _trained(tmp_path)
     checkpoints = Checkpointer(model, opt, tmp_path, TrainSettings(), "acc", higher_is_better)
@@ -236,14 +260,20 @@ def test_best_safetensors_follows_the_score_direction(tmp_path, higher_is_better
 
 # ---------------------------------------------------------------------------- metrics
 
+
 def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_resumed_metrics_drop_the_rows_after_the_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    rows = [{"step": 10, "train_loss": 2.0}, {"step": 20, "train_loss": 1.5}, {"step": 20, "val_loss": 1.7},
-            {"step": 25, "skipped_nonfinite": 1}, {"step": 30, "train_loss": 1.2}]
+    rows = [
+        {"step": 10, "train_loss": 2.0},
+        {"step": 20, "train_loss": 1.5},
+        {"step": 20, "val_loss": 1.7},
+        {"step": 25, "skipped_nonfinite": 1},
+        {"step": 30, "train_loss": 1.2},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = TrainSettings(max_steps=40)
     with TrainMetrics(tmp_path, cfg, LoopState(step=20), resumed=True, progress=False):
@@ -259,11 +289,23 @@ def test_the_train_row_every_20_steps_averages_the_loss_over_their_tokens(tmp_pa
     with TrainMetrics(tmp_path, TrainSettings(max_steps=100), state, resumed=False, progress=False) as m:
         for step in range(1, 41):
             state.step, state.epoch, state.elapsed_s = step, step // 30, step * 3.0
-            m.train_step(state, StepStats(loss_sum=2.0, tokens=step, grad_norm=1.0, elapsed=0.0,
-                                          lr=step / 1000, stop_requested=False, skipped=False))
+            m.train_step(
+                state,
+                StepStats(
+                    loss_sum=2.0,
+                    tokens=step,
+                    grad_norm=1.0,
+                    elapsed=0.0,
+                    lr=step / 1000,
+                    stop_requested=False,
+                    skipped=False,
+                ),
+            )
     rows = _rows(tmp_path / "metrics.jsonl")
     keys = ["step", "epoch", "train_loss", "lr", "tokens_per_s", "elapsed_min"]
     assert [list(r) for r in rows] == [keys, keys]
     assert [(r["step"], r["epoch"], r["train_loss"], r["lr"], r["elapsed_min"]) for r in rows] == [
-        (20, 0, 40 / 210, 0.02, 1.0), (40, 1, 40 / 610, 0.04, 2.0)]  # summed loss / summed tokens
+        (20, 0, 40 / 210, 0.02, 1.0),
+        (40, 1, 40 / 610, 0.04, 2.0),
+    ]  # summed loss / summed tokens
     assert rows[0]["tokens_per_s"] > 0

@@ -28,8 +28,17 @@ TOL = 1e-5
 
 def tiny_config(**overrides) -> TransformerConfig:
     """A 2 + 2 layer model of width 16; source and target vocabularies differ on purpose."""
-    base = dict(src_vocab_size=13, tgt_vocab_size=11, d_model=16, n_heads=2, d_ff=32,
-                n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, max_len=64)
+    base = dict(
+        src_vocab_size=13,
+        tgt_vocab_size=11,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.1,
+        max_len=64,
+    )
     base.update(overrides)
     return TransformerConfig(**base)
 
@@ -79,10 +88,10 @@ def test_causal_logits_never_depend_on_later_targets(variant):
         ref = model(src, tgt).logits
         for t in range(tgt.size(1) - 1):
             changed = tgt.clone()
-            changed[:, t + 1:] = (changed[:, t + 1:] - 3 + 1) % (model.config.tgt_vocab_size - 3) + 3
+            changed[:, t + 1 :] = (changed[:, t + 1 :] - 3 + 1) % (model.config.tgt_vocab_size - 3) + 3
             out = model(src, changed).logits
             assert (out[:, : t + 1] - ref[:, : t + 1]).abs().max() <= 1e-6
-            assert (out[:, t + 1:] - ref[:, t + 1:]).abs().max() > 1e-4
+            assert (out[:, t + 1 :] - ref[:, t + 1 :]).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -111,7 +120,7 @@ def test_batch_of_one_equals_padded_batch(variant):
     with torch.no_grad():
         batched = model(src, tgt).logits
         for i, (s_len, t_len) in enumerate(zip((7, 5, 2), (6, 3, 4))):
-            alone = model(src[i:i + 1, :s_len], tgt[i:i + 1, :t_len]).logits
+            alone = model(src[i : i + 1, :s_len], tgt[i : i + 1, :t_len]).logits
             assert (alone[0] - batched[i, :t_len]).abs().max() <= TOL
 
 
@@ -137,13 +146,16 @@ def test_kv_cache_decoding_equals_full_recompute(variant):
         full, _, _ = model.decode(tgt, memory, src_mask)
 
         caches = model.new_caches()
-        steps = [model.decode(tgt[:, t:t + 1], memory, src_mask, caches=caches, start_pos=t)[0]
-                 for t in range(7)]
+        steps = [
+            model.decode(tgt[:, t : t + 1], memory, src_mask, caches=caches, start_pos=t)[0] for t in range(7)
+        ]
         assert (torch.cat(steps, dim=1) - full).abs().max() <= TOL
 
         caches = model.new_caches()
-        chunks = [model.decode(tgt[:, a:b], memory, src_mask, caches=caches, start_pos=a)[0]
-                  for a, b in ((0, 3), (3, 4), (4, 7))]
+        chunks = [
+            model.decode(tgt[:, a:b], memory, src_mask, caches=caches, start_pos=a)[0]
+            for a, b in ((0, 3), (3, 4), (4, 7))
+        ]
         assert (torch.cat(chunks, dim=1) - full).abs().max() <= TOL
     assert caches[0][0].k.shape[2] == 7  # self-attention cache holds all 7 positions
     assert caches[0][1].k.shape[2] == src.size(1)  # cross-attention cache: the source
@@ -210,7 +222,7 @@ def test_greedy_batch_equals_one_by_one():
     batched = greedy_decode(model, src, max_new_tokens=8)
     for i in range(src.size(0)):
         n = int((src[i] != PAD).sum())
-        assert greedy_decode(model, src[i:i + 1, :n], max_new_tokens=8) == [batched[i]]
+        assert greedy_decode(model, src[i : i + 1, :n], max_new_tokens=8) == [batched[i]]
 
 
 def test_greedy_first_token_is_argmax_of_model():
@@ -274,9 +286,18 @@ def copy_model() -> Transformer:
     About 6 s on one CPU thread.
     """
     torch.manual_seed(0)
-    cfg = TransformerConfig(src_vocab_size=COPY_VOCAB, tgt_vocab_size=COPY_VOCAB, d_model=64,
-                            n_heads=4, d_ff=128, n_encoder_layers=1, n_decoder_layers=1,
-                            dropout=0.0, max_len=32, share_embeddings=True)
+    cfg = TransformerConfig(
+        src_vocab_size=COPY_VOCAB,
+        tgt_vocab_size=COPY_VOCAB,
+        d_model=64,
+        n_heads=4,
+        d_ff=128,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        dropout=0.0,
+        max_len=32,
+        share_embeddings=True,
+    )
     model = Transformer(cfg)
     opt = make_adam(model.parameters())
     g = torch.Generator().manual_seed(1)
@@ -286,8 +307,9 @@ def copy_model() -> Transformer:
         batch = make_batch([(s, s) for s in seqs], list(range(batch_size)), PAD, BOS, EOS)
         for group in opt.param_groups:
             group["lr"] = peak * min(step / warmup, (steps - step + 1) / (steps - warmup))
-        loss, _ = label_smoothed_nll(model(batch.src, batch.tgt_in).logits, batch.tgt_out,
-                                     label_smoothing=0.0, ignore_index=PAD)
+        loss, _ = label_smoothed_nll(
+            model(batch.src, batch.tgt_in).logits, batch.tgt_out, label_smoothing=0.0, ignore_index=PAD
+        )
         opt.zero_grad()
         (loss / batch.n_tgt_tokens).backward()
         opt.step()
@@ -321,15 +343,20 @@ def test_copy_task_beam_search_reproduces_every_input(copy_model, beam_size, alp
     g = torch.Generator().manual_seed(777)
     seqs = _copy_sequences(20, g)
     src = make_batch([(s, s) for s in seqs], list(range(20)), PAD, BOS, EOS).src
-    assert beam_search(copy_model, src, beam_size=beam_size, alpha=alpha,
-                       max_new_tokens=COPY_MAX_LEN + 2) == seqs
+    assert (
+        beam_search(copy_model, src, beam_size=beam_size, alpha=alpha, max_new_tokens=COPY_MAX_LEN + 2)
+        == seqs
+    )
 
 
 # --------------------------------------------------------------------------- checkpoints
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(share_embeddings=True, tgt_vocab_size=13)],
-                         ids=["tied-output", "shared-embeddings"])
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(share_embeddings=True, tgt_vocab_size=13)],
+    ids=["tied-output", "shared-embeddings"],
+)
 def test_save_load_weights_round_trip(tmp_path, overrides):
     """save_weights -> load_weights into a differently initialised model gives identical outputs,
     and tied matrices stay tied (stored once in the file)."""
@@ -394,11 +421,23 @@ def test_config_error_names_bad_value():
 def test_config_error_names_every_bad_value():
     """Several bad values are all reported in one error."""
     with pytest.raises(ValueError) as info:
-        TransformerConfig(src_vocab_size=10, tgt_vocab_size=12, d_model=12, n_heads=4, dropout=1.5,
-                          activation="tanh", share_embeddings=True, eos_id=10)
+        TransformerConfig(
+            src_vocab_size=10,
+            tgt_vocab_size=12,
+            d_model=12,
+            n_heads=4,
+            dropout=1.5,
+            activation="tanh",
+            share_embeddings=True,
+            eos_id=10,
+        )
     msg = str(info.value)
-    for part in ("dropout (1.5)", "activation must be one of 'relu', 'gelu', 'gelu_tanh', 'silu', got 'tanh'", "src_vocab_size (10) != tgt_vocab_size (12)",
-                 "eos_id (10)"):
+    for part in (
+        "dropout (1.5)",
+        "activation must be one of 'relu', 'gelu', 'gelu_tanh', 'silu', got 'tanh'",
+        "src_vocab_size (10) != tgt_vocab_size (12)",
+        "eos_id (10)",
+    ):
         assert part in msg
 
 
@@ -425,8 +464,12 @@ def test_noam_lr_matches_paper_formula():
     """lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (Eq. 3), base model values."""
     d, w = 512, 4000
     # step: value worked out by hand (512^-0.5 = 0.0441942, 4000^-1.5 = 3.95285e-6)
-    for step, expected in [(1, 1.746928e-07), (100, 1.746928e-05), (4000, 6.987712e-04),
-                           (16000, 3.493856e-04)]:
+    for step, expected in [
+        (1, 1.746928e-07),
+        (100, 1.746928e-05),
+        (4000, 6.987712e-04),
+        (16000, 3.493856e-04),
+    ]:
         assert math.isclose(noam_lr(step, d, w), expected, rel_tol=1e-6)
     assert math.isclose(noam_lr(100, d, w, factor=2.0), 2 * noam_lr(100, d, w), rel_tol=1e-12)
     assert noam_lr(0, d, w) == noam_lr(1, d, w)  # step 0 is treated as step 1
@@ -482,8 +525,9 @@ class _ScriptedModel:
     source ids (up to 15) only name the sentence."""
 
     def __init__(self, vocab=5, confident=None, seed=0):
-        self.config = TransformerConfig(src_vocab_size=16, tgt_vocab_size=vocab, d_model=2,
-                                        n_heads=1, d_ff=2, max_len=64)
+        self.config = TransformerConfig(
+            src_vocab_size=16, tgt_vocab_size=vocab, d_model=2, n_heads=1, d_ff=2, max_len=64
+        )
         self.vocab, self.confident, self.seed = vocab, confident, seed
 
     def logits(self, sentence: int, prefix: tuple) -> torch.Tensor:
@@ -491,7 +535,11 @@ class _ScriptedModel:
         out = torch.randn(self.vocab, generator=g) * 2
         if self.confident is not None:  # one sure path per sentence: the script, then eos
             script = self.confident[sentence]
-            nxt = script[len(prefix)] if prefix == tuple(script[:len(prefix)]) and len(prefix) < len(script) else EOS
+            nxt = (
+                script[len(prefix)]
+                if prefix == tuple(script[: len(prefix)]) and len(prefix) < len(script)
+                else EOS
+            )
             out[nxt] += 12.0
         out[[PAD, BOS]] = float("-inf")
         return out
@@ -505,6 +553,7 @@ class _ScriptedModel:
 
     def new_caches(self):
         from qkv.nn import KVCache
+
         return [(KVCache(), KVCache())]
 
     def decode(self, token, memory, src_mask, caches=None, start_pos=0, need_weights=False):

@@ -12,8 +12,12 @@ import math
 import pytest
 import torch
 
-from qkv.nn import (MultiHeadAttention, SinusoidalPositionalEncoding, attention_steps,
-                    sinusoidal_positional_encoding)
+from qkv.nn import (
+    MultiHeadAttention,
+    SinusoidalPositionalEncoding,
+    attention_steps,
+    sinusoidal_positional_encoding,
+)
 from qkv.nn.positional import check_positions
 
 # --------------------------------------------------------------------------- 001: shape table
@@ -38,7 +42,7 @@ def test_001_projection_and_output_weight_shapes(mha_001):
     for w in _per_projection(mha_001.w_qkv.weight):  # W_Q, W_K, W_V: the 5 heads stacked
         assert w.shape == (H * D_K, D)
         for h in range(H):
-            assert w[h * D_K:(h + 1) * D_K].T.shape == (4, 3)
+            assert w[h * D_K : (h + 1) * D_K].T.shape == (4, 3)
     assert mha_001.w_o.weight.shape == (4, 15)
 
 
@@ -55,8 +59,10 @@ def test_001_per_head_shapes_and_concatenated_output(mha_001):
     heads = []
     for h in range(H):
         rows = slice(h * D_K, (h + 1) * D_K)
-        qh, kh, vh = (x[0] @ w[rows].T + b[rows] for w, b in zip(
-            _per_projection(mha_001.w_qkv.weight), _per_projection(mha_001.w_qkv.bias)))
+        qh, kh, vh = (
+            x[0] @ w[rows].T + b[rows]
+            for w, b in zip(_per_projection(mha_001.w_qkv.weight), _per_projection(mha_001.w_qkv.bias))
+        )
         assert qh.shape == kh.shape == vh.shape == (2, 3)
         a = torch.softmax(qh @ kh.T / math.sqrt(D_K), dim=-1)
         assert a.shape == (2, 2)
@@ -136,11 +142,13 @@ def test_positional_encoding_hand_computed_d4():
     """PE for d = 4: pos 0 = (0, 1, 0, 1); pos 1 = (sin 1, cos 1, sin 0.01, cos 0.01);
     pos 2 = (sin 2, cos 2, sin 0.02, cos 0.02), since 10000^(2/4) = 100."""
     pe = sinusoidal_positional_encoding(max_len=3, d_model=4)
-    expected = torch.tensor([
-        [0.0, 1.0, 0.0, 1.0],
-        [0.841471, 0.540302, 0.00999983, 0.99995],
-        [0.909297, -0.416147, 0.0199987, 0.99980],
-    ])
+    expected = torch.tensor(
+        [
+            [0.0, 1.0, 0.0, 1.0],
+            [0.841471, 0.540302, 0.00999983, 0.99995],
+            [0.909297, -0.416147, 0.0199987, 0.99980],
+        ]
+    )
     assert pe.shape == (3, 4) and pe.dtype == torch.float32
     assert torch.allclose(pe, expected, atol=1e-6, rtol=0)
 
@@ -158,8 +166,9 @@ def test_positional_encoding_formula_d512(pos, i):
 def test_positional_encoding_rows_have_norm_sqrt_half_d(d):
     """Each row holds d/2 (sin, cos) pairs of one angle, so ||PE(pos)|| = sqrt(d/2) for every pos."""
     pe = sinusoidal_positional_encoding(max_len=200, d_model=d).double()
-    assert torch.allclose(pe.norm(dim=1), torch.full((200,), math.sqrt(d / 2), dtype=torch.float64),
-                          atol=1e-5)
+    assert torch.allclose(
+        pe.norm(dim=1), torch.full((200,), math.sqrt(d / 2), dtype=torch.float64), atol=1e-5
+    )
 
 
 def test_positional_encoding_relative_shift_is_a_rotation():

@@ -42,6 +42,7 @@ def _warnings(caplog) -> list[str]:
 
 # ---------------------------------------------------------------- the rule
 
+
 def test_auto_is_fp32_on_a_cpu_without_native_bf16(monkeypatch, qkv_logs):
     _cpu(monkeypatch, False)
     precision, why = resolve_precision("auto", CPU)
@@ -52,8 +53,10 @@ def test_auto_is_fp32_on_a_cpu_without_native_bf16(monkeypatch, qkv_logs):
 
 def test_auto_is_bf16_on_a_cpu_with_amx(monkeypatch, qkv_logs):
     _cpu(monkeypatch, True)
-    assert resolve_precision("auto", CPU) == ("bf16", f"auto: CPU ({qdevice.cpu_capability()}) "
-                                                      "has AMX bfloat16 units")
+    assert resolve_precision("auto", CPU) == (
+        "bf16",
+        f"auto: CPU ({qdevice.cpu_capability()}) has AMX bfloat16 units",
+    )
     assert _warnings(qkv_logs) == []
 
 
@@ -61,9 +64,14 @@ def test_auto_is_fp32_on_a_cpu_with_avx512_bf16_but_no_amx(monkeypatch, qkv_logs
     # Measured on such a CPU: bf16 matmuls at half the fp32 rate, training steps 1.39x slower.
     _cpu(monkeypatch, True, amx=False)
     precision, why = resolve_precision("auto", CPU)
-    assert precision == "fp32" and why.endswith("AVX512_BF16 but no AMX, where bf16 matmuls are slower than fp32")
+    assert precision == "fp32" and why.endswith(
+        "AVX512_BF16 but no AMX, where bf16 matmuls are slower than fp32"
+    )
     assert _warnings(qkv_logs) == []
-    assert resolve_precision("bf16", CPU) == ("bf16", f"set explicitly (no AMX on CPU ({qdevice.cpu_capability()}))")
+    assert resolve_precision("bf16", CPU) == (
+        "bf16",
+        f"set explicitly (no AMX on CPU ({qdevice.cpu_capability()}))",
+    )
     [warning] = _warnings(qkv_logs)
     assert "no AMX is slower than fp32" in warning
 
@@ -98,14 +106,17 @@ def test_unknown_precision_is_a_clean_error():
 
 
 def test_cpu_probe_reads_capabilities_and_never_raises(monkeypatch):
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, "amx_bf16": True},
-                        raising=False)
+    monkeypatch.setattr(
+        torch.cpu, "get_capabilities", lambda: {"avx2": True, "amx_bf16": True}, raising=False
+    )
     assert cpu_has_native_bf16() is True and cpu_has_amx_bf16() is True
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": False},
-                        raising=False)
+    monkeypatch.setattr(
+        torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": False}, raising=False
+    )
     assert cpu_has_native_bf16() is True and cpu_has_amx_bf16() is False
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, "avx512_bf16": False},
-                        raising=False)
+    monkeypatch.setattr(
+        torch.cpu, "get_capabilities", lambda: {"avx2": True, "avx512_bf16": False}, raising=False
+    )
     assert cpu_has_native_bf16() is False and cpu_has_amx_bf16() is False
 
     def broken(*args, **kwargs):
@@ -123,6 +134,7 @@ def test_cpu_probe_reads_capabilities_and_never_raises(monkeypatch):
 
 # ---------------------------------------------------------------- settings and the old key
 
+
 def test_precision_replaces_amp_bf16_in_train_settings():
     assert TrainSettings().precision == "auto"
     assert not hasattr(TrainSettings(), "amp_bf16")
@@ -130,24 +142,29 @@ def test_precision_replaces_amp_bf16_in_train_settings():
         TrainSettings(precision="fp16")
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("amp_bf16=true", "bf16"), ("train.amp_bf16=true", "bf16"),
-    ("amp_bf16=false", "fp32"), ("train.amp_bf16=false", "fp32"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("amp_bf16=true", "bf16"),
+        ("train.amp_bf16=true", "bf16"),
+        ("amp_bf16=false", "fp32"),
+        ("train.amp_bf16=false", "fp32"),
+    ],
+)
 def test_amp_bf16_override_is_read_as_precision_with_a_deprecation_warning(override, expected, qkv_logs):
     assert resolve(LMRecipe, None, [override]).train.precision == expected
     [warning] = _warnings(qkv_logs)
     assert warning == f"{override.split('=')[0]} is deprecated: read as train.precision={expected}"
 
 
-@pytest.mark.parametrize("data", [{"train": {"amp_bf16": True}}, {"amp_bf16": True}],
-                         ids=["nested", "flat"])
+@pytest.mark.parametrize("data", [{"train": {"amp_bf16": True}}, {"amp_bf16": True}], ids=["nested", "flat"])
 def test_amp_bf16_in_a_config_file_is_read_as_precision(tmp_path, data, qkv_logs):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
     assert resolve(LMRecipe, path).train.precision == "bf16"
-    assert resolve(LMRecipe, path, ["train.precision=auto"]).train.precision == "auto", \
+    assert resolve(LMRecipe, path, ["train.precision=auto"]).train.precision == "auto", (
         "a later key wins, as for any key"
+    )
     assert any("amp_bf16 is deprecated" in w for w in _warnings(qkv_logs))
 
 
@@ -171,6 +188,7 @@ def test_old_run_settings_with_amp_bf16_resolve(tmp_path):
 
 # ---------------------------------------------------------------- the loop and the recipes
 
+
 def test_train_loop_autocasts_only_for_bf16(monkeypatch, tmp_path):
     seen = []
 
@@ -180,10 +198,18 @@ def test_train_loop_autocasts_only_for_bf16(monkeypatch, tmp_path):
 
     def autocast(cfg_precision: str, precision: str | None = None) -> bool:
         model = torch.nn.Linear(4, 1)
-        train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda s, used: 0.1,
-                   lambda epoch: [torch.ones(2, 4)], loss_fn, None, tmp_path / str(len(seen)),
-                   TrainSettings(max_steps=1, snapshot_minutes=1e9, precision=cfg_precision),
-                   progress=False, precision=precision)
+        train_loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            lambda s, used: 0.1,
+            lambda epoch: [torch.ones(2, 4)],
+            loss_fn,
+            None,
+            tmp_path / str(len(seen)),
+            TrainSettings(max_steps=1, snapshot_minutes=1e9, precision=cfg_precision),
+            progress=False,
+            precision=precision,
+        )
         return seen.pop()
 
     assert autocast("fp32", precision="bf16") is True, "the resolved precision passed in wins"
@@ -196,7 +222,8 @@ def test_train_loop_autocasts_only_for_bf16(monkeypatch, tmp_path):
 
 needs_data = pytest.mark.skipif(
     not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"),
-    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")
+    reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)",
+)
 
 
 @needs_data
@@ -212,14 +239,31 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
         return train_loop(*args, **kwargs)
 
     monkeypatch.setattr(lm, "train_loop", recording_loop)
-    recipe = resolve(LMRecipe, None, ["train.max_steps=2", "train.eval_every=2", "train.device=auto",
-                                      "sample_tokens=5", "num_samples=1", "d_model=16", "n_heads=2",
-                                      "d_ff=32", "n_layers=1", "eval_batches=2"])
+    recipe = resolve(
+        LMRecipe,
+        None,
+        [
+            "train.max_steps=2",
+            "train.eval_every=2",
+            "train.device=auto",
+            "sample_tokens=5",
+            "num_samples=1",
+            "d_model=16",
+            "n_heads=2",
+            "d_ff=32",
+            "n_layers=1",
+            "eval_batches=2",
+        ],
+    )
     train_lm(recipe, tmp_path / "run", progress=False)
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert saved["train"]["precision"] == "auto", "the setting as given"
-    assert saved["resolved"] == {"device": "cpu", "precision": "fp32", "processes": 1,
-                                 "why": f"auto: CPU ({qdevice.cpu_capability()}) lacks native bfloat16"}
+    assert saved["resolved"] == {
+        "device": "cpu",
+        "precision": "fp32",
+        "processes": 1,
+        "why": f"auto: CPU ({qdevice.cpu_capability()}) lacks native bfloat16",
+    }
     assert passed == ["fp32"]
     info = [r.getMessage() for r in qkv_logs.records if r.levelno == logging.INFO]
     assert f"device: cpu (no CUDA or MPS), {torch.get_num_threads()} threads" in info
@@ -227,6 +271,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
 
 
 # ---------------------------------------------------------------- qkv generate --dtype
+
 
 def _generate_dtype(monkeypatch, capsys, run_dir, *args: str) -> tuple[torch.dtype, str]:
     dtypes = []
@@ -239,16 +284,21 @@ def _generate_dtype(monkeypatch, capsys, run_dir, *args: str) -> tuple[torch.dty
 
     monkeypatch.setattr(TextGenerator, "from_run", classmethod(recording))
     capsys.readouterr()
-    assert main(["generate", str(run_dir), "--prompt", "ROMEO", "--max-new-tokens", "2",
-                 "--device", "cpu", *args]) == 0
+    assert (
+        main(
+            ["generate", str(run_dir), "--prompt", "ROMEO", "--max-new-tokens", "2", "--device", "cpu", *args]
+        )
+        == 0
+    )
     [dtype] = dtypes
     return dtype, capsys.readouterr().err
 
 
 def test_generate_dtype_auto_is_float32_on_a_cpu_without_native_bf16(monkeypatch, capsys, tiny_runs):
     _cpu(monkeypatch, False)
-    assert _generate_dtype(monkeypatch, capsys, tiny_runs["lm"]) == (torch.float32, ""), \
+    assert _generate_dtype(monkeypatch, capsys, tiny_runs["lm"]) == (torch.float32, ""), (
         "the default is auto, and it says nothing on stderr"
+    )
     assert _generate_dtype(monkeypatch, capsys, tiny_runs["lm"], "--dtype", "auto")[0] == torch.float32
 
 
@@ -258,7 +308,9 @@ def test_generate_dtype_auto_is_bfloat16_on_a_cpu_with_amx(monkeypatch, capsys, 
     assert _generate_dtype(monkeypatch, capsys, tiny_runs["lm"], "--dtype", "float32")[0] == torch.float32
 
 
-def test_generate_explicit_bfloat16_on_a_cpu_with_avx512_bf16_only_does_not_warn(monkeypatch, capsys, tiny_runs):
+def test_generate_explicit_bfloat16_on_a_cpu_with_avx512_bf16_only_does_not_warn(
+    monkeypatch, capsys, tiny_runs
+):
     """Decoding streams weights, so bf16 pays without AMX too: no training-style warning."""
     _cpu(monkeypatch, True, amx=False)
     dtype, err = _generate_dtype(monkeypatch, capsys, tiny_runs["lm"], "--dtype", "bfloat16")
@@ -278,13 +330,19 @@ def test_every_recipe_passes_its_resolved_precision_to_the_loop():
     recipes' ``fit_classifier(..., run.precision)``, which passes it on) and records ``run``."""
     recipes = Path(__file__).resolve().parents[1] / "src" / "qkv" / "recipes"
     common = ast.parse((recipes / "common.py").read_text(encoding="utf-8"))
-    fit = next(c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "train_loop")
+    fit = next(
+        c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "train_loop"
+    )
     assert {k.arg: ast.unparse(k.value) for k in fit.keywords}["precision"] == "precision"
     for name in ("translation", "lm", "protein_mlm", "protein_tasks", "text_cls", "vit"):
         tree = ast.parse((recipes / f"{name}.py").read_text(encoding="utf-8"))
-        calls = {c.func.id: c for c in ast.walk(tree)
-                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                 and c.func.id in ("train_loop", "fit_classifier", "write_settings")}
+        calls = {
+            c.func.id: c
+            for c in ast.walk(tree)
+            if isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Name)
+            and c.func.id in ("train_loop", "fit_classifier", "write_settings")
+        }
         if "fit_classifier" in calls:
             assert ast.unparse(calls["fit_classifier"].args[-1]) == "run.precision", name
         else:

@@ -34,8 +34,17 @@ def test_amino_acid_tokenizer_round_trip_and_specials(tmp_path):
     assert isinstance(again, AminoAcidTokenizer) and again.encode("ACD") == tok.encode("ACD")
 
 
-@pytest.mark.parametrize("seq, char, pos", [("MK-LV", "-", 3), ("MKL V", " ", 4), ("MK1", "1", 3),
-                                            ("M**", "*", 2), ("MK.", ".", 3), ("<mask>", "<", 1)])
+@pytest.mark.parametrize(
+    "seq, char, pos",
+    [
+        ("MK-LV", "-", 3),
+        ("MKL V", " ", 4),
+        ("MK1", "1", 3),
+        ("M**", "*", 2),
+        ("MK.", ".", 3),
+        ("<mask>", "<", 1),
+    ],
+)
 def test_amino_acid_tokenizer_refuses_other_characters(seq, char, pos):
     with pytest.raises(QkvError) as err:
         AminoAcidTokenizer().encode(seq, "P12345")
@@ -55,13 +64,16 @@ def test_fasta_windows_newlines_lowercase_and_stop(tmp_path):
     assert recs[0].description == "p1 first protein"
 
 
-@pytest.mark.parametrize("text, needle", [
-    (">p1\nMKT\n>p2\n\n>p3\nAC\n", "p2 has an empty sequence"),
-    (">p1\nMKT\n>p1\nACD\n", "duplicate record id 'p1'"),
-    ("", "no FASTA records"),
-    ("just some text\n", "is it a FASTA file"),
-    (">p1\nMK-T\n", "position 3"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (">p1\nMKT\n>p2\n\n>p3\nAC\n", "p2 has an empty sequence"),
+        (">p1\nMKT\n>p1\nACD\n", "duplicate record id 'p1'"),
+        ("", "no FASTA records"),
+        ("just some text\n", "is it a FASTA file"),
+        (">p1\nMK-T\n", "position 3"),
+    ],
+)
 def test_fasta_problems_are_named(tmp_path, text, needle):
     with pytest.raises(QkvError, match=needle.replace("(", r"\(")):
         read_fasta(_write(tmp_path / "bad.fasta", text))
@@ -71,8 +83,9 @@ def test_fasta_skip_invalid_keeps_the_good_records(tmp_path, caplog):
     path = _write(tmp_path / "c.fasta", ">p1\nMKT\n>p2\nMK-T\n>p3\nAC\n")
     with caplog.at_level(logging.WARNING, logger="qkv.data.protein"):
         recs = read_fasta(path, skip_invalid=True)
-    assert [(r.name, r.levelno) for r in caplog.records if "skipped 1" in r.getMessage()] == \
-        [("qkv.data.protein", logging.WARNING)]
+    assert [(r.name, r.levelno) for r in caplog.records if "skipped 1" in r.getMessage()] == [
+        ("qkv.data.protein", logging.WARNING)
+    ]
     assert [r.id for r in recs] == ["p1", "p3"]
     with pytest.raises(QkvError, match="not found"):
         read_fasta(tmp_path / "missing.fasta")
@@ -101,8 +114,19 @@ def test_mlm_masking_statistics():
 
 def _encoder(**kw) -> EncoderModel:
     torch.manual_seed(0)
-    return EncoderModel(EncoderConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_layers=2,
-                                      max_len=40, num_labels=3, dropout=0.0, **kw)).eval()
+    return EncoderModel(
+        EncoderConfig(
+            vocab_size=30,
+            d_model=16,
+            n_heads=2,
+            d_ff=32,
+            n_layers=2,
+            max_len=40,
+            num_labels=3,
+            dropout=0.0,
+            **kw,
+        )
+    ).eval()
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -154,10 +178,29 @@ def test_protein_mlm_smoke_on_real_data(tmp_path, capsys, monkeypatch):
         pytest.skip("protein corpora not available (set QKV_DATA_DIR)")
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     out = tmp_path / "run"
-    code = main(["train", "protein-mlm", "--out", str(out), "--max-steps", "4", "--quiet",
-                 "eval_every=2", "lr_decay_steps=4", "warmup_steps=2", "d_model=32", "n_heads=2",
-                 "d_ff=64", "n_layers=1", "max_len=64", "max_tokens=2048", "train_limit=2000",
-                 "val_limit=100", "precision=fp32"])
+    code = main(
+        [
+            "train",
+            "protein-mlm",
+            "--out",
+            str(out),
+            "--max-steps",
+            "4",
+            "--quiet",
+            "eval_every=2",
+            "lr_decay_steps=4",
+            "warmup_steps=2",
+            "d_model=32",
+            "n_heads=2",
+            "d_ff=64",
+            "n_layers=1",
+            "max_len=64",
+            "max_tokens=2048",
+            "train_limit=2000",
+            "val_limit=100",
+            "precision=fp32",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     val = summary["validation"]

@@ -14,15 +14,20 @@ import torch
 from safetensors.torch import load_file
 
 from qkv.cli import main
-from qkv.data.protein_tasks import (load_amp_scanner, load_flip_secondary_structure, load_signalp,
-                                    load_user_file, stratified_split)
+from qkv.data.protein_tasks import (
+    load_amp_scanner,
+    load_flip_secondary_structure,
+    load_signalp,
+    load_user_file,
+    stratified_split,
+)
 from qkv.data.tokenizers import AminoAcidTokenizer
 from qkv.errors import QkvError
 from qkv.evaluate.baselines import baseline_metrics, composition, window_features
 from qkv.evaluate.classification import classification_metrics, per_group_binary_mcc
+from qkv.generate.protein import ProteinEncoder
 from qkv.models.config import EncoderConfig
 from qkv.models.encoder import EncoderModel
-from qkv.generate.protein import ProteinEncoder
 from qkv.train.checkpoint import save_weights, write_json
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -48,7 +53,9 @@ def _toy_sequences(n: int, seed: int = 0) -> list[tuple[str, str]]:
     for i in range(n):
         label = "pos" if i % 2 else "neg"
         rich = "K" if label == "pos" else "E"
-        seq = "".join(rich if rng.random() < 0.4 else rng.choice("ACDGILMNPSTVWY") for _ in range(rng.randint(8, 30)))
+        seq = "".join(
+            rich if rng.random() < 0.4 else rng.choice("ACDGILMNPSTVWY") for _ in range(rng.randint(8, 30))
+        )
         rows.append((seq, label))
     return rows
 
@@ -68,8 +75,17 @@ def pretrained_run(tmp_path) -> Path:
     """A tiny protein-mlm run directory (random weights) to start probes and fine-tunes from."""
     run = tmp_path / "mlm"
     run.mkdir()
-    cfg = EncoderConfig(vocab_size=AminoAcidTokenizer().vocab_size, d_model=32, n_heads=2, d_ff=64,
-                        n_layers=1, max_len=64, pad_id=1, dropout=0.0, positional="rotary")
+    cfg = EncoderConfig(
+        vocab_size=AminoAcidTokenizer().vocab_size,
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        n_layers=1,
+        max_len=64,
+        pad_id=1,
+        dropout=0.0,
+        positional="rotary",
+    )
     torch.manual_seed(0)
     save_weights(EncoderModel(cfg), run / "model.safetensors")
     write_json(run / "config.json", cfg.to_dict())
@@ -110,7 +126,14 @@ def test_user_csv_and_fasta_with_labels(tmp_path, toy_csv):
 def test_signalp_partitions_and_types(data_dir):
     need_data("signalp6", "train_set.fasta")
     task = load_signalp(0)
-    assert len(task.records) == 20290 and set(task.classes) == {"NO_SP", "SP", "LIPO", "TAT", "TATLIPO", "PILIN"}
+    assert len(task.records) == 20290 and set(task.classes) == {
+        "NO_SP",
+        "SP",
+        "LIPO",
+        "TAT",
+        "TATLIPO",
+        "PILIN",
+    }
     sizes = {s: len(task.split(s)) for s in ("train", "val", "test")}
     assert sizes == {"test": 5896, "val": 7392, "train": 7002}  # partitions 0, 1, 2
     assert {r.group for r in task.records} == {"EUKARYA", "ARCHAEA", "POSITIVE", "NEGATIVE"}
@@ -126,7 +149,11 @@ def test_amp_scanner_and_flip(data_dir):
     assert len(test) in (355, 356, 357) and abs(sum(r.label == "AMP" for r in test) / len(test) - 0.5) < 0.01
     need_data("flip_secondary_structure", "sampled.fasta")
     flip = load_flip_secondary_structure()
-    assert {s: len(flip.split(s)) for s in ("train", "val", "test")} == {"train": 9712, "val": 1080, "test": 364}
+    assert {s: len(flip.split(s)) for s in ("train", "val", "test")} == {
+        "train": 9712,
+        "val": 1080,
+        "test": 364,
+    }
     rec = flip.records[0]
     ids = flip.label_ids(rec)
     assert len(ids) == len(rec.sequence) == len(rec.label)
@@ -134,13 +161,16 @@ def test_amp_scanner_and_flip(data_dir):
 
 
 def test_metrics_match_hand_computed_values():
-    m = classification_metrics([0, 0, 1, 1], [0, 1, 1, 1], np.array([[.9, .1], [.4, .6], [.2, .8], [.1, .9]]), ("a", "b"))
+    m = classification_metrics(
+        [0, 0, 1, 1], [0, 1, 1, 1], np.array([[0.9, 0.1], [0.4, 0.6], [0.2, 0.8], [0.1, 0.9]]), ("a", "b")
+    )
     assert m["accuracy"] == 0.75 and m["auroc"] == 1.0
     assert m["mcc"] == pytest.approx(1 / np.sqrt(3))  # (TP·TN − FP·FN) / sqrt(...) = 2/sqrt(12)
     assert m["per_class"]["b"] == {"precision": 2 / 3, "recall": 1.0, "f1": 0.8, "support": 2}
     assert m["confusion"] == [[1, 1], [0, 2]]
-    groups = per_group_binary_mcc([0, 1, 2, 0, 1], [0, 1, 1, 0, 0], ["x", "x", "x", "y", "y"],
-                                  ["NO_SP", "SP", "TAT"], "NO_SP")
+    groups = per_group_binary_mcc(
+        [0, 1, 2, 0, 1], [0, 1, 1, 0, 0], ["x", "x", "x", "y", "y"], ["NO_SP", "SP", "TAT"], "NO_SP"
+    )
     assert groups["x"]["any_vs_NO_SP"] == 1.0 and groups["x"]["SP"] == pytest.approx(0.5)
     assert groups["y"]["SP"] == 0.0 and "TAT" not in groups["y"]
 
@@ -161,8 +191,24 @@ def _params(model_dir: Path) -> dict:
 
 def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, pretrained_run, capsys):
     out = tmp_path / "probe"
-    code = main(["train", "protein-cls", "--task", str(toy_csv), "--init", str(pretrained_run), "--freeze",
-                 "--out", str(out), "--quiet", "max_epochs=30", "eval_every=10", "max_tokens=512", "threads=1"])
+    code = main(
+        [
+            "train",
+            "protein-cls",
+            "--task",
+            str(toy_csv),
+            "--init",
+            str(pretrained_run),
+            "--freeze",
+            "--out",
+            str(out),
+            "--quiet",
+            "max_epochs=30",
+            "eval_every=10",
+            "max_tokens=512",
+            "threads=1",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["mode"] == "probe" and summary["trainable_parameters"] == 32 * 2 + 2
@@ -178,7 +224,9 @@ def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, 
     fasta.write_text("".join(f">q{i} some description\n{s}\n" for i, (s, _) in enumerate(seqs)))
     assert main(["classify", str(out), str(fasta)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "id\tlabel\tp_neg\tp_pos" and [l.split("\t")[0] for l in lines[1:]] == [f"q{i}" for i in range(7)]
+    assert lines[0] == "id\tlabel\tp_neg\tp_pos" and [l.split("\t")[0] for l in lines[1:]] == [
+        f"q{i}" for i in range(7)
+    ]
     assert all(abs(float(l.split("\t")[2]) + float(l.split("\t")[3]) - 1) < 1e-3 for l in lines[1:])
     # embed: mean embeddings in input order, ids kept, per-residue on request
     emb = tmp_path / "e.safetensors"
@@ -194,8 +242,27 @@ def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, 
 
 def test_fine_tune_changes_the_encoder_and_learns(tmp_path, toy_csv, pretrained_run, capsys):
     out = tmp_path / "ft"
-    assert main(["train", "protein-cls", "--task", str(toy_csv), "--init", str(pretrained_run), "--out", str(out),
-                 "--quiet", "max_epochs=40", "eval_every=20", "max_tokens=512", "lr=3e-3", "pooling=mean"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "protein-cls",
+                "--task",
+                str(toy_csv),
+                "--init",
+                str(pretrained_run),
+                "--out",
+                str(out),
+                "--quiet",
+                "max_epochs=40",
+                "eval_every=20",
+                "max_tokens=512",
+                "lr=3e-3",
+                "pooling=mean",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["mode"] == "fine-tune" and summary["validation"]["accuracy"] >= 0.85
     before, after = _params(pretrained_run), _params(out)
@@ -209,25 +276,56 @@ def test_fine_tune_changes_the_encoder_and_learns(tmp_path, toy_csv, pretrained_
 
 
 def test_residue_windows_cover_long_chains(caplog):
-    cfg = EncoderConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=10, pad_id=1,
-                        num_labels=3, dropout=0.0)
+    cfg = EncoderConfig(
+        vocab_size=30,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=1,
+        max_len=10,
+        pad_id=1,
+        num_labels=3,
+        dropout=0.0,
+    )
     enc = ProteinEncoder(EncoderModel(cfg).eval(), ("H", "E", "C"), "residue")
     probs = enc.predict(["MKTAYIAKQRQISFVKSHFSRQ", "MK"])
     assert probs[0].shape == (22, 3) and probs[1].shape == (2, 3)
     seq_enc = ProteinEncoder(EncoderModel(cfg).eval(), ("a", "b", "c"), "sequence")
     assert seq_enc.predict(["MKTAYIAKQRQ"])[0].shape == (3,)
-    assert any("1 sequence(s) longer than the model's 8 residues were cut" in r.getMessage()
-               and r.levelname == "WARNING" for r in caplog.records)
+    assert any(
+        "1 sequence(s) longer than the model's 8 residues were cut" in r.getMessage()
+        and r.levelname == "WARNING"
+        for r in caplog.records
+    )
 
 
-@pytest.mark.parametrize("content, needle", [
-    (">a\nMK1T\n", "a: character '1' at position 3"),
-    ("", "no FASTA records"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (">a\nMK1T\n", "a: character '1' at position 3"),
+        ("", "no FASTA records"),
+    ],
+)
 def test_classify_bad_input_is_one_line(tmp_path, toy_csv, pretrained_run, capsys, content, needle):
     run = tmp_path / "run"
-    assert main(["train", "protein-cls", "--task", str(toy_csv), "--out", str(run), "--quiet", "--max-steps", "2",
-                 "baseline=false", *TINY]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "protein-cls",
+                "--task",
+                str(toy_csv),
+                "--out",
+                str(run),
+                "--quiet",
+                "--max-steps",
+                "2",
+                "baseline=false",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     bad = tmp_path / "bad.fasta"
     bad.write_text(content)
@@ -241,13 +339,29 @@ def test_classify_bad_input_is_one_line(tmp_path, toy_csv, pretrained_run, capsy
 def test_cli_refuses_wrong_task_level_and_probe_without_init(toy_csv, tmp_path, capsys):
     assert main(["train", "protein-residue", "--task", str(toy_csv), "--out", str(tmp_path / "r")]) == 2
     assert "per-sequence task" in capsys.readouterr().err
-    assert main(["train", "protein-cls", "--task", str(toy_csv), "--freeze", "--out", str(tmp_path / "p")]) == 2
+    assert (
+        main(["train", "protein-cls", "--task", str(toy_csv), "--freeze", "--out", str(tmp_path / "p")]) == 2
+    )
     assert "needs init=RUN_DIR" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
     fasta, labels = tmp_path / "x.fasta", tmp_path / "x.txt"
     fasta.write_text(">a\nMKT\n>b\nACD\n>c\nKKK\n")
     labels.write_text("1\n0\n")
-    assert main(["train", "protein-cls", "--task", str(fasta), "--labels", str(labels), "--out", str(tmp_path / "q")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "protein-cls",
+                "--task",
+                str(fasta),
+                "--labels",
+                str(labels),
+                "--out",
+                str(tmp_path / "q"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has 2 labels but" in err[0] and "has 3 records" in err[0]
 
@@ -256,16 +370,54 @@ def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, 
     need_data("signalp6", "train_set.fasta")
     need_data("flip_secondary_structure", "sampled.fasta")
     out = tmp_path / "sp"
-    assert main(["train", "protein-cls", "--task", "signalp", "--out", str(out), "--quiet", "--max-steps", "3",
-                 "baseline=false", "max_tokens=4096", *TINY]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "protein-cls",
+                "--task",
+                "signalp",
+                "--out",
+                str(out),
+                "--quiet",
+                "--max-steps",
+                "3",
+                "baseline=false",
+                "max_tokens=4096",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["test"]["n"] == 5896 and set(summary["test"]["per_kingdom_mcc"]) == {
-        "EUKARYA", "ARCHAEA", "POSITIVE", "NEGATIVE"}
+        "EUKARYA",
+        "ARCHAEA",
+        "POSITIVE",
+        "NEGATIVE",
+    }
     assert main(["evaluate", str(out), "--split", "val"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 7392
     out = tmp_path / "ss"
-    assert main(["train", "protein-residue", "--task", "secondary-structure", "--out", str(out), "--quiet",
-                 "--max-steps", "2", "baseline=false", "max_tokens=4096", *TINY]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "protein-residue",
+                "--task",
+                "secondary-structure",
+                "--out",
+                str(out),
+                "--quiet",
+                "--max-steps",
+                "2",
+                "baseline=false",
+                "max_tokens=4096",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.2 < summary["test"]["q3"] < 0.7 and summary["test"]["n"] > 70000
 

@@ -22,21 +22,40 @@ from qkv.errors import QkvError
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
-TINY_LM = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1", "model.max_len=32",
-           "batch_size=4", "eval_batches=1", "num_samples=1", "sample_tokens=4", "train.eval_every=3",
-           "train.precision=fp32"]
+TINY_LM = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.n_layers=1",
+    "model.max_len=32",
+    "batch_size=4",
+    "eval_batches=1",
+    "num_samples=1",
+    "sample_tokens=4",
+    "train.eval_every=3",
+    "train.precision=fp32",
+]
 
 
 def _qkv(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "QKV_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True, env=env,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _digest(run: Path) -> dict[str, str]:
     """Every file under ``run`` (hidden ones too) → SHA-256 of its bytes."""
-    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _refused(done: subprocess.CompletedProcess, *needles: str) -> str:
@@ -77,17 +96,25 @@ def test_resuming_with_another_recipe_is_refused_and_changes_nothing(lm_copy):
     assert _qkv("generate", str(lm_copy), "--max-new-tokens", "3", "--seed", "1").returncode == 0
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda b: b[: len(b) // 2], "is truncated"),
-    (lambda b: b"", "is empty"),
-    (lambda b: os.urandom(4096), "is not a PyTorch checkpoint"),
-])
-def test_resuming_a_damaged_state_is_refused_changes_nothing_and_offers_the_previous_one(lm_copy, damage, reason):
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda b: b[: len(b) // 2], "is truncated"),
+        (lambda b: b"", "is empty"),
+        (lambda b: os.urandom(4096), "is not a PyTorch checkpoint"),
+    ],
+)
+def test_resuming_a_damaged_state_is_refused_changes_nothing_and_offers_the_previous_one(
+    lm_copy, damage, reason
+):
     state = lm_copy / "train_state.pt"
     state.write_bytes(damage(state.read_bytes()))
     before = _digest(lm_copy)
-    line = _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8",
-                         *TINY_LM), reason, "train_state.prev.pt (step 6) is readable: mv ")
+    line = _refused(
+        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8", *TINY_LM),
+        reason,
+        "train_state.prev.pt (step 6) is readable: mv ",
+    )
     assert "weights_only" not in line  # never a hint to load it unsafely
     assert _digest(lm_copy) == before
 
@@ -97,7 +124,9 @@ def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
 
     (lm_copy / "train_state.pt").write_bytes(pickle.dumps({"loop": os.system}))
     before = _digest(lm_copy)
-    line = _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM), "train_state.pt")
+    line = _refused(
+        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM), "train_state.pt"
+    )
     assert "weights_only" not in line
     assert _digest(lm_copy) == before
 
@@ -116,16 +145,21 @@ def test_resume_alone_continues_with_the_runs_own_settings(lm_copy):
 def test_resuming_with_another_model_is_refused_and_changes_nothing(lm_copy):
     before = _digest(lm_copy)
     settings = [s for s in TINY_LM if not s.startswith("model.d_model")] + ["model.d_model=64"]
-    _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *settings),
-             "cannot resume", "model.d_model: 32 saved, 64 now")
+    _refused(
+        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *settings),
+        "cannot resume",
+        "model.d_model: 32 saved, 64 now",
+    )
     assert _digest(lm_copy) == before
 
 
 def test_resuming_with_unreadable_settings_is_refused_and_changes_nothing(lm_copy):
     (lm_copy / "train_config.json").write_text("{ not json")
     before = _digest(lm_copy)
-    _refused(_qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM),
-             "train_config.json is missing or unreadable")
+    _refused(
+        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM),
+        "train_config.json is missing or unreadable",
+    )
     assert _digest(lm_copy) == before
 
 
@@ -137,15 +171,27 @@ def test_a_new_run_into_a_used_directory_is_refused_and_changes_nothing(lm_copy)
 
 def test_a_refused_new_run_leaves_no_directory(lm_run, tmp_path):
     run = tmp_path / "new"
-    _refused(_qkv("train", "lm", "--out", str(run), "--quiet", f"corpus={tmp_path / 'missing.txt'}", *TINY_LM))
+    _refused(
+        _qkv("train", "lm", "--out", str(run), "--quiet", f"corpus={tmp_path / 'missing.txt'}", *TINY_LM)
+    )
     assert not run.exists()
-    _refused(_qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=0"), "max_steps (0) must be >= 1")
+    _refused(
+        _qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=0"), "max_steps (0) must be >= 1"
+    )
     assert not run.exists()
 
 
-@pytest.mark.parametrize("recipe, setting", [("text-cls", "max_tokens=0"), ("protein-cls", "max_tokens=0"),
-                                             ("protein-mlm", "max_tokens=0"), ("translation", "max_tokens=0"),
-                                             ("lm", "num_samples=0"), ("lm", "temperature=0")])
+@pytest.mark.parametrize(
+    "recipe, setting",
+    [
+        ("text-cls", "max_tokens=0"),
+        ("protein-cls", "max_tokens=0"),
+        ("protein-mlm", "max_tokens=0"),
+        ("translation", "max_tokens=0"),
+        ("lm", "num_samples=0"),
+        ("lm", "temperature=0"),
+    ],
+)
 def test_sizes_that_mean_nothing_are_refused_before_a_run_exists(tmp_path, recipe, setting):
     run = tmp_path / "r"
     _refused(_qkv("train", recipe, "--out", str(run), "--quiet", setting), setting.split("=")[0])
@@ -164,7 +210,9 @@ def test_a_bug_is_reported_as_a_bug_not_as_a_user_error(monkeypatch, capsys):
     parser._subparsers._group_actions[0].choices["evaluate"].set_defaults(func=broken)
     assert main(["evaluate", "somewhere"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("internal error (a bug in qkv") and "ValueError: an internal invariant failed" in err
+    assert (
+        err.startswith("internal error (a bug in qkv") and "ValueError: an internal invariant failed" in err
+    )
     assert "--debug" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(ValueError):
         main(["--debug", "evaluate", "somewhere"])
@@ -197,20 +245,38 @@ def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
     _refused(_qkv("similarity", "A dog.", " \t", "--device", "cpu"), "input 2 is empty (only white space)")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["bogus"], "invalid choice: 'bogus'"),
-    (["train", "lm", "--max-steps", "abc"], "invalid int value: 'abc'"),
-    (["train", "lm", "--out", "R", "train.seed=-1"], "seed (-1) must be in [0, 2**32)"),
-    (["train", "lm", "--out", "R", "model.d_model=99999999999999999999999"], "must be an integer in [-2**63, 2**63)"),
-    (["translate", "{translation}", "--beam", "0", "Hallo"], "beam size must be between 1 (greedy) and"),
-    (["translate", "{translation}", "--beam", "99999999999999999999", "Hallo"], "beam size must be between 1"),
-    (["translate", "{translation}", "--alpha", "nan", "Hallo"], "alpha must be a finite number"),
-    (["evaluate", "{translation}", "--limit", "0"], "--limit must be >= 1"),
-    (["generate", "{lm}", "--num-samples", "0"], "--num-samples must be >= 1"),
-    (["explain", "{lm}", "--input", "ab", "--out", "R", "--layer", "99"], "--layer 99 is outside the model's layers"),
-    (["explain", "{lm}", "--input", "ab", "--out", "R", "--head", "0"], "--head 0 is outside the model's heads 1..2"),
-    (["explain", "{lm}", "--input", "ab", "--out", "R", "--temperature", "nan"], "--temperature must be a finite"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["train", "lm", "--max-steps", "abc"], "invalid int value: 'abc'"),
+        (["train", "lm", "--out", "R", "train.seed=-1"], "seed (-1) must be in [0, 2**32)"),
+        (
+            ["train", "lm", "--out", "R", "model.d_model=99999999999999999999999"],
+            "must be an integer in [-2**63, 2**63)",
+        ),
+        (["translate", "{translation}", "--beam", "0", "Hallo"], "beam size must be between 1 (greedy) and"),
+        (
+            ["translate", "{translation}", "--beam", "99999999999999999999", "Hallo"],
+            "beam size must be between 1",
+        ),
+        (["translate", "{translation}", "--alpha", "nan", "Hallo"], "alpha must be a finite number"),
+        (["evaluate", "{translation}", "--limit", "0"], "--limit must be >= 1"),
+        (["generate", "{lm}", "--num-samples", "0"], "--num-samples must be >= 1"),
+        (
+            ["explain", "{lm}", "--input", "ab", "--out", "R", "--layer", "99"],
+            "--layer 99 is outside the model's layers",
+        ),
+        (
+            ["explain", "{lm}", "--input", "ab", "--out", "R", "--head", "0"],
+            "--head 0 is outside the model's heads 1..2",
+        ),
+        (
+            ["explain", "{lm}", "--input", "ab", "--out", "R", "--temperature", "nan"],
+            "--temperature must be a finite",
+        ),
+    ],
+)
 def test_bad_options_are_one_line_with_status_2(tiny_runs, tmp_path, monkeypatch, capsys, argv, needle):
     monkeypatch.chdir(tmp_path)
     argv = [a.format(**tiny_runs) for a in argv]

@@ -17,8 +17,13 @@ EXTREME_TEMPERATURES = [5e-324, 1e-300, 1e-45, 1e-38, 1e-20, 1e-4, 1.0, 1e20, 1e
 EXTREME_TOP_P = [5e-324, 1e-300, 1e-46, 1e-45, 1e-8, 0.5, 0.999999999, 1.0]
 NON_FINITE = [math.nan, math.inf, -math.inf]
 
-FAST = settings(max_examples=150, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @st.composite
@@ -42,10 +47,13 @@ def logit_rows(draw):
     return torch.tensor(rows, dtype=torch.float32)
 
 
-temperatures = st.one_of(st.sampled_from(EXTREME_TEMPERATURES + NON_FINITE + [0.0, -1.0]),
-                         st.floats(min_value=0.0, exclude_min=True, allow_nan=False, allow_infinity=False))
-top_ps = st.one_of(st.none(), st.sampled_from(EXTREME_TOP_P + [math.nan, 0.0, 1.5]),
-                   st.floats(0.0, 1.0, exclude_min=True))
+temperatures = st.one_of(
+    st.sampled_from(EXTREME_TEMPERATURES + NON_FINITE + [0.0, -1.0]),
+    st.floats(min_value=0.0, exclude_min=True, allow_nan=False, allow_infinity=False),
+)
+top_ps = st.one_of(
+    st.none(), st.sampled_from(EXTREME_TOP_P + [math.nan, 0.0, 1.5]), st.floats(0.0, 1.0, exclude_min=True)
+)
 top_ks = st.one_of(st.none(), st.integers(-1, 15), st.just(2**70))
 
 
@@ -56,8 +64,11 @@ def test_sampling_gives_a_finite_distribution_or_a_clean_refusal(logits, tempera
         probs = next_token_probs(logits, temperature, top_k, top_p)
     except QkvError as exc:
         assert "\n" not in str(exc)
-        assert not (0 < temperature < math.inf) or (top_k is not None and top_k < 1) \
+        assert (
+            not (0 < temperature < math.inf)
+            or (top_k is not None and top_k < 1)
             or (top_p is not None and not 0 < top_p <= 1)
+        )
         return
     assert probs.dtype == torch.float32 and probs.shape == logits.shape
     assert torch.isfinite(probs).all() and (probs >= 0).all()
@@ -91,10 +102,17 @@ def test_ties_share_the_mass_at_a_tiny_temperature_and_a_huge_one_is_uniform():
     torch.testing.assert_close(filter_logits(logits, temperature=0.5), logits / 0.5)
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(temperature=math.nan), "temperature"), (dict(temperature=math.inf), "temperature"),
-    (dict(temperature=-math.inf), "temperature"), (dict(top_p=math.nan), "top_p"),
-    (dict(top_p=math.inf), "top_p"), (dict(top_p=-0.0), "top_p")])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(temperature=math.nan), "temperature"),
+        (dict(temperature=math.inf), "temperature"),
+        (dict(temperature=-math.inf), "temperature"),
+        (dict(top_p=math.nan), "top_p"),
+        (dict(top_p=math.inf), "top_p"),
+        (dict(top_p=-0.0), "top_p"),
+    ],
+)
 def test_non_finite_settings_are_refused(kwargs, needle):
     with pytest.raises(QkvError, match=needle):
         check_sampling(**kwargs)
@@ -109,8 +127,9 @@ def generator(tiny_runs):
     return TextGenerator.from_run(tiny_runs["lm"])
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1e-300, None), (5e-324, None), (1.0, 5e-324),
-                                                (1e300, None), (1e-300, 5e-324)])
+@pytest.mark.parametrize(
+    "temperature, top_p", [(1e-300, None), (5e-324, None), (1.0, 5e-324), (1e300, None), (1e-300, 5e-324)]
+)
 def test_top_probs_and_generate_with_extreme_settings(generator, temperature, top_p):
     """``qkv generate --top-probs`` (TextGenerator.next_token_probs) and sampling itself."""
     top = generator.next_token_probs("ROMEO", 5, temperature, top_p)
@@ -127,9 +146,9 @@ def test_top_probs_and_generate_with_extreme_settings(generator, temperature, to
             generator.generate(["ROMEO"], 2, temperature=bad)
 
 
-@pytest.mark.parametrize("seed", [2**64, 2**70, -2**63 - 1, -2**70])
+@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1, -(2**70)])
 def test_a_seed_outside_torch_range_is_refused(generator, seed):
     with pytest.raises(QkvError, match="seed must be an integer"):
         generator.generate(["ROMEO"], 2, seed=seed)
-    for ok in (0, -2**63, 2**64 - 1):
+    for ok in (0, -(2**63), 2**64 - 1):
         generator.generate(["ROMEO"], 1, seed=ok)

@@ -30,18 +30,32 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
-                                               response_schema_conformance, status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from qkv.explain import load_explainer
 from qkv.explain.server import create_app
 
 MAX_EXAMPLES = 60
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance, negative_data_rejection]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
 HEADS = {"layer": st.integers(0, 1), "head": st.integers(0, 1)}  # both tiny models: 2 layers, 2 heads
-LM_VALID = st.fixed_dictionaries({"text": st.text(alphabet="ROMEO:\nBut soft, what light", min_size=1, max_size=24),
-                                  "kind": st.just("decoder"), **HEADS})
+LM_VALID = st.fixed_dictionaries(
+    {
+        "text": st.text(alphabet="ROMEO:\nBut soft, what light", min_size=1, max_size=24),
+        "kind": st.just("decoder"),
+        **HEADS,
+    }
+)
 
 
 def _apply(case, valid: dict) -> None:
@@ -65,11 +79,19 @@ def _fuzz(app, operations: set[str], valid: st.SearchStrategy) -> Counter:
         if op.label not in operations:
             continue
         has_inputs = bool(len(op.query) or len(op.body))
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if has_inputs else (GenerationMode.POSITIVE,):
+        for mode in (
+            (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if has_inputs else (GenerationMode.POSITIVE,)
+        ):
             fix = st.one_of(st.none(), valid) if has_inputs and mode is GenerationMode.POSITIVE else st.none()
 
-            @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink])
+            @settings(
+                max_examples=MAX_EXAMPLES,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.explicit, Phase.generate, Phase.shrink],
+            )
             @given(case=op.as_strategy(generation_mode=mode), fixed=fix)
             def run(case, fixed):
                 if fixed is not None:
@@ -89,7 +111,12 @@ def test_fuzzed_requests_never_get_a_server_error(tiny_runs, tiny_vit_run):
     lm_app = create_app(load_explainer(tiny_runs["lm"], max_chars=60))
     vit_app = create_app(load_explainer(tiny_vit_run))
     text_ops = {"GET /", "GET /api/info", "POST /api/explain", "POST /api/steps"}
-    image_ops = {"GET /api/info", "GET /api/image/examples", "POST /api/image/explain", "POST /api/image/steps"}
+    image_ops = {
+        "GET /api/info",
+        "GET /api/image/examples",
+        "POST /api/image/explain",
+        "POST /api/image/steps",
+    }
     statuses = _fuzz(lm_app, text_ops, LM_VALID)
     statuses += _fuzz(vit_app, image_ops, st.fixed_dictionaries({"png": st.just(_png_bytes()), **HEADS}))
     assert not [code for code in statuses if code >= 500], statuses

@@ -23,17 +23,20 @@ from qkv.settings import dotted_key, field_names, resolve, to_dict
 from qkv.train.settings import TrainSettings
 
 
-@pytest.mark.parametrize("override, key, expected", [
-    ("model.n_layers=2.0", "model.n_layers", "int"),                  # int
-    ("model.d_model=abc", "model.d_model", "int"),
-    ("train.lr=fast", "train.lr", "float or null"),                   # optional float
-    ("model.dropout=none", "model.dropout", "float"),                 # float: null refused
-    ("model.bias=yes", "model.bias", "bool (true or false)"),         # bool
-    ("model.norm_first=1", "model.norm_first", "bool (true or false)"),
-    ("train.max_steps=1.5", "train.max_steps", "int or null"),        # optional int
-    ("model.norm=batchnorm", "model.norm", "one of 'layernorm', 'rmsnorm', 'dyt'"),  # literal
-    ("tokenizer=word", "tokenizer", "one of 'char', 'bpe'"),
-])
+@pytest.mark.parametrize(
+    "override, key, expected",
+    [
+        ("model.n_layers=2.0", "model.n_layers", "int"),  # int
+        ("model.d_model=abc", "model.d_model", "int"),
+        ("train.lr=fast", "train.lr", "float or null"),  # optional float
+        ("model.dropout=none", "model.dropout", "float"),  # float: null refused
+        ("model.bias=yes", "model.bias", "bool (true or false)"),  # bool
+        ("model.norm_first=1", "model.norm_first", "bool (true or false)"),
+        ("train.max_steps=1.5", "train.max_steps", "int or null"),  # optional int
+        ("model.norm=batchnorm", "model.norm", "one of 'layernorm', 'rmsnorm', 'dyt'"),  # literal
+        ("tokenizer=word", "tokenizer", "one of 'char', 'bpe'"),
+    ],
+)
 def test_a_value_of_the_wrong_type_names_key_type_and_value(override, key, expected):
     with pytest.raises(QkvError) as info:
         resolve(LMRecipe, None, [override])
@@ -43,9 +46,21 @@ def test_a_value_of_the_wrong_type_names_key_type_and_value(override, key, expec
 
 
 def test_values_are_converted_to_the_field_types():
-    s = resolve(LMRecipe, None, ["model.d_model=64", "train.lr=3e-4", "model.bias=true",
-                                 "train.max_steps=null", "train.lr_decay_steps=50", "model.dropout=0",
-                                 "top_k=null", "corpus=my.txt", "model.positional=rotary"])
+    s = resolve(
+        LMRecipe,
+        None,
+        [
+            "model.d_model=64",
+            "train.lr=3e-4",
+            "model.bias=true",
+            "train.max_steps=null",
+            "train.lr_decay_steps=50",
+            "model.dropout=0",
+            "top_k=null",
+            "corpus=my.txt",
+            "model.positional=rotary",
+        ],
+    )
     assert s.model.d_model == 64 and s.train.lr == 3e-4 and s.model.bias is True
     assert s.train.max_steps is None and s.train.lr_decay_steps == 50
     assert s.model.dropout == 0.0 and isinstance(s.model.dropout, float)
@@ -53,8 +68,9 @@ def test_values_are_converted_to_the_field_types():
 
 
 def test_flat_keys_of_one_section_are_accepted_and_ambiguous_ones_refused():
-    s = resolve(TranslationRecipe, None, ["d_model=64", "n_heads=2", "max_minutes=1.5", "seed=7",
-                                          "src_lang=fr"])
+    s = resolve(
+        TranslationRecipe, None, ["d_model=64", "n_heads=2", "max_minutes=1.5", "seed=7", "src_lang=fr"]
+    )
     assert (s.model.d_model, s.model.n_heads, s.train.max_minutes, s.train.seed) == (64, 2, 1.5, 7)
     assert s.src_lang == "fr"
     # the LM has vocab_size at the top (the BPE size) and in model: the top-level field wins
@@ -83,8 +99,13 @@ def test_every_problem_is_listed_at_once():
     with pytest.raises(QkvError) as info:
         resolve(LMRecipe, None, ["n_layers=2.0", "d_model=abc", "bogus=1", "train.seed=x", "nokeyvalue"])
     msg = str(info.value)
-    for part in ("model.n_layers must be int", "model.d_model must be int", "unknown key bogus",
-                 "train.seed must be int", "'nokeyvalue' is not of the form key=value"):
+    for part in (
+        "model.n_layers must be int",
+        "model.d_model must be int",
+        "unknown key bogus",
+        "train.seed must be int",
+        "'nokeyvalue' is not of the form key=value",
+    ):
         assert part in msg, msg
 
 
@@ -137,10 +158,24 @@ def test_bad_settings_exit_2_with_one_line_and_no_run_directory(override, tmp_pa
 def test_every_model_option_is_settable_from_every_recipe_whose_model_has_it():
     """norm, activation, bias, attention_backend, norm_first reach each family's model section."""
     for recipe in (TranslationRecipe, LMRecipe, ProteinTaskRecipe):
-        s = resolve(recipe, None, ["model.norm=dyt", "model.activation=gelu", "model.bias=false",
-                                   "model.attention_backend=eager", "model.norm_first=true"])
-        assert (s.model.norm, s.model.activation, s.model.bias, s.model.attention_backend,
-                s.model.norm_first) == ("dyt", "gelu", False, "eager", True)
+        s = resolve(
+            recipe,
+            None,
+            [
+                "model.norm=dyt",
+                "model.activation=gelu",
+                "model.bias=false",
+                "model.attention_backend=eager",
+                "model.norm_first=true",
+            ],
+        )
+        assert (
+            s.model.norm,
+            s.model.activation,
+            s.model.bias,
+            s.model.attention_backend,
+            s.model.norm_first,
+        ) == ("dyt", "gelu", False, "eager", True)
     assert resolve(TranslationRecipe, None, ["model.tie_output=false"]).model.tie_output is False
 
 
@@ -159,12 +194,28 @@ def test_family_configs_add_only_their_own_fields():
 
     base = {f.name for f in fields(ModelConfig)}
     assert {f.name for f in fields(TransformerConfig)} - base == {
-        "src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers", "tie_output",
-        "share_embeddings", "pad_id", "bos_id", "eos_id", "scale_embeddings", "output_bias"}
+        "src_vocab_size",
+        "tgt_vocab_size",
+        "n_encoder_layers",
+        "n_decoder_layers",
+        "tie_output",
+        "share_embeddings",
+        "pad_id",
+        "bos_id",
+        "eos_id",
+        "scale_embeddings",
+        "output_bias",
+    }
     stack = {f.name for f in fields(StackConfig)}
     assert {f.name for f in fields(LMConfig)} - stack == {"tie_embeddings", "bos_id", "eos_id"}
-    assert {f.name for f in fields(EncoderConfig)} - stack == {"pad_id", "num_labels", "pooling", "pooler",
-                                                               "token_dropout", "mask_id"}
+    assert {f.name for f in fields(EncoderConfig)} - stack == {
+        "pad_id",
+        "num_labels",
+        "pooling",
+        "pooler",
+        "token_dropout",
+        "mask_id",
+    }
 
 
 def test_old_encoder_config_with_fields_it_never_used_still_loads(tmp_path):
@@ -189,8 +240,9 @@ def test_dropped_and_renamed_keys_live_in_compat_not_on_the_config_classes():
         assert not {"legacy_keys", "dropped_keys", "renamed_keys"} & set(dir(cls)), cls
 
 
-@pytest.mark.parametrize("override", ["bos_id=3", "model.bos_id=3", "eos_id=0",
-                                      "model.tie_embeddings=false", "tie_embeddings=1"])
+@pytest.mark.parametrize(
+    "override", ["bos_id=3", "model.bos_id=3", "eos_id=0", "model.tie_embeddings=false", "tie_embeddings=1"]
+)
 def test_a_dropped_key_of_another_value_is_refused_in_one_line(override):
     with pytest.raises(QkvError) as info:
         resolve(ProteinMLMRecipe, None, [override])
@@ -201,7 +253,9 @@ def test_a_dropped_key_of_another_value_is_refused_in_one_line(override):
 
 
 @pytest.mark.parametrize("override", ["bos_id=3", "model.tie_embeddings=false"])
-def test_dropped_key_on_the_command_line_exits_2_with_one_line_and_no_run_directory(override, tmp_path, capsys):
+def test_dropped_key_on_the_command_line_exits_2_with_one_line_and_no_run_directory(
+    override, tmp_path, capsys
+):
     out = tmp_path / "run"
     assert main(["train", "protein-mlm", "--out", str(out), override]) == 2
     err = capsys.readouterr().err.strip()
@@ -213,12 +267,17 @@ def test_a_dropped_key_at_its_old_value_is_ignored_with_a_warning(tmp_path, qkv_
     s = resolve(ProteinMLMRecipe, None, ["model.tie_embeddings=true", "bos_id=null", "model.eos_id=none"])
     assert s == ProteinMLMRecipe()
     warnings = [r.getMessage() for r in qkv_logs.records if r.levelname == "WARNING"]
-    assert "model.tie_embeddings is no longer a setting: ignored (EncoderConfig always has " \
-           "model.tie_embeddings=true)" in warnings, warnings
+    assert (
+        "model.tie_embeddings is no longer a setting: ignored (EncoderConfig always has "
+        "model.tie_embeddings=true)" in warnings
+    ), warnings
     # an older settings file (its model section as an older qkv printed it) still resolves
     path = tmp_path / "old.json"
-    path.write_text(json.dumps({"model": {**to_dict(EncoderConfig()), "tie_embeddings": True,
-                                          "bos_id": None, "eos_id": None}}))
+    path.write_text(
+        json.dumps(
+            {"model": {**to_dict(EncoderConfig()), "tie_embeddings": True, "bos_id": None, "eos_id": None}}
+        )
+    )
     assert resolve(ProteinMLMRecipe, path) == ProteinMLMRecipe()
 
 
@@ -234,12 +293,19 @@ def test_a_renamed_key_is_still_read_with_a_warning(qkv_logs):
     assert warnings == ["amp_bf16 is deprecated: read as train.precision=bf16"]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("train.lr=nan", "train.lr"), ("train.lr=NaN", "train.lr"), ("model.dropout=nan", "model.dropout"),
-    ("train.max_minutes=inf", "train.max_minutes"), ("train.max_minutes=Infinity", "train.max_minutes"),
-    ("train.lr=1e400", "train.lr"), ("temperature=-inf", "temperature"),
-    ("model.layer_norm_eps=" + "9" * 400, "model.layer_norm_eps"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.lr=nan", "train.lr"),
+        ("train.lr=NaN", "train.lr"),
+        ("model.dropout=nan", "model.dropout"),
+        ("train.max_minutes=inf", "train.max_minutes"),
+        ("train.max_minutes=Infinity", "train.max_minutes"),
+        ("train.lr=1e400", "train.lr"),
+        ("temperature=-inf", "temperature"),
+        ("model.layer_norm_eps=" + "9" * 400, "model.layer_norm_eps"),
+    ],
+)
 def test_non_finite_floats_are_refused(override, key):
     with pytest.raises(QkvError) as info:
         resolve(LMRecipe, None, [override])
@@ -268,22 +334,26 @@ def test_check_raises_config_error_which_is_a_value_error():
     with pytest.raises(ConfigError) as info:
         TrainSettings(max_steps=0, beta1=2.0)
     assert isinstance(info.value, ValueError) and isinstance(info.value, QkvError)
-    assert str(info.value) == ("invalid TrainSettings: max_steps (0) must be >= 1; "
-                               "beta1 (2.0) must be in [0, 1)")
+    assert str(info.value) == (
+        "invalid TrainSettings: max_steps (0) must be >= 1; beta1 (2.0) must be in [0, 1)"
+    )
     with pytest.raises(ConfigError, match="needs an end"):
         TrainSettings(max_steps=None).lr_schedule(64)
     with pytest.raises(ConfigError, match="vocab_size not set"):
         LMConfig().require("vocab_size")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("{not json", r"config.json is not valid JSON: "),
-    ("[1, 2]", r"config.json must hold a JSON object, got an array"),
-    ('"x"', r"config.json must hold a JSON object, got a string"),
-    ('{"d_model": 64, "bogus": 1}', r"config.json: unknown LMConfig keys: bogus"),
-    ('{"d_model": "wide"}', r"config.json: invalid LMConfig: d_model must be int, got 'wide'"),
-    (b"\xff\xfe{}", r"config.json is not valid JSON: "),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("{not json", r"config.json is not valid JSON: "),
+        ("[1, 2]", r"config.json must hold a JSON object, got an array"),
+        ('"x"', r"config.json must hold a JSON object, got a string"),
+        ('{"d_model": 64, "bogus": 1}', r"config.json: unknown LMConfig keys: bogus"),
+        ('{"d_model": "wide"}', r"config.json: invalid LMConfig: d_model must be int, got 'wide'"),
+        (b"\xff\xfe{}", r"config.json is not valid JSON: "),
+    ],
+)
 def test_model_config_load_refuses_a_bad_file_in_one_line_naming_it(text, expected, tmp_path):
     path = tmp_path / "config.json"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -300,26 +370,87 @@ def test_model_config_load_refuses_a_bad_file_in_one_line_naming_it(text, expect
 RECIPES = [LMRecipe, TranslationRecipe, ProteinMLMRecipe, ProteinTaskRecipe]
 _NAMES = sorted({n for cls in RECIPES for n in field_names(cls)})
 KEYS = st.one_of(
-    st.sampled_from(_NAMES),                                                # dotted, real
-    st.sampled_from(sorted({n.rsplit(".", 1)[-1] for n in _NAMES})),        # flat, real or ambiguous
-    st.sampled_from(["amp_bf16", "train.amp_bf16", "model.amp_bf16",        # renamed
-                     "bos_id", "eos_id", "tie_embeddings", "model.bos_id",  # dropped (for encoders)
-                     "model.tie_embeddings", "train.bos_id", "model", "train", "model.", ".", "",
-                     "model..d_model", "train.lr.x"]),
-    st.text(max_size=12),                                                   # anything
+    st.sampled_from(_NAMES),  # dotted, real
+    st.sampled_from(sorted({n.rsplit(".", 1)[-1] for n in _NAMES})),  # flat, real or ambiguous
+    st.sampled_from(
+        [
+            "amp_bf16",
+            "train.amp_bf16",
+            "model.amp_bf16",  # renamed
+            "bos_id",
+            "eos_id",
+            "tie_embeddings",
+            "model.bos_id",  # dropped (for encoders)
+            "model.tie_embeddings",
+            "train.bos_id",
+            "model",
+            "train",
+            "model.",
+            ".",
+            "",
+            "model..d_model",
+            "train.lr.x",
+        ]
+    ),
+    st.text(max_size=12),  # anything
 )
 TEXT_VALUES = st.one_of(
-    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "-0", "-0.0", "0",
-                     "1", "2", "3", "0.5", "1e-9", "", " ", "true", "false", "True", "null", "none",
-                     "None", "[]", "{}", '"x"', "[1]", "1" * 400, "-" + "9" * 5000, "9" * 30,
-                     "é", "ünïcödé", "\u2028", "a\nb", "\x00", "relu", "rotary", "bf16", "cosine",
-                     "char", "bpe", "signalp", "cls", "mean", "dyt"]),
+    st.sampled_from(
+        [
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "Infinity",
+            "1e400",
+            "-1e400",
+            "-0",
+            "-0.0",
+            "0",
+            "1",
+            "2",
+            "3",
+            "0.5",
+            "1e-9",
+            "",
+            " ",
+            "true",
+            "false",
+            "True",
+            "null",
+            "none",
+            "None",
+            "[]",
+            "{}",
+            '"x"',
+            "[1]",
+            "1" * 400,
+            "-" + "9" * 5000,
+            "9" * 30,
+            "é",
+            "ünïcödé",
+            "\u2028",
+            "a\nb",
+            "\x00",
+            "relu",
+            "rotary",
+            "bf16",
+            "cosine",
+            "char",
+            "bpe",
+            "signalp",
+            "cls",
+            "mean",
+            "dyt",
+        ]
+    ),
     st.integers().map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(max_size=10),
 )
-OVERRIDES = st.lists(st.one_of(st.builds(lambda k, v: f"{k}={v}", KEYS, TEXT_VALUES),
-                               st.text(max_size=8)), max_size=6)
+OVERRIDES = st.lists(
+    st.one_of(st.builds(lambda k, v: f"{k}={v}", KEYS, TEXT_VALUES), st.text(max_size=8)), max_size=6
+)
 
 
 def _one_line_or_settings(cls, config, overrides):
@@ -339,22 +470,38 @@ def test_random_overrides_give_settings_or_one_line_qkv_error(cls, overrides):
 
 
 JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=10 ** 300),
-              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-              st.sampled_from([0, 1, 2, 3, -0.0, 0.5, 1e-9, "relu", "bf16", "rotary", "cls"])),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(min_value=10**300),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+        st.sampled_from([0, 1, 2, 3, -0.0, 0.5, 1e-9, "relu", "bf16", "rotary", "cls"]),
+    ),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 CONFIGS = st.one_of(
-    st.dictionaries(KEYS, JSON_VALUES, max_size=6),                       # flat or nested
-    st.fixed_dictionaries({}, optional={"model": st.dictionaries(KEYS, JSON_VALUES, max_size=4),
-                                        "train": st.dictionaries(KEYS, JSON_VALUES, max_size=4)}),
-    JSON_VALUES,                                                          # not an object
+    st.dictionaries(KEYS, JSON_VALUES, max_size=6),  # flat or nested
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "model": st.dictionaries(KEYS, JSON_VALUES, max_size=4),
+            "train": st.dictionaries(KEYS, JSON_VALUES, max_size=4),
+        },
+    ),
+    JSON_VALUES,  # not an object
 )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cls=st.sampled_from(RECIPES), config=CONFIGS, overrides=st.lists(st.builds(
-    lambda k, v: f"{k}={v}", KEYS, TEXT_VALUES), max_size=2), raw=st.booleans())
+@given(
+    cls=st.sampled_from(RECIPES),
+    config=CONFIGS,
+    overrides=st.lists(st.builds(lambda k, v: f"{k}={v}", KEYS, TEXT_VALUES), max_size=2),
+    raw=st.booleans(),
+)
 def test_random_config_files_give_settings_or_one_line_qkv_error(cls, config, overrides, raw, tmp_path):
     path = tmp_path / "settings.json"
     text = json.dumps(config)
@@ -420,9 +567,21 @@ def test_documented_train_commands_resolve(where, recipe, words, capsys):
 def test_full_translation_config_keeps_the_paper_recipe_while_the_defaults_are_the_demo():
     """The demo defaults changed (pre-LN, linear decay over the time budget); the full recipe
     file must still say post-LN + Eq. 3 itself, and never ask for bf16 outright."""
-    full = resolve(TranslationRecipe, Path(__file__).resolve().parents[1] / "configs" / "multi30k_de_en.json", [])
-    assert (full.model.norm_first, full.train.schedule, full.model.d_model, full.max_tokens) == (False, "noam", 384, 4096)
+    full = resolve(
+        TranslationRecipe, Path(__file__).resolve().parents[1] / "configs" / "multi30k_de_en.json", []
+    )
+    assert (full.model.norm_first, full.train.schedule, full.model.d_model, full.max_tokens) == (
+        False,
+        "noam",
+        384,
+        4096,
+    )
     assert full.train.lr_factor == 0.55 and full.train.warmup_steps == 800 and full.train.precision == "auto"
     demo = resolve(TranslationRecipe, None, [])
-    assert (demo.model.norm_first, demo.train.schedule, demo.train.max_minutes, demo.train.max_steps) == (True, "linear", 10.0, None)
+    assert (demo.model.norm_first, demo.train.schedule, demo.train.max_minutes, demo.train.max_steps) == (
+        True,
+        "linear",
+        10.0,
+        None,
+    )
     demo.train.lr_schedule(demo.model.d_model)  # decays over the time budget: no step count needed

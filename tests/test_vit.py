@@ -12,11 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import train_digits_vit
+
 from qkv.cli import main
-from qkv.data.images import (augment, load_digits, load_image_folder, read_image, stratified_split,
-                             to_model_input)
+from qkv.data.images import (
+    augment,
+    load_digits,
+    load_image_folder,
+    read_image,
+    stratified_split,
+    to_model_input,
+)
 from qkv.errors import QkvError
 from qkv.evaluate.baselines import pixel_baseline_metrics
 from qkv.models.config import ViTConfig
@@ -123,6 +129,7 @@ def test_stratified_split_keeps_class_balance():
 
 # --- reading images safely ---------------------------------------------------------------
 
+
 def _png(path, size=(10, 6), mode="RGB", color=(200, 100, 50)):
     from PIL import Image
 
@@ -140,12 +147,17 @@ def _noise_png(path):
 def _huge_png_header(path, width=20000, height=20000):
     """A PNG whose header claims width x height: enough for the guard, which must refuse it
     before decoding (the pixel data is not even there)."""
+
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -159,11 +171,14 @@ def test_read_image_converts_channels_and_size(tmp_path):
     assert (transparent == 0).all()  # transparency over black, the Fashion-MNIST background
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda p: p.write_text("not an image"), "not an image file"),
-    (lambda p: p.write_bytes(_noise_png(p).read_bytes()[:2000]), "truncated or corrupt"),
-    (lambda p: _huge_png_header(p), "decompression-bomb guard"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda p: p.write_text("not an image"), "not an image file"),
+        (lambda p: p.write_bytes(_noise_png(p).read_bytes()[:2000]), "truncated or corrupt"),
+        (lambda p: _huge_png_header(p), "decompression-bomb guard"),
+    ],
+)
 def test_bad_image_files_get_one_line_errors(tmp_path, make, message):
     path = tmp_path / "x.png"
     make(path)
@@ -194,11 +209,20 @@ def test_image_folder_layout_and_its_errors(tmp_path):
 
 # --- the recipe and the CLI --------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
-    return train_digits_vit(tmp_path_factory.mktemp("vit") / "run", "model.d_model=32",
-                            "model.d_ff=64", "train.max_steps=300", "train.eval_every=100",
-                            "train.warmup_steps=10", "crop_padding=0", "hflip=false", "batch_size=64")
+    return train_digits_vit(
+        tmp_path_factory.mktemp("vit") / "run",
+        "model.d_model=32",
+        "model.d_ff=64",
+        "train.max_steps=300",
+        "train.eval_every=100",
+        "train.warmup_steps=10",
+        "crop_padding=0",
+        "hflip=false",
+        "batch_size=64",
+    )
 
 
 def test_recipe_trains_reports_and_beats_chance(digits_run, capsys):
@@ -270,14 +294,31 @@ def test_train_refuses_bad_folders_with_exit_2(tmp_path, capsys):
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
-@pytest.mark.skipif(not (DATA / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").is_file()
-                    and not os.environ.get("CI"),  # in CI missing data must fail, not skip
-                    reason=f"Fashion-MNIST not found under {DATA} (set QKV_DATA_DIR)")
+@pytest.mark.skipif(
+    not (DATA / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").is_file()
+    and not os.environ.get("CI"),  # in CI missing data must fail, not skip
+    reason=f"Fashion-MNIST not found under {DATA} (set QKV_DATA_DIR)",
+)
 def test_fashion_mnist_smoke_run_learns(tmp_path, monkeypatch):
     monkeypatch.setenv("QKV_DATA_DIR", os.environ.get("QKV_DATA_DIR", str(DATA)))
     run = tmp_path / "run"
-    assert main(["train", "vit", "--out", str(run), "--quiet", "train.max_steps=150",
-                 "train.warmup_steps=20", "train.eval_every=80", "baseline=false", "train.threads=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "vit",
+                "--out",
+                str(run),
+                "--quiet",
+                "train.max_steps=150",
+                "train.warmup_steps=20",
+                "train.eval_every=80",
+                "baseline=false",
+                "train.threads=1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["test"]["n"] == 10_000 and summary["validation"]["n"] == 6_000
     assert summary["tta"] and 0.1 < summary["test_single_view"]["accuracy"] < 1  # the default: flip averaging

@@ -47,11 +47,14 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
     logging.captureWarnings(True)
 
 
-
-
 # train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
-SETTING_FLAGS = {"max_steps": "train.max_steps", "max_minutes": "train.max_minutes", "task": "task",
-                 "init": "init", "labels": "labels"}
+SETTING_FLAGS = {
+    "max_steps": "train.max_steps",
+    "max_minutes": "train.max_minutes",
+    "task": "task",
+    "init": "init",
+    "labels": "labels",
+}
 
 
 def _cmd_train(args) -> int:
@@ -87,8 +90,10 @@ def _cmd_train(args) -> int:
         raise
     except KeyboardInterrupt:
         if ctx.is_main:
-            _log(f"interrupted: the last checkpoint is in {args.out}; continue with the same command "
-                 "plus --resume")
+            _log(
+                f"interrupted: the last checkpoint is in {args.out}; continue with the same command "
+                "plus --resume"
+            )
         return 130
     finally:
         distributed.shutdown()
@@ -134,18 +139,19 @@ def _read_inputs(args) -> list[str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise QkvError(f"standard input is not valid UTF-8 (byte {exc.start}: "
-                       f"{data[exc.start:exc.start + 1]!r})") from None
+        raise QkvError(
+            f"standard input is not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r})"
+        ) from None
     return text.splitlines()
 
 
 def _cmd_translate(args) -> int:
+    from .device import resolve_device
     from .generate.translator import Translator
 
-    from .device import resolve_device
-
-    translator = Translator.from_run(args.run_dir, device=resolve_device(args.device),
-                                     beam_size=args.beam, alpha=args.alpha)
+    translator = Translator.from_run(
+        args.run_dir, device=resolve_device(args.device), beam_size=args.beam, alpha=args.alpha
+    )
     for line in translator.translate(_read_inputs(args)):
         print(line, flush=False)
     if args.verbose:
@@ -196,22 +202,26 @@ class _PromptEcho:
 
 
 def _cmd_generate(args) -> int:
+    import torch
+
     from .device import resolve_device, resolve_precision
     from .generate.lm import TextGenerator
-
-    import torch
 
     device = resolve_device(args.device)
     quantize = "int8" if args.dtype == "int8" else None
     names = {"auto": "auto", "float32": "fp32", "bfloat16": "bf16", "int8": "bf16"}
     precision, why = resolve_precision(names[args.dtype], device, decoding=True)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    logging.getLogger("qkv.cli").debug(f"dtype: {args.dtype if quantize else str(dtype).removeprefix('torch.')} ({why})")
+    logging.getLogger("qkv.cli").debug(
+        f"dtype: {args.dtype if quantize else str(dtype).removeprefix('torch.')} ({why})"
+    )
     if (args.run_dir is None) == (args.model is None):
         raise QkvError("give a run directory or --model NAME|PATH (a pretrained language model)")
     if args.num_samples < 1 or args.max_new_tokens < 0:
-        raise QkvError(f"--num-samples must be >= 1 and --max-new-tokens >= 0 (got {args.num_samples} and "
-                       f"{args.max_new_tokens})")
+        raise QkvError(
+            f"--num-samples must be >= 1 and --max-new-tokens >= 0 (got {args.num_samples} and "
+            f"{args.max_new_tokens})"
+        )
     gen = TextGenerator.from_run(args.run_dir or args.model, device=device, dtype=dtype, quantize=quantize)
     temperature = 1.0 if args.temperature is None else args.temperature
     if args.top_probs is not None:
@@ -225,9 +235,17 @@ def _cmd_generate(args) -> int:
         if args.num_samples > 1:
             print(f"--- sample {i + 1} ---", file=sys.stderr, flush=True)
         echo = _PromptEcho(args.prompt)
-        gen.generate([args.prompt], args.max_new_tokens, do_sample, temperature, args.top_k,
-                     args.top_p, stop=args.stop, seed=None if args.seed is None else args.seed + i,
-                     stream=echo)
+        gen.generate(
+            [args.prompt],
+            args.max_new_tokens,
+            do_sample,
+            temperature,
+            args.top_k,
+            args.top_p,
+            stop=args.stop,
+            seed=None if args.seed is None else args.seed + i,
+            stream=echo,
+        )
         echo.end()
         if args.verbose:
             sys.stdout.flush()
@@ -272,17 +290,16 @@ def _classify_texts(args) -> int:
 
 
 def _cmd_classify(args) -> int:
-    from . import runs
     from .device import resolve_device
     from .generate.protein import ProteinEncoder
-
     from .recipes.registry import RECIPES, kind_of
 
     kind = kind_of(args.run_dir)
     if not kind.classifier:
         heads = ", ".join(name for name, r in RECIPES.items() if r.classifier)
-        raise QkvError(f"{args.run_dir} is a {kind.name} run, without a task head; classify needs a run "
-                       f"of {heads}")
+        raise QkvError(
+            f"{args.run_dir} is a {kind.name} run, without a task head; classify needs a run of {heads}"
+        )
     if kind.inputs == "image":
         return _classify_images(args)
     if kind.inputs == "text":
@@ -291,8 +308,10 @@ def _cmd_classify(args) -> int:
         raise QkvError("a protein classifier takes one FASTA file")
     encoder = ProteinEncoder.from_run(args.run_dir, resolve_device(args.device))
     if encoder.level == "mlm":
-        raise QkvError(f"{args.run_dir} is a pretrained encoder without a task head; classify needs a "
-                       "protein-cls or protein-residue run")
+        raise QkvError(
+            f"{args.run_dir} is a pretrained encoder without a task head; classify needs a "
+            "protein-cls or protein-residue run"
+        )
     ids, seqs = _read_protein_file(args.inputs[0])
     probs = encoder.predict(seqs, ids)
     out = sys.stdout
@@ -353,8 +372,10 @@ def _cmd_embed(args) -> int:
         texts = _read_lines(args.inputs[0])
         vectors = _text_encoder(args.model, args.device).embed(texts)
         _save_embeddings(args.out, vectors, texts, str(args.model))
-        _log(f"{len(texts)} sentence embeddings of width {vectors.shape[1]} (mean pooling, L2-normalised) "
-             f"-> {args.out} (tensor 'mean', texts in metadata 'ids')")
+        _log(
+            f"{len(texts)} sentence embeddings of width {vectors.shape[1]} (mean pooling, L2-normalised) "
+            f"-> {args.out} (tensor 'mean', texts in metadata 'ids')"
+        )
         return 0
     if len(args.inputs) != 2:
         raise QkvError("give RUN_DIR FASTA (a protein encoder), or --model NAME TEXT_FILE")
@@ -366,8 +387,10 @@ def _cmd_embed(args) -> int:
     pooled, residues = encoder.embed(seqs, ids, per_residue=args.per_residue)
     extra = {f"residues/{i}": torch.from_numpy(r).contiguous() for i, r in zip(ids, residues)}
     _save_embeddings(args.out, pooled, ids, str(Path(run_dir).resolve()), extra)
-    _log(f"{len(ids)} embeddings of width {pooled.shape[1]} -> {args.out} (tensor 'mean', ids in metadata"
-         + (", per-residue tensors 'residues/<id>')" if args.per_residue else ")"))
+    _log(
+        f"{len(ids)} embeddings of width {pooled.shape[1]} -> {args.out} (tensor 'mean', ids in metadata"
+        + (", per-residue tensors 'residues/<id>')" if args.per_residue else ")")
+    )
     return 0
 
 
@@ -390,8 +413,10 @@ def _cmd_convert(args) -> int:
         if len(args.paths) != 2:
             raise QkvError("usage: qkv convert --to hf RUN_DIR HF_DIR")
         out = export_hf(*args.paths)
-        _log(f"wrote {out} (config.json, model.safetensors, tokenizer.json): load it with "
-             f"transformers' from_pretrained")
+        _log(
+            f"wrote {out} (config.json, model.safetensors, tokenizer.json): load it with "
+            f"transformers' from_pretrained"
+        )
         return 0
     if len(args.paths) != 3 or args.paths[0] != "hf":
         raise QkvError("usage: qkv convert hf HF_DIR|NAME RUN_DIR  (or: qkv convert --to hf RUN_DIR HF_DIR)")
@@ -401,16 +426,24 @@ def _cmd_convert(args) -> int:
     folder, tokenizer, settings = locate(source) if is_short_name(source) else (source, None, {})
     conv = import_hf(folder, run_dir, args.tokenizer or tokenizer, settings)
     n = sum(p.numel() for p in conv.model.parameters())
-    _log(f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"
-         f"next: qkv convert --to hf {run_dir} HF_DIR")
+    _log(
+        f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"
+        f"next: qkv convert --to hf {run_dir} HF_DIR"
+    )
     return 0
 
 
 def _decoding_options(args):
     from .explain.explainers import DecodingOptions
 
-    return DecodingOptions(beam_size=args.beam, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return DecodingOptions(
+        beam_size=args.beam,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
 
 
 def _check_explain_options(args, info: dict) -> None:
@@ -418,11 +451,15 @@ def _check_explain_options(args, info: dict) -> None:
     layers, heads = info["n_layers"], info["n_heads"]
     problems = []
     if not -layers <= args.layer < layers:
-        problems.append(f"--layer {args.layer} is outside the model's layers 0..{layers - 1} (or -1 for the last)")
+        problems.append(
+            f"--layer {args.layer} is outside the model's layers 0..{layers - 1} (or -1 for the last)"
+        )
     if not 1 <= args.head <= heads:
         problems.append(f"--head {args.head} is outside the model's heads 1..{heads}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        problems.append(f"--temperature must be a finite number >= 0, 0 meaning greedy (got {args.temperature})")
+        problems.append(
+            f"--temperature must be a finite number >= 0, 0 meaning greedy (got {args.temperature})"
+        )
     if args.beam < 1:
         problems.append(f"--beam must be >= 1 (got {args.beam})")
     if problems:
@@ -447,8 +484,15 @@ def _cmd_explain(args) -> int:
     _check_explain_options(args, explainer.info())
     from .explain.plots import write_pictures
 
-    for path in write_pictures(explainer, args.input, args.out, _decoding_options(args),
-                               merge_words=not args.pieces, layer=args.layer, head=args.head - 1):
+    for path in write_pictures(
+        explainer,
+        args.input,
+        args.out,
+        _decoding_options(args),
+        merge_words=not args.pieces,
+        layer=args.layer,
+        head=args.head - 1,
+    ):
         print(path)
     return 0
 
@@ -463,7 +507,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
     """``--device``, as every command that runs a model takes it."""
-    where = "auto (CUDA, MPS, else CPU), cpu, cuda, ..." if default == "auto" else f"{default} (default), cuda, ..."
+    where = (
+        "auto (CUDA, MPS, else CPU), cpu, cuda, ..."
+        if default == "auto"
+        else f"{default} (default), cuda, ..."
+    )
     p.add_argument("--device", default=default, help=where)
 
 
@@ -476,24 +524,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a model with a recipe")
     p.add_argument("recipe", help="recipe name: " + ", ".join(trainable()))
-    p.add_argument("overrides", nargs="*",
-                   help="settings as dotted key=value (model.d_model=256 train.lr=3e-4 src_lang=fr); "
-                        "a key of one section may be given flat (d_model=256)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="settings as dotted key=value (model.d_model=256 train.lr=3e-4 src_lang=fr); "
+        "a key of one section may be given flat (d_model=256)",
+    )
     p.add_argument("--config", help="JSON file of settings (overridden by key=value)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved settings as JSON (what --config reads) and exit")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved settings as JSON (what --config reads) and exit",
+    )
     p.add_argument("--out", help="run directory to create (or continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue training in --out")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only warnings from the library")
-    p.add_argument("--task", help="protein-cls: signalp, amp-scanner, developability; protein-residue: "
-                                  "secondary-structure, paratope; or a CSV/TSV (sequence,label) or FASTA "
-                                  "file (with --labels); text-cls: sst2 or a TSV/CSV (sentence,label); "
-                                  "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>")
+    p.add_argument(
+        "--task",
+        help="protein-cls: signalp, amp-scanner, developability; protein-residue: "
+        "secondary-structure, paratope; or a CSV/TSV (sequence,label) or FASTA "
+        "file (with --labels); text-cls: sst2 or a TSV/CSV (sentence,label); "
+        "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>",
+    )
     p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
-    p.add_argument("--init", metavar="MODEL", help="start from a pretrained encoder: protein-*: a protein-mlm "
-                                                  "run directory; text-cls: minilm, an HF folder or a converted run")
+    p.add_argument(
+        "--init",
+        metavar="MODEL",
+        help="start from a pretrained encoder: protein-*: a protein-mlm "
+        "run directory; text-cls: minilm, an HF folder or a converted run",
+    )
     p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
     p.set_defaults(func=_cmd_train)
 
@@ -518,8 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="continue a prompt with a trained language model (streams to stdout)")
     p.add_argument("run_dir", nargs="?", help="a language-model run directory (or give --model)")
-    p.add_argument("--model", help="a pretrained LM instead: iglm (antibodies: --prompt \"[HEAVY] [HUMAN] EVQ\"), "
-                                   "an HF GPT-2 folder or a converted run")
+    p.add_argument(
+        "--model",
+        help='a pretrained LM instead: iglm (antibodies: --prompt "[HEAVY] [HUMAN] EVQ"), '
+        "an HF GPT-2 folder or a converted run",
+    )
     p.add_argument("--prompt", default="", help="text to continue (empty: start from the start token)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, help="sampling temperature > 0 (default 1.0)")
@@ -529,32 +593,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
     p.add_argument("--seed", type=int, help="random seed for reproducible samples")
     p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--top-probs", type=int, metavar="K",
-                   help="instead of generating, print the K most likely next tokens and their probabilities")
+    p.add_argument(
+        "--top-probs",
+        type=int,
+        metavar="K",
+        help="instead of generating, print the K most likely next tokens and their probabilities",
+    )
     _device_option(p)
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
-                   help="weights' precision for decoding (auto: bfloat16 on CUDA and on CPUs with "
-                        "AMX bfloat16 units, else float32; int8: int8 weights, bfloat16 activations, "
-                        "faster on CPUs with native bfloat16, at a small quality cost)")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "int8"),
+        default="auto",
+        help="weights' precision for decoding (auto: bfloat16 on CUDA and on CPUs with "
+        "AMX bfloat16 units, else float32; int8: int8 weights, bfloat16 activations, "
+        "faster on CPUs with native bfloat16, at a small quality cost)",
+    )
     p.add_argument("--verbose", action="store_true", help="print tokens/s on stderr after each sample")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("classify", help="predict classes of proteins, texts or images (TSV on stdout)")
     p.add_argument("run_dir")
-    p.add_argument("inputs", nargs="+", metavar="FILE",
-                   help="protein run: one FASTA file; text-cls run: one text file (a text per line); "
-                        "vit run: image files (PNG, JPEG, ...), each "
-                        "converted to the model's channels and resized to its image size")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="FILE",
+        help="protein run: one FASTA file; text-cls run: one text file (a text per line); "
+        "vit run: image files (PNG, JPEG, ...), each "
+        "converted to the model's channels and resized to its image size",
+    )
     _device_option(p)
     p.set_defaults(func=_cmd_classify)
 
-    p = sub.add_parser("embed", help="embeddings: sentences with a pretrained text encoder (--model), or "
-                                      "proteins with a protein encoder run")
-    p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="--model NAME TEXT_FILE (one sentence per line), or RUN_DIR FASTA")
+    p = sub.add_parser(
+        "embed",
+        help="embeddings: sentences with a pretrained text encoder (--model), or "
+        "proteins with a protein encoder run",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="--model NAME TEXT_FILE (one sentence per line), or RUN_DIR FASTA",
+    )
     p.add_argument("--model", help="pretrained text encoder: minilm, an HF folder or a converted run")
     p.add_argument("--out", required=True, help="output .safetensors file")
-    p.add_argument("--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence")
+    p.add_argument(
+        "--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence"
+    )
     _device_option(p)
     p.set_defaults(func=_cmd_embed)
 
@@ -565,7 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
     _device_option(p)
     p.set_defaults(func=_cmd_similarity)
 
-    p = sub.add_parser("search", help="semantic search: the corpus lines closest to a query (TSV: score, line)")
+    p = sub.add_parser(
+        "search", help="semantic search: the corpus lines closest to a query (TSV: score, line)"
+    )
     p.add_argument("query")
     p.add_argument("--corpus", required=True, help="text file, one entry per line (- for stdin)")
     p.add_argument("--model", default="minilm", help="text encoder (default minilm)")
@@ -573,8 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
     _device_option(p)
     p.set_defaults(func=_cmd_search)
 
-    p = sub.add_parser("convert", help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, "
-                                        "`convert --to hf RUN_DIR HF_DIR`")
+    p = sub.add_parser(
+        "convert",
+        help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, `convert --to hf RUN_DIR HF_DIR`",
+    )
     p.add_argument("paths", nargs="+", help="hf HF_DIR|NAME RUN_DIR, or (with --to hf) RUN_DIR HF_DIR")
     p.add_argument("--to", choices=("hf",), help="export a qkv run directory as an HF folder")
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
@@ -582,16 +671,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="pictures of a model's attention on an input, or a local web page")
     p.add_argument("run_dir")
-    p.add_argument("--input", help="the text (sentence, prompt or protein sequence) to explain; for a "
-                        "vit run an image file (PNG, JPEG, ...) or test:INDEX (an image of its test set)")
+    p.add_argument(
+        "--input",
+        help="the text (sentence, prompt or protein sequence) to explain; for a "
+        "vit run an image file (PNG, JPEG, ...) or test:INDEX (an image of its test set)",
+    )
     p.add_argument("--out", help="directory for the PNG files (with --input)")
     p.add_argument("--serve", action="store_true", help="start the interactive page instead")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--max-chars", type=int, default=400, help="longest input accepted (default 400)")
-    p.add_argument("--pieces", action="store_true", help="label subword pieces instead of merging them into words")
-    p.add_argument("--layer", type=int, default=-1,
-                   help="layer (0-based, -1 = last) of the alignment and step-through pictures")
+    p.add_argument(
+        "--pieces", action="store_true", help="label subword pieces instead of merging them into words"
+    )
+    p.add_argument(
+        "--layer",
+        type=int,
+        default=-1,
+        help="layer (0-based, -1 = last) of the alignment and step-through pictures",
+    )
     p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
     p.add_argument("--beam", type=int, default=4, help="translation: beam size (1 = greedy)")
     p.add_argument("--max-new-tokens", type=int, default=40, help="LM: length of the sampled continuation")
@@ -605,9 +705,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bug(exc: BaseException) -> int:
-    _log(f"internal error (a bug in qkv, not a problem with your input): {type(exc).__name__}: "
-         f"{_one_line(exc)[:300]}; run the same command with `qkv --debug ...` for the traceback and "
-         "report it to the qkv developers")
+    _log(
+        f"internal error (a bug in qkv, not a problem with your input): {type(exc).__name__}: "
+        f"{_one_line(exc)[:300]}; run the same command with `qkv --debug ...` for the traceback and "
+        "report it to the qkv developers"
+    )
     return 1
 
 
@@ -653,8 +755,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
             return _bug(exc)
         # a size or number the user chose that this machine cannot hold
-        _log(f"error: {'a number is too large' if isinstance(exc, OverflowError) else 'out of memory'}: "
-             f"{_one_line(exc)[:300]} (choose smaller sizes: model, batch, max_len, vocabulary)")
+        _log(
+            f"error: {'a number is too large' if isinstance(exc, OverflowError) else 'out of memory'}: "
+            f"{_one_line(exc)[:300]} (choose smaller sizes: model, batch, max_len, vocabulary)"
+        )
         return 2
     except Exception as exc:  # anything else is a bug: say so, never disguise it as a user error
         if args.debug:

@@ -45,13 +45,15 @@ def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> d
         load_weights(model, run_dir / "last.safetensors")
         saved["model"] = model.state_dict()
     if "rng" not in saved:  # states written before per-process streams
-        saved["rng"] = [{"python": saved.pop("py_rng"), "torch": saved.pop("torch_rng"),
-                         "numpy": None, "cuda": []}]
+        saved["rng"] = [
+            {"python": saved.pop("py_rng"), "torch": saved.pop("torch_rng"), "numpy": None, "cuda": []}
+        ]
     saved.setdefault("world_size", 1)
     return saved
 
 
 # --------------------------------------------------------------------------- format version
+
 
 def check_format_version(data: dict, what: str = "this file") -> dict:
     """``data`` (a ``config.json`` or ``train_config.json`` object) without its
@@ -71,8 +73,10 @@ def check_format_version(data: dict, what: str = "this file") -> dict:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigError(f"{what}: format_version must be a whole number >= 1, got {version!r}")
     if version > FORMAT_VERSION:
-        raise ConfigError(f"{what} was written by a newer qkv (format_version {version}; this qkv "
-                          f"reads up to {FORMAT_VERSION}): upgrade qkv to read it")
+        raise ConfigError(
+            f"{what} was written by a newer qkv (format_version {version}; this qkv "
+            f"reads up to {FORMAT_VERSION}): upgrade qkv to read it"
+        )
     return data
 
 
@@ -122,8 +126,10 @@ def renamed_keys(cls: type) -> dict[str, tuple[str, type, Callable[[Any], Any]]]
 
 # --------------------------------------------------------------------------- weights
 
-def pack_old_projections(state_dict: dict[str, torch.Tensor], model: torch.nn.Module,
-                         prefix: str = "") -> None:
+
+def pack_old_projections(
+    state_dict: dict[str, torch.Tensor], model: torch.nn.Module, prefix: str = ""
+) -> None:
     """Rewrite, in place, the attention projections of weights saved before they were packed.
 
     Those checkpoints hold separate ``w_q``/``w_k``/``w_v`` (each ``(H·d_k, D)``, biases
@@ -148,8 +154,7 @@ def pack_old_projections(state_dict: dict[str, torch.Tensor], model: torch.nn.Mo
                 state_dict[f"{at}{packed}.{kind}"] = torch.cat([state_dict.pop(k) for k in keys])
 
 
-def upgrade_state_dict(state_dict: dict[str, torch.Tensor], model: torch.nn.Module,
-                       prefix: str = "") -> None:
+def upgrade_state_dict(state_dict: dict[str, torch.Tensor], model: torch.nn.Module, prefix: str = "") -> None:
     """Bring weights any qkv version saved to today's names and shapes, in place (today the
     one rule is :func:`pack_old_projections`); today's weights pass unchanged."""
     pack_old_projections(state_dict, model, prefix)
@@ -169,9 +174,16 @@ def read_old_weights(model: torch.nn.Module) -> None:
 
 # Runs written before train_config.json recorded "model_type": the architecture each recipe of
 # that time trained (a recipe added since always records it).
-_MODEL_TYPE_OF_OLD_RECIPE = {"translation": "transformer", "lm": "decoder-lm", "protein-mlm": "encoder",
-                             "protein-cls": "encoder", "protein-residue": "encoder", "text-cls": "encoder",
-                             "encoder": "encoder", "vit": "vit"}
+_MODEL_TYPE_OF_OLD_RECIPE = {
+    "translation": "transformer",
+    "lm": "decoder-lm",
+    "protein-mlm": "encoder",
+    "protein-cls": "encoder",
+    "protein-residue": "encoder",
+    "text-cls": "encoder",
+    "encoder": "encoder",
+    "vit": "vit",
+}
 
 
 def model_type_name(recipe: str) -> str:

@@ -120,14 +120,18 @@ def resolve_precision(precision: str, device: torch.device, decoding: bool = Fal
         where, fast_units = torch.cuda.get_device_name(device), "native bfloat16"
     if precision == "bf16":
         if native is False:
-            logger.warning(f"bf16 on {where} without native bfloat16 is emulated and slower "
-                           "(a training step ran 10-20x slower than fp32 on an AVX2 EPYC); "
-                           "fp32 (what auto picks here) is faster")
+            logger.warning(
+                f"bf16 on {where} without native bfloat16 is emulated and slower "
+                "(a training step ran 10-20x slower than fp32 on an AVX2 EPYC); "
+                "fp32 (what auto picks here) is faster"
+            )
             return "bf16", f"set explicitly (emulated on {where})"
         if fast is False and not decoding:
-            logger.warning(f"bf16 on {where} with AVX512_BF16 but no AMX is slower than fp32 "
-                           "(matrix products at about half the fp32 rate, measured on such a CPU); "
-                           "fp32 (what auto picks here) is faster")
+            logger.warning(
+                f"bf16 on {where} with AVX512_BF16 but no AMX is slower than fp32 "
+                "(matrix products at about half the fp32 rate, measured on such a CPU); "
+                "fp32 (what auto picks here) is faster"
+            )
             return "bf16", f"set explicitly (no AMX on {where})"
         return "bf16", "set explicitly"
     if fast:

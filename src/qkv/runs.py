@@ -18,6 +18,7 @@ from .errors import QkvError
 from .models.model_types import MODEL_TYPES, ModelType
 from .train.checkpoint import load_weights
 
+
 def run_recipe(run_dir: str | Path) -> str:
     """The recipe that produced a run (``"translation"``, ``"lm"``, ...), from
     ``train_config.json``; runs without one are guessed from ``config.json``'s keys."""
@@ -31,8 +32,12 @@ def run_recipe(run_dir: str | Path) -> str:
         raise QkvError(f"cannot tell what kind of run {run_dir} is: {exc}") from None
 
 
-def load_run(run_dir: str | Path, weights: str = "model.safetensors",
-             device: torch.device | str = "cpu", family: str | tuple[str, ...] | None = None):
+def load_run(
+    run_dir: str | Path,
+    weights: str = "model.safetensors",
+    device: torch.device | str = "cpu",
+    family: str | tuple[str, ...] | None = None,
+):
     """Model (eval mode, on ``device``) and tokenizer of a run directory of any family
     (translation, lm, protein-mlm/-cls/-residue, vit; a ViT has no tokenizer: ``None``).
 
@@ -49,11 +54,15 @@ def load_run(run_dir: str | Path, weights: str = "model.safetensors",
         raise QkvError(f"run directory not found: {run_dir}")
     kind = run_recipe(run_dir) if (run_dir / "train_config.json").is_file() else None
     model_type = model_type_of(run_dir) if kind else None
-    needed = ("config.json", weights) + (() if model_type and not model_type.tokenizer else ("tokenizer.json",))
+    needed = ("config.json", weights) + (
+        () if model_type and not model_type.tokenizer else ("tokenizer.json",)
+    )
     missing = [f for f in needed if not (run_dir / f).is_file()]
     if missing:
-        raise QkvError(f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
-                       "(training not finished? `qkv train ... --resume` continues it)")
+        raise QkvError(
+            f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
+            "(training not finished? `qkv train ... --resume` continues it)"
+        )
     kind = kind or run_recipe(run_dir)
     if family is not None and kind not in ((family,) if isinstance(family, str) else family):
         wanted = " or ".join((family,) if isinstance(family, str) else family)
@@ -83,4 +92,3 @@ def model_type_of(run_dir: str | Path) -> ModelType:
     if name not in MODEL_TYPES:
         raise QkvError(f"{run_dir} holds a {name!r} model, which this version of qkv does not know")
     return MODEL_TYPES[name]
-

@@ -36,8 +36,9 @@ import logging
 import math
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 from . import compat
 from .errors import ConfigError, QkvError
@@ -117,7 +118,7 @@ def convert(value: Any, tp, from_text: bool = False) -> Any:
         raise _Invalid
     if tp is int:
         # 64-bit: what torch and NumPy take; a larger count is never meant
-        if isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63:
+        if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
             return value
         raise _Invalid
     if tp is float:
@@ -171,14 +172,13 @@ def _is_huge_int(value: Any, from_text: bool) -> bool:
         number = json.loads(value) if from_text and isinstance(value, str) else value
     except ValueError:
         return False
-    return isinstance(number, int) and not isinstance(number, bool) and not -2**63 <= number < 2**63
+    return isinstance(number, int) and not isinstance(number, bool) and not -(2**63) <= number < 2**63
 
 
 def show_key(key: Any) -> str:
     """A key as an error message shows it: as typed, or quoted when it is empty or holds
     characters that would not print on one line."""
-    return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key \
-        else repr(key)
+    return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key else repr(key)
 
 
 def one_line(text: str) -> str:
@@ -241,7 +241,8 @@ def dotted_key(cls, key: str) -> str:
         if matches:
             raise KeyError(f"{key} is ambiguous: use {' or '.join(matches)}")
     close = difflib.get_close_matches(key, names, n=3) or difflib.get_close_matches(
-        key.rsplit(".", 1)[-1], [n.rsplit(".", 1)[-1] for n in names], n=3)
+        key.rsplit(".", 1)[-1], [n.rsplit(".", 1)[-1] for n in names], n=3
+    )
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise KeyError(f"unknown key {show_key(key)}{hint}")
 
@@ -295,11 +296,14 @@ def _dropped(cls, key: str, value: Any, from_text: bool) -> bool:
         if name in dropped and key in (prefix + name, name):
             old = json.dumps(dropped[name])
             if not dropped_value_matches(value, dropped[name], from_text):
-                raise _Invalid(f"{prefix}{name} is no longer a setting ({section.__name__} dropped "
-                               f"it; only the value it always had, {old}, is still read), "
-                               f"got {value!r}")
-            logger.warning(f"{key} is no longer a setting: ignored ({section.__name__} always "
-                           f"has {prefix}{name}={old})")
+                raise _Invalid(
+                    f"{prefix}{name} is no longer a setting ({section.__name__} dropped "
+                    f"it; only the value it always had, {old}, is still read), "
+                    f"got {value!r}"
+                )
+            logger.warning(
+                f"{key} is no longer a setting: ignored ({section.__name__} always has {prefix}{name}={old})"
+            )
             return True
     return False
 
@@ -327,7 +331,7 @@ def _replace(default, values: dict[str, Any], problems: list[str], where: str):
     changes = {}
     for f in dataclasses.fields(default):
         if _is_section(_hints(type(default))[f.name]):
-            own = {k[len(f.name) + 1:]: v for k, v in values.items() if k.startswith(f.name + ".")}
+            own = {k[len(f.name) + 1 :]: v for k, v in values.items() if k.startswith(f.name + ".")}
             if own:
                 section = _replace(getattr(default, f.name), own, problems, f.name)
                 changes[f.name] = section if section is not None else getattr(default, f.name)
@@ -340,8 +344,7 @@ def _replace(default, values: dict[str, Any], problems: list[str], where: str):
         return None
 
 
-def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (),
-            base: dict | None = None):
+def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (), base: dict | None = None):
     """The settings ``cls`` from its defaults < ``base`` < ``config_file`` (JSON, nested
     sections or flat keys) < ``overrides`` (``"key=value"`` strings). ``base``: a settings tree
     as :func:`to_dict` gives it (a resumed run's own settings, so ``--resume`` alone continues

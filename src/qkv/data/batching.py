@@ -34,13 +34,19 @@ class TranslationBatch:
     def __len__(self) -> int:
         return len(self.index)
 
-    def shard(self, rank: int, world_size: int) -> "TranslationBatch":
+    def shard(self, rank: int, world_size: int) -> TranslationBatch:
         """Pairs ``rank, rank + world_size, ...`` (one process's part under torchrun, see
         :func:`qkv.train.distributed.share`); padding columns are kept."""
         rows = slice(rank, None, world_size)
         tgt_out = self.tgt_out[rows]
-        return TranslationBatch(self.src[rows], self.tgt_in[rows], tgt_out, int((tgt_out != self.pad_id).sum()),
-                                self.index[rows], self.pad_id)
+        return TranslationBatch(
+            self.src[rows],
+            self.tgt_in[rows],
+            tgt_out,
+            int((tgt_out != self.pad_id).sum()),
+            self.index[rows],
+            self.pad_id,
+        )
 
 
 def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
@@ -52,8 +58,9 @@ def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def make_batch(pairs: list[tuple[list[int], list[int]]], index: list[int],
-               pad_id: int, bos_id: int, eos_id: int) -> TranslationBatch:
+def make_batch(
+    pairs: list[tuple[list[int], list[int]]], index: list[int], pad_id: int, bos_id: int, eos_id: int
+) -> TranslationBatch:
     """Add ``bos``/``eos``, pad, and shift the target by one (teacher forcing)."""
     src = pad_sequences([s + [eos_id] for s, _ in pairs], pad_id)
     tgt_in = pad_sequences([[bos_id] + t for _, t in pairs], pad_id)
@@ -61,8 +68,9 @@ def make_batch(pairs: list[tuple[list[int], list[int]]], index: list[int],
     return TranslationBatch(src, tgt_in, tgt_out, int((tgt_out != pad_id).sum()), list(index), pad_id)
 
 
-def token_batches(lengths: list[tuple[int, int]], max_tokens: int, shuffle: bool = True,
-                  seed: int = 0) -> list[list[int]]:
+def token_batches(
+    lengths: list[tuple[int, int]], max_tokens: int, shuffle: bool = True, seed: int = 0
+) -> list[list[int]]:
     """Group example indices so that each batch's padded size stays under ``max_tokens``.
 
     Examples are sorted by length (with random tie-breaking when shuffling) so that a batch
@@ -77,8 +85,9 @@ def token_batches(lengths: list[tuple[int, int]], max_tokens: int, shuffle: bool
         lists of indices into ``lengths``.
     """
     rng = random.Random(seed)
-    order = sorted(range(len(lengths)),
-                   key=lambda i: (max(lengths[i]), lengths[i], rng.random() if shuffle else 0))
+    order = sorted(
+        range(len(lengths)), key=lambda i: (max(lengths[i]), lengths[i], rng.random() if shuffle else 0)
+    )
     batches, current, width = [], [], 0
     for i in order:
         w = max(width, max(lengths[i]) + 1)

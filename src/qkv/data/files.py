@@ -30,7 +30,8 @@ def _download(url: str, sha256: str, dest: Path, dataset: str) -> None:
         raise QkvError(
             f"{dataset} file {dest.name} not found locally and the download from {url} failed "
             f"({exc}). Put the file in $QKV_DATA_DIR/{dataset}/ "
-            f"(QKV_DATA_DIR={os.environ.get('QKV_DATA_DIR', 'unset')})") from None
+            f"(QKV_DATA_DIR={os.environ.get('QKV_DATA_DIR', 'unset')})"
+        ) from None
     if sha256sum(tmp) != sha256:
         tmp.unlink(missing_ok=True)
         raise QkvError(f"downloaded {dataset} file {dest.name} has a wrong sha256; not using it")

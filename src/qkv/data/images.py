@@ -35,8 +35,18 @@ FASHION_MNIST_FILES = {  # name → sha256 (as in ../shared/data/SHA256SUMS)
     "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
     "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
 }
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                         "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 FASHION_MNIST_CITATION = "Fashion-MNIST: Xiao, Rasul & Vollgraf 2017, arXiv:1708.07747 (MIT)"
 
 
@@ -50,9 +60,8 @@ class ImageSet:
     classes: tuple[str, ...]
     ids: list[str]
 
-    def subset(self, index: np.ndarray) -> "ImageSet":
-        return ImageSet(self.images[index], self.labels[index], self.classes,
-                        [self.ids[i] for i in index])
+    def subset(self, index: np.ndarray) -> ImageSet:
+        return ImageSet(self.images[index], self.labels[index], self.classes, [self.ids[i] for i in index])
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -67,7 +76,7 @@ def read_idx(path: Path) -> np.ndarray:
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
         raise QkvError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).copy()  # writable
     if body.size != int(np.prod(shape)):
         raise QkvError(f"{path}: header says {shape} ({int(np.prod(shape))} bytes), file holds {body.size}")
@@ -81,11 +90,18 @@ def load_fashion_mnist(split: str) -> ImageSet:
     arrays = []
     for kind in ("images-idx3-ubyte.gz", "labels-idx1-ubyte.gz"):
         name = f"{prefix}-{kind}"
-        arrays.append(read_idx(find_data_file("fashion-mnist", name, FASHION_MNIST_URL + name,
-                                              FASHION_MNIST_FILES[name])))
+        arrays.append(
+            read_idx(
+                find_data_file("fashion-mnist", name, FASHION_MNIST_URL + name, FASHION_MNIST_FILES[name])
+            )
+        )
     images, labels = arrays
-    return ImageSet(images[..., None], labels.astype(np.int64), FASHION_MNIST_CLASSES,
-                    [f"{split}/{i}" for i in range(len(labels))])
+    return ImageSet(
+        images[..., None],
+        labels.astype(np.int64),
+        FASHION_MNIST_CLASSES,
+        [f"{split}/{i}" for i in range(len(labels))],
+    )
 
 
 def load_digits() -> ImageSet:
@@ -95,8 +111,12 @@ def load_digits() -> ImageSet:
 
     d = sk_digits()
     images = np.round(d.images * (255 / 16)).astype(np.uint8)[..., None]
-    return ImageSet(images, d.target.astype(np.int64), tuple(str(c) for c in d.target_names),
-                    [f"digits/{i}" for i in range(len(d.target))])
+    return ImageSet(
+        images,
+        d.target.astype(np.int64),
+        tuple(str(c) for c in d.target_names),
+        [f"digits/{i}" for i in range(len(d.target))],
+    )
 
 
 def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
@@ -126,8 +146,10 @@ def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
         with Image.open(path) as img:
             w, h = img.size
             if w * h > MAX_PIXELS:
-                raise QkvError(f"{name}: {w} x {h} pixels is more than the {MAX_PIXELS:,} accepted "
-                               "(decompression-bomb guard)")
+                raise QkvError(
+                    f"{name}: {w} x {h} pixels is more than the {MAX_PIXELS:,} accepted "
+                    "(decompression-bomb guard)"
+                )
             img.load()
             if img.mode in ("RGBA", "LA", "P"):
                 img = img.convert("RGBA")
@@ -141,8 +163,9 @@ def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
     except UnidentifiedImageError:
         raise QkvError(f"{name}: not an image file Pillow can read") from None
     except Image.DecompressionBombError as exc:
-        raise QkvError(f"{name}: more than the {MAX_PIXELS:,} pixels accepted (decompression-bomb "
-                       f"guard; Pillow: {exc})") from None
+        raise QkvError(
+            f"{name}: more than the {MAX_PIXELS:,} pixels accepted (decompression-bomb guard; Pillow: {exc})"
+        ) from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise QkvError(f"{name}: truncated or corrupt image ({exc})") from None
     return arr.reshape(size, size, channels)
@@ -163,8 +186,10 @@ def load_image_folder(root: str | Path, size: int, channels: int) -> ImageSet:
     if not class_dirs:
         raise QkvError(f"image folder {root} has no class sub-folders (expected {root}/<class>/<image>)")
     if len(class_dirs) < 2:
-        raise QkvError(f"image folder {root} has one class ({class_dirs[0].name}); a classifier "
-                       "needs at least two class sub-folders")
+        raise QkvError(
+            f"image folder {root} has one class ({class_dirs[0].name}); a classifier "
+            "needs at least two class sub-folders"
+        )
     images, labels, ids = [], [], []
     for label, d in enumerate(class_dirs):
         files = sorted(f for f in d.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
@@ -174,8 +199,9 @@ def load_image_folder(root: str | Path, size: int, channels: int) -> ImageSet:
             images.append(read_image(f, size, channels))
             labels.append(label)
             ids.append(str(f))
-    return ImageSet(np.stack(images), np.array(labels, dtype=np.int64),
-                    tuple(d.name for d in class_dirs), ids)
+    return ImageSet(
+        np.stack(images), np.array(labels, dtype=np.int64), tuple(d.name for d in class_dirs), ids
+    )
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +211,7 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
     held = []
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
-        held.append(rng.permutation(idx)[:max(1, round(fraction * len(idx)))])
+        held.append(rng.permutation(idx)[: max(1, round(fraction * len(idx)))])
     held_out = np.sort(np.concatenate(held))
     return np.setdiff1d(np.arange(len(labels)), held_out), held_out
 
@@ -217,8 +243,9 @@ def _three_way(data: ImageSet, fraction: float, seed: int) -> tuple[ImageSet, Im
     return data.subset(rest[train]), data.subset(rest[val]), data.subset(test)
 
 
-def load_image_task(task: str, image_size: int, channels: int, val_fraction: float = 0.1,
-                    split_seed: int = 0) -> ImageTask:
+def load_image_task(
+    task: str, image_size: int, channels: int, val_fraction: float = 0.1, split_seed: int = 0
+) -> ImageTask:
     """Train / val / test images of ``task``: ``"fashion-mnist"`` (its 60,000 training images
     lose ``val_fraction`` of each class to validation, chosen by ``split_seed``; its 10,000
     test images stay the test split), ``"digits"``, or a folder: ``DIR/train/<class>/...`` +
@@ -236,12 +263,16 @@ def load_image_task(task: str, image_size: int, channels: int, val_fraction: flo
         train, val = stratified_split(full.labels, frac, seed)
         return ImageTask(task, full.subset(train), full.subset(val), test, FASHION_MNIST_CITATION)
     if task == "digits":
-        return ImageTask(task, *_three_way(load_digits(), frac, seed),
-                         "scikit-learn digits (UCI optical recognition of handwritten digits)")
+        return ImageTask(
+            task,
+            *_three_way(load_digits(), frac, seed),
+            "scikit-learn digits (UCI optical recognition of handwritten digits)",
+        )
     root = Path(task)
     if not root.is_dir():
-        raise QkvError(f"unknown task {task!r}: use fashion-mnist, digits or an image folder "
-                       "(DIR/<class>/<image>)")
+        raise QkvError(
+            f"unknown task {task!r}: use fashion-mnist, digits or an image folder (DIR/<class>/<image>)"
+        )
     if (root / "train").is_dir() and (root / "test").is_dir():
         full = load_image_folder(root / "train", image_size, channels)
         test = load_image_folder(root / "test", image_size, channels)
@@ -249,8 +280,9 @@ def load_image_task(task: str, image_size: int, channels: int, val_fraction: flo
             raise QkvError(f"{root}/test has classes {test.classes}, {root}/train has {full.classes}")
         train, val = stratified_split(full.labels, frac, seed)
         return ImageTask(root.name, full.subset(train), full.subset(val), test, str(root))
-    return ImageTask(root.name, *_three_way(load_image_folder(root, image_size, channels), frac, seed),
-                     str(root))
+    return ImageTask(
+        root.name, *_three_way(load_image_folder(root, image_size, channels), frac, seed), str(root)
+    )
 
 
 def to_model_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,15 @@ import torch
 IGNORE = -100  # label of positions without loss (torch's cross_entropy ignore_index)
 
 
-def mask_tokens(tokens: torch.Tensor, special: torch.Tensor | list[int], mask_id: int,
-                replacement_ids: list[int], mask_prob: float = 0.15,
-                generator: torch.Generator | None = None,
-                split: tuple[float, float] = (0.8, 0.1)) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    tokens: torch.Tensor,
+    special: torch.Tensor | list[int],
+    mask_id: int,
+    replacement_ids: list[int],
+    mask_prob: float = 0.15,
+    generator: torch.Generator | None = None,
+    split: tuple[float, float] = (0.8, 0.1),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupt ``tokens`` for masked language modelling.
 
     Args:

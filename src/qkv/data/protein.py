@@ -54,8 +54,9 @@ class ProteinRecord:
     sequence: str
 
 
-def read_fasta(path: str | Path, tokenizer: AminoAcidTokenizer | None = None,
-               skip_invalid: bool = False) -> list[ProteinRecord]:
+def read_fasta(
+    path: str | Path, tokenizer: AminoAcidTokenizer | None = None, skip_invalid: bool = False
+) -> list[ProteinRecord]:
     """Records of a FASTA file (plain or ``.gz``), in file order, parsed by ``Bio.SeqIO``.
 
     Windows line endings and lowercase residues are accepted; one trailing ``*`` is stripped.
@@ -94,8 +95,10 @@ def read_fasta(path: str | Path, tokenizer: AminoAcidTokenizer | None = None,
                     skipped += 1
                     continue
                 if rec.id in seen and not skip_invalid:
-                    raise QkvError(f"{path}: duplicate record id {rec.id!r} (ids must be unique "
-                                   "so results can be matched back)")
+                    raise QkvError(
+                        f"{path}: duplicate record id {rec.id!r} (ids must be unique "
+                        "so results can be matched back)"
+                    )
                 seen.add(rec.id)
                 records.append(ProteinRecord(rec.id, rec.description, seq))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -113,8 +116,10 @@ def read_fasta(path: str | Path, tokenizer: AminoAcidTokenizer | None = None,
 def pretraining_files() -> list[Path]:
     """The UniProt file and the 17 RefSeq proteomes (data dir, cache, else download)."""
     files = [find_data_file("uniprot_mmseqs2", "DB.fasta.gz", "", UNIPROT_SHA256, download=False)]
-    files += [find_data_file("refseq_proteomes", name, REFSEQ_URL.format(name=name), sha)
-              for name, sha in sorted(REFSEQ_SHA256.items())]
+    files += [
+        find_data_file("refseq_proteomes", name, REFSEQ_URL.format(name=name), sha)
+        for name, sha in sorted(REFSEQ_SHA256.items())
+    ]
     return files
 
 
@@ -122,7 +127,7 @@ def held_out(record_id: str, fraction: float) -> bool:
     """Whether a record belongs to the held-out split: a stable hash of its id, so the split
     does not depend on file order or on which files are present."""
     digest = hashlib.sha256(record_id.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def load_pretraining_corpus(val_fraction: float = 0.02) -> tuple[list[str], list[str]]:

@@ -31,11 +31,15 @@ SIGNALP_TYPES = ("NO_SP", "SP", "LIPO", "TAT", "TATLIPO", "PILIN")
 SIGNALP_URL = "https://raw.githubusercontent.com/fteufel/signalp-6.0/main/data/train_set.fasta"
 SIGNALP_SHA256 = "d0e286e96165fad5d86f0b7dfadd9eaf084b0f3668a796062851b2988b1b3943"
 AMP_URL = "https://raw.githubusercontent.com/spaenigs/peptidereactor/c1cff38/data/amp_ascan/{name}"
-AMP_SHA256 = {"seqs.fasta": "01d2a59b6651f3e7f9886e5a1ff240926c07aeeac5f085f1938f2be8beb04dd3",
-              "classes.txt": "00cc1a7040ce47602848802d13b25628361076e70595cbabcd9d8cadd936fa82"}
-FLIP_SHA256 = {"sequences.fasta": "cc69cb36650161fa08874c7a3a2ceceb9c3bbab1b6394cb875647c1b8b4a4b03",
-               "sampled.fasta": "d74173c6ecd35339e9455565b45160f7285d401a1fc05e814af67bcb7bb83ad1",
-               "mask.fasta": "6ffafb87ab0d40781103594d3a8fa202d1db741fd49cc00fe6220797bf55897f"}
+AMP_SHA256 = {
+    "seqs.fasta": "01d2a59b6651f3e7f9886e5a1ff240926c07aeeac5f085f1938f2be8beb04dd3",
+    "classes.txt": "00cc1a7040ce47602848802d13b25628361076e70595cbabcd9d8cadd936fa82",
+}
+FLIP_SHA256 = {
+    "sequences.fasta": "cc69cb36650161fa08874c7a3a2ceceb9c3bbab1b6394cb875647c1b8b4a4b03",
+    "sampled.fasta": "d74173c6ecd35339e9455565b45160f7285d401a1fc05e814af67bcb7bb83ad1",
+    "mask.fasta": "6ffafb87ab0d40781103594d3a8fa202d1db741fd49cc00fe6220797bf55897f",
+}
 SS_CLASSES = ("H", "E", "C")
 
 
@@ -91,9 +95,12 @@ def stratified_split(labels: list[str], seed: int = 0) -> list[str]:
     strat = labels if min(labels.count(c) for c in set(labels)) >= 3 else None
     train, rest = train_test_split(idx, test_size=0.2, random_state=seed, stratify=strat)
     rest_labels = [labels[i] for i in rest] if strat else None
-    val, test = train_test_split(rest, test_size=0.5, random_state=seed,
-                                 stratify=rest_labels if strat and min(
-                                     rest_labels.count(c) for c in set(rest_labels)) >= 2 else None)
+    val, test = train_test_split(
+        rest,
+        test_size=0.5,
+        random_state=seed,
+        stratify=rest_labels if strat and min(rest_labels.count(c) for c in set(rest_labels)) >= 2 else None,
+    )
     out = ["train"] * len(labels)
     for i in val:
         out[i] = "val"
@@ -118,13 +125,23 @@ def load_signalp(fold: int = 0) -> ProteinTask:
     for n in range(0, len(lines) - 2, 3):
         header, seq = lines[n], lines[n + 1]
         parts = header[1:].split("|")
-        if not header.startswith(">") or len(parts) != 4 or parts[2] not in SIGNALP_TYPES or parts[3] not in role:
+        if (
+            not header.startswith(">")
+            or len(parts) != 4
+            or parts[2] not in SIGNALP_TYPES
+            or parts[3] not in role
+        ):
             raise QkvError(f"{path}:{n + 1}: not a SignalP header >ACC|KINGDOM|TYPE|PARTITION: {header!r}")
         acc, kingdom, sp_type, part = parts
         records.append(LabelledProtein(acc, tok.clean(seq, acc), sp_type, role[part], kingdom))
-    return ProteinTask("signalp", "sequence", SIGNALP_TYPES, records,
-                       "SignalP 6.0 data: Teufel et al., Nat Biotechnol 2022 (CC BY-NC-ND 2.0)",
-                       {"fold": fold})
+    return ProteinTask(
+        "signalp",
+        "sequence",
+        SIGNALP_TYPES,
+        records,
+        "SignalP 6.0 data: Teufel et al., Nat Biotechnol 2022 (CC BY-NC-ND 2.0)",
+        {"fold": fold},
+    )
 
 
 def read_labels(path: str | Path, n_records: int, fasta: str | Path) -> list[str]:
@@ -135,33 +152,39 @@ def read_labels(path: str | Path, n_records: int, fasta: str | Path) -> list[str
         raise QkvError(f"labels file not found: {path}")
     labels = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(labels) != n_records:
-        raise QkvError(f"{path} has {len(labels)} labels but {fasta} has {n_records} records "
-                       "(one label per record, in FASTA order)")
+        raise QkvError(
+            f"{path} has {len(labels)} labels but {fasta} has {n_records} records "
+            "(one label per record, in FASTA order)"
+        )
     return labels
 
 
 def load_amp_scanner(seed: int = 0) -> ProteinTask:
     """AMP Scanner v2: antimicrobial (1) vs length-matched non-antimicrobial (0) peptides,
     split 80/10/10 stratified with ``seed``."""
-    fasta = find_data_file("peptides/amp_ascan", "seqs.fasta", AMP_URL.format(name="seqs.fasta"),
-                           AMP_SHA256["seqs.fasta"])
-    classes = find_data_file("peptides/amp_ascan", "classes.txt", AMP_URL.format(name="classes.txt"),
-                             AMP_SHA256["classes.txt"])
+    fasta = find_data_file(
+        "peptides/amp_ascan", "seqs.fasta", AMP_URL.format(name="seqs.fasta"), AMP_SHA256["seqs.fasta"]
+    )
+    classes = find_data_file(
+        "peptides/amp_ascan", "classes.txt", AMP_URL.format(name="classes.txt"), AMP_SHA256["classes.txt"]
+    )
     task = _from_fasta_and_labels(fasta, classes, seed, "amp-scanner", {"0": "non-AMP", "1": "AMP"})
     task.citation = "AMP Scanner v2: Veltri et al., Bioinformatics 2018 (via peptidereactor, MIT)"
     return task
 
 
-def _from_fasta_and_labels(fasta: Path, labels_path: Path, seed: int, name: str,
-                           names: dict[str, str] | None = None) -> ProteinTask:
+def _from_fasta_and_labels(
+    fasta: Path, labels_path: Path, seed: int, name: str, names: dict[str, str] | None = None
+) -> ProteinTask:
     """Records of ``fasta`` labelled line by line from ``labels_path``; ``names`` renames
     label values (classes keep the sorted order of the original values)."""
     recs = read_fasta(fasta)
     labels = read_labels(labels_path, len(recs), fasta)
     splits = stratified_split(labels, seed)
     names = names or {}
-    records = [LabelledProtein(r.id, r.sequence, names.get(lab, lab), s)
-               for r, lab, s in zip(recs, labels, splits)]
+    records = [
+        LabelledProtein(r.id, r.sequence, names.get(lab, lab), s) for r, lab, s in zip(recs, labels, splits)
+    ]
     return ProteinTask(name, "sequence", tuple(names.get(c, c) for c in sorted(set(labels))), records)
 
 
@@ -178,28 +201,44 @@ def load_flip_secondary_structure() -> ProteinTask:
     """FLIP secondary structure (3-state H/E/C per residue). Files are looked up in the data
     directory / cache (FLIP ships them inside a zip archive; put the three files in
     ``$QKV_DATA_DIR/flip_secondary_structure/``)."""
-    paths = {n: find_data_file("flip_secondary_structure", n, "", sha, download=False)
-             for n, sha in FLIP_SHA256.items()}
+    paths = {
+        n: find_data_file("flip_secondary_structure", n, "", sha, download=False)
+        for n, sha in FLIP_SHA256.items()
+    }
     labels, masks = _fasta_dict(paths["sampled.fasta"]), _fasta_dict(paths["mask.fasta"])
     records = []
     for rec in read_fasta(paths["sequences.fasta"]):
         desc, ss = labels[rec.id]
         mask = masks[rec.id][1]
         if not len(ss) == len(mask) == len(rec.sequence) or set(ss) - set(SS_CLASSES):
-            raise QkvError(f"FLIP record {rec.id}: sequence, labels and mask lengths differ "
-                           "or labels are not H/E/C")
+            raise QkvError(
+                f"FLIP record {rec.id}: sequence, labels and mask lengths differ or labels are not H/E/C"
+            )
         fields = dict(f.split("=", 1) for f in desc.split()[1:] if "=" in f)
-        split = ("test" if fields.get("SET") == "test" else
-                 "val" if fields.get("VALIDATION") == "True" else "train")
-        records.append(LabelledProtein(rec.id, rec.sequence, ss, split,
-                                       resolved=tuple(c == "1" for c in mask)))
-    return ProteinTask("secondary-structure", "residue", SS_CLASSES, records,
-                       "FLIP (Dallago et al. 2021), labels from NetSurfP-2.0 (Klausen et al. 2019), AFL-3.0")
+        split = (
+            "test"
+            if fields.get("SET") == "test"
+            else "val"
+            if fields.get("VALIDATION") == "True"
+            else "train"
+        )
+        records.append(
+            LabelledProtein(rec.id, rec.sequence, ss, split, resolved=tuple(c == "1" for c in mask))
+        )
+    return ProteinTask(
+        "secondary-structure",
+        "residue",
+        SS_CLASSES,
+        records,
+        "FLIP (Dallago et al. 2021), labels from NetSurfP-2.0 (Klausen et al. 2019), AFL-3.0",
+    )
 
 
-PARATOPE_SHA256 = {"paratope_train.tsv": "0abf0e8a6c5c69e129ec75f682e75d90526d065aeed1c42482d289c0d7d56fdc",
-                   "paratope_val.tsv": "c24dac25a71b53c98b6d8dfa7035d5d13b74b0cb875ad2c1545e9f321cb1ff86",
-                   "paratope_test.tsv": "5c950c957cb8b89b669a7fea8a2223131c910669b5cbae6198fbaf1f7d4ba8fb"}
+PARATOPE_SHA256 = {
+    "paratope_train.tsv": "0abf0e8a6c5c69e129ec75f682e75d90526d065aeed1c42482d289c0d7d56fdc",
+    "paratope_val.tsv": "c24dac25a71b53c98b6d8dfa7035d5d13b74b0cb875ad2c1545e9f321cb1ff86",
+    "paratope_test.tsv": "5c950c957cb8b89b669a7fea8a2223131c910669b5cbae6198fbaf1f7d4ba8fb",
+}
 
 
 def load_paratope() -> ProteinTask:
@@ -217,11 +256,24 @@ def load_paratope() -> ProteinTask:
                 seq, lab = row["sequence"].strip(), row["paratope"].strip()
                 if len(seq) != len(lab) or set(lab) - {"P", "N"}:
                     raise QkvError(f"{path}, line {line}: paratope labels must be P/N, one per residue")
-                records.append(LabelledProtein(f"{row['pdb']}_{row['chain']}", seq, lab, split,
-                                               group=row["chain"], resolved=(True,) * len(seq)))
-    return ProteinTask("paratope", "residue", ("N", "P"), records,
-                       "SAbDab (Dunbar et al. 2014), split of AntiBERTa (Leem et al., Patterns 2022)",
-                       score="auprc")
+                records.append(
+                    LabelledProtein(
+                        f"{row['pdb']}_{row['chain']}",
+                        seq,
+                        lab,
+                        split,
+                        group=row["chain"],
+                        resolved=(True,) * len(seq),
+                    )
+                )
+    return ProteinTask(
+        "paratope",
+        "residue",
+        ("N", "P"),
+        records,
+        "SAbDab (Dunbar et al. 2014), split of AntiBERTa (Leem et al., Patterns 2022)",
+        score="auprc",
+    )
 
 
 DEVELOPABILITY_SHA256 = "3503b92b5fb2cf6792291f8dbee876d876a858873ab1e8ceef446ca6fdf12c88"
@@ -232,8 +284,9 @@ def load_developability(seed: int = 0) -> ProteinTask:
     variable domains, label 1 = a developability issue (482 of 2,409). A pair is one input, the
     heavy chain's residues followed by the light chain's (qkv's encoders read one sequence);
     split 80/10/10 stratified by label with a fixed ``seed``. Scored by AUROC."""
-    path = find_data_file("antibody", "sabdab_chen_developability.tsv", "", DEVELOPABILITY_SHA256,
-                          download=False)
+    path = find_data_file(
+        "antibody", "sabdab_chen_developability.tsv", "", DEVELOPABILITY_SHA256, download=False
+    )
     tok = AminoAcidTokenizer()
     rows = []
     with path.open(encoding="utf-8", newline="") as f:
@@ -242,9 +295,14 @@ def load_developability(seed: int = 0) -> ProteinTask:
             rows.append((row["id"], pair, row["label"].strip()))
     splits = stratified_split([lab for _, _, lab in rows], seed)
     records = [LabelledProtein(i, seq, lab, sp) for (i, seq, lab), sp in zip(rows, splits)]
-    return ProteinTask("developability", "sequence", ("0", "1"), records,
-                       "TDC SAbDab_Chen (Chen et al. 2020; Huang et al. 2021), SAbDab (Dunbar et al. 2014)",
-                       score="auroc")
+    return ProteinTask(
+        "developability",
+        "sequence",
+        ("0", "1"),
+        records,
+        "TDC SAbDab_Chen (Chen et al. 2020; Huang et al. 2021), SAbDab (Dunbar et al. 2014)",
+        score="auroc",
+    )
 
 
 def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int = 0) -> ProteinTask:
@@ -260,8 +318,10 @@ def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int
         raise QkvError(f"task file not found: {path} (use --task signalp, amp-scanner or a file)")
     if path.suffix.lower() not in (".csv", ".tsv", ".txt"):
         if labels is None:
-            raise QkvError(f"{path} looks like FASTA: give its labels with labels=FILE "
-                           "(one label per record), or use a CSV/TSV with sequence and label columns")
+            raise QkvError(
+                f"{path} looks like FASTA: give its labels with labels=FILE "
+                "(one label per record), or use a CSV/TSV with sequence and label columns"
+            )
         return _from_fasta_and_labels(path, Path(labels), seed, path.stem)
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     with path.open(encoding="utf-8", newline="") as f:
@@ -290,16 +350,24 @@ def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int
 def load_task(task: str, level: str, fold: int = 0, labels: str | None = None, seed: int = 0) -> ProteinTask:
     """The task named on the command line (``signalp``, ``amp-scanner``,
     ``secondary-structure``) or a file path; raises :class:`QkvError` if it does not fit ``level``."""
-    builtin = {"signalp": lambda: load_signalp(fold), "amp-scanner": lambda: load_amp_scanner(seed),
-               "secondary-structure": load_flip_secondary_structure, "paratope": load_paratope,
-               "developability": lambda: load_developability(seed)}
+    builtin = {
+        "signalp": lambda: load_signalp(fold),
+        "amp-scanner": lambda: load_amp_scanner(seed),
+        "secondary-structure": load_flip_secondary_structure,
+        "paratope": load_paratope,
+        "developability": lambda: load_developability(seed),
+    }
     loaded = builtin[task]() if task in builtin else load_user_file(task, labels, seed)
     if loaded.level != level:
-        raise QkvError(f"task {task!r} is a per-{loaded.level} task; use "
-                       f"`qkv train protein-{'cls' if loaded.level == 'sequence' else 'residue'}`")
+        raise QkvError(
+            f"task {task!r} is a per-{loaded.level} task; use "
+            f"`qkv train protein-{'cls' if loaded.level == 'sequence' else 'residue'}`"
+        )
     for name in SPLITS:
         if not loaded.split(name):
             raise QkvError(f"task {task!r} has no {name} records")
     if len(loaded.classes) < 2:
-        raise QkvError(f"task {task!r} has one class ({', '.join(loaded.classes)}): a classifier needs two or more")
+        raise QkvError(
+            f"task {task!r} has one class ({', '.join(loaded.classes)}): a classifier needs two or more"
+        )
     return loaded

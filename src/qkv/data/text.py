@@ -15,8 +15,9 @@ import torch
 from ..errors import QkvError
 from .files import find_data_file
 
-TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
-                        "tinyshakespeare/input.txt")
+TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 
@@ -28,8 +29,7 @@ def load_corpus(name: str) -> str:
         QkvError: the file is missing, unreadable, not UTF-8, or empty.
     """
     if name == "tinyshakespeare":
-        path = find_data_file("tinyshakespeare", "input.txt", TINY_SHAKESPEARE_URL,
-                              TINY_SHAKESPEARE_SHA256)
+        path = find_data_file("tinyshakespeare", "input.txt", TINY_SHAKESPEARE_URL, TINY_SHAKESPEARE_SHA256)
     else:
         path = Path(name)
         if not path.is_file():
@@ -54,8 +54,9 @@ def split_train_val(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
     return text[:n], text[n:]
 
 
-def random_windows(data: torch.Tensor, block_size: int, batch_size: int,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+def random_windows(
+    data: torch.Tensor, block_size: int, batch_size: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Start offsets of ``batch_size`` random windows (nanoGPT's ``get_batch``).
 
     Shape: ``data (N,)`` long token ids → ``(batch_size,)`` long offsets in

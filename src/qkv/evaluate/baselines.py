@@ -43,7 +43,7 @@ def window_features(sequence: str, half: int = 7):
     width, n = 2 * half + 1, len(AMINO_ACIDS) + 1
     codes = np.array([_INDEX.get(c, n - 1) for c in sequence])
     padded = np.concatenate([np.full(half, n - 1), codes, np.full(half, n - 1)])
-    cols = np.stack([padded[i:i + len(sequence)] + i * n for i in range(width)], 1)  # (L, width)
+    cols = np.stack([padded[i : i + len(sequence)] + i * n for i in range(width)], 1)  # (L, width)
     rows = np.repeat(np.arange(len(sequence)), width)
     return csr_matrix((np.ones(rows.size), (rows, cols.ravel())), shape=(len(sequence), width * n))
 
@@ -68,8 +68,9 @@ def _fit_predict(x_train, y_train, x_test, class_weight=None):
     return model.predict_proba(x_test)
 
 
-def baseline_metrics(task: ProteinTask, split: str = "test", max_train_residues: int = 300_000,
-                     seed: int = 0) -> dict:
+def baseline_metrics(
+    task: ProteinTask, split: str = "test", max_train_residues: int = 300_000, seed: int = 0
+) -> dict:
     """Fit the task's baseline on its train split; metrics on ``split``. Residue tasks use at
     most ``max_train_residues`` labelled training residues (a fixed random sample) to keep the
     fit to a minute or two on a laptop."""
@@ -83,6 +84,7 @@ def baseline_metrics(task: ProteinTask, split: str = "test", max_train_residues:
         y_te = np.array([task.label_ids(r)[0] for r in test])
         name = "amino-acid composition (whole + first 20 residues) + logistic regression"
     else:
+
         def stack(records):
             xs, ys = [], []
             for r in records:
@@ -108,9 +110,14 @@ def baseline_metrics(task: ProteinTask, split: str = "test", max_train_residues:
     return metrics
 
 
-def pixel_baseline_metrics(train_images: np.ndarray, train_labels: np.ndarray,
-                           test_images: np.ndarray, test_labels: np.ndarray, classes,
-                           max_iter: int = 200) -> dict:
+def pixel_baseline_metrics(
+    train_images: np.ndarray,
+    train_labels: np.ndarray,
+    test_images: np.ndarray,
+    test_labels: np.ndarray,
+    classes,
+    max_iter: int = 200,
+) -> dict:
     """Logistic regression on raw pixels (scaled to [0, 1]; no standardisation, which only
     amplifies the noise of near-constant border pixels), fitted on the training images:
     the baseline a ViT must beat. Images uint8 ``(N, H, W, C)``; metrics on the test images."""
@@ -133,8 +140,9 @@ def pixel_baseline_metrics(train_images: np.ndarray, train_labels: np.ndarray,
     return metrics
 
 
-def tfidf_baseline_metrics(train_texts: list[str], train_labels: list[int], test_texts: list[str],
-                           test_labels: list[int], classes) -> dict:
+def tfidf_baseline_metrics(
+    train_texts: list[str], train_labels: list[int], test_texts: list[str], test_labels: list[int], classes
+) -> dict:
     """TF-IDF of word uni- and bigrams (sublinear term frequency) + logistic regression, fitted
     on the training texts: the classical text-classification baseline (≈ 0.80 on SST-2) a
     pretrained Transformer must beat. Metrics on the test texts."""

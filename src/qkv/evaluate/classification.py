@@ -28,17 +28,29 @@ def classification_metrics(y_true, y_pred, probs, classes) -> dict:
         average precision, the area under the precision-recall curve), ``n``, ``confusion``
         (C×C list, rows = true).
     """
-    from sklearn.metrics import (accuracy_score, average_precision_score, confusion_matrix,
-                                 matthews_corrcoef, precision_recall_fscore_support, roc_auc_score)
+    from sklearn.metrics import (
+        accuracy_score,
+        average_precision_score,
+        confusion_matrix,
+        matthews_corrcoef,
+        precision_recall_fscore_support,
+        roc_auc_score,
+    )
 
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     labels = list(range(len(classes)))
     p, r, f, s = precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
-    out = {"n": int(len(y_true)), "accuracy": float(accuracy_score(y_true, y_pred)),
-           "mcc": float(matthews_corrcoef(y_true, y_pred)), "macro_f1": float(np.mean(f)),
-           "per_class": {c: {"precision": float(p[i]), "recall": float(r[i]), "f1": float(f[i]),
-                             "support": int(s[i])} for i, c in enumerate(classes)},
-           "confusion": confusion_matrix(y_true, y_pred, labels=labels).tolist()}
+    out = {
+        "n": int(len(y_true)),
+        "accuracy": float(accuracy_score(y_true, y_pred)),
+        "mcc": float(matthews_corrcoef(y_true, y_pred)),
+        "macro_f1": float(np.mean(f)),
+        "per_class": {
+            c: {"precision": float(p[i]), "recall": float(r[i]), "f1": float(f[i]), "support": int(s[i])}
+            for i, c in enumerate(classes)
+        },
+        "confusion": confusion_matrix(y_true, y_pred, labels=labels).tolist(),
+    }
     if len(classes) == 2 and len(set(y_true.tolist())) == 2:
         out["auroc"] = float(roc_auc_score(y_true, np.asarray(probs)[:, 1]))
         out["auprc"] = float(average_precision_score(y_true, np.asarray(probs)[:, 1]))
@@ -80,8 +92,15 @@ def plot_confusion(confusion, classes, path: Path, title: str) -> None:
     ax.set_yticks(range(len(classes)), classes)
     for i in range(len(classes)):
         for j in range(len(classes)):
-            ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center",
-                    color="white" if norm[i, j] > 0.5 else "black", fontsize=8)
+            ax.text(
+                j,
+                i,
+                f"{int(cm[i, j])}",
+                ha="center",
+                va="center",
+                color="white" if norm[i, j] > 0.5 else "black",
+                fontsize=8,
+            )
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)

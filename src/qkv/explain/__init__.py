@@ -6,9 +6,17 @@ without touching the paper's modules.
 
 from .capture import capture_steps
 from .explainers import AttentionMap, Explanation
-from .loader import load_explainer
 from .labels import merge_attention, piece_labels, word_groups
+from .loader import load_explainer
 from .rollout import attention_rollout
 
-__all__ = ["attention_rollout", "capture_steps", "AttentionMap", "Explanation", "load_explainer",
-           "merge_attention", "piece_labels", "word_groups"]
+__all__ = [
+    "attention_rollout",
+    "capture_steps",
+    "AttentionMap",
+    "Explanation",
+    "load_explainer",
+    "merge_attention",
+    "piece_labels",
+    "word_groups",
+]

@@ -8,7 +8,8 @@ inspection.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -29,7 +30,8 @@ def capture_steps(module: MultiHeadAttention, run: Callable[[], Any]) -> Attenti
     """
     calls: list[tuple[tuple, dict]] = []
     handle = module.register_forward_pre_hook(
-        lambda _m, args, kwargs: calls.append((args, dict(kwargs))), with_kwargs=True)
+        lambda _m, args, kwargs: calls.append((args, dict(kwargs))), with_kwargs=True
+    )
     try:
         run()
     finally:
@@ -40,5 +42,10 @@ def capture_steps(module: MultiHeadAttention, run: Callable[[], Any]) -> Attenti
     if kwargs.get("cache") is not None:
         raise ValueError("cannot step through a call that used a key/value cache")
     x = args[0] if args else kwargs["x"]
-    return module.steps(x, memory=kwargs.get("memory"), mask=kwargs.get("mask"),
-                        is_causal=kwargs.get("is_causal", False), positions=kwargs.get("positions"))
+    return module.steps(
+        x,
+        memory=kwargs.get("memory"),
+        mask=kwargs.get("mask"),
+        is_causal=kwargs.get("is_causal", False),
+        positions=kwargs.get("positions"),
+    )

@@ -13,9 +13,9 @@ self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-dec
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -28,8 +28,11 @@ from .capture import capture_steps
 from .labels import merge_attention, piece_labels, word_groups, wordpiece_as_marked
 
 DEFAULT_MAX_CHARS = 400
-KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention (masked)",
-               "cross": "cross-attention (rows: target token produced, columns: source)"}
+KIND_TITLES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention (masked)",
+    "cross": "cross-attention (rows: target token produced, columns: source)",
+}
 
 
 class InputTooLong(QkvError):
@@ -68,8 +71,13 @@ class AttentionMap:
     weights: torch.Tensor
 
     def to_dict(self, digits: int = 4) -> dict:
-        return {"kind": self.kind, "title": self.title, "query_tokens": self.query_tokens,
-                "key_tokens": self.key_tokens, "weights": _rounded(self.weights, digits)}
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "query_tokens": self.query_tokens,
+            "key_tokens": self.key_tokens,
+            "weights": _rounded(self.weights, digits),
+        }
 
 
 @dataclass
@@ -83,8 +91,12 @@ class Explanation:
     attention: list[AttentionMap] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"family": self.family, "input": self.text, "output": self.output,
-                "attention": [a.to_dict() for a in self.attention]}
+        return {
+            "family": self.family,
+            "input": self.text,
+            "output": self.output,
+            "attention": [a.to_dict() for a in self.attention],
+        }
 
 
 @dataclass
@@ -157,11 +169,21 @@ class Explainer:
     def info(self) -> dict:
         """What the page needs to know about the model (JSON-ready)."""
         attn = self.attention_module(self.kinds[0], 0)
-        return {"family": self.family, "run_dir": self.run_dir, "n_layers": self.n_layers,
-                "n_heads": attn.n_heads, "d_k": attn.d_k, "max_chars": self.max_chars,
-                "kinds": list(self.kinds), "layers_per_kind": {k: len(self.layers(k)) for k in self.kinds},
-                "input": self.input_kind, "input_label": self.input_label, "example": self.example,
-                "classes": list(getattr(self, "classes", ())), "level": getattr(self, "level", None)}
+        return {
+            "family": self.family,
+            "run_dir": self.run_dir,
+            "n_layers": self.n_layers,
+            "n_heads": attn.n_heads,
+            "d_k": attn.d_k,
+            "max_chars": self.max_chars,
+            "kinds": list(self.kinds),
+            "layers_per_kind": {k: len(self.layers(k)) for k in self.kinds},
+            "input": self.input_kind,
+            "input_label": self.input_label,
+            "example": self.example,
+            "classes": list(getattr(self, "classes", ())),
+            "level": getattr(self, "level", None),
+        }
 
     def _check(self, text: str) -> str:
         if not text.strip():
@@ -178,8 +200,9 @@ class Explainer:
         raise NotImplementedError
 
     @torch.no_grad()
-    def explain(self, text: str, options: DecodingOptions | None = None,
-                merge_words: bool = True) -> Explanation:
+    def explain(
+        self, text: str, options: DecodingOptions | None = None, merge_words: bool = True
+    ) -> Explanation:
         """Run the model on ``text`` and collect the attention of every layer and head.
 
         ``merge_words`` (subword models): attention between words (see
@@ -208,8 +231,9 @@ class Explainer:
         return Explanation(self.family, text, prepared.output, maps)
 
     @torch.no_grad()
-    def steps(self, text: str, kind: str, layer: int, head: int,
-              options: DecodingOptions | None = None) -> dict:
+    def steps(
+        self, text: str, kind: str, layer: int, head: int, options: DecodingOptions | None = None
+    ) -> dict:
         """Eq. 1 of one head, with the actual numbers (JSON-ready lists, rows = query tokens):
         ``q``, ``k``, ``v`` ``(T, d_k)``; ``scores`` (QKᵀ), ``scaled`` (÷ sqrt(d_k)), ``mask``
         (True = may attend), ``masked`` (None where masked), ``weights`` (softmax) ``(Tq, Tk)``;
@@ -224,15 +248,25 @@ class Explainer:
         prepared = self._prepared(text, options)
         s = capture_steps(module, lambda: prepared.forward(False))
         allowed = s.masked[0, head] > torch.finfo(s.masked.dtype).min  # (Tq, Tk)
-        masked = [[v if ok else None for v, ok in zip(row, oks)]
-                  for row, oks in zip(_rounded(s.masked[0, head], 5), allowed.tolist())]
+        masked = [
+            [v if ok else None for v, ok in zip(row, oks)]
+            for row, oks in zip(_rounded(s.masked[0, head], 5), allowed.tolist())
+        ]
         q_pieces, k_pieces = prepared.pieces[kind]
-        return {"kind": kind, "layer": layer, "head": head, "d_k": module.d_k,
-                "query_tokens": piece_labels(q_pieces, self.subword),
-                "key_tokens": piece_labels(k_pieces, self.subword),
-                **{name: _rounded(getattr(s, name)[0, head], 5)
-                   for name in ("q", "k", "v", "scores", "scaled", "weights", "output")},
-                "mask": allowed.tolist(), "masked": masked}
+        return {
+            "kind": kind,
+            "layer": layer,
+            "head": head,
+            "d_k": module.d_k,
+            "query_tokens": piece_labels(q_pieces, self.subword),
+            "key_tokens": piece_labels(k_pieces, self.subword),
+            **{
+                name: _rounded(getattr(s, name)[0, head], 5)
+                for name in ("q", "k", "v", "scores", "scaled", "weights", "output")
+            },
+            "mask": allowed.tolist(),
+            "masked": masked,
+        }
 
 
 class TranslationExplainer(Explainer):
@@ -245,13 +279,18 @@ class TranslationExplainer(Explainer):
     def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
         model, self.tokenizer = runs.load_run(run_dir, device=device, family="translation")
         super().__init__(model, run_dir, max_chars)
-        meta = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8")) \
-            if (Path(run_dir) / "train_config.json").is_file() else {}
+        meta = (
+            json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
+            if (Path(run_dir) / "train_config.json").is_file()
+            else {}
+        )
         src, tgt = meta.get("src_lang", "de"), meta.get("tgt_lang", "en")
         self.input_label = f"sentence to translate ({src} → {tgt})"
-        self.example = {"de": "Ein Mann fährt mit dem Fahrrad durch den Park.",
-                        "fr": "Un homme fait du vélo dans le parc.",
-                        "cs": "Muž jede na kole parkem."}.get(src, "")
+        self.example = {
+            "de": "Ein Mann fährt mit dem Fahrrad durch den Park.",
+            "fr": "Un homme fait du vélo dans le parc.",
+            "cs": "Muž jede na kole parkem.",
+        }.get(src, "")
 
     def layers(self, kind):
         return self.model.encoder.layers if kind == "encoder" else self.model.decoder.layers
@@ -262,22 +301,33 @@ class TranslationExplainer(Explainer):
         self._check_tokens(len(ids) + 1, cfg.max_len)
         device = next(self.model.parameters()).device
         src = torch.tensor([ids + [cfg.eos_id]], device=device)
-        hyp = (greedy_decode(self.model, src) if options.beam_size <= 1
-               else beam_search(self.model, src, options.beam_size, options.alpha))[0]
+        hyp = (
+            greedy_decode(self.model, src)
+            if options.beam_size <= 1
+            else beam_search(self.model, src, options.beam_size, options.alpha)
+        )[0]
         tgt_in = torch.tensor([[cfg.bos_id] + hyp[: cfg.max_len - 1]], device=device)
 
         def forward(need_weights):
             out = self.model(src, tgt_in, need_weights=need_weights)
-            return {"encoder": out.encoder_attentions, "decoder": out.decoder_self_attentions,
-                    "cross": out.cross_attentions}
+            return {
+                "encoder": out.encoder_attentions,
+                "decoder": out.decoder_self_attentions,
+                "cross": out.cross_attentions,
+            }
 
         src_pieces = [tok.id_to_token(i) for i in ids] + ["<eos>"]
         tgt_in_pieces = ["<bos>"] + [tok.id_to_token(i) for i in tgt_in[0, 1:].tolist()]
         produced = tgt_in_pieces[1:] + ["<eos>"]
-        return _Pass(forward, {"encoder": (src_pieces, src_pieces),
-                               "decoder": (tgt_in_pieces, tgt_in_pieces),
-                               "cross": (produced, src_pieces)},
-                     {"text": tok.decode(hyp), "next_tokens": [], "classes": [], "residues": None})
+        return _Pass(
+            forward,
+            {
+                "encoder": (src_pieces, src_pieces),
+                "decoder": (tgt_in_pieces, tgt_in_pieces),
+                "cross": (produced, src_pieces),
+            },
+            {"text": tok.decode(hyp), "next_tokens": [], "classes": [], "residues": None},
+        )
 
 
 class LMExplainer(Explainer):
@@ -306,15 +356,25 @@ class LMExplainer(Explainer):
             return {"decoder": self.model(tokens, need_weights=need_weights).attentions}
 
         sample = options.temperature > 0
-        continuation = gen.generate([text], options.max_new_tokens, do_sample=sample,
-                                    temperature=options.temperature if sample else 1.0,
-                                    top_k=options.top_k, top_p=options.top_p, seed=options.seed)[0]
+        continuation = gen.generate(
+            [text],
+            options.max_new_tokens,
+            do_sample=sample,
+            temperature=options.temperature if sample else 1.0,
+            top_k=options.top_k,
+            top_p=options.top_p,
+            seed=options.seed,
+        )[0]
         top = gen.next_token_probs(text, 10, options.temperature if sample else 1.0, options.top_p)
         pieces = [tok.id_to_token(i) for i in ids]
-        next_tokens = [{"token": piece_labels([t], False)[0].replace("Ġ", "␣"), "prob": round(p, 5)}
-                       for t, p in top]
-        return _Pass(forward, {"decoder": (pieces, pieces)},
-                     {"text": continuation, "next_tokens": next_tokens, "classes": [], "residues": None})
+        next_tokens = [
+            {"token": piece_labels([t], False)[0].replace("Ġ", "␣"), "prob": round(p, 5)} for t, p in top
+        ]
+        return _Pass(
+            forward,
+            {"decoder": (pieces, pieces)},
+            {"text": continuation, "next_tokens": next_tokens, "classes": [], "residues": None},
+        )
 
 
 class ProteinExplainer(Explainer):
@@ -340,7 +400,8 @@ class ProteinExplainer(Explainer):
         self._check_tokens(len(ids), self.config.max_len)
         tokens = torch.tensor([ids], device=self.encoder.device)
         head = {"sequence": model.classify_sequence, "residue": model.classify_residues}.get(
-            self.level, model.forward)
+            self.level, model.forward
+        )
 
         def forward(need_weights):
             return {"encoder": head(tokens, need_weights=need_weights).attentions}
@@ -350,8 +411,9 @@ class ProteinExplainer(Explainer):
         if self.level in ("sequence", "residue"):
             probs = out.logits.float().softmax(-1)[0]
             if self.level == "sequence":
-                output["classes"] = [{"label": c, "prob": round(float(p), 5)}
-                                     for c, p in zip(self.classes, probs)]
+                output["classes"] = [
+                    {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)
+                ]
             else:
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
         pieces = [tok.id_to_token(i) for i in ids]
@@ -392,12 +454,16 @@ class TextExplainer(Explainer):
         head = "sequence" if self.classes else "mlm"
 
         def forward(need_weights):
-            return {"encoder": self.model(tokens, need_weights, head=head, token_types=token_types).attentions}
+            return {
+                "encoder": self.model(tokens, need_weights, head=head, token_types=token_types).attentions
+            }
 
         out = self.model(tokens, True, head=head, token_types=token_types)
         output = {"text": None, "next_tokens": [], "classes": [], "residues": None}
         if self.classes:
             probs = out.logits.float().softmax(-1)[0]
-            output["classes"] = [{"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)]
+            output["classes"] = [
+                {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)
+            ]
         pieces = wordpiece_as_marked([tok.id_to_token(i) for i in ids])
         return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})

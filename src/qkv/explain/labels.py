@@ -26,8 +26,11 @@ def _starts_word(piece: str, previous: str | None) -> bool:
         return True
     # Punctuation is split off by the pre-tokenizer: it is a word of its own, and so is
     # whatever follows it.
-    return _is_punctuation(piece) or _is_punctuation(previous.lstrip("".join(WORD_MARKERS))) \
+    return (
+        _is_punctuation(piece)
+        or _is_punctuation(previous.lstrip("".join(WORD_MARKERS)))
         or previous.startswith("<")
+    )
 
 
 def wordpiece_as_marked(pieces: list[str]) -> list[str]:
@@ -73,8 +76,9 @@ def word_groups(pieces: list[str]) -> tuple[list[list[int]], list[str]]:
     return groups, labels
 
 
-def merge_attention(weights: torch.Tensor, query_groups: list[list[int]],
-                    key_groups: list[list[int]]) -> torch.Tensor:
+def merge_attention(
+    weights: torch.Tensor, query_groups: list[list[int]], key_groups: list[list[int]]
+) -> torch.Tensor:
     """Attention between words from attention between pieces.
 
     A key word receives the sum of the weights on its pieces; a query word's row is the mean

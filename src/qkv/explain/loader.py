@@ -11,8 +11,9 @@ from ..errors import QkvError
 from .explainers import DEFAULT_MAX_CHARS, Explainer
 
 
-def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu",
-                   max_chars: int = DEFAULT_MAX_CHARS) -> Explainer:
+def load_explainer(
+    run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+) -> Explainer:
     """The explainer for a run directory of any qkv model family (a ``vit`` run gets an
     :class:`~qkv.explain.vision.ImageExplainer`, which takes images instead of text).
 

@@ -57,8 +57,7 @@ def _label_axes(ax, query_tokens, key_tokens, fontsize):
         ax.set_yticks([])
 
 
-def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str],
-                        title: str):
+def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str], title: str):
     """Heads × layers grid of attention heatmaps.
 
     Args:
@@ -85,8 +84,14 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            image = ax.imshow(weights[layer, head].float().numpy(), cmap=CMAP, vmin=0.0, vmax=vmax,
-                              aspect="auto", interpolation="nearest")
+            image = ax.imshow(
+                weights[layer, head].float().numpy(),
+                cmap=CMAP,
+                vmin=0.0,
+                vmax=vmax,
+                aspect="auto",
+                interpolation="nearest",
+            )
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             _label_axes(ax, query_tokens, key_tokens, fontsize)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
@@ -94,8 +99,9 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
     return fig
 
 
-def plot_alignment(cross_weights: torch.Tensor, target_tokens: list[str], source_tokens: list[str],
-                   layer: int = -1):
+def plot_alignment(
+    cross_weights: torch.Tensor, target_tokens: list[str], source_tokens: list[str], layer: int = -1
+):
     """Translation alignment: cross-attention of one layer averaged over its heads.
 
     Shape: ``cross_weights (n_layers, n_heads, T, S)``; ``layer`` indexes the first axis
@@ -107,8 +113,14 @@ def plot_alignment(cross_weights: torch.Tensor, target_tokens: list[str], source
     t, s = mean.shape
     fig = Figure(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
     ax = fig.subplots()
-    image = ax.imshow(mean.numpy(), cmap=CMAP, vmin=0.0, vmax=float(mean.max()) or 1.0, aspect="auto",
-                      interpolation="nearest")
+    image = ax.imshow(
+        mean.numpy(),
+        cmap=CMAP,
+        vmin=0.0,
+        vmax=float(mean.max()) or 1.0,
+        aspect="auto",
+        interpolation="nearest",
+    )
     _label_axes(ax, target_tokens, source_tokens, 9)
     ax.set_xlabel("source")
     ax.set_ylabel("target (token produced)")
@@ -140,8 +152,9 @@ def plot_positional_encoding(matrix: torch.Tensor, title: str):
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     limit = float(matrix.abs().max()) or 1.0
-    image = ax.imshow(matrix.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
-                      interpolation="nearest")
+    image = ax.imshow(
+        matrix.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest"
+    )
     ax.set_xlabel("dimension")
     ax.set_ylabel("position")
     ax.set_title(title, fontsize=10)
@@ -180,16 +193,24 @@ def _overlay(ax, image: np.ndarray, values: np.ndarray, patch_size: int, vmax: f
     _draw_image(ax, image)
     size = image.shape[0]
     edge = (-0.5, size - 0.5, size - 0.5, -0.5)  # (left, right, bottom, top): pixel centres
-    artist = ax.imshow(values, cmap=OVERLAY_CMAP, vmin=0.0, vmax=vmax, alpha=OVERLAY_ALPHA,
-                       extent=edge, interpolation="nearest")
+    artist = ax.imshow(
+        values,
+        cmap=OVERLAY_CMAP,
+        vmin=0.0,
+        vmax=vmax,
+        alpha=OVERLAY_ALPHA,
+        extent=edge,
+        interpolation="nearest",
+    )
     for k in range(1, size // patch_size):
         ax.axhline(k * patch_size - 0.5, color="white", linewidth=0.6, alpha=0.7)
         ax.axvline(k * patch_size - 0.5, color="white", linewidth=0.6, alpha=0.7)
     return artist
 
 
-def plot_image_attention(image: np.ndarray, weights: torch.Tensor, patch_size: int, layer: int,
-                         max_cols: int = 4):
+def plot_image_attention(
+    image: np.ndarray, weights: torch.Tensor, patch_size: int, layer: int, max_cols: int = 4
+):
     """One layer of a ViT: for each head, the class token's attention to the patches overlaid
     on the image, the patch grid drawn, one colour scale for the layer (0 to its largest
     patch weight).
@@ -206,8 +227,10 @@ def plot_image_attention(image: np.ndarray, weights: torch.Tensor, patch_size: i
     n_heads, n_tokens = weights.shape[0], weights.shape[-1]
     g = image.shape[0] // patch_size
     if n_tokens != 1 + g * g:
-        raise ValueError(f"{n_tokens} tokens, but a {image.shape[0]}-pixel image in {patch_size}-pixel "
-                         f"patches has 1 + {g * g}")
+        raise ValueError(
+            f"{n_tokens} tokens, but a {image.shape[0]}-pixel image in {patch_size}-pixel "
+            f"patches has 1 + {g * g}"
+        )
     cls = weights[:, 0, 1:].float().reshape(n_heads, g, g).numpy()  # (H, G, G)
     vmax = float(cls.max()) or 1.0
     cols = min(n_heads, max_cols)
@@ -244,7 +267,9 @@ def plot_rollout(image: np.ndarray, rollout: np.ndarray, patch_size: int, captio
     artist = _overlay(right, image, rollout, patch_size, float(rollout.max()) or 1.0)
     right.set_title("rollout: class token ← patches", fontsize=9)
     fig.colorbar(artist, ax=right, shrink=0.8)
-    fig.suptitle("attention rollout (Abnar & Zuidema 2020)" + (f"\n{caption}" if caption else ""), fontsize=10)
+    fig.suptitle(
+        "attention rollout (Abnar & Zuidema 2020)" + (f"\n{caption}" if caption else ""), fontsize=10
+    )
     return fig
 
 
@@ -256,7 +281,7 @@ def decode_png_data_url(url: str) -> np.ndarray:
     prefix = "data:image/png;base64,"
     if not url.startswith(prefix):
         raise ValueError("not a PNG data URL")
-    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix):]))) as img:
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix) :]))) as img:
         arr = np.asarray(img, dtype=np.uint8)
     return arr[..., None] if arr.ndim == 2 else arr
 
@@ -271,10 +296,12 @@ def plot_steps(steps: dict, title: str = ""):
 
     Returns the figure: four heatmap axes, each with its own colour bar.
     """
-    panels = [("scores", "S = Q Kᵀ", "RdBu_r"),
-              ("scaled", f"S / √d_k  (√{steps['d_k']} = {math.sqrt(steps['d_k']):.2f})", "RdBu_r"),
-              ("masked", "masked: −∞ where not allowed (blank)", "RdBu_r"),
-              ("weights", "A = softmax(rows)  (each row sums to 1)", CMAP)]
+    panels = [
+        ("scores", "S = Q Kᵀ", "RdBu_r"),
+        ("scaled", f"S / √d_k  (√{steps['d_k']} = {math.sqrt(steps['d_k']):.2f})", "RdBu_r"),
+        ("masked", "masked: −∞ where not allowed (blank)", "RdBu_r"),
+        ("weights", "A = softmax(rows)  (each row sums to 1)", CMAP),
+    ]
     tq, tk = len(steps["query_tokens"]), len(steps["key_tokens"])
     side = max(2.6, 0.22 * max(tq, tk) + 1.2)
     fig = Figure(figsize=(4 * side + 2, side + 0.9), layout="constrained")
@@ -282,17 +309,25 @@ def plot_steps(steps: dict, title: str = ""):
     for ax, (name, caption, cmap) in zip(axes, panels):
         values = np.array([[np.nan if v is None else v for v in row] for row in steps[name]], dtype=float)
         if name == "weights":
-            image = ax.imshow(values, cmap=cmap, vmin=0, vmax=float(np.nanmax(values)) or 1.0, aspect="auto",
-                              interpolation="nearest")
+            image = ax.imshow(
+                values,
+                cmap=cmap,
+                vmin=0,
+                vmax=float(np.nanmax(values)) or 1.0,
+                aspect="auto",
+                interpolation="nearest",
+            )
         else:
             limit = float(np.nanmax(np.abs(values))) or 1.0
-            image = ax.imshow(values, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto",
-                              interpolation="nearest")
+            image = ax.imshow(
+                values, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest"
+            )
         ax.set_title(caption, fontsize=9)
         _label_axes(ax, steps["query_tokens"], steps["key_tokens"], 8 if max(tq, tk) <= 30 else 6)
         fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(title or f"Eq. 1 step by step: {steps['kind']} layer {steps['layer'] + 1}, "
-                          f"head {steps['head'] + 1}")
+    fig.suptitle(
+        title or f"Eq. 1 step by step: {steps['kind']} layer {steps['layer'] + 1}, head {steps['head'] + 1}"
+    )
     return fig
 
 
@@ -306,8 +341,15 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
     return path
 
 
-def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
-                   merge_words: bool = True, layer: int = -1, head: int = 0) -> list[Path]:
+def write_pictures(
+    explainer,
+    text: str,
+    out_dir: str | Path,
+    options=None,
+    merge_words: bool = True,
+    layer: int = -1,
+    head: int = 0,
+) -> list[Path]:
     """Every picture of one input, as PNG files in ``out_dir`` (created), plus
     ``explanation.json`` (the numbers drawn). Returns the paths written.
 
@@ -342,12 +384,19 @@ def write_pictures(explainer, text: str, out_dir: str | Path, options=None,
         pass  # a model without positions has nothing to draw
     output = result.output
     if output["next_tokens"]:
-        fig = plot_bars([t["token"] for t in output["next_tokens"]], [t["prob"] for t in output["next_tokens"]],
-                        "next-token probabilities after the prompt")
+        fig = plot_bars(
+            [t["token"] for t in output["next_tokens"]],
+            [t["prob"] for t in output["next_tokens"]],
+            "next-token probabilities after the prompt",
+        )
         written.append(save(fig, out / "next_tokens.png"))
     if output["classes"]:
-        title = "class probabilities" + (f" (prediction: {output['prediction']})" if "prediction" in output else "")
-        fig = plot_bars([c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]], title)
+        title = "class probabilities" + (
+            f" (prediction: {output['prediction']})" if "prediction" in output else ""
+        )
+        fig = plot_bars(
+            [c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]], title
+        )
         written.append(save(fig, out / "classes.png"))
     kind = explainer.kinds[0]
     steps = explainer.steps(text, kind, layer % explainer.n_layers, head, options)
@@ -362,8 +411,15 @@ def _write_image_pictures(result, out: Path) -> list[Path]:
     the rollout, drawn from a ViT :class:`~qkv.explain.explainers.Explanation`."""
     output, amap = result.output, result.attention[0]
     image = decode_png_data_url(output["image"])
-    written = [save(plot_image_attention(image, amap.weights[layer], output["patch_size"], layer),
-                    out / f"attention_layer{layer + 1}.png") for layer in range(amap.weights.size(0))]
+    written = [
+        save(
+            plot_image_attention(image, amap.weights[layer], output["patch_size"], layer),
+            out / f"attention_layer{layer + 1}.png",
+        )
+        for layer in range(amap.weights.size(0))
+    ]
     caption = f"{result.text}: predicted {output['prediction']}"
-    written.append(save(plot_rollout(image, output["rollout"], output["patch_size"], caption), out / "rollout.png"))
+    written.append(
+        save(plot_rollout(image, output["rollout"], output["patch_size"], caption), out / "rollout.png")
+    )
     return written

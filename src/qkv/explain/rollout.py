@@ -9,7 +9,7 @@ an identity added to the head-averaged weights, and the layers' matrices are mul
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -42,8 +42,8 @@ import dataclasses
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -80,9 +80,14 @@ class ErrorMessage(BaseModel):
     detail: str
 
 
-ERROR_RESPONSES = {code: {"model": ErrorMessage, "description": what} for code, what in [
-    (400, "the body cannot be parsed"), (413, "the input or the body is over the cap"),
-    (422, "the input or a setting is wrong (the message says which)")]}
+ERROR_RESPONSES = {
+    code: {"model": ErrorMessage, "description": what}
+    for code, what in [
+        (400, "the body cannot be parsed"),
+        (413, "the input or the body is over the cap"),
+        (422, "the input or a setting is wrong (the message says which)"),
+    ]
+}
 IMAGE_ERRORS = {code: ERROR_RESPONSES[code] for code in (413, 422)}  # the body is read raw
 
 
@@ -93,13 +98,20 @@ class ExplainRequest(BaseModel):
     text: str
     beam_size: int = Field(4, ge=1, le=16)
     max_new_tokens: int = Field(40, ge=0, le=400)
-    temperature: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
-                               description="0 = greedy; tiny values are greedy-equivalent")
+    temperature: float = Field(
+        1.0, ge=0.0, le=10.0, allow_inf_nan=False, description="0 = greedy; tiny values are greedy-equivalent"
+    )
     top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False,
-                                description="the nucleus always keeps the most likely token")
-    seed: int | None = Field(0, ge=0, lt=SEED_LIMIT,
-                             description="0 <= seed < 2**64, the range torch's generator accepts")
+    top_p: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="the nucleus always keeps the most likely token",
+    )
+    seed: int | None = Field(
+        0, ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64, the range torch's generator accepts"
+    )
     merge_words: bool = True
 
     @field_validator("text")
@@ -126,10 +138,13 @@ class StepsRequest(ExplainRequest):
 
 
 # The image endpoints read the raw body themselves; the OpenAPI document says what it is.
-IMAGE_BODY = {"requestBody": {"required": False, "description": "an image file (PNG, JPEG, ...), "
-                              "or empty with ?example=INDEX",
-                              "content": {"application/octet-stream": {
-                                  "schema": {"type": "string", "format": "binary"}}}}}
+IMAGE_BODY = {
+    "requestBody": {
+        "required": False,
+        "description": "an image file (PNG, JPEG, ...), or empty with ?example=INDEX",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 
 
 def validation_message(errors) -> str:
@@ -150,13 +165,19 @@ def validation_message(errors) -> str:
 def create_app(explainer: Explainer) -> FastAPI:
     """The web app for one loaded model. Raises nothing; errors become JSON responses."""
     # /openapi.json is served; the docs UIs stay off (they load assets from a CDN).
-    app = FastAPI(title="qkv explain", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
-                  default_response_class=SafeJSONResponse)
+    app = FastAPI(
+        title="qkv explain",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        default_response_class=SafeJSONResponse,
+    )
     lock = threading.Lock()
 
     def too_large(size: str, cap: int) -> JSONResponse:
-        return SafeJSONResponse({"detail": f"request body too large: {size} bytes, the cap is {cap}"},
-                                status_code=413)
+        return SafeJSONResponse(
+            {"detail": f"request body too large: {size} bytes, the cap is {cap}"}, status_code=413
+        )
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -171,7 +192,9 @@ def create_app(explainer: Explainer) -> FastAPI:
 
     @app.exception_handler(QkvError)
     async def input_error(request: Request, exc: QkvError):
-        return SafeJSONResponse({"detail": str(exc)}, status_code=413 if isinstance(exc, InputTooLong) else 422)
+        return SafeJSONResponse(
+            {"detail": str(exc)}, status_code=413 if isinstance(exc, InputTooLong) else 422
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
@@ -224,6 +247,7 @@ def create_app(explainer: Explainer) -> FastAPI:
         def call():
             with lock:
                 return fn(*args)
+
         return run_in_threadpool(call)  # the model runs off the event loop, one call at a time
 
     @app.get(IMAGE_API + "examples", responses={422: ERROR_RESPONSES[422]})
@@ -238,8 +262,12 @@ def create_app(explainer: Explainer) -> FastAPI:
         return await locked(lambda: explainer.explain(image).to_dict())
 
     @app.post(IMAGE_API + "steps", responses=IMAGE_ERRORS, openapi_extra=IMAGE_BODY)
-    async def image_steps(request: Request, layer: int = Query(ge=0), head: int = Query(ge=0),
-                          example: int | None = Query(None, ge=0)):
+    async def image_steps(
+        request: Request,
+        layer: int = Query(ge=0),
+        head: int = Query(ge=0),
+        example: int | None = Query(None, ge=0),
+    ):
         image = await image_input(request, example)
         return await locked(explainer.steps, image, "encoder", layer, head)
 
@@ -248,8 +276,9 @@ def create_app(explainer: Explainer) -> FastAPI:
     return app
 
 
-def serve(explainer: Explainer, host: str = "127.0.0.1", port: int = 8765,
-          log: Callable[[str], None] | None = None) -> int:
+def serve(
+    explainer: Explainer, host: str = "127.0.0.1", port: int = 8765, log: Callable[[str], None] | None = None
+) -> int:
     """Serve the page until Ctrl-C (uvicorn finishes the request in flight, then returns 0).
 
     ``log`` receives the two status lines (address, stopped); by default they go to the
@@ -269,8 +298,9 @@ def serve(explainer: Explainer, host: str = "127.0.0.1", port: int = 8765,
     except OSError as exc:
         raise QkvError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     log = log or logger.info
-    log(f"qkv explain: {explainer.family} model {explainer.run_dir} at http://{host}:{port}/ "
-        "(Ctrl-C to stop)")
+    log(
+        f"qkv explain: {explainer.family} model {explainer.run_dir} at http://{host}:{port}/ (Ctrl-C to stop)"
+    )
     uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning", log_config=None)
     log("qkv explain: stopped")
     return 0

@@ -75,8 +75,14 @@ class ImageExplainer(Explainer):
 
     def info(self) -> dict:
         cfg = self.config
-        return {**super().info(), "image_size": cfg.image_size, "patch_size": cfg.patch_size,
-                "grid_size": cfg.grid_size, "channels": cfg.channels, "task": self.task}
+        return {
+            **super().info(),
+            "image_size": cfg.image_size,
+            "patch_size": cfg.patch_size,
+            "grid_size": cfg.grid_size,
+            "channels": cfg.channels,
+            "task": self.task,
+        }
 
     def token_labels(self) -> list[str]:
         """``["CLS", "r1c1", "r1c2", ...]``: ``1 + grid²`` labels, patches in reading order."""
@@ -97,10 +103,12 @@ class ImageExplainer(Explainer):
             if self.task == "fashion-mnist":
                 self._test = load_fashion_mnist("test")
             else:
-                keys = {k: self.train_config[k] for k in ("val_fraction", "split_seed")
-                        if k in self.train_config}
-                self._test = load_image_task(self.task, self.config.image_size, self.config.channels,
-                                             **keys).test
+                keys = {
+                    k: self.train_config[k] for k in ("val_fraction", "split_seed") if k in self.train_config
+                }
+                self._test = load_image_task(
+                    self.task, self.config.image_size, self.config.channels, **keys
+                ).test
         return self._test
 
     def test_image(self, index: int) -> tuple[np.ndarray, str]:
@@ -111,8 +119,9 @@ class ImageExplainer(Explainer):
         """
         data = self.test_images()
         if not 0 <= index < len(data.labels):
-            raise QkvError(f"test image {index} out of range: the test set has images "
-                           f"0..{len(data.labels) - 1}")
+            raise QkvError(
+                f"test image {index} out of range: the test set has images 0..{len(data.labels) - 1}"
+            )
         label = data.classes[data.labels[index]]
         return data.images[index].copy(), f"{self.task} test image {index} (true class: {label})"
 
@@ -122,8 +131,10 @@ class ImageExplainer(Explainer):
         data = self.test_images()
         firsts = [int(np.flatnonzero(data.labels == c)[0]) for c in np.unique(data.labels)]
         picks = (firsts + [i for i in range(len(data.labels)) if i not in firsts])[:n]
-        return [{"index": i, "label": data.classes[data.labels[i]], "image": png_data_url(data.images[i])}
-                for i in picks]
+        return [
+            {"index": i, "label": data.classes[data.labels[i]], "image": png_data_url(data.images[i])}
+            for i in picks
+        ]
 
     def read(self, image: ImageInput) -> tuple[np.ndarray, str]:
         """The model's input pixels, uint8 ``(image_size, image_size, channels)``, and a caption
@@ -164,8 +175,9 @@ class ImageExplainer(Explainer):
         page asks for the steps of the image it just explained)."""
         pixels, caption = self.read(image)
         key = pixels.tobytes()
-        prepared = (self._prepare(pixels, options) if self._last is None or self._last[0] != key
-                    else self._last[2])
+        prepared = (
+            self._prepare(pixels, options) if self._last is None or self._last[0] != key else self._last[2]
+        )
         self._last = (key, caption, prepared)  # the caption of this call, for explain()
         return prepared
 
@@ -179,19 +191,31 @@ class ImageExplainer(Explainer):
 
         rollout = attention_rollout(weights)[0]  # (T,): what the class token holds of each token
         g = cfg.grid_size
-        output = {"text": None, "next_tokens": [], "residues": None,
-                  "classes": [{"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)],
-                  "prediction": self.classes[int(probs.argmax())],
-                  "image": png_data_url(pixels), "image_size": cfg.image_size,
-                  "patch_size": cfg.patch_size, "grid_size": g,
-                  "rollout": _rounded(rollout[1:].reshape(g, g), 5), "rollout_cls": round(float(rollout[0]), 5)}
+        output = {
+            "text": None,
+            "next_tokens": [],
+            "residues": None,
+            "classes": [{"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)],
+            "prediction": self.classes[int(probs.argmax())],
+            "image": png_data_url(pixels),
+            "image_size": cfg.image_size,
+            "patch_size": cfg.patch_size,
+            "grid_size": g,
+            "rollout": _rounded(rollout[1:].reshape(g, g), 5),
+            "rollout_cls": round(float(rollout[0]), 5),
+        }
         labels = self.token_labels()
-        return _Pass(forward, {"encoder": (labels, labels)}, output,
-                     {"encoder": [torch.from_numpy(w)[None] for w in weights]})  # L × (1, H, T, T)
+        return _Pass(
+            forward,
+            {"encoder": (labels, labels)},
+            output,
+            {"encoder": [torch.from_numpy(w)[None] for w in weights]},
+        )  # L × (1, H, T, T)
 
     @torch.no_grad()
-    def explain(self, image: ImageInput, options: DecodingOptions | None = None,
-                merge_words: bool = True) -> Explanation:
+    def explain(
+        self, image: ImageInput, options: DecodingOptions | None = None, merge_words: bool = True
+    ) -> Explanation:
         """The class probabilities and every layer's and head's attention
         ``(n_layers, n_heads, 1 + N, 1 + N)`` for one image; ``input`` of the result is a
         caption (file name, "uploaded image", or the test image and its true class).

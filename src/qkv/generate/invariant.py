@@ -19,8 +19,14 @@ import torch
 from ..nn.attention import register_backend, scaled_dot_product_attention
 
 
-def per_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor | None, is_causal: bool, dropout_p: float) -> torch.Tensor:
+def per_query_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
     """SDPA once per query over its keys (the first ``Tk - Tq + i + 1`` under ``is_causal``),
     its mask row sliced to match (signature: :data:`qkv.nn.attention.Backend`).
 
@@ -38,9 +44,12 @@ def per_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     outs = []
     for i in range(tq):
         end = tk - tq + i + 1 if is_causal else tk
-        row = None if mask is None else mask[..., i:i + 1, :end]
-        outs.append(scaled_dot_product_attention(q[..., i:i + 1, :], k[..., :end, :], v[..., :end, :],
-                                                 row, dropout_p=dropout_p)[0])
+        row = None if mask is None else mask[..., i : i + 1, :end]
+        outs.append(
+            scaled_dot_product_attention(
+                q[..., i : i + 1, :], k[..., :end, :], v[..., :end, :], row, dropout_p=dropout_p
+            )[0]
+        )
     return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
 
 

@@ -43,8 +43,12 @@ from ..nn.feedforward import PositionwiseFeedForward
 from .invariant import per_query_attention  # noqa: F401  (importing it registers "invariant")
 
 # oneDNN's post-op names for the FFN activations: (attribute, algorithm); "none" = exact GELU.
-_POST_OPS = {None: ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
-             "gelu_tanh": ("gelu", "tanh")}
+_POST_OPS = {
+    None: ("none", ""),
+    "relu": ("relu", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+}
 
 
 def onednn_available() -> bool:
@@ -59,8 +63,11 @@ def onednn_bf16_available() -> bool:
     """Whether :class:`PackedLinear` can run bfloat16 here: PyTorch built with oneDNN, on a CPU
     that computes bfloat16 natively. Never raises."""
     try:
-        return (onednn_available() and cpu_has_native_bf16()
-                and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+        return (
+            onednn_available()
+            and cpu_has_native_bf16()
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )
     except (AttributeError, RuntimeError):  # a torch build without these ops
         return False
 
@@ -86,12 +93,16 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
-            raise RuntimeError(f"{type(self).__name__} is for inference (its weight is a snapshot): "
-                               "call model.eval() before preparing the model")
+            raise RuntimeError(
+                f"{type(self).__name__} is for inference (its weight is a snapshot): "
+                "call model.eval() before preparing the model"
+            )
         return self.compute(x)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
 
 class PackedLinear(FrozenLinear):
@@ -119,8 +130,13 @@ class PackedLinear(FrozenLinear):
         ValueError: an activation other than ``None``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``.
     """
 
-    def __init__(self, linear: nn.Linear, activation: str | None = None, batch_rows: int = 1,
-                 batch_invariant: bool = False) -> None:
+    def __init__(
+        self,
+        linear: nn.Linear,
+        activation: str | None = None,
+        batch_rows: int = 1,
+        batch_invariant: bool = False,
+    ) -> None:
         if activation not in _POST_OPS:
             raise ValueError(f"unknown fused activation {activation!r}; choose one of {list(_POST_OPS)}")
         super().__init__(linear)
@@ -133,8 +149,7 @@ class PackedLinear(FrozenLinear):
         self.one_row_as_two = batch_invariant and not self._one_row_kernel_agrees()
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [],
-                                                  self.algorithm)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [], self.algorithm)
 
     @torch.no_grad()
     def _one_row_kernel_agrees(self, rows: int = 64) -> bool:
@@ -148,8 +163,9 @@ class PackedLinear(FrozenLinear):
         return self._product(x)
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, activation={self.activation}"
-                + (", one_row_as_two=True" if self.one_row_as_two else ""))
+        return f"{super().extra_repr()}, activation={self.activation}" + (
+            ", one_row_as_two=True" if self.one_row_as_two else ""
+        )
 
 
 def _relaid(w: nn.Parameter) -> nn.Parameter:
@@ -167,8 +183,9 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def prepare_for_inference(model: nn.Module, batch_rows: int | None = None,
-                          batch_invariant: bool | None = None) -> nn.Module:
+def prepare_for_inference(
+    model: nn.Module, batch_rows: int | None = None, batch_invariant: bool | None = None
+) -> nn.Module:
     """Give every CPU ``nn.Linear`` the weight layout that decodes fastest for its dtype (see the
     module docstring). Returns ``model`` (changed in place).
 
@@ -196,23 +213,40 @@ def prepare_for_inference(model: nn.Module, batch_rows: int | None = None,
     optimizer built earlier would still hold the old parameters. Nothing is done on other
     devices, where the fused kernels prefer the default layout. Safe to call twice.
     """
-    packs = {torch.bfloat16: onednn_bf16_available() and not model.training,
-             torch.float32: batch_rows is not None and onednn_available() and not model.training}
+    packs = {
+        torch.bfloat16: onednn_bf16_available() and not model.training,
+        torch.float32: batch_rows is not None and onednn_available() and not model.training,
+    }
     invariant = batch_rows is None if batch_invariant is None else batch_invariant
     relaid: dict[int, nn.Parameter] = {}
     for parent in model.modules():
-        if invariant and isinstance(parent, MultiHeadAttention) and parent.w_o.weight.dtype == torch.bfloat16 \
-                and parent.w_o.weight.device.type == "cpu":
+        if (
+            invariant
+            and isinstance(parent, MultiHeadAttention)
+            and parent.w_o.weight.dtype == torch.bfloat16
+            and parent.w_o.weight.device.type == "cpu"
+        ):
             parent.backend = "invariant"
         for name, child in parent.named_children():
             w = child.weight if type(child) is nn.Linear else None
             if w is None or w.device.type != "cpu":
                 continue
             if packs.get(w.dtype, False):
-                fuse = (isinstance(parent, PositionwiseFeedForward) and name == "w_1"
-                        and parent.activation_name in _POST_OPS)
-                setattr(parent, name, PackedLinear(child, parent.activation_name if fuse else None,
-                                                   batch_rows or 1, invariant and w.dtype == torch.bfloat16))
+                fuse = (
+                    isinstance(parent, PositionwiseFeedForward)
+                    and name == "w_1"
+                    and parent.activation_name in _POST_OPS
+                )
+                setattr(
+                    parent,
+                    name,
+                    PackedLinear(
+                        child,
+                        parent.activation_name if fuse else None,
+                        batch_rows or 1,
+                        invariant and w.dtype == torch.bfloat16,
+                    ),
+                )
                 if fuse:  # the activation now runs inside w_1's kernel
                     parent.activation = _identity
             elif id(w) not in relaid and batch_rows is None:

@@ -10,8 +10,8 @@ that start at each row's first real token.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ from .quantize import cast_weights
 from .sampling import check_sampling, choose_next, next_token_probs
 from .stats import DecodeStats
 
-SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed accepts: [-2**63, 2**64)
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed accepts: [-2**63, 2**64)
 
 
 def _left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -33,8 +33,8 @@ def _left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor
     tokens = torch.zeros(len(rows), longest, dtype=torch.long)
     mask = torch.zeros(len(rows), longest, dtype=torch.bool)
     for i, r in enumerate(rows):
-        tokens[i, longest - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, longest - len(r):] = True
+        tokens[i, longest - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, longest - len(r) :] = True
     padded = bool((~mask).any())
     return tokens.to(device), mask.to(device) if padded else None
 
@@ -96,8 +96,10 @@ def generate_tokens(
     def prefill(window: int):
         nonlocal warned
         if not warned and any(len(s) > window for s in seqs):
-            warnings.warn(f"context longer than the model's max_len ({max_len} tokens): using a "
-                          f"sliding window of the last {window} tokens")
+            warnings.warn(
+                f"context longer than the model's max_len ({max_len} tokens): using a "
+                f"sliding window of the last {window} tokens"
+            )
             warned = True
         tokens, mask = _left_pad([s[-window:] for s in seqs], device)
         caches = model.new_caches()
@@ -127,8 +129,7 @@ def generate_tokens(
             continue
         if mask is not None:
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)  # (B, L + 1)
-        logits = model(next_ids[:, None], attention_mask=mask, caches=caches,
-                       last_only=True).logits[:, -1]
+        logits = model(next_ids[:, None], attention_mask=mask, caches=caches, last_only=True).logits[:, -1]
     return new
 
 
@@ -150,9 +151,14 @@ class TextGenerator:
         self.last_stats: DecodeStats | None = None
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu",
-                 weights: str = "model.safetensors", dtype: torch.dtype = torch.float32,
-                 quantize: str | None = None) -> "TextGenerator":
+    def from_run(
+        cls,
+        run_dir: str | Path,
+        device: torch.device | str = "cpu",
+        weights: str = "model.safetensors",
+        dtype: torch.dtype = torch.float32,
+        quantize: str | None = None,
+    ) -> TextGenerator:
         """Load a trained LM run (or a pretrained short name: ``iglm``). ``dtype=torch.bfloat16`` casts the weights for faster
         decoding (memory-bound: 1.9× on a 2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16
         Xeon without AMX, where the weights go to oneDNN's kernel, ``benchmarks/limits.py``;
@@ -190,18 +196,31 @@ class TextGenerator:
                 raise QkvError("empty prompt and this model has no start token: give a prompt")
             return [self.model.config.bos_id]
         # a pretrained model's tokenizer may frame its input ([CLS] ... [SEP]); a prompt is not framed
-        ids = (self.tokenizer.encode(prompt, add_special_tokens=False)
-               if getattr(self.tokenizer, "kind", None) == "hf" else self.tokenizer.encode(prompt))
+        ids = (
+            self.tokenizer.encode(prompt, add_special_tokens=False)
+            if getattr(self.tokenizer, "kind", None) == "hf"
+            else self.tokenizer.encode(prompt)
+        )
         unk = getattr(self.tokenizer, "unk_id", None)
         if unk is not None and unk in ids:
-            warnings.warn(f"{ids.count(unk)} piece(s) of the prompt are unknown to the tokenizer "
-                          "and were mapped to <unk>")
+            warnings.warn(
+                f"{ids.count(unk)} piece(s) of the prompt are unknown to the tokenizer "
+                "and were mapped to <unk>"
+            )
         return ids
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 200, do_sample: bool = True,
-                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 stop: Sequence[str] = (), seed: int | None = None,
-                 stream: Callable[[int, str], None] | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int = 200,
+        do_sample: bool = True,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        stream: Callable[[int, str], None] | None = None,
+    ) -> list[str]:
         """Continuations of ``prompts`` (prompt text excluded).
 
         ``stop``: strings that end a row (cut off before the stop string). ``stream(row, text)``
@@ -230,7 +249,7 @@ class TextGenerator:
             texts[i] = tok.decode(new_ids)
             hits = [texts[i].find(s) for s in stop if s and s in texts[i]]
             if hits:
-                texts[i] = texts[i][:min(hits)]
+                texts[i] = texts[i][: min(hits)]
                 return True
             return False
 
@@ -245,14 +264,24 @@ class TextGenerator:
                     continue
                 end = len(texts[i]) if t is None or t in eos else max(shown[i], len(texts[i]) - hold)
                 if end > shown[i]:
-                    stream(i, texts[i][shown[i]:end])
+                    stream(i, texts[i][shown[i] : end])
                     shown[i] = end
 
         # Decoding every step is needed only to find stop strings or to stream text.
         per_step = bool(stop) or stream is not None
-        new = generate_tokens(self.model, ids, max_new_tokens, do_sample, temperature, top_k, top_p,
-                              stop_tokens=eos, stop=cut if per_step else None, generator=generator,
-                              on_tokens=on_tokens)
+        new = generate_tokens(
+            self.model,
+            ids,
+            max_new_tokens,
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            stop_tokens=eos,
+            stop=cut if per_step else None,
+            generator=generator,
+            on_tokens=on_tokens,
+        )
         stats.new_tokens = sum(map(len, new))
         self.last_stats = stats.stop()
         if not per_step:
@@ -260,12 +289,13 @@ class TextGenerator:
         if stream is not None:
             for i, text in enumerate(texts):
                 if len(text) > shown[i]:
-                    stream(i, text[shown[i]:])
+                    stream(i, text[shown[i] :])
         return texts
 
     @torch.no_grad()
-    def next_token_probs(self, prompt: str, k: int = 10, temperature: float = 1.0,
-                         top_p: float | None = None) -> list[tuple[str, float]]:
+    def next_token_probs(
+        self, prompt: str, k: int = 10, temperature: float = 1.0, top_p: float | None = None
+    ) -> list[tuple[str, float]]:
         """The ``k`` most likely next tokens after ``prompt`` and their probabilities under
         ``temperature`` (and ``top_p``), most likely first: ``[(token text, probability)]``.
 
@@ -277,7 +307,7 @@ class TextGenerator:
             QkvError: meaningless settings (:func:`~qkv.generate.sampling.check_sampling`), or
                 as :meth:`encode_prompt`.
         """
-        ids = self.encode_prompt(prompt)[-self.model.config.max_len:]
+        ids = self.encode_prompt(prompt)[-self.model.config.max_len :]
         device = next(self.model.parameters()).device
         logits = self.model(torch.tensor([ids], device=device), last_only=True).logits[:, -1]
         probs = next_token_probs(logits, temperature, None, top_p)[0]

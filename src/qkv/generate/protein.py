@@ -39,15 +39,22 @@ class ProteinEncoder:
     :func:`~qkv.data.tokenizers.protein_tokenizer`).
     """
 
-    def __init__(self, model: EncoderModel, classes: tuple[str, ...], level: str,
-                 device: torch.device | str = "cpu", max_tokens: int = 16384, tokenizer=None) -> None:
+    def __init__(
+        self,
+        model: EncoderModel,
+        classes: tuple[str, ...],
+        level: str,
+        device: torch.device | str = "cpu",
+        max_tokens: int = 16384,
+        tokenizer=None,
+    ) -> None:
         self.model, self.classes, self.level = model, tuple(classes), level
         self.tok = AminoAcidTokenizer() if tokenizer is None else protein_tokenizer(tokenizer)
         self.device, self.max_tokens = torch.device(device), max_tokens
         self.width = model.config.max_len - 2
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> "ProteinEncoder":
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> ProteinEncoder:
         """Load a ``protein-cls`` / ``protein-residue`` / ``protein-mlm`` run directory, or a
         converted pretrained protein encoder (``qkv convert hf antiberty RUN``), through
         :func:`qkv.runs.load_run`. Raises :class:`QkvError` for a missing,
@@ -58,8 +65,13 @@ class ProteinEncoder:
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
 
-    def rows(self, sequences: list[str], ids: list[str] | None = None,
-             whole_chain: bool | None = None, warn: bool = True) -> tuple[list[list[int]], list[int]]:
+    def rows(
+        self,
+        sequences: list[str],
+        ids: list[str] | None = None,
+        whole_chain: bool | None = None,
+        warn: bool = True,
+    ) -> tuple[list[list[int]], list[int]]:
         """Token rows and, per row, the index of its sequence. ``whole_chain`` (default: a
         residue-level model) splits a long chain into consecutive windows covering it all;
         otherwise each sequence is one row cut to its first ``max_len - 2`` residues (logged as
@@ -72,7 +84,7 @@ class ProteinEncoder:
             if not res:
                 raise QkvError(f"{sid}: empty sequence")
             if whole_chain:
-                chunks = [res[s:s + self.width] for s in range(0, len(res), self.width)]
+                chunks = [res[s : s + self.width] for s in range(0, len(res), self.width)]
             else:
                 cut += len(res) > self.width
                 chunks = [res[: self.width]]
@@ -80,8 +92,10 @@ class ProteinEncoder:
                 rows.append([self.tok.cls_id, *c, self.tok.eos_id])
                 owner.append(i)
         if cut and warn:
-            logger.warning(f"{cut} sequence(s) longer than the model's {self.width} residues were "
-                           f"cut to their first {self.width} residues (N terminus kept)")
+            logger.warning(
+                f"{cut} sequence(s) longer than the model's {self.width} residues were "
+                f"cut to their first {self.width} residues (N terminus kept)"
+            )
         return rows, owner
 
     def batches(self, rows: list[list[int]]) -> list[list[int]]:
@@ -101,15 +115,16 @@ class ProteinEncoder:
             tokens = pad_sequences([rows[i] for i in idx], self.tok.pad_id)
             probs = self.logits(tokens).float().softmax(-1).cpu().numpy()
             for j, i in enumerate(idx):
-                per_row[i] = probs[j] if self.level == "sequence" else probs[j, 1:len(rows[i]) - 1]
+                per_row[i] = probs[j] if self.level == "sequence" else probs[j, 1 : len(rows[i]) - 1]
         out: list = [[] for _ in sequences]
         for i, p in zip(owner, per_row):
             out[i].append(p)
         return [parts[0] if self.level == "sequence" else np.concatenate(parts) for parts in out]
 
     @torch.no_grad()
-    def embed(self, sequences: list[str], ids: list[str] | None = None,
-              per_residue: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+    def embed(
+        self, sequences: list[str], ids: list[str] | None = None, per_residue: bool = False
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """``(N, D)`` mean of the final hidden states over each sequence's residues (specials
         and padding excluded) and, if ``per_residue``, one ``(L, D)`` array per sequence.
         Long sequences are embedded window by window."""
@@ -120,7 +135,7 @@ class ProteinEncoder:
             hidden, _, _ = self.model.encode(tokens.to(self.device))
             hidden = hidden.float().cpu().numpy()
             for j, i in enumerate(idx):
-                per_row[i] = hidden[j, 1:len(rows[i]) - 1]
+                per_row[i] = hidden[j, 1 : len(rows[i]) - 1]
         residues: list = [[] for _ in sequences]
         for i, h in zip(owner, per_row):
             residues[i].append(h)

@@ -39,8 +39,10 @@ class Int8Linear(FrozenLinear):
 
     def __init__(self, linear: nn.Linear) -> None:
         if linear.weight.dtype != torch.bfloat16:
-            raise QkvError(f"int8 weights run with bfloat16 activations: cast the model to bfloat16 "
-                           f"first (this weight is {linear.weight.dtype})")
+            raise QkvError(
+                f"int8 weights run with bfloat16 activations: cast the model to bfloat16 "
+                f"first (this weight is {linear.weight.dtype})"
+            )
         super().__init__(linear)
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127

@@ -25,14 +25,15 @@ from ..errors import QkvError
 _FLOAT32_SAFE = (1e-37, 1e37)
 
 
-def check_sampling(temperature: float = 1.0, top_k: int | None = None,
-                   top_p: float | None = None) -> None:
+def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
     """Raise :class:`QkvError` for settings that have no meaning: a temperature that is not a
     finite number > 0 (for 0 use greedy decoding instead), top_k < 1, top_p not a number in
     (0, 1]. Tiny positive values are accepted (see the module docstring)."""
     if not (temperature > 0.0 and math.isfinite(temperature)):
-        raise QkvError(f"temperature must be a finite number > 0 (got {temperature}); for the most "
-                       "likely token at every step use greedy decoding (qkv generate --greedy)")
+        raise QkvError(
+            f"temperature must be a finite number > 0 (got {temperature}); for the most "
+            "likely token at every step use greedy decoding (qkv generate --greedy)"
+        )
     if top_k is not None and top_k < 1:
         raise QkvError(f"top_k must be >= 1 (got {top_k})")
     if top_p is not None and not 0.0 < top_p <= 1.0:
@@ -57,8 +58,9 @@ def _scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.where(overflowed, shifted, scaled)
 
 
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """Logits divided by ``temperature``, with tokens outside the top-k / the nucleus set to
     ``-inf``.
 
@@ -90,17 +92,23 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     return logits
 
 
-def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                     top_p: float | None = None) -> torch.Tensor:
+def next_token_probs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """The distribution the sampler draws from. Shape: ``(B, V)`` → ``(B, V)`` float32, rows
     sum to 1 and are finite for any setting :func:`check_sampling` accepts (see
     :func:`filter_logits` for tiny temperatures and ``top_p``)."""
     return torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
 
 
-def choose_next(logits: torch.Tensor, do_sample: bool = True, temperature: float = 1.0,
-                top_k: int | None = None, top_p: float | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def choose_next(
+    logits: torch.Tensor,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Next token ids: the argmax (``do_sample=False``) or a draw from :func:`next_token_probs`.
 
     Shape: ``logits (B, V)`` → ``(B,)`` long.

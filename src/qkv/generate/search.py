@@ -17,8 +17,10 @@ from ..nn.embeddings import check_token_ids
 def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, extra: int):
     # Check the user's ids and length once here: the model's forward does not (no host syncs).
     if src.dim() != 2 or src.size(1) > model.config.max_len:
-        raise ValueError(f"src must have shape (batch, seq_len) with seq_len <= max_len "
-                         f"({model.config.max_len}), got {tuple(src.shape)}")
+        raise ValueError(
+            f"src must have shape (batch, seq_len) with seq_len <= max_len "
+            f"({model.config.max_len}), got {tuple(src.shape)}"
+        )
     check_token_ids(src, model.config.src_vocab_size)
     memory, src_mask, _ = model.encode(src)
     src_len = (src != model.config.pad_id).sum(1)
@@ -28,8 +30,9 @@ def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, ex
 
 
 @torch.no_grad()
-def greedy_decode(model: Transformer, src: torch.Tensor, max_new_tokens: int | None = None,
-                  extra_len: int = 50) -> list[list[int]]:
+def greedy_decode(
+    model: Transformer, src: torch.Tensor, max_new_tokens: int | None = None, extra_len: int = 50
+) -> list[list[int]]:
     """Pick the most probable next token until ``eos`` (or the length limit).
 
     Shape: ``src (B, S)`` long, right-padded. Returns B lists of ids (no bos/eos).
@@ -66,8 +69,14 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None, extra_len: int = 50) -> list[list[int]]:
+def beam_search(
+    model: Transformer,
+    src: torch.Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_new_tokens: int | None = None,
+    extra_len: int = 50,
+) -> list[list[int]]:
     """Batched beam search; returns the best hypothesis per sentence (ids, no bos/eos).
 
     Each step expands every live beam, keeps the ``2·beam_size`` best candidates, moves those
@@ -119,8 +128,11 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
             # Done only when no live beam beats the worst kept finished hypothesis: stopping at
             # beam_size finished ones would let junk beams end the search before the best one.
             finished[bi] = sorted(finished[bi], key=lambda x: x[0], reverse=True)[:k]
-            if (not done[bi] and len(finished[bi]) >= k
-                    and best_live[bi] / length_penalty(t + 1, alpha) <= finished[bi][-1][0]):
+            if (
+                not done[bi]
+                and len(finished[bi]) >= k
+                and best_live[bi] / length_penalty(t + 1, alpha) <= finished[bi][-1][0]
+            ):
                 done[bi] = True
         if all(done):
             break
@@ -133,8 +145,10 @@ def beam_search(model: Transformer, src: torch.Tensor, beam_size: int = 4, alpha
     for bi in range(b):
         pool = finished[bi]
         if not pool:  # hit the length limit: fall back to live beams
-            pool = [(float(scores[bi, j]) / length_penalty(seqs.size(1), alpha), seqs[bi * k + j].tolist())
-                    for j in range(k)]
+            pool = [
+                (float(scores[bi, j]) / length_penalty(seqs.size(1), alpha), seqs[bi * k + j].tolist())
+                for j in range(k)
+            ]
         best = max(pool, key=lambda x: x[0])[1]
         results.append(_strip(best, cfg.eos_id, cfg.pad_id))
     return results

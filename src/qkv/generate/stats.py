@@ -26,7 +26,7 @@ class DecodeStats:
         if self.first_token_seconds is None:
             self.first_token_seconds = time.perf_counter() - self._start
 
-    def stop(self) -> "DecodeStats":
+    def stop(self) -> DecodeStats:
         """Mark the end of the call; returns ``self``."""
         self.seconds = time.perf_counter() - self._start
         return self
@@ -36,11 +36,15 @@ class DecodeStats:
         47.9 tokens/s)``; ``unit="sentences"`` leads with items per second."""
         rate = lambda n, s: n / s if s > 0 else float("inf")  # noqa: E731
         if unit == "sentences":
-            return (f"{self.items} sentences in {self.seconds:.2f} s: "
-                    f"{rate(self.items, self.seconds):.1f} sentences/s, "
-                    f"{rate(self.new_tokens, self.seconds):.0f} output tokens/s")
-        line = (f"{self.new_tokens} new tokens in {self.seconds:.2f} s: "
-                f"{rate(self.new_tokens, self.seconds):.1f} tokens/s")
+            return (
+                f"{self.items} sentences in {self.seconds:.2f} s: "
+                f"{rate(self.items, self.seconds):.1f} sentences/s, "
+                f"{rate(self.new_tokens, self.seconds):.0f} output tokens/s"
+            )
+        line = (
+            f"{self.new_tokens} new tokens in {self.seconds:.2f} s: "
+            f"{rate(self.new_tokens, self.seconds):.1f} tokens/s"
+        )
         first = self.first_token_seconds
         if first is not None and self.new_tokens > self.items:
             after = rate(self.new_tokens - self.items, self.seconds - first)

@@ -32,15 +32,21 @@ class TextEncoder:
     Raises (every method): :class:`QkvError` for an empty input list or a non-string item.
     """
 
-    def __init__(self, model: EncoderModel, tokenizer, device: torch.device | str = "cpu",
-                 classes: tuple[str, ...] = (), max_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        model: EncoderModel,
+        tokenizer,
+        device: torch.device | str = "cpu",
+        classes: tuple[str, ...] = (),
+        max_tokens: int = 8192,
+    ) -> None:
         if tokenizer.pad_id is None:
             raise QkvError("the tokenizer has no padding token; a text encoder needs one")
         self.model, self.tokenizer, self.classes = model.to(device).eval(), tokenizer, tuple(classes)
         self.device, self.max_tokens = torch.device(device), max_tokens
 
     @classmethod
-    def load(cls, name_or_path: str | Path, device: torch.device | str = "cpu") -> "TextEncoder":
+    def load(cls, name_or_path: str | Path, device: torch.device | str = "cpu") -> TextEncoder:
         """A run directory (a converted encoder or a ``text-cls`` run), an HF folder or a
         pretrained short name (``minilm``). Raises :class:`QkvError` when it is not a text
         encoder."""
@@ -48,8 +54,9 @@ class TextEncoder:
 
         model, tokenizer = load(name_or_path, device)
         if not isinstance(model, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
-            raise QkvError(f"{name_or_path} is not a pretrained text encoder (a BERT-style model with "
-                           "its own tokenizer)")
+            raise QkvError(
+                f"{name_or_path} is not a pretrained text encoder (a BERT-style model with its own tokenizer)"
+            )
         prepare_for_inference(model.eval(), batch_rows=4096)  # inference only: pack for batched products
         meta = Path(name_or_path) / "task.json"
         classes = json.loads(meta.read_text(encoding="utf-8"))["classes"] if meta.is_file() else ()
@@ -71,14 +78,19 @@ class TextEncoder:
             raise QkvError(f"input {bad + 1} is a {type(texts[bad]).__name__}, not a string")
         empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
         if empty is not None:  # it would be encoded as the special tokens alone: a meaningless vector
-            raise QkvError(f"input {empty + 1} is empty" + (" (only white space)" if texts[empty] else "")
-                           + ": give some text")
+            raise QkvError(
+                f"input {empty + 1} is empty"
+                + (" (only white space)" if texts[empty] else "")
+                + ": give some text"
+            )
         rows = self.tokenizer.encode_batch(list(texts))
         limit = min(max_len or self.model.config.max_len, self.model.config.max_len)
         long = [i for i, r in enumerate(rows) if len(r) > limit]
         if long and warn:
-            logger.warning(f"{len(long)} input(s) longer than the model's {limit} tokens were cut "
-                           f"(the first is input {long[0] + 1})")
+            logger.warning(
+                f"{len(long)} input(s) longer than the model's {limit} tokens were cut "
+                f"(the first is input {long[0] + 1})"
+            )
         return [r[: limit - 1] + r[-1:] if len(r) > limit else r for r in rows]
 
     def _batches(self, texts: list[str]):
@@ -123,8 +135,9 @@ class TextEncoder:
         """``(N, num_labels)`` float32 class probabilities from the sequence head. Raises
         :class:`QkvError` for a model without a trained head."""
         if not self.classes:
-            raise QkvError("this encoder has no trained classification head (train one with "
-                           "`qkv train text-cls`)")
+            raise QkvError(
+                "this encoder has no trained classification head (train one with `qkv train text-cls`)"
+            )
         out = np.zeros((len(texts), len(self.classes)), dtype=np.float32)
         for idx, tokens in self._batches(texts):
             logits = self.model(tokens, head="sequence").logits  # (B, num_labels)

@@ -8,16 +8,18 @@ from pathlib import Path
 
 import torch
 
+from .. import runs
 from ..data.batching import pad_sequences
 from ..data.tokenizers import SubwordTokenizer
 from ..errors import ConfigError
-from .. import runs
 from ..models.transformer import Transformer
 from .search import beam_search, greedy_decode
 from .stats import DecodeStats
 
-def load_run(run_dir: str | Path, weights: str = "model.safetensors",
-             device: torch.device | str = "cpu") -> tuple[Transformer, SubwordTokenizer]:
+
+def load_run(
+    run_dir: str | Path, weights: str = "model.safetensors", device: torch.device | str = "cpu"
+) -> tuple[Transformer, SubwordTokenizer]:
     """Model (eval mode) and tokenizer of a translation run; see :func:`qkv.runs.load_run`."""
     return runs.load_run(run_dir, weights, device, family="translation")
 
@@ -37,11 +39,20 @@ class Translator:
     :meth:`translate` call (``items`` = non-blank sentences, ``new_tokens`` = output pieces).
     """
 
-    def __init__(self, model: Transformer, tokenizer: SubwordTokenizer, beam_size: int = 4,
-                 alpha: float = 0.6, batch_size: int = 64, max_src_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: SubwordTokenizer,
+        beam_size: int = 4,
+        alpha: float = 0.6,
+        batch_size: int = 64,
+        max_src_tokens: int | None = None,
+    ) -> None:
         vocab = model.config.tgt_vocab_size
         if not (isinstance(beam_size, int) and 1 <= beam_size <= vocab):
-            raise ConfigError(f"beam size must be between 1 (greedy) and the vocabulary size {vocab} (got {beam_size})")
+            raise ConfigError(
+                f"beam size must be between 1 (greedy) and the vocabulary size {vocab} (got {beam_size})"
+            )
         if not math.isfinite(alpha) or alpha < 0:
             raise ConfigError(f"length penalty alpha must be a finite number >= 0 (got {alpha})")
         self.model, self.tokenizer = model, tokenizer
@@ -51,15 +62,18 @@ class Translator:
         self.last_stats: DecodeStats | None = None
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs) -> "Translator":
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs) -> Translator:
         return cls(*load_run(run_dir, device=device), **kwargs)
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_batch(sentences)
         for i, s in enumerate(ids):
             if len(s) > self.max_src_tokens:
-                warnings.warn(f"input line {i + 1} has {len(s)} subword tokens; truncated to the "
-                              f"limit of {self.max_src_tokens}", stacklevel=2)
+                warnings.warn(
+                    f"input line {i + 1} has {len(s)} subword tokens; truncated to the "
+                    f"limit of {self.max_src_tokens}",
+                    stacklevel=2,
+                )
                 ids[i] = s[: self.max_src_tokens]
         return ids
 
@@ -73,7 +87,7 @@ class Translator:
         out: list[str] = [""] * len(ids)
         todo = [i for i in order if sentences[i].strip()]
         for start in range(0, len(todo), self.batch_size):
-            chunk = todo[start: start + self.batch_size]
+            chunk = todo[start : start + self.batch_size]
             src = pad_sequences([ids[i] + [cfg.eos_id] for i in chunk], cfg.pad_id).to(self.device)
             if self.beam_size == 1:
                 hyps = greedy_decode(self.model, src)
@@ -85,4 +99,3 @@ class Translator:
             stats.new_tokens += sum(len(h) for h in hyps)
         self.last_stats = stats.stop()
         return out
-

@@ -28,15 +28,20 @@ class ImageClassifier:
             (``hflip``), to which a mirrored image is as familiar as the original.
     """
 
-    def __init__(self, model: VisionTransformer, classes: tuple[str, ...],
-                 device: torch.device | str = "cpu", batch_size: int = 500,
-                 hflip_tta: bool = False) -> None:
+    def __init__(
+        self,
+        model: VisionTransformer,
+        classes: tuple[str, ...],
+        device: torch.device | str = "cpu",
+        batch_size: int = 500,
+        hflip_tta: bool = False,
+    ) -> None:
         self.model, self.classes = model, tuple(classes)
         self.device, self.batch_size = torch.device(device), batch_size
         self.config, self.hflip_tta = model.config, hflip_tta
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> "ImageClassifier":
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier:
         """Load a ``qkv train vit`` run directory; ``hflip_tta`` is on when its
         ``train_config.json`` has both ``hflip`` and ``tta_hflip`` (see
         :class:`~qkv.recipes.vit.ViTRecipe`; off for runs that do not record it).
@@ -46,8 +51,11 @@ class ImageClassifier:
         """
         model, _ = runs.load_run(run_dir, device=device, family="vit")
         meta, settings = Path(run_dir) / "task.json", Path(run_dir) / "train_config.json"
-        classes = (json.loads(meta.read_text(encoding="utf-8"))["classes"] if meta.is_file()
-                   else [str(i) for i in range(model.config.num_labels)])
+        classes = (
+            json.loads(meta.read_text(encoding="utf-8"))["classes"]
+            if meta.is_file()
+            else [str(i) for i in range(model.config.num_labels)]
+        )
         saved = json.loads(settings.read_text(encoding="utf-8")) if settings.is_file() else {}
         tta = bool(saved.get("hflip") and saved.get("tta_hflip"))
         return cls(model, classes, device, hflip_tta=tta)
@@ -63,8 +71,10 @@ class ImageClassifier:
     def _check(self, images: np.ndarray) -> None:
         want = (self.config.image_size, self.config.image_size, self.config.channels)
         if images.ndim != 4 or images.shape[1:] != want or images.dtype != np.uint8:
-            raise QkvError(f"images must be uint8 (N, {want[0]}, {want[1]}, {want[2]}), got "
-                           f"{images.dtype} {images.shape}")
+            raise QkvError(
+                f"images must be uint8 (N, {want[0]}, {want[1]}, {want[2]}), got "
+                f"{images.dtype} {images.shape}"
+            )
 
     @torch.no_grad()
     def predict(self, images: np.ndarray) -> np.ndarray:
@@ -77,7 +87,7 @@ class ImageClassifier:
         self._check(images)
         out = []
         for i in range(0, len(images), self.batch_size):
-            x = to_model_input(images[i: i + self.batch_size]).to(self.device)  # (B, C, H, W)
+            x = to_model_input(images[i : i + self.batch_size]).to(self.device)  # (B, C, H, W)
             probs = self.model(x).logits.float().softmax(-1)
             if self.hflip_tta:
                 probs = (probs + self.model(x.flip(-1)).logits.float().softmax(-1)) / 2

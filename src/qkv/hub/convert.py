@@ -23,13 +23,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..compat import FORMAT_VERSION
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..compat import FORMAT_VERSION
 from ..models.config import EncoderConfig, LMConfig, ModelConfig
-from ..models.model_types import for_config
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
+from ..models.model_types import for_config
 from ..models.transformer import Transformer
 from ..models.vit import VisionTransformer
 from ..train.checkpoint import atomic_write, save_weights, write_json
@@ -38,10 +38,16 @@ from .families import Family, family_for, family_of
 
 logger = logging.getLogger(__name__)
 
+
 def layer_counts(config: ModelConfig) -> dict[str, int]:
     """How many layers each stack of a model has (what ``Rule.stack`` names)."""
-    return {"layers": getattr(config, "n_layers", 0), "encoder": getattr(config, "n_encoder_layers", 0),
-            "decoder": getattr(config, "n_decoder_layers", 0)}
+    return {
+        "layers": getattr(config, "n_layers", 0),
+        "encoder": getattr(config, "n_encoder_layers", 0),
+        "decoder": getattr(config, "n_decoder_layers", 0),
+    }
+
+
 HF_EXTRA = "hf_extra.safetensors"  # HF heads qkv does not model, written back on export
 TASK_HEADS = ("sequence_head.", "residue_head.")  # qkv's classification heads: no HF counterpart
 
@@ -96,8 +102,9 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         state = torch.load(pt, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise QkvError(f"refused {pt}: not a plain state dict of tensors (loaded with "
-                       f"weights_only=True; {first})") from None
+        raise QkvError(
+            f"refused {pt}: not a plain state dict of tensors (loaded with weights_only=True; {first})"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise QkvError(f"refused {pt}: not a plain state dict of tensors")
     return state
@@ -128,10 +135,18 @@ def _pooling(folder: Path) -> str | None:
     if not path.is_file():
         return None
     cfg = read_json(path)
-    return "mean" if cfg.get("pooling_mode_mean_tokens") else "cls" if cfg.get("pooling_mode_cls_token") else None
+    return (
+        "mean"
+        if cfg.get("pooling_mode_mean_tokens")
+        else "cls"
+        if cfg.get("pooling_mode_cls_token")
+        else None
+    )
 
 
-def read_hf(folder: str | Path, tokenizer: str | Path | None = None, settings: dict | None = None) -> Converted:
+def read_hf(
+    folder: str | Path, tokenizer: str | Path | None = None, settings: dict | None = None
+) -> Converted:
     """Convert an HF folder into a qkv model in memory (nothing is written). ``settings``:
     qkv model-config fields to set that the HF config does not say (a pretrained entry's).
 
@@ -157,20 +172,27 @@ def read_hf(folder: str | Path, tokenizer: str | Path | None = None, settings: d
     except (KeyError, TypeError, ValueError) as exc:
         raise QkvError(f"{folder / 'config.json'}: cannot read it as {family.name}: {exc}") from None
     pooling = _pooling(folder)
-    extra = {**({"pooling": pooling} if pooling and isinstance(config, EncoderConfig) else {}), **(settings or {})}
+    extra = {
+        **({"pooling": pooling} if pooling and isinstance(config, EncoderConfig) else {}),
+        **(settings or {}),
+    }
     if extra:
         config = type(config).from_dict({**config.to_dict(), **extra})
     rules = keymap.expand(family.rules, layer_counts(config), parts)
     qkv_state, kept = keymap.to_qkv(state, rules, family.skip, family.keep)
     model = for_config(config).model(config)
     # qkv's own task heads, and the heads of parts this checkpoint lacks, keep their initialisation
-    absent = {r.qkv for r in keymap.expand(family.rules, layer_counts(config), {r.part for r in family.rules} - parts)}
+    absent = {
+        r.qkv
+        for r in keymap.expand(family.rules, layer_counts(config), {r.part for r in family.rules} - parts)
+    }
     keymap.load_into(model, qkv_state, TASK_HEADS + tuple(absent), {r.qkv for r in rules if r.reshape})
     return Converted(model.eval(), tok, family, parts, hf_config, kept)
 
 
-def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None,
-              settings: dict | None = None) -> Converted:
+def import_hf(
+    folder: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None, settings: dict | None = None
+) -> Converted:
     """Convert an HF folder into a qkv run directory (see the module docstring). Everything is
     read and checked before anything is written; an existing non-empty ``run_dir`` is refused.
 
@@ -185,16 +207,31 @@ def import_hf(folder: str | Path, run_dir: str | Path, tokenizer: str | Path | N
     if conv.tokenizer is not None:
         conv.tokenizer.save(run_dir / "tokenizer.json")
     if conv.kept:
-        atomic_write(run_dir / HF_EXTRA, lambda tmp: save_file(
-            {k: v.contiguous() for k, v in conv.kept.items()}, tmp))
-    write_json(run_dir / "hf.json", {"family": conv.family.name, "parts": sorted(conv.parts),
-                                     "source": str(Path(folder).resolve()), "hf_config": conv.hf_config})
-    write_json(run_dir / "train_config.json", {"recipe": conv.family.recipe,
-                                               "model_type": for_config(conv.config).name,
-                                               "format_version": FORMAT_VERSION,
-                                               "converted_from": str(Path(folder).resolve())})
+        atomic_write(
+            run_dir / HF_EXTRA, lambda tmp: save_file({k: v.contiguous() for k, v in conv.kept.items()}, tmp)
+        )
+    write_json(
+        run_dir / "hf.json",
+        {
+            "family": conv.family.name,
+            "parts": sorted(conv.parts),
+            "source": str(Path(folder).resolve()),
+            "hf_config": conv.hf_config,
+        },
+    )
+    write_json(
+        run_dir / "train_config.json",
+        {
+            "recipe": conv.family.recipe,
+            "model_type": for_config(conv.config).name,
+            "format_version": FORMAT_VERSION,
+            "converted_from": str(Path(folder).resolve()),
+        },
+    )
     save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
-    logger.debug(f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}")
+    logger.debug(
+        f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}"
+    )
     return conv
 
 
@@ -215,8 +252,10 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
         raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
     model, _ = runs.load_run(run_dir)
     if not isinstance(model, (EncoderModel, DecoderLM, Transformer, VisionTransformer)):
-        raise QkvError(f"{run_dir} holds a {type(model).__name__}; qkv exports encoders, decoder-only "
-                       "LMs, encoder-decoders and ViTs to HF")
+        raise QkvError(
+            f"{run_dir} holds a {type(model).__name__}; qkv exports encoders, decoder-only "
+            "LMs, encoder-decoders and ViTs to HF"
+        )
     meta = read_json(run_dir / "hf.json") if (run_dir / "hf.json").is_file() else {}
     family = family_for(model.config)
     if meta.get("family", family.name) != family.name:
@@ -226,8 +265,11 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     # is the embedding matrix and is not written
     state = model.state_dict()
     counts = layer_counts(model.config)
-    has = {part for part in {r.part for r in family.rules}
-           if all(r.qkv in state for r in keymap.expand(family.rules, counts, {part}))}
+    has = {
+        part
+        for part in {r.part for r in family.rules}
+        if all(r.qkv in state for r in keymap.expand(family.rules, counts, {part}))
+    }
     parts = has & set(meta["parts"]) if "parts" in meta else has
     if isinstance(model.config, LMConfig) and model.config.tie_embeddings:
         parts.discard("lm_head")
@@ -242,6 +284,8 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     write_json(out_dir / "config.json", hf_config)
     if family.tokenizer:
         shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
-    atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(
+        out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
+    )
     logger.debug(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
     return out_dir

@@ -5,5 +5,16 @@ from .decoder_lm import DecoderLM
 from .outputs import LMOutput, Seq2SeqOutput
 from .transformer import Decoder, Encoder, Transformer
 
-__all__ = ["EncoderConfig", "LMConfig", "ModelConfig", "StackConfig", "TransformerConfig", "DecoderLM", "LMOutput", "Seq2SeqOutput", "Decoder",
-           "Encoder", "Transformer"]
+__all__ = [
+    "EncoderConfig",
+    "LMConfig",
+    "ModelConfig",
+    "StackConfig",
+    "TransformerConfig",
+    "DecoderLM",
+    "LMOutput",
+    "Seq2SeqOutput",
+    "Decoder",
+    "Encoder",
+    "Transformer",
+]

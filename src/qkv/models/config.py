@@ -28,8 +28,15 @@ from ..train.checkpoint import write_json
 
 def _json_kind(value) -> str:
     """What a JSON value is, in JSON's words (``an array``, ``a string``)."""
-    kinds = {bool: "true or false", type(None): "null", list: "an array", str: "a string",
-             int: "a number", float: "a number", dict: "an object"}
+    kinds = {
+        bool: "true or false",
+        type(None): "null",
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        dict: "an object",
+    }
     return kinds.get(type(value), type(value).__name__)
 
 
@@ -73,8 +80,11 @@ class ModelConfig(LayerConfig):
 
     def _vocab_problems(self, sizes: tuple[str, ...], ids: tuple[str, ...]) -> list[str]:
         """Vocabulary sizes >= 1 and special ids inside every vocabulary (unset ones skipped)."""
-        out = [f"{n} ({getattr(self, n)}) must be >= 1" for n in sizes
-               if getattr(self, n) is not None and getattr(self, n) < 1]
+        out = [
+            f"{n} ({getattr(self, n)}) must be >= 1"
+            for n in sizes
+            if getattr(self, n) is not None and getattr(self, n) < 1
+        ]
         known = [getattr(self, n) for n in sizes if getattr(self, n) is not None]
         for name in ids:
             value = getattr(self, name)
@@ -87,8 +97,10 @@ class ModelConfig(LayerConfig):
         (``None``)."""
         unset = [n for n in names if getattr(self, n) is None]
         if unset:
-            raise ConfigError(f"{type(self).__name__}: {', '.join(unset)} not set (the recipe sets "
-                             "vocabulary sizes from its tokenizer)")
+            raise ConfigError(
+                f"{type(self).__name__}: {', '.join(unset)} not set (the recipe sets "
+                "vocabulary sizes from its tokenizer)"
+            )
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict (no format version: see :meth:`save`)."""
@@ -112,18 +124,23 @@ class ModelConfig(LayerConfig):
                 said to be one), or a bad value (named).
         """
         if not isinstance(data, dict):
-            raise ConfigError(f"{cls.__name__} needs a JSON object of settings, got "
-                              f"{_json_kind(data)}")
+            raise ConfigError(f"{cls.__name__} needs a JSON object of settings, got {_json_kind(data)}")
         data = check_format_version(data, f"this {cls.__name__}")
         dropped = dropped_keys(cls)
         known = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in data.items() if not (
-            k in dropped and k not in known and dropped_value_matches(v, dropped[k]))}
+        data = {
+            k: v
+            for k, v in data.items()
+            if not (k in dropped and k not in known and dropped_value_matches(v, dropped[k]))
+        }
         unknown = sorted(set(data) - known, key=str)
         if unknown:
-            named = [f"{k} (dropped: only {json.dumps(dropped[k])}, the value the model "
-                     f"always used, is read)" if k in dropped else show_key(k)
-                     for k in unknown]
+            named = [
+                f"{k} (dropped: only {json.dumps(dropped[k])}, the value the model always used, is read)"
+                if k in dropped
+                else show_key(k)
+                for k in unknown
+            ]
             raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(named)}")
         return cls(**data)
 
@@ -181,15 +198,21 @@ class TransformerConfig(ModelConfig):
     eos_id: int = 2
 
     def problems(self) -> list[str]:
-        out = super().problems() + self._vocab_problems(("src_vocab_size", "tgt_vocab_size"),
-                                                        ("pad_id", "bos_id", "eos_id"))
+        out = super().problems() + self._vocab_problems(
+            ("src_vocab_size", "tgt_vocab_size"), ("pad_id", "bos_id", "eos_id")
+        )
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 0:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 0")
-        if (self.share_embeddings and None not in (self.src_vocab_size, self.tgt_vocab_size)
-                and self.src_vocab_size != self.tgt_vocab_size):
-            out.append(f"share_embeddings needs one joint vocabulary, but src_vocab_size "
-                       f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})")
+        if (
+            self.share_embeddings
+            and None not in (self.src_vocab_size, self.tgt_vocab_size)
+            and self.src_vocab_size != self.tgt_vocab_size
+        ):
+            out.append(
+                f"share_embeddings needs one joint vocabulary, but src_vocab_size "
+                f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})"
+            )
         return out
 
 
@@ -320,7 +343,7 @@ class ViTConfig(ModelConfig):
     @property
     def n_patches(self) -> int:
         """Patch tokens per image, ``grid_size²`` (the class token not counted)."""
-        return self.grid_size ** 2
+        return self.grid_size**2
 
     def problems(self) -> list[str]:
         out = super().problems()
@@ -328,8 +351,7 @@ class ViTConfig(ModelConfig):
             if getattr(self, name) < 1:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 1")
         if self.patch_size >= 1 and self.image_size % self.patch_size:
-            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size "
-                       f"({self.patch_size})")
+            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
         elif self.patch_size >= 1 and self.n_patches + 1 > self.max_len:
             out.append(f"{self.n_patches} patches + the class token exceed max_len ({self.max_len})")
         if self.positional == "sinusoidal" and self.d_model % 4:

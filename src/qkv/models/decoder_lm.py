@@ -52,9 +52,15 @@ class DecoderLM(TransformerStack):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, caches: list[KVCache] | None = None,
-                need_weights: bool = False, last_only: bool = False) -> LMOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        need_weights: bool = False,
+        last_only: bool = False,
+    ) -> LMOutput:
         x, weights = self.hidden_states(tokens, attention_mask, positions, caches, need_weights)
         if last_only:
             x = x[:, -1:]

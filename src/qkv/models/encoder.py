@@ -64,8 +64,9 @@ class EncoderModel(TransformerStack):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
         d = config.d_model
-        self.mlm_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(),
-                                           nn.LayerNorm(d, eps=config.layer_norm_eps))
+        self.mlm_transform = nn.Sequential(
+            nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d, eps=config.layer_norm_eps)
+        )
         self.mlm_head = nn.Linear(d, config.vocab_size, bias=True)
         n = max(config.num_labels, 1)
         self.head_dropout = nn.Dropout(config.dropout)
@@ -82,17 +83,24 @@ class EncoderModel(TransformerStack):
             x = esm_token_dropout(x, tokens, self.config.mask_id, attention_mask)
         return x
 
-    def encode(self, tokens: torch.Tensor, need_weights: bool = False,
-               token_types: torch.Tensor | None = None):
+    def encode(
+        self, tokens: torch.Tensor, need_weights: bool = False, token_types: torch.Tensor | None = None
+    ):
         """``(hidden (B, T, D), attention_mask (B, T) bool, attentions)``; ``token_types``
         ``(B, T)`` long are segment ids (BERT sentence pairs; default all 0)."""
         attention_mask = tokens != self.config.pad_id  # (B, T)
-        hidden, weights = self.hidden_states(tokens, attention_mask, need_weights=need_weights,
-                                             token_types=token_types)
+        hidden, weights = self.hidden_states(
+            tokens, attention_mask, need_weights=need_weights, token_types=token_types
+        )
         return hidden, attention_mask, weights
 
-    def forward(self, tokens: torch.Tensor, need_weights: bool = False, head: str = "mlm",
-                token_types: torch.Tensor | None = None) -> EncoderOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        need_weights: bool = False,
+        head: str = "mlm",
+        token_types: torch.Tensor | None = None,
+    ) -> EncoderOutput:
         """Run the encoder and one head: ``"mlm"`` (masked-LM logits ``(B, T, V)``),
         ``"sequence"`` (``(B, num_labels)``) or ``"residue"`` (``(B, T, num_labels)``). One entry
         point for every head, so a compiled model (``torch.compile``) covers all of them."""
@@ -126,6 +134,5 @@ class EncoderModel(TransformerStack):
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Summed cross-entropy over masked positions (``labels`` = -100 elsewhere) and their
     count. Shapes: ``logits (B, T, V)``, ``labels (B, T)`` long."""
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
-                           reduction="sum")
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
     return loss, int((labels != -100).sum())

@@ -70,14 +70,17 @@ class TransformerStack(nn.Module):
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embeddings)
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None
-        self.token_type = (nn.Embedding(cfg.type_vocab_size, cfg.d_model)
-                           if cfg.type_vocab_size else None)
-        self.embed_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
-                           if cfg.embed_norm else None)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.embed_norm = (
+            build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.embed_norm else None
+        )
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(SelfAttentionLayer(cfg, rotary) for _ in range(cfg.n_layers))
-        self.final_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
-                           if cfg.norm_first else nn.Identity())
+        self.final_norm = (
+            build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+            if cfg.norm_first
+            else nn.Identity()
+        )
         read_old_weights(self)  # what earlier qkv versions saved loads too (qkv.compat)
 
     def _init_weights(self) -> None:
@@ -92,10 +95,15 @@ class TransformerStack(nn.Module):
         (families with their own embedding rule override this)."""
         return self.embed(tokens)
 
-    def hidden_states(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      positions: torch.Tensor | None = None, caches: list[KVCache] | None = None,
-                      need_weights: bool = False, token_types: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, tuple]:
+    def hidden_states(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        need_weights: bool = False,
+        token_types: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple]:
         """``tokens (B, T)`` → ``(hidden (B, T, D), per-layer weights (B, H, T, L) or ())``.
 
         ``attention_mask (B, L)`` bool covers all keys (cached + new), ``True`` = real token.
@@ -109,11 +117,16 @@ class TransformerStack(nn.Module):
         t = tokens.size(1)
         start = 0 if caches is None else caches[0].length
         if positions is None:
-            positions = (torch.arange(start, start + t, device=tokens.device) if attention_mask is None
-                         else position_ids(attention_mask)[:, -t:])
+            positions = (
+                torch.arange(start, start + t, device=tokens.device)
+                if attention_mask is None
+                else position_ids(attention_mask)[:, -t:]
+            )
         if start + t > self.config.max_len:  # positions never exceed the cache length
-            raise ValueError(f"sequence of {start + t} tokens exceeds the model's context "
-                             f"length max_len ({self.config.max_len})")
+            raise ValueError(
+                f"sequence of {start + t} tokens exceeds the model's context "
+                f"length max_len ({self.config.max_len})"
+            )
         x = self.embed_tokens(tokens, attention_mask)  # (B, T, D)
         if self.positional is not None:
             x = x + self.positional(positions)
@@ -127,8 +140,14 @@ class TransformerStack(nn.Module):
         is_causal = self.causal and t > 1
         weights = []
         for i, layer in enumerate(self.layers):
-            x, w = layer(x, mask, need_weights=need_weights, is_causal=is_causal,
-                         cache=None if caches is None else caches[i], positions=positions)
+            x, w = layer(
+                x,
+                mask,
+                need_weights=need_weights,
+                is_causal=is_causal,
+                cache=None if caches is None else caches[i],
+                positions=positions,
+            )
             weights.append(w)
         return self.final_norm(x), tuple(weights) if need_weights else ()
 

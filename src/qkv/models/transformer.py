@@ -24,7 +24,9 @@ from .outputs import Seq2SeqOutput
 
 def final_norm(cfg: TransformerConfig) -> nn.Module:
     """The norm after the last layer of a pre-LN stack (post-LN layers end normalised)."""
-    return build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.norm_first else nn.Identity()
+    return (
+        build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.norm_first else nn.Identity()
+    )
 
 
 def projection_matrices(name: str, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -77,8 +79,15 @@ class Decoder(nn.Module):
         # cached keys) needs no mask at all.
         is_causal = caches is None or x.size(1) > 1
         for i, layer in enumerate(self.layers):
-            x, (sw, cw) = layer(x, memory, self_mask, memory_mask, is_causal=is_causal,
-                                caches=None if caches is None else caches[i], need_weights=need_weights)
+            x, (sw, cw) = layer(
+                x,
+                memory,
+                self_mask,
+                memory_mask,
+                is_causal=is_causal,
+                caches=None if caches is None else caches[i],
+                need_weights=need_weights,
+            )
             self_ws.append(sw)
             cross_ws.append(cw)
         if not need_weights:
@@ -104,8 +113,11 @@ class Transformer(nn.Module):
         self.config = cfg = config
         scale = cfg.scale_embeddings
         self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, scale)
-        self.tgt_embed = (self.src_embed if cfg.share_embeddings
-                          else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale))
+        self.tgt_embed = (
+            self.src_embed
+            if cfg.share_embeddings
+            else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale)
+        )
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
@@ -130,8 +142,10 @@ class Transformer(nn.Module):
 
         Raises ``ValueError`` for positions past ``max_len`` (a shape check: no host sync)."""
         if start_pos + tokens.size(1) > self.config.max_len:
-            raise ValueError(f"sequence of {start_pos + tokens.size(1)} tokens exceeds the model's "
-                             f"max_len ({self.config.max_len})")
+            raise ValueError(
+                f"sequence of {start_pos + tokens.size(1)} tokens exceeds the model's "
+                f"max_len ({self.config.max_len})"
+            )
         positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
         return self.embed_dropout(embedding(tokens) + self.positional(positions))
 
@@ -141,8 +155,15 @@ class Transformer(nn.Module):
         memory, weights = self.encoder(self.embed(src, self.src_embed), src_mask, need_weights)
         return memory, src_mask, weights
 
-    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-               caches: list | None = None, start_pos: int = 0, need_weights: bool = False):
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        caches: list | None = None,
+        start_pos: int = 0,
+        need_weights: bool = False,
+    ):
         """Run the decoder and the output projection.
 
         Shape: ``tgt (B, T)``, ``memory (B, S, D)`` → ``(logits (B, T, V), self weights,
@@ -150,8 +171,9 @@ class Transformer(nn.Module):
         new tokens, at positions ``start_pos ...``.
         """
         x = self.embed(tgt, self.tgt_embed, start_pos)
-        h, self_w, cross_w = self.decoder(x, memory, memory_mask=src_mask, caches=caches,
-                                          need_weights=need_weights)
+        h, self_w, cross_w = self.decoder(
+            x, memory, memory_mask=src_mask, caches=caches, need_weights=need_weights
+        )
         return self.generator(h), self_w, cross_w
 
     def new_caches(self) -> list[tuple[KVCache, KVCache]]:

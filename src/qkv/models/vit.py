@@ -64,13 +64,20 @@ class VisionTransformer(nn.Module):
         if cfg.positional == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, cfg.d_model))
         else:  # fixed 2-D sin-cos for the patches, zero for the class token (as MAE)
-            table = torch.cat([torch.zeros(1, cfg.d_model),
-                               sinusoidal_2d_positions(cfg.grid_size, cfg.grid_size, cfg.d_model)])
+            table = torch.cat(
+                [
+                    torch.zeros(1, cfg.d_model),
+                    sinusoidal_2d_positions(cfg.grid_size, cfg.grid_size, cfg.d_model),
+                ]
+            )
             self.register_buffer("pos_embed", table[None], persistent=False)  # (1, 1 + N, D)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(SelfAttentionLayer(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = (build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
-                           if cfg.norm_first else nn.Identity())
+        self.final_norm = (
+            build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+            if cfg.norm_first
+            else nn.Identity()
+        )
         self.head = nn.Linear(cfg.d_model, cfg.num_labels)
         gpt2_init(self, cfg.n_layers)
         nn.init.zeros_(self.head.weight)  # start from uniform class probabilities (as ViT)
@@ -80,8 +87,10 @@ class VisionTransformer(nn.Module):
         """Eq. 1: ``[x_class; x_p E] + E_pos`` → ``(B, 1 + N, D)``."""
         cfg = self.config
         if images.shape[-2:] != (cfg.image_size, cfg.image_size):
-            raise ValueError(f"images are {tuple(images.shape[-2:])} pixels, the model expects "
-                             f"{cfg.image_size}x{cfg.image_size}")
+            raise ValueError(
+                f"images are {tuple(images.shape[-2:])} pixels, the model expects "
+                f"{cfg.image_size}x{cfg.image_size}"
+            )
         patches = self.patch_embed(images)  # (B, N, D)
         cls = self.cls_token.expand(patches.size(0), -1, -1)  # (B, 1, D)
         return self.embed_dropout(torch.cat([cls, patches], dim=1) + self.pos_embed)

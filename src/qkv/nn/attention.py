@@ -25,8 +25,7 @@ from torch import nn
 
 from .masks import causal_mask, combine_masks
 
-Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool, float],
-                   torch.Tensor]
+Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool, float], torch.Tensor]
 """``fn(q, k, v, mask, is_causal, dropout_p) -> output``: Eq. 1 over queries ``q (B, H, Tq, Dh)``,
 keys ``k`` and values ``v (B, H, Tk, Dh)``, a boolean ``mask`` broadcastable to
 ``(B, H, Tq, Tk)`` (``True`` = may attend) or ``None``, the look-ahead mask added when
@@ -92,8 +91,14 @@ def attention_steps(q, k, v, mask=None) -> AttentionSteps:
     return AttentionSteps(q, k, v, scores, scaled, masked, weights, weights @ v)
 
 
-def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              is_causal: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _explicit(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(output, weights)`` of Eq. 1 computed step by step, the look-ahead mask folded in."""
     if is_causal:
         mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
@@ -103,14 +108,26 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return steps.output, steps.weights
 
 
-def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           is_causal: bool, dropout_p: float) -> torch.Tensor:
+def _eager(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
     """The ``"eager"`` backend: Eq. 1 as written (:func:`attention_steps`)."""
     return _explicit(q, k, v, mask, is_causal, dropout_p)[0]
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-          is_causal: bool, dropout_p: float) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
     """The ``"sdpa"`` backend: :func:`torch.nn.functional.scaled_dot_product_attention`."""
     if is_causal and mask is None and q.size(-2) == k.size(-2):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
@@ -211,8 +228,8 @@ class KVCache:
             if old_k is not None:
                 self._k[:, :, : self.length] = old_k
                 self._v[:, :, : self.length] = old_v
-        self._k[:, :, self.length: end] = k
-        self._v[:, :, self.length: end] = v
+        self._k[:, :, self.length : end] = k
+        self._v[:, :, self.length : end] = v
         self.length = end
         return self.k, self.v
 
@@ -273,9 +290,17 @@ class MultiHeadAttention(nn.Module):
             unknown backend, or ``rotary`` with ``cross=True``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 backend: str = "sdpa", d_k: int | None = None, rotary: nn.Module | None = None,
-                 cross: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: str = "sdpa",
+        d_k: int | None = None,
+        rotary: nn.Module | None = None,
+        cross: bool = False,
+    ) -> None:
         super().__init__()
         if d_k is None:
             if d_model % n_heads:
@@ -283,8 +308,10 @@ class MultiHeadAttention(nn.Module):
             d_k = d_model // n_heads
         check_backend(backend)
         if cross and rotary is not None:
-            raise ValueError("rotary positions apply to self-attention only, not cross-attention "
-                             "(the memory's positions are already encoded)")
+            raise ValueError(
+                "rotary positions apply to self-attention only, not cross-attention "
+                "(the memory's positions are already encoded)"
+            )
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_k
         self.dropout, self.backend, self.cross = dropout, backend, cross
         inner = n_heads * d_k
@@ -307,7 +334,7 @@ class MultiHeadAttention(nn.Module):
             rows = slice(i * inner, (i + 1) * inner)
             nn.init.kaiming_uniform_(packed.weight[rows], a=math.sqrt(5))  # nn.Linear's init
             if bias:
-                nn.init.uniform_(packed.bias[rows], -d_model ** -0.5, d_model ** -0.5)
+                nn.init.uniform_(packed.bias[rows], -(d_model**-0.5), d_model**-0.5)
         return packed
 
     def _split(self, x: torch.Tensor, parts: int) -> list[torch.Tensor]:
@@ -316,13 +343,21 @@ class MultiHeadAttention(nn.Module):
         x = x.view(b, t, parts, self.n_heads, self.d_k)  # (B, T, parts, H, Dh)
         return list(x.permute(2, 0, 3, 1, 4).unbind(0))  # parts × (B, H, T, Dh)
 
-    def _heads(self, x: torch.Tensor, memory: torch.Tensor | None, cache: KVCache | None,
-               positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _heads(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        cache: KVCache | None,
+        positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values split into heads, ``(B, H, T, Dh)`` each (rotary applied,
         the cache read and updated)."""
         if self.cross != (memory is not None):
-            raise ValueError("cross-attention needs memory" if self.cross else
-                             "memory given to a self-attention module (build it with cross=True)")
+            raise ValueError(
+                "cross-attention needs memory"
+                if self.cross
+                else "memory given to a self-attention module (build it with cross=True)"
+            )
         if not self.cross:
             q, k, v = self._split(self.w_qkv(x), 3)  # (B, H, Tq, Dh) each
             if self.rotary is not None:
@@ -341,9 +376,14 @@ class MultiHeadAttention(nn.Module):
             cache.set(k, v)
         return q, k, v
 
-    def steps(self, x: torch.Tensor, memory: torch.Tensor | None = None,
-              mask: torch.Tensor | None = None, is_causal: bool = False,
-              positions: torch.Tensor | None = None) -> AttentionSteps:
+    def steps(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionSteps:
         """Every intermediate of Eq. 1 for all heads of this call, for inspection.
 
         Same inputs as :meth:`forward` (without a cache); the look-ahead mask is folded into
@@ -386,9 +426,14 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         q, k, v = self._heads(x, memory, cache, positions)
         out, weights = scaled_dot_product_attention(
-            q, k, v, mask=mask, is_causal=is_causal,
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend, need_weights=need_weights,
+            backend=self.backend,
+            need_weights=need_weights,
         )
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, Tq, H*Dh)
         return self.w_o(out), weights

@@ -34,12 +34,11 @@ class TokenEmbedding(nn.Module):
     ids from users call :func:`check_token_ids` once.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None,
-                 scale: bool = True) -> None:
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None, scale: bool = True) -> None:
         super().__init__()
         self.vocab_size, self.d_model = vocab_size, d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
-        nn.init.normal_(self.weight, std=d_model ** -0.5)
+        nn.init.normal_(self.weight, std=d_model**-0.5)
         if pad_id is not None:
             with torch.no_grad():
                 self.weight[pad_id].zero_()
@@ -51,8 +50,13 @@ class TokenEmbedding(nn.Module):
         return out * self.scale if self.scale != 1.0 else out
 
 
-def esm_token_dropout(x: torch.Tensor, tokens: torch.Tensor, mask_id: int,
-                      attention_mask: torch.Tensor, train_mask_ratio: float = 0.15 * 0.8) -> torch.Tensor:
+def esm_token_dropout(
+    x: torch.Tensor,
+    tokens: torch.Tensor,
+    mask_id: int,
+    attention_mask: torch.Tensor,
+    train_mask_ratio: float = 0.15 * 0.8,
+) -> torch.Tensor:
     """ESM-2's token dropout (Lin et al. 2023; ``EsmEmbeddings`` in HF transformers): the
     embeddings of ``<mask>`` tokens are zeroed and every embedding is scaled by
     ``(1 - train_mask_ratio) / (1 - observed mask ratio)``, so the embedding sum keeps the

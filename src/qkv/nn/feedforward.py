@@ -8,17 +8,21 @@ approximation) and SiLU/swish (Ramachandran et al. 2017; Marian).
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from functools import partial
-from typing import Literal
-
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 # name → function; "gelu" is exact (erf), "gelu_tanh" GPT-2's tanh approximation ("gelu_new").
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"),
-               "silu": F.silu}
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+}
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -33,8 +37,9 @@ class PositionwiseFeedForward(nn.Module):
     Shape: ``(B, T, D) -> (B, T, D)``.
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
-                 bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu", bias: bool = True
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")

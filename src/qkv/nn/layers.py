@@ -63,22 +63,33 @@ class LayerConfig:
         return self.d_model // self.n_heads
 
 
-def attention(config: LayerConfig, cross: bool = False, rotary: nn.Module | None = None) -> MultiHeadAttention:
+def attention(
+    config: LayerConfig, cross: bool = False, rotary: nn.Module | None = None
+) -> MultiHeadAttention:
     """A :class:`MultiHeadAttention` of ``config`` (self-attention, or ``cross`` over memory)."""
-    return MultiHeadAttention(config.d_model, config.n_heads, config.attention_dropout, config.bias,
-                              config.attention_backend, rotary=rotary, cross=cross)
+    return MultiHeadAttention(
+        config.d_model,
+        config.n_heads,
+        config.attention_dropout,
+        config.bias,
+        config.attention_backend,
+        rotary=rotary,
+        cross=cross,
+    )
 
 
 def residual(config: LayerConfig) -> ResidualNorm:
     """The residual + normalisation + dropout wrapper of one sub-layer (§3.1, §5.4)."""
-    return ResidualNorm(config.d_model, config.dropout, config.norm_first, config.layer_norm_eps,
-                        config.norm, config.bias)
+    return ResidualNorm(
+        config.d_model, config.dropout, config.norm_first, config.layer_norm_eps, config.norm, config.bias
+    )
 
 
 def feedforward(config: LayerConfig) -> PositionwiseFeedForward:
     """The position-wise FFN of ``config`` (Eq. 2)."""
-    return PositionwiseFeedForward(config.d_model, config.d_ff, config.activation_dropout,
-                                   config.activation, config.bias)
+    return PositionwiseFeedForward(
+        config.d_model, config.d_ff, config.activation_dropout, config.activation, config.bias
+    )
 
 
 class SelfAttentionLayer(nn.Module):
@@ -103,12 +114,21 @@ class SelfAttentionLayer(nn.Module):
         self.ffn = feedforward(config)
         self.ffn_block = residual(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False,
-                is_causal: bool = False, cache: KVCache | None = None,
-                positions: torch.Tensor | None = None):
-        x, weights = self.self_attn_block(x, lambda h: self.self_attn(
-            h, mask=mask, is_causal=is_causal, cache=cache, need_weights=need_weights,
-            positions=positions))
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+    ):
+        x, weights = self.self_attn_block(
+            x,
+            lambda h: self.self_attn(
+                h, mask=mask, is_causal=is_causal, cache=cache, need_weights=need_weights, positions=positions
+            ),
+        )
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
         return x, weights
 
@@ -140,13 +160,28 @@ class DecoderLayer(nn.Module):
         self.cross_attn = attention(config, cross=True)
         self.cross_attn_block = residual(config)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, is_causal: bool = True,
-                caches: tuple[KVCache, KVCache] | None = None, need_weights: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        self_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+        caches: tuple[KVCache, KVCache] | None = None,
+        need_weights: bool = False,
+    ):
         self_cache, cross_cache = caches if caches is not None else (None, None)
-        x, self_w = self.self_attn_block(x, lambda h: self.self_attn(
-            h, mask=self_mask, is_causal=is_causal, cache=self_cache, need_weights=need_weights))
-        x, cross_w = self.cross_attn_block(x, lambda h: self.cross_attn(
-            h, memory=memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights))
+        x, self_w = self.self_attn_block(
+            x,
+            lambda h: self.self_attn(
+                h, mask=self_mask, is_causal=is_causal, cache=self_cache, need_weights=need_weights
+            ),
+        )
+        x, cross_w = self.cross_attn_block(
+            x,
+            lambda h: self.cross_attn(
+                h, memory=memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights
+            ),
+        )
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
         return x, (self_w, cross_w)

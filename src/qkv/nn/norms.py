@@ -10,7 +10,7 @@ without Normalization").
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -64,8 +64,15 @@ class ResidualNorm(nn.Module):
     ``forward`` returns ``((B, T, D), extra)`` so attention weights pass through.
     """
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool = False, eps: float = 1e-5,
-                 norm: str = "layernorm", bias: bool = True) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        dropout: float,
+        norm_first: bool = False,
+        eps: float = 1e-5,
+        norm: str = "layernorm",
+        bias: bool = True,
+    ) -> None:
         super().__init__()
         self.norm = build_norm(norm, d_model, eps, bias)
         self.dropout = nn.Dropout(dropout)

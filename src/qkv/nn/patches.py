@@ -17,8 +17,9 @@ from .positional import sinusoidal_positional_encoding
 
 def _check_images(images: torch.Tensor, patch_size: int) -> tuple[int, int, int, int]:
     if images.dim() != 4:
-        raise ValueError(f"images must have shape (batch, channels, height, width), got "
-                         f"{tuple(images.shape)}")
+        raise ValueError(
+            f"images must have shape (batch, channels, height, width), got {tuple(images.shape)}"
+        )
     b, c, h, w = images.shape
     if h % patch_size or w % patch_size:
         raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {patch_size}")
@@ -41,7 +42,9 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     return x.reshape(b, (h // p) * (w // p), c * p * p)
 
 
-def unpatchify(patches: torch.Tensor, patch_size: int, channels: int, height: int, width: int) -> torch.Tensor:
+def unpatchify(
+    patches: torch.Tensor, patch_size: int, channels: int, height: int, width: int
+) -> torch.Tensor:
     """Inverse of :func:`patchify`: ``(B, N, C·P·P)`` → ``(B, C, H, W)``."""
     p, b = patch_size, patches.size(0)
     x = patches.reshape(b, height // p, width // p, channels, p, p)  # (B, H/P, W/P, C, P, P)
@@ -97,8 +100,9 @@ def sinusoidal_2d_positions(grid_height: int, grid_width: int, d_model: int) -> 
         raise ValueError(f"d_model ({d_model}) must be divisible by 4 for 2-D sinusoidal positions")
     rows = sinusoidal_positional_encoding(grid_height, d_model // 2)  # (Gh, D/2)
     cols = sinusoidal_positional_encoding(grid_width, d_model // 2)  # (Gw, D/2)
-    grid = torch.cat([rows[:, None, :].expand(-1, grid_width, -1),
-                      cols[None, :, :].expand(grid_height, -1, -1)], dim=-1)  # (Gh, Gw, D)
+    grid = torch.cat(
+        [rows[:, None, :].expand(-1, grid_width, -1), cols[None, :, :].expand(grid_height, -1, -1)], dim=-1
+    )  # (Gh, Gw, D)
     return grid.reshape(grid_height * grid_width, d_model)
 
 

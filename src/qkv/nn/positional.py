@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 
-def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
-                                   interleaved: bool = True) -> torch.Tensor:
+def sinusoidal_positional_encoding(
+    max_len: int, d_model: int, base: float = 10000.0, interleaved: bool = True
+) -> torch.Tensor:
     """The matrix PE of §3.5.
 
     ``interleaved=False`` puts the same values in another column order: all sines, then all
@@ -52,8 +53,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     def __init__(self, max_len: int, d_model: int, interleaved: bool = True) -> None:
         super().__init__()
         self.max_len = max_len
-        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model, interleaved=interleaved),
-                             persistent=False)
+        self.register_buffer(
+            "pe", sinusoidal_positional_encoding(max_len, d_model, interleaved=interleaved), persistent=False
+        )
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.pe[positions]
@@ -70,7 +72,7 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.embedding(positions)
@@ -120,7 +122,8 @@ def check_positions(positions: torch.Tensor, max_len: int) -> None:
     if last >= max_len:
         raise ValueError(
             f"sequence position {last} exceeds the model's max_len ({max_len}); "
-            "shorten the input or build the model with a larger max_len")
+            "shorten the input or build the model with a larger max_len"
+        )
 
 
 POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned", "rotary")
@@ -140,5 +143,12 @@ def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module | None:
     raise ValueError(f"unknown positional encoding {kind!r}; choose one of {POSITIONALS}")
 
 
-__all__ = ["sinusoidal_positional_encoding", "check_positions", "SinusoidalPositionalEncoding",
-           "LearnedPositionalEmbedding", "RotaryEmbedding", "build_positional", "POSITIONALS"]
+__all__ = [
+    "sinusoidal_positional_encoding",
+    "check_positions",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "build_positional",
+    "POSITIONALS",
+]

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-
-from dataclasses import replace
 
 from ..compat import FORMAT_VERSION, check_format_version
 from ..data.batching import token_batches
@@ -31,8 +29,11 @@ def require_at_least_one(settings, *names: str) -> None:
     """Raise :class:`~qkv.errors.ConfigError` naming every field of ``settings`` among ``names``
     that is set (not ``None``) and below 1: counts and sizes that mean nothing at 0 (a
     ``max_tokens=0`` would make batches of nothing)."""
-    bad = [f"{n} ({getattr(settings, n)}) must be >= 1" for n in names
-           if getattr(settings, n) is not None and getattr(settings, n) < 1]
+    bad = [
+        f"{n} ({getattr(settings, n)}) must be >= 1"
+        for n in names
+        if getattr(settings, n) is not None and getattr(settings, n) < 1
+    ]
     if bad:
         raise ConfigError("; ".join(bad))
 
@@ -55,21 +56,28 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
         raise QkvError(f"--out {run_dir} is a file, not a directory")
     if not resume:
         if run_dir.exists() and any(run_dir.iterdir()):
-            raise QkvError(f"run directory {run_dir} is not empty; use --resume to continue it or "
-                           "choose another --out")
+            raise QkvError(
+                f"run directory {run_dir} is not empty; use --resume to continue it or choose another --out"
+            )
         return run_dir
     if not (run_dir / "train_state.pt").is_file():
-        raise QkvError(f"nothing to resume in {run_dir}: no train_state.pt (it stopped before its first "
-                       "checkpoint); start it again without --resume, into an empty --out")
+        raise QkvError(
+            f"nothing to resume in {run_dir}: no train_state.pt (it stopped before its first "
+            "checkpoint); start it again without --resume, into an empty --out"
+        )
     saved = read_run_json(run_dir, "train_config.json")
     if saved.get("recipe") != recipe:
-        raise QkvError(f"{run_dir} is a {saved.get('recipe')!r} run, not {recipe!r}: resume it with "
-                       f"`qkv train {saved.get('recipe')} --out {run_dir} --resume`")
+        raise QkvError(
+            f"{run_dir} is a {saved.get('recipe')!r} run, not {recipe!r}: resume it with "
+            f"`qkv train {saved.get('recipe')} --out {run_dir} --resume`"
+        )
     before = saved.get("resolved", {}).get("processes", 1)
     now = distributed.context().world_size
     if before != now:
-        raise QkvError(f"{run_dir} was trained on {before} process(es); resume it on as many (its "
-                       f"random streams are per process), not {now}")
+        raise QkvError(
+            f"{run_dir} was trained on {before} process(es); resume it on as many (its "
+            f"random streams are per process), not {now}"
+        )
     check_state(run_dir / "train_state.pt")
     return run_dir
 
@@ -85,8 +93,10 @@ def read_run_json(run_dir: Path, name: str) -> dict:
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot resume {run_dir}: {name} is missing or unreadable "
-                       f"({getattr(exc, 'strerror', None) or exc})") from None
+        raise QkvError(
+            f"cannot resume {run_dir}: {name} is missing or unreadable "
+            f"({getattr(exc, 'strerror', None) or exc})"
+        ) from None
     if not isinstance(saved, dict):
         raise QkvError(f"cannot resume {run_dir}: {name} is not a JSON object")
     return saved
@@ -95,8 +105,16 @@ def read_run_json(run_dir: Path, name: str) -> dict:
 def git_commit() -> str | None:
     """The qkv source's git commit (provenance in ``train_config.json``), if known."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -111,12 +129,17 @@ class RunContext:
     why: str
 
     def to_dict(self) -> dict:
-        return {"device": str(self.device), "precision": self.precision, "why": self.why,
-                "processes": distributed.context().world_size}
+        return {
+            "device": str(self.device),
+            "precision": self.precision,
+            "why": self.why,
+            "processes": distributed.context().world_size,
+        }
 
 
-def write_settings(run_dir: Path, recipe: str, settings, model_config,
-                   run: RunContext | None = None, resume: bool = False) -> None:
+def write_settings(
+    run_dir: Path, recipe: str, settings, model_config, run: RunContext | None = None, resume: bool = False
+) -> None:
     """``config.json`` (the model's config, vocabulary filled in) and ``train_config.json``
     (the recipe name, the settings tree as given with the same model config, what ``run``
     resolved them to on this machine under ``"resolved"``, the git commit and torch version).
@@ -135,9 +158,18 @@ def write_settings(run_dir: Path, recipe: str, settings, model_config,
         model_config.save(run_dir / "config.json")
     tree = {**to_dict(settings), "model": model_config.to_dict()}
     resolved = {"resolved": run.to_dict()} if run is not None else {}
-    write_json(run_dir / "train_config.json", {  # the settings tree, + PROVENANCE
-        "recipe": recipe, "model_type": for_config(model_config).name, "format_version": FORMAT_VERSION,
-        **tree, **resolved, "git_commit": git_commit(), "torch": torch.__version__})
+    write_json(
+        run_dir / "train_config.json",
+        {  # the settings tree, + PROVENANCE
+            "recipe": recipe,
+            "model_type": for_config(model_config).name,
+            "format_version": FORMAT_VERSION,
+            **tree,
+            **resolved,
+            "git_commit": git_commit(),
+            "torch": torch.__version__,
+        },
+    )
 
 
 def _check_same_model(run_dir: Path, model: dict) -> None:
@@ -145,8 +177,10 @@ def _check_same_model(run_dir: Path, model: dict) -> None:
     changed = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
     if changed:
         diff = ", ".join(f"model.{k}: {saved.get(k)!r} saved, {model.get(k)!r} now" for k in changed[:5])
-        raise QkvError(f"cannot resume {run_dir} with another model ({diff}"
-                       f"{', ...' if len(changed) > 5 else ''}): resume with the run's own settings")
+        raise QkvError(
+            f"cannot resume {run_dir} with another model ({diff}"
+            f"{', ...' if len(changed) > 5 else ''}): resume with the run's own settings"
+        )
 
 
 def start_run(train) -> RunContext:
@@ -179,9 +213,20 @@ def keep_best(model: torch.nn.Module, run_dir: Path) -> None:
     model.eval()
 
 
-def fit_classifier(model: torch.nn.Module, train, lengths: list[tuple[int, int]], max_tokens: int,
-                   loss_fn, validate, run_dir: Path, progress: bool, score_key: str, peak_lr: float,
-                   resume: bool, precision: str) -> LoopState:
+def fit_classifier(
+    model: torch.nn.Module,
+    train,
+    lengths: list[tuple[int, int]],
+    max_tokens: int,
+    loss_fn,
+    validate,
+    run_dir: Path,
+    progress: bool,
+    score_key: str,
+    peak_lr: float,
+    resume: bool,
+    precision: str,
+) -> LoopState:
     """The training of the classification recipes (proteins, text): batches of examples of
     similar length, at most ``max_tokens`` padded tokens each, reshuffled every epoch (a
     function of ``train.seed`` and the epoch, so a resumed run repeats them); AdamW; the
@@ -193,10 +238,21 @@ def fit_classifier(model: torch.nn.Module, train, lengths: list[tuple[int, int]]
     def batches(epoch: int):
         return token_batches(lengths, max_tokens, shuffle=True, seed=train.seed * 1000 + epoch)
 
-    return train_loop(model, make_optimizer(model, train),
-                      train.lr_schedule(model.config.d_model, total_steps=total, peak_lr=peak_lr),
-                      batches, loss_fn, validate, run_dir, replace(train, max_steps=total), progress,
-                      score_key=score_key, higher_is_better=True, resume=resume, precision=precision)
+    return train_loop(
+        model,
+        make_optimizer(model, train),
+        train.lr_schedule(model.config.d_model, total_steps=total, peak_lr=peak_lr),
+        batches,
+        loss_fn,
+        validate,
+        run_dir,
+        replace(train, max_steps=total),
+        progress,
+        score_key=score_key,
+        higher_is_better=True,
+        resume=resume,
+        precision=precision,
+    )
 
 
 def training_figures(state: LoopState, model: torch.nn.Module, started: float) -> dict:
@@ -205,10 +261,14 @@ def training_figures(state: LoopState, model: torch.nn.Module, started: float) -
     (``time.perf_counter()``)."""
     import time
 
-    return {"train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step, "epochs": state.epoch,
-            "parameters": model.num_parameters(),
-            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "total_minutes": round((time.perf_counter() - started) / 60, 2)}
+    return {
+        "train_minutes": round(state.elapsed_s / 60, 2),
+        "steps": state.step,
+        "epochs": state.epoch,
+        "parameters": model.num_parameters(),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "total_minutes": round((time.perf_counter() - started) / 60, 2),
+    }
 
 
 def open_run(run_dir: str | Path, resume: bool, recipe: str, train, tokenizer) -> tuple[Path, RunContext]:
@@ -225,8 +285,14 @@ def open_run(run_dir: str | Path, resume: bool, recipe: str, train, tokenizer) -
 TASK_HEADS = ("sequence_head", "residue_head")
 
 
-def encoder_with_head(pretrained, num_labels: int, pooling: str, dropout: float,
-                      probe_head: str | None = None, weights: bool = True):
+def encoder_with_head(
+    pretrained,
+    num_labels: int,
+    pooling: str,
+    dropout: float,
+    probe_head: str | None = None,
+    weights: bool = True,
+):
     """A new :class:`~qkv.models.encoder.EncoderModel` of ``pretrained``'s architecture for a
     classification recipe: a ``num_labels``-way head, ``pooling``, ``dropout``, and
     ``pretrained``'s weights but for its task heads (``weights=False``: random, training from
@@ -234,12 +300,16 @@ def encoder_with_head(pretrained, num_labels: int, pooling: str, dropout: float,
     only that head trains and every dropout is 0."""
     from ..models.encoder import EncoderModel
 
-    dropouts = (dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0) if probe_head
-                else dict(dropout=dropout))
+    dropouts = (
+        dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+        if probe_head
+        else dict(dropout=dropout)
+    )
     model = EncoderModel(replace(pretrained.config, num_labels=num_labels, pooling=pooling, **dropouts))
     if weights:
-        model.load_state_dict({k: v for k, v in pretrained.state_dict().items() if not k.startswith(TASK_HEADS)},
-                              strict=False)
+        model.load_state_dict(
+            {k: v for k, v in pretrained.state_dict().items() if not k.startswith(TASK_HEADS)}, strict=False
+        )
     if probe_head:
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith(probe_head + "."))

@@ -21,5 +21,14 @@ def explainer(run_dir: str | Path, device: torch.device | str = "cpu", **kwargs)
     return cls(run_dir, device=device, **kwargs)
 
 
-RECIPE = Recipe(name="encoder", settings=None, train=None, evaluate=None, splits=(), summary=None,
-                model_type=ENCODER, explainer=explainer, inputs="text")
+RECIPE = Recipe(
+    name="encoder",
+    settings=None,
+    train=None,
+    evaluate=None,
+    splits=(),
+    summary=None,
+    model_type=ENCODER,
+    explainer=explainer,
+    inputs="text",
+)

@@ -21,19 +21,19 @@ import torch
 import torch.nn.functional as F
 
 from .. import runs
-from ..data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from ..data.text import consecutive_windows, load_corpus, random_windows, split_train_val, windows_at
+from ..data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from ..errors import ConfigError, QkvError
+from ..explain.explainers import LMExplainer
 from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
-from ..train.checkpoint import write_json, write_text
+from ..models.model_types import DECODER_LM
 from ..train import distributed
+from ..train.checkpoint import write_json, write_text
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from ..explain.explainers import LMExplainer
-from ..models.model_types import DECODER_LM
 from .base import Recipe
 from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
@@ -57,8 +57,17 @@ class LMRecipe:
 
     model: LMConfig = LMConfig()
     train: TrainSettings = TrainSettings(
-        lr=1e-3, min_lr_ratio=0.1, warmup_steps=100, beta2=0.99, weight_decay=0.1, max_steps=2000,
-        eval_every=250, snapshot_minutes=10.0, keep_snapshots=1, seed=1337)
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=100,
+        beta2=0.99,
+        weight_decay=0.1,
+        max_steps=2000,
+        eval_every=250,
+        snapshot_minutes=10.0,
+        keep_snapshots=1,
+        seed=1337,
+    )
     corpus: str = "tinyshakespeare"
     tokenizer: Literal["char", "bpe"] = "char"
     vocab_size: int = 8000
@@ -72,8 +81,9 @@ class LMRecipe:
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
-        require_at_least_one(self, "batch_size", "vocab_size", "eval_batches", "num_samples", "sample_tokens",
-                             "top_k")
+        require_at_least_one(
+            self, "batch_size", "vocab_size", "eval_batches", "num_samples", "sample_tokens", "top_k"
+        )
         if not self.temperature > 0.0:
             raise ConfigError(f"temperature ({self.temperature}) must be > 0")
         if not 0.0 < self.val_fraction < 1.0:
@@ -105,8 +115,13 @@ def start_token(tok) -> int | None:
     return newline[0] if len(newline) == 1 else tok.bos_id
 
 
-def split_nll(model: DecoderLM, data: torch.Tensor, block_size: int,
-              max_batches: int | None = None, batch_windows: int = 128) -> tuple[float, int]:
+def split_nll(
+    model: DecoderLM,
+    data: torch.Tensor,
+    block_size: int,
+    max_batches: int | None = None,
+    batch_windows: int = 128,
+) -> tuple[float, int]:
     """Summed next-token NLL (nats) and token count over consecutive windows of ``data``."""
     device = next(model.parameters()).device
     offsets = consecutive_windows(data, block_size)
@@ -114,19 +129,21 @@ def split_nll(model: DecoderLM, data: torch.Tensor, block_size: int,
     for n, start in enumerate(range(0, len(offsets), batch_windows)):
         if max_batches is not None and n >= max_batches:
             break
-        x, y = windows_at(data, offsets[start:start + batch_windows], block_size)
+        x, y = windows_at(data, offsets[start : start + batch_windows], block_size)
         logits = model(x.to(device)).logits
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(),
-                                       reduction="sum"))
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum"))
         count += y.numel()
     return total, count
 
 
 def _metrics(nll: float, n_tokens: int, chars_per_token: float, prefix: str = "val_") -> dict:
     loss = nll / n_tokens
-    return {f"{prefix}loss": loss, f"{prefix}ppl": math.exp(loss),
-            f"{prefix}bits_per_token": loss / math.log(2),
-            f"{prefix}bits_per_char": loss / chars_per_token / math.log(2)}
+    return {
+        f"{prefix}loss": loss,
+        f"{prefix}ppl": math.exp(loss),
+        f"{prefix}bits_per_token": loss / math.log(2),
+        f"{prefix}bits_per_char": loss / chars_per_token / math.log(2),
+    }
 
 
 def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
@@ -146,15 +163,19 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
     for name, data in (("training", train_data), ("validation", val_data)):  # checked before any write
         if len(data) <= recipe.model.max_len:
-            raise QkvError(f"the {name} split has {len(data)} tokens, too few for windows of model.max_len "
-                           f"{recipe.model.max_len} (a longer corpus, or a smaller model.max_len)")
+            raise QkvError(
+                f"the {name} split has {len(data)} tokens, too few for windows of model.max_len "
+                f"{recipe.model.max_len} (a longer corpus, or a smaller model.max_len)"
+            )
     if not resume:
         tok.save(tok_path)
     chars_per_token = len(val_text) / len(val_data)
     model_cfg = recipe.model_config(tok)
     write_settings(run_dir, "lm", recipe, model_cfg, run, resume)
-    logger.info(f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
-        f"{tok.kind} vocabulary of {tok.vocab_size}")
+    logger.info(
+        f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
+        f"{tok.kind} vocabulary of {tok.vocab_size}"
+    )
     model = DecoderLM(model_cfg).to(device)
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
     block_size = model_cfg.max_len
@@ -164,8 +185,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         # An "epoch" is as many random windows as the split has tokens; fixed per epoch so a
         # resumed run sees the same batches.
         g = torch.Generator().manual_seed(recipe.train.seed * 1000 + epoch)
-        return [random_windows(train_data, block_size, recipe.batch_size, g)
-                for _ in range(steps_per_epoch)]
+        return [random_windows(train_data, block_size, recipe.batch_size, g) for _ in range(steps_per_epoch)]
 
     def loss_fn(model, offsets):
         x, y = windows_at(train_data, offsets, block_size)
@@ -177,17 +197,30 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         nll, n = split_nll(model, val_data, block_size, recipe.eval_batches)
         return _metrics(nll, n, chars_per_token)
 
-    state = train_loop(model, make_optimizer(model, recipe.train),
-                       recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
-                       run_dir, recipe.train, progress, resume=resume, precision=run.precision)
+    state = train_loop(
+        model,
+        make_optimizer(model, recipe.train),
+        recipe.train.lr_schedule(model_cfg.d_model),
+        batches,
+        loss_fn,
+        validate,
+        run_dir,
+        recipe.train,
+        progress,
+        resume=resume,
+        precision=run.precision,
+    )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
     with torch.no_grad():
         nll, n = split_nll(model, val_data, block_size)
-    summary = {"validation": {**_metrics(nll, n, chars_per_token), "tokens": n},
-               "train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
-               "parameters": model.num_parameters()}
+    summary = {
+        "validation": {**_metrics(nll, n, chars_per_token), "tokens": n},
+        "train_minutes": round(state.elapsed_s / 60, 2),
+        "steps": state.step,
+        "parameters": model.num_parameters(),
+    }
     samples = write_samples(TextGenerator(model, tok), run_dir / "samples.txt", recipe)
     summary["samples"] = samples
     summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
@@ -198,16 +231,27 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
 def write_samples(generator: TextGenerator, path: Path, recipe: LMRecipe) -> list[str]:
     """``num_samples`` samples from the start token, written to ``path`` (nanoGPT's sample.py
     settings by default: temperature 0.8, top-k 200)."""
-    texts = generator.generate([""] * recipe.num_samples, recipe.sample_tokens,
-                               temperature=recipe.temperature, top_k=recipe.top_k, seed=recipe.train.seed)
-    header = (f"# {recipe.num_samples} samples, {recipe.sample_tokens} tokens each, from the start "
-              f"token; temperature {recipe.temperature}, top-k {recipe.top_k}, seed {recipe.train.seed}\n")
+    texts = generator.generate(
+        [""] * recipe.num_samples,
+        recipe.sample_tokens,
+        temperature=recipe.temperature,
+        top_k=recipe.top_k,
+        seed=recipe.train.seed,
+    )
+    header = (
+        f"# {recipe.num_samples} samples, {recipe.sample_tokens} tokens each, from the start "
+        f"token; temperature {recipe.temperature}, top-k {recipe.top_k}, seed {recipe.train.seed}\n"
+    )
     write_text(path, header + "\n---------------\n".join(texts) + "\n")
     return texts
 
 
-def evaluate_lm_run(run_dir: str | Path, split: str = "val", device: torch.device | str = "cpu",
-                    weights: str = "model.safetensors") -> dict:
+def evaluate_lm_run(
+    run_dir: str | Path,
+    split: str = "val",
+    device: torch.device | str = "cpu",
+    weights: str = "model.safetensors",
+) -> dict:
     """Loss, perplexity, bits per token and per character of a run on its corpus split
     (``"val"`` or ``"train"``), every token predicted once (consecutive windows)."""
     run_dir = Path(run_dir)
@@ -227,11 +271,22 @@ def evaluate_lm_run(run_dir: str | Path, split: str = "val", device: torch.devic
 def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train lm`` shows at the end: a sample and the validation scores."""
     val = summary["validation"]
-    return (f"sample:\n{summary['samples'][0]}\n\n"
-            f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
-            f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
-            f"and {summary['steps']} steps; run directory: {Path(run_dir).resolve()}")
+    return (
+        f"sample:\n{summary['samples'][0]}\n\n"
+        f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
+        f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
+        f"and {summary['steps']} steps; run directory: {Path(run_dir).resolve()}"
+    )
 
 
-RECIPE = Recipe(name="lm", settings=LMRecipe, train=train_lm, evaluate=evaluate_lm_run, splits=("val", "train"),
-                summary=summary_text, model_type=DECODER_LM, explainer=LMExplainer, inputs="text")
+RECIPE = Recipe(
+    name="lm",
+    settings=LMRecipe,
+    train=train_lm,
+    evaluate=evaluate_lm_run,
+    splits=("val", "train"),
+    summary=summary_text,
+    model_type=DECODER_LM,
+    explainer=LMExplainer,
+    inputs="text",
+)

@@ -25,16 +25,16 @@ from ..data.masking import mask_tokens
 from ..data.protein import load_pretraining_corpus
 from ..data.tokenizers import PROTEIN_SPECIALS, AminoAcidTokenizer
 from ..errors import ConfigError, QkvError
+from ..explain.explainers import ProteinExplainer
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
-from ..train.checkpoint import write_json
+from ..models.model_types import ENCODER
 from ..train import distributed
+from ..train.checkpoint import write_json
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from ..explain.explainers import ProteinExplainer
-from ..models.model_types import ENCODER
 from .base import Recipe
 from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
@@ -53,8 +53,16 @@ class ProteinMLMRecipe:
 
     model: EncoderConfig = EncoderConfig()
     train: TrainSettings = TrainSettings(
-        lr=1e-3, min_lr_ratio=0.1, warmup_steps=500, weight_decay=0.01, max_steps=3300,
-        max_minutes=115.0, eval_every=500, snapshot_minutes=10.0, keep_snapshots=1)
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=500,
+        weight_decay=0.01,
+        max_steps=3300,
+        max_minutes=115.0,
+        eval_every=500,
+        snapshot_minutes=10.0,
+        keep_snapshots=1,
+    )
     val_fraction: float = 0.02
     mask_prob: float = 0.15
     max_tokens: int = 8192
@@ -69,8 +77,9 @@ class ProteinMLMRecipe:
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
         if self.model.max_len < 3:
-            raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
-                             "a residue and <eos>")
+            raise ConfigError(
+                f"model.max_len ({self.model.max_len}) must leave room for <cls>, a residue and <eos>"
+            )
 
     def model_config(self, tok: AminoAcidTokenizer) -> EncoderConfig:
         return replace(self.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
@@ -81,7 +90,7 @@ def _windows(seqs: list[list[int]], width: int, rng: random.Random | None) -> li
     out = []
     for s in seqs:
         start = 0 if len(s) <= width or rng is None else rng.randrange(len(s) - width + 1)
-        out.append(s[start:start + width])
+        out.append(s[start : start + width])
     return out
 
 
@@ -96,10 +105,15 @@ class MaskedBatches:
         tok = self.tok
         return pad_sequences([[tok.cls_id, *r, tok.eos_id] for r in rows], tok.pad_id)
 
-    def corrupt(self, tokens: torch.Tensor, generator: torch.Generator | None = None,
-                split: tuple[float, float] = (0.8, 0.1)):
-        return mask_tokens(tokens, self.special, self.tok.mask_id, self.tok.residue_ids,
-                           self.mask_prob, generator, split)
+    def corrupt(
+        self,
+        tokens: torch.Tensor,
+        generator: torch.Generator | None = None,
+        split: tuple[float, float] = (0.8, 0.1),
+    ):
+        return mask_tokens(
+            tokens, self.special, self.tok.mask_id, self.tok.residue_ids, self.mask_prob, generator, split
+        )
 
 
 def validation_batches(val_ids: list[list[int]], width: int, collate: MaskedBatches):
@@ -108,8 +122,10 @@ def validation_batches(val_ids: list[list[int]], width: int, collate: MaskedBatc
     seed, so the perplexity is comparable with the uniform 20 and the same at every evaluation."""
     rows = _windows(val_ids, width, None)
     g = torch.Generator().manual_seed(12345)
-    return [collate.corrupt(collate.tensor([rows[i] for i in idx]), g, split=(1.0, 0.0))
-            for idx in token_batches([(len(r), 0) for r in rows], 16384, shuffle=False)]
+    return [
+        collate.corrupt(collate.tensor([rows[i] for i in idx]), g, split=(1.0, 0.0))
+        for idx in token_batches([(len(r), 0) for r in rows], 16384, shuffle=False)
+    ]
 
 
 def evaluate_mlm_run(run_dir: str | Path, split: str = "val", device: torch.device | str = "cpu") -> dict:
@@ -126,12 +142,17 @@ def evaluate_mlm_run(run_dir: str | Path, split: str = "val", device: torch.devi
     tok = AminoAcidTokenizer()
     _, val_seqs = load_pretraining_corpus(settings["val_fraction"])
     val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs[: settings.get("val_limit")]]
-    batches = validation_batches(val_ids, model.config.max_len - 2,
-                                 MaskedBatches(tok, settings["mask_prob"]))
+    batches = validation_batches(val_ids, model.config.max_len - 2, MaskedBatches(tok, settings["mask_prob"]))
     with torch.no_grad():
         nll, n = masked_nll(model, batches)
-    return {"split": "held-out", "val_loss": nll / n, "val_ppl": math.exp(nll / n),
-            "uniform_ppl": 20.0, "masked_positions": n, "proteins": len(val_ids)}
+    return {
+        "split": "held-out",
+        "val_loss": nll / n,
+        "val_ppl": math.exp(nll / n),
+        "uniform_ppl": 20.0,
+        "masked_positions": n,
+        "proteins": len(val_ids),
+    }
 
 
 def masked_nll(model: EncoderModel, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
@@ -155,8 +176,9 @@ def unigram_ppl(train_ids: list[list[int]], batches, vocab_size: int) -> float:
     return math.exp(float(nll.mean()))
 
 
-def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: bool = False,
-                      progress: bool = True) -> dict:
+def train_protein_mlm(
+    recipe: ProteinMLMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
+) -> dict:
     """Pretrain; keep the best-on-validation weights. Returns a summary dict."""
     t_start = time.perf_counter()
     run_dir = prepare_run_dir(run_dir, resume, "protein-mlm")
@@ -171,8 +193,10 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     if not resume:
         tok.save(run_dir / "tokenizer.json")
     write_settings(run_dir, "protein-mlm", recipe, model_cfg, run, resume)
-    logger.info(f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
-        f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)")
+    logger.info(
+        f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
+        f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)"
+    )
     width = model_cfg.max_len - 2
     collate = MaskedBatches(tok, recipe.mask_prob)
     val_batches = validation_batches(val_ids, width, collate)
@@ -182,8 +206,12 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
     def batches(epoch: int):
         rng = random.Random(recipe.train.seed * 1000 + epoch)
         rows = _windows(train_ids, width, rng)
-        order = token_batches([(len(r), 0) for r in rows], recipe.max_tokens, shuffle=True,
-                              seed=recipe.train.seed * 1000 + epoch)
+        order = token_batches(
+            [(len(r), 0) for r in rows],
+            recipe.max_tokens,
+            shuffle=True,
+            seed=recipe.train.seed * 1000 + epoch,
+        )
         return [[rows[i] for i in idx] for idx in order]
 
     def loss_fn(model, rows):
@@ -194,20 +222,37 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
         nll, n = masked_nll(model, val_batches)
         return {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
 
-    state = train_loop(model, make_optimizer(model, recipe.train),
-                       recipe.train.lr_schedule(model_cfg.d_model), batches, loss_fn, validate,
-                       run_dir, recipe.train, progress, resume=resume, precision=run.precision)
+    state = train_loop(
+        model,
+        make_optimizer(model, recipe.train),
+        recipe.train.lr_schedule(model_cfg.d_model),
+        batches,
+        loss_fn,
+        validate,
+        run_dir,
+        recipe.train,
+        progress,
+        resume=resume,
+        precision=run.precision,
+    )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
     with torch.no_grad():
         metrics = validate(model)
-    summary = {"validation": {**metrics, "uniform_ppl": 20.0,
-                              "unigram_ppl": unigram_ppl(train_ids, val_batches, tok.vocab_size),
-                              "masked_positions": sum(int((lab != -100).sum()) for _, lab in val_batches)},
-               "train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
-               "epochs": state.epoch, "parameters": model.num_parameters(),
-               "total_minutes": round((time.perf_counter() - t_start) / 60, 2)}
+    summary = {
+        "validation": {
+            **metrics,
+            "uniform_ppl": 20.0,
+            "unigram_ppl": unigram_ppl(train_ids, val_batches, tok.vocab_size),
+            "masked_positions": sum(int((lab != -100).sum()) for _, lab in val_batches),
+        },
+        "train_minutes": round(state.elapsed_s / 60, 2),
+        "steps": state.step,
+        "epochs": state.epoch,
+        "parameters": model.num_parameters(),
+        "total_minutes": round((time.perf_counter() - t_start) / 60, 2),
+    }
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -215,11 +260,21 @@ def train_protein_mlm(recipe: ProteinMLMRecipe, run_dir: str | Path, resume: boo
 def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train protein-mlm`` shows at the end: the held-out perplexity."""
     val = summary["validation"]
-    return (f"held-out masked-residue perplexity {val['val_ppl']:.2f} (uniform over 20 residues: 20) "
-            f"after {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
-            f"{Path(run_dir).resolve()}")
+    return (
+        f"held-out masked-residue perplexity {val['val_ppl']:.2f} (uniform over 20 residues: 20) "
+        f"after {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
+        f"{Path(run_dir).resolve()}"
+    )
 
 
-RECIPE = Recipe(name="protein-mlm", settings=ProteinMLMRecipe, train=train_protein_mlm, evaluate=evaluate_mlm_run,
-                splits=("val",), summary=summary_text, model_type=ENCODER,
-                explainer=ProteinExplainer, inputs="protein")
+RECIPE = Recipe(
+    name="protein-mlm",
+    settings=ProteinMLMRecipe,
+    train=train_protein_mlm,
+    evaluate=evaluate_mlm_run,
+    splits=("val",),
+    summary=summary_text,
+    model_type=ENCODER,
+    explainer=ProteinExplainer,
+    inputs="protein",
+)

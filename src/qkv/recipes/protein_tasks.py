@@ -33,17 +33,24 @@ from ..data.protein_tasks import ProteinTask, load_task
 from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, per_group_binary_mcc, plot_confusion
+from ..explain.explainers import ProteinExplainer
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
-from ..train.checkpoint import write_json
-from ..train import distributed
-from ..train.settings import TrainSettings
-from ..explain.explainers import ProteinExplainer
 from ..models.model_types import ENCODER
+from ..train import distributed
+from ..train.checkpoint import write_json
+from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import (encoder_with_head, fit_classifier, keep_best, open_run, require_at_least_one,
-                     training_figures, write_settings)
+from .common import (
+    encoder_with_head,
+    fit_classifier,
+    keep_best,
+    open_run,
+    require_at_least_one,
+    training_figures,
+    write_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +77,15 @@ class ProteinTaskRecipe:
 
     model: EncoderConfig = EncoderConfig(dropout=0.1)
     train: TrainSettings = TrainSettings(
-        lr=None, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.01, max_epochs=10,
-        eval_every=200, snapshot_minutes=1e9, keep_snapshots=1)
+        lr=None,
+        min_lr_ratio=0.1,
+        warmup_steps=100,
+        weight_decay=0.01,
+        max_epochs=10,
+        eval_every=200,
+        snapshot_minutes=1e9,
+        keep_snapshots=1,
+    )
     task: str = "signalp"
     labels: str | None = None
     init: str | None = None
@@ -88,8 +102,9 @@ class ProteinTaskRecipe:
         if self.fold not in (0, 1, 2):
             raise ConfigError(f"fold ({self.fold}) must be 0, 1 or 2")
         if self.model.max_len < 3:
-            raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for <cls>, "
-                             "a residue and <eos>")
+            raise ConfigError(
+                f"model.max_len ({self.model.max_len}) must leave room for <cls>, a residue and <eos>"
+            )
 
     @property
     def peak_lr(self) -> float:
@@ -110,15 +125,21 @@ def build_model(recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequen
     """
     if not recipe.init:
         tok = AminoAcidTokenizer()
-        return EncoderModel(replace(recipe.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                                    num_labels=num_labels)), tok
+        return EncoderModel(
+            replace(recipe.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, num_labels=num_labels)
+        ), tok
     from ..hub.pretrained import load
 
     pretrained, tok = load(recipe.init)
     if not isinstance(pretrained, EncoderModel):
         raise QkvError(f"init={recipe.init} is a {type(pretrained).__name__}, not an encoder")
-    model = encoder_with_head(pretrained, num_labels, recipe.model.pooling, recipe.model.dropout,
-                              f"{level}_head" if recipe.freeze else None)
+    model = encoder_with_head(
+        pretrained,
+        num_labels,
+        recipe.model.pooling,
+        recipe.model.dropout,
+        f"{level}_head" if recipe.freeze else None,
+    )
     tok = protein_tokenizer(tok)
     return model, tok
 
@@ -141,12 +162,14 @@ def evaluate_split(encoder: ProteinEncoder, task: ProteinTask, split: str) -> di
         metrics["q3"] = metrics["accuracy"]
     if task.name == "signalp":
         metrics["per_kingdom_mcc"] = per_group_binary_mcc(
-            y_true, p.argmax(1), [r.group for r in records], list(task.classes), "NO_SP")
+            y_true, p.argmax(1), [r.group for r in records], list(task.classes), "NO_SP"
+        )
     return metrics
 
 
-def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: str,
-                       resume: bool = False, progress: bool = True) -> dict:
+def train_protein_task(
+    recipe: ProteinTaskRecipe, run_dir: str | Path, level: str, resume: bool = False, progress: bool = True
+) -> dict:
     """Train a sequence (``level="sequence"``) or residue classifier; evaluate on the test
     split; write the run directory. Returns the summary dict."""
     t_start = time.perf_counter()
@@ -159,11 +182,21 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
     mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
     write_settings(run_dir, name, recipe, cfg, run, resume)
     if not resume:  # a resumed run keeps its own
-        write_json(run_dir / "task.json", {"task": task.name, "level": level, "classes": list(task.classes),
-                                           "mode": mode, "citation": task.citation})
+        write_json(
+            run_dir / "task.json",
+            {
+                "task": task.name,
+                "level": level,
+                "classes": list(task.classes),
+                "mode": mode,
+                "citation": task.citation,
+            },
+        )
     counts = {s: len(task.split(s)) for s in ("train", "val", "test")}
-    logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
-        f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}")
+    logger.info(
+        f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
+        f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}"
+    )
     model.to(device)
     encoder = ProteinEncoder(model, task.classes, level, device, tokenizer=tok)
     train = task.split("train")
@@ -179,8 +212,9 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
         logits = model(tokens, head=level).logits  # the compiled model with train.compile=true
         if level == "sequence":
             target = target[:, 0]
-        loss = F.cross_entropy(logits.flatten(0, -2).float(), target.flatten(), ignore_index=IGNORE,
-                               reduction="sum")
+        loss = F.cross_entropy(
+            logits.flatten(0, -2).float(), target.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
         return loss, int((target != IGNORE).sum())
 
     score = task.score or ("mcc" if level == "sequence" else "q3")
@@ -190,16 +224,34 @@ def train_protein_task(recipe: ProteinTaskRecipe, run_dir: str | Path, level: st
         m = evaluate_split(encoder, task, "val")
         return {score_key: m[score], "val_accuracy": m["accuracy"]}
 
-    state = fit_classifier(model, recipe.train, [(len(r), 0) for r in rows], recipe.max_tokens, loss_fn,
-                           validate, run_dir, progress, score_key, recipe.peak_lr, resume, run.precision)
+    state = fit_classifier(
+        model,
+        recipe.train,
+        [(len(r), 0) for r in rows],
+        recipe.max_tokens,
+        loss_fn,
+        validate,
+        run_dir,
+        progress,
+        score_key,
+        recipe.peak_lr,
+        resume,
+        run.precision,
+    )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
-    summary = {"task": task.name, "mode": mode, "init": recipe.init, "score": score,
-               "validation": evaluate_split(encoder, task, "val"),
-               "test": evaluate_split(encoder, task, "test")}
-    plot_confusion(summary["test"]["confusion"], task.classes, run_dir / "confusion.png",
-                   f"{task.name} test ({mode})")
+    summary = {
+        "task": task.name,
+        "mode": mode,
+        "init": recipe.init,
+        "score": score,
+        "validation": evaluate_split(encoder, task, "val"),
+        "test": evaluate_split(encoder, task, "test"),
+    }
+    plot_confusion(
+        summary["test"]["confusion"], task.classes, run_dir / "confusion.png", f"{task.name} test ({mode})"
+    )
     if recipe.baseline:
         from ..evaluate.baselines import baseline_metrics
 
@@ -220,7 +272,7 @@ def _row_labels(task: ProteinTask, records, rows, owner, width: int) -> list[lis
             continue
         k = seen.get(i, 0)
         seen[i] = k + 1
-        window = ids[k * width: k * width + len(row) - 2]
+        window = ids[k * width : k * width + len(row) - 2]
         out.append([IGNORE, *window, IGNORE])
     return out
 
@@ -235,14 +287,21 @@ def train_protein_residue(recipe, run_dir, resume=False, progress=True) -> dict:
     return train_protein_task(recipe, run_dir, "residue", resume, progress)
 
 
-def evaluate_protein_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
+def evaluate_protein_run(
+    run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu"
+) -> dict:
     """Metrics of a finished ``protein-cls``/``protein-residue`` run on ``split`` (its own task
     and settings, from ``train_config.json``)."""
     run_dir = Path(run_dir)
     settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     encoder = ProteinEncoder.from_run(run_dir, device)
-    task = load_task(settings["task"], encoder.level, settings.get("fold", 0), settings.get("labels"),
-                     settings.get("split_seed", 0))
+    task = load_task(
+        settings["task"],
+        encoder.level,
+        settings.get("fold", 0),
+        settings.get("labels"),
+        settings.get("split_seed", 0),
+    )
     if split not in ("train", "val", "test"):
         raise QkvError(f"split must be train, val or test (got {split!r})")
     return {"task": task.name, "split": split, **evaluate_split(encoder, task, split)}
@@ -253,19 +312,32 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     the classical baseline's."""
     test = summary["test"]
     score = summary.get("score") or ("q3" if "q3" in test else "mcc")
-    line = (f"{summary['task']} test ({summary['mode']}): {score.upper()} {test[score]:.3f}, accuracy "
-            f"{test['accuracy']:.3f}" + (f", AUROC {test['auroc']:.3f}" if "auroc" in test else ""))
+    line = (
+        f"{summary['task']} test ({summary['mode']}): {score.upper()} {test[score]:.3f}, accuracy "
+        f"{test['accuracy']:.3f}" + (f", AUROC {test['auroc']:.3f}" if "auroc" in test else "")
+    )
     base = summary.get("baseline_test")
     if base:
         line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score != 'q3' else 'accuracy']:.3f}"
-    return (f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
-            f"{Path(run_dir).resolve()} (confusion.png, summary.json)")
+    return (
+        f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
+        f"{Path(run_dir).resolve()} (confusion.png, summary.json)"
+    )
 
 
 def _protein_recipe(name: str, train) -> Recipe:
-    return Recipe(name=name, settings=ProteinTaskRecipe, train=train, evaluate=evaluate_protein_run,
-                  splits=("test", "val", "train"), summary=summary_text, model_type=ENCODER,
-                  explainer=ProteinExplainer, inputs="protein", classifier=True)
+    return Recipe(
+        name=name,
+        settings=ProteinTaskRecipe,
+        train=train,
+        evaluate=evaluate_protein_run,
+        splits=("test", "val", "train"),
+        summary=summary_text,
+        model_type=ENCODER,
+        explainer=ProteinExplainer,
+        inputs="protein",
+        classifier=True,
+    )
 
 
 # One module, two recipes: a label per sequence, or per residue.

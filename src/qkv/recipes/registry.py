@@ -14,16 +14,19 @@ from ..errors import QkvError
 from . import encoder, lm, protein_mlm, protein_tasks, text_cls, translation, vit
 from .base import Recipe
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    translation.RECIPE,
-    lm.RECIPE,
-    protein_mlm.RECIPE,
-    protein_tasks.CLS_RECIPE,
-    protein_tasks.RESIDUE_RECIPE,
-    vit.RECIPE,
-    text_cls.RECIPE,
-    encoder.RECIPE,  # converted from Hugging Face, not trained here
-)}
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        translation.RECIPE,
+        lm.RECIPE,
+        protein_mlm.RECIPE,
+        protein_tasks.CLS_RECIPE,
+        protein_tasks.RESIDUE_RECIPE,
+        vit.RECIPE,
+        text_cls.RECIPE,
+        encoder.RECIPE,  # converted from Hugging Face, not trained here
+    )
+}
 
 
 def trainable() -> list[str]:

@@ -32,19 +32,27 @@ from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
+from ..explain.explainers import TextExplainer
 from ..generate.text import TextEncoder
 from ..hub.pretrained import load
 from ..models.encoder import EncoderModel
+from ..models.model_types import ENCODER
 from ..train import distributed
 from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
-from ..explain.explainers import TextExplainer
-from ..models.model_types import ENCODER
 from .base import Recipe
-from .common import (encoder_with_head, fit_classifier, keep_best, open_run, require_at_least_one,
-                     training_figures, write_settings)
+from .common import (
+    encoder_with_head,
+    fit_classifier,
+    keep_best,
+    open_run,
+    require_at_least_one,
+    training_figures,
+    write_settings,
+)
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, kw_only=True)
 class TextClsRecipe:
@@ -62,8 +70,16 @@ class TextClsRecipe:
     """
 
     train: TrainSettings = TrainSettings(
-        lr=None, schedule="linear", min_lr_ratio=0.0, warmup_steps=200, weight_decay=0.01,
-        max_epochs=3, eval_every=500, snapshot_minutes=1e9, keep_snapshots=1)
+        lr=None,
+        schedule="linear",
+        min_lr_ratio=0.0,
+        warmup_steps=200,
+        weight_decay=0.01,
+        max_epochs=3,
+        eval_every=500,
+        snapshot_minutes=1e9,
+        keep_snapshots=1,
+    )
     task: str = "sst2"
     init: str = "minilm"
     freeze: bool = False
@@ -78,7 +94,9 @@ class TextClsRecipe:
     def __post_init__(self) -> None:
         require_at_least_one(self, "max_tokens")
         if self.freeze and self.scratch:
-            raise ConfigError("freeze=true (a probe of pretrained features) and scratch=true exclude each other")
+            raise ConfigError(
+                "freeze=true (a probe of pretrained features) and scratch=true exclude each other"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout ({self.dropout}) must be in [0, 1)")
         if self.max_len < 3:
@@ -101,8 +119,14 @@ def build_model(recipe: TextClsRecipe, num_labels: int):
     pretrained, tokenizer = load(recipe.init)
     if not isinstance(pretrained, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
         raise QkvError(f"init={recipe.init} is not a pretrained text encoder")
-    model = encoder_with_head(pretrained, num_labels, recipe.pooling or pretrained.config.pooling, recipe.dropout,
-                              "sequence_head" if recipe.freeze else None, weights=not recipe.scratch)
+    model = encoder_with_head(
+        pretrained,
+        num_labels,
+        recipe.pooling or pretrained.config.pooling,
+        recipe.dropout,
+        "sequence_head" if recipe.freeze else None,
+        weights=not recipe.scratch,
+    )
     return model, tokenizer
 
 
@@ -112,8 +136,9 @@ def evaluate_split(encoder: TextEncoder, task: TextTask, split: str) -> dict:
     return classification_metrics(task.labels[split], probs.argmax(1), probs, task.classes)
 
 
-def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = False,
-                   progress: bool = True) -> dict:
+def train_text_cls(
+    recipe: TextClsRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
+) -> dict:
     """Train, keep the best-on-validation weights, evaluate on the test split, write the run
     directory. Returns the summary dict."""
     t_start = time.perf_counter()
@@ -124,11 +149,21 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
     device = run.device
     write_settings(run_dir, "text-cls", recipe, cfg, run, resume)
     if not resume:  # a resumed run keeps its own
-        write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
-                                           "mode": recipe.mode, "init": recipe.init, "citation": task.citation})
+        write_json(
+            run_dir / "task.json",
+            {
+                "task": task.name,
+                "classes": list(task.classes),
+                "mode": recipe.mode,
+                "init": recipe.init,
+                "citation": task.citation,
+            },
+        )
     counts = {s: len(task.texts[s]) for s in ("train", "val", "test")}
-    logger.info(f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
-                f"texts, classes {', '.join(task.classes)}; {recipe.mode} of {recipe.init}. {task.citation}")
+    logger.info(
+        f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
+        f"texts, classes {', '.join(task.classes)}; {recipe.mode} of {recipe.init}. {task.citation}"
+    )
     model.to(device)
     encoder = TextEncoder(model, tok, device, task.classes)
     rows = encoder.rows(task.texts["train"], recipe.max_len, warn=False)  # cut silently, as protein tasks
@@ -144,20 +179,42 @@ def train_text_cls(recipe: TextClsRecipe, run_dir: str | Path, resume: bool = Fa
         m = evaluate_split(encoder, task, "val")
         return {"val_accuracy": m["accuracy"], "val_mcc": m["mcc"]}
 
-    state = fit_classifier(model, recipe.train, [(len(r), 0) for r in rows], recipe.max_tokens, loss_fn,
-                           validate, run_dir, progress, "val_accuracy", recipe.peak_lr, resume, run.precision)
+    state = fit_classifier(
+        model,
+        recipe.train,
+        [(len(r), 0) for r in rows],
+        recipe.max_tokens,
+        loss_fn,
+        validate,
+        run_dir,
+        progress,
+        "val_accuracy",
+        recipe.peak_lr,
+        resume,
+        run.precision,
+    )
     if not distributed.is_main():
         return {}
     keep_best(model, run_dir)
-    summary = {"task": task.name, "mode": recipe.mode, "init": recipe.init,
-               "validation": evaluate_split(encoder, task, "val"), "test": evaluate_split(encoder, task, "test")}
-    plot_confusion(summary["test"]["confusion"], task.classes, run_dir / "confusion.png",
-                   f"{task.name} test ({recipe.mode})")
+    summary = {
+        "task": task.name,
+        "mode": recipe.mode,
+        "init": recipe.init,
+        "validation": evaluate_split(encoder, task, "val"),
+        "test": evaluate_split(encoder, task, "test"),
+    }
+    plot_confusion(
+        summary["test"]["confusion"],
+        task.classes,
+        run_dir / "confusion.png",
+        f"{task.name} test ({recipe.mode})",
+    )
     if recipe.baseline:
         from ..evaluate.baselines import tfidf_baseline_metrics
 
-        summary["baseline_test"] = tfidf_baseline_metrics(task.texts["train"], task.labels["train"],
-                                                          task.texts["test"], task.labels["test"], task.classes)
+        summary["baseline_test"] = tfidf_baseline_metrics(
+            task.texts["train"], task.labels["train"], task.texts["test"], task.labels["test"], task.classes
+        )
     summary.update(training_figures(state, model, t_start))
     write_json(run_dir / "summary.json", summary)
     return summary
@@ -174,19 +231,29 @@ def evaluate_text_run(run_dir: str | Path, split: str = "test", device: torch.de
     return {"task": task.name, "split": split, **evaluate_split(encoder, task, split)}
 
 
-
 def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train text-cls`` shows at the end: test accuracy beside the TF-IDF baseline's."""
     test = summary["test"]
-    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (MCC {test['mcc']:.3f}), "
-            f"{summary['mode']} of {summary['init']}, after {summary['train_minutes']:.1f} min and "
-            f"{summary['steps']} steps")
+    line = (
+        f"{summary['task']} test accuracy {test['accuracy']:.4f} (MCC {test['mcc']:.3f}), "
+        f"{summary['mode']} of {summary['init']}, after {summary['train_minutes']:.1f} min and "
+        f"{summary['steps']} steps"
+    )
     base = summary.get("baseline_test")
     if base:
         line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
     return f"{line}\nrun directory: {Path(run_dir).resolve()} (summary.json, confusion.png)"
 
 
-RECIPE = Recipe(name="text-cls", settings=TextClsRecipe, train=train_text_cls, evaluate=evaluate_text_run,
-                splits=("test", "val", "train"), summary=summary_text, model_type=ENCODER,
-                explainer=TextExplainer, inputs="text", classifier=True)
+RECIPE = Recipe(
+    name="text-cls",
+    settings=TextClsRecipe,
+    train=train_text_cls,
+    evaluate=evaluate_text_run,
+    splits=("test", "val", "train"),
+    summary=summary_text,
+    model_type=ENCODER,
+    explainer=TextExplainer,
+    inputs="text",
+    classifier=True,
+)

@@ -20,22 +20,21 @@ import torch
 
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
-from ..data.translation import load_multi30k
+from ..data.translation import SPLITS, load_multi30k
 from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import translation_scores
+from ..explain.explainers import TranslationExplainer
 from ..generate.translator import Translator
 from ..models.config import TransformerConfig
+from ..models.model_types import TRANSFORMER
 from ..models.transformer import Transformer
 from ..runs import load_run
-from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
-from ..train.losses import label_smoothed_nll
 from ..train import distributed
+from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
 from ..train.loop import train_loop
+from ..train.losses import label_smoothed_nll
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from ..data.translation import SPLITS
-from ..explain.explainers import TranslationExplainer
-from ..models.model_types import TRANSFORMER
 from .base import Recipe
 from .common import prepare_run_dir, require_at_least_one, start_run, write_settings
 
@@ -61,12 +60,30 @@ class TranslationRecipe:
     """
 
     model: TransformerConfig = TransformerConfig(
-        d_model=192, n_heads=4, d_ff=768, n_encoder_layers=3, n_decoder_layers=3, dropout=0.1,
-        attention_dropout=0.1, activation_dropout=0.1, norm_first=True, share_embeddings=True,
-        max_len=256)
+        d_model=192,
+        n_heads=4,
+        d_ff=768,
+        n_encoder_layers=3,
+        n_decoder_layers=3,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        norm_first=True,
+        share_embeddings=True,
+        max_len=256,
+    )
     train: TrainSettings = TrainSettings(
-        schedule="linear", lr=2e-3, warmup_steps=100, min_lr_ratio=0.0, beta2=0.98, eps=1e-9,
-        max_minutes=10.0, eval_every=400, snapshot_minutes=1.0, keep_snapshots=3)
+        schedule="linear",
+        lr=2e-3,
+        warmup_steps=100,
+        min_lr_ratio=0.0,
+        beta2=0.98,
+        eps=1e-9,
+        max_minutes=10.0,
+        eval_every=400,
+        snapshot_minutes=1.0,
+        keep_snapshots=3,
+    )
     src_lang: str = "de"
     tgt_lang: str = "en"
     vocab_size: int = 8000
@@ -90,8 +107,14 @@ class TranslationRecipe:
 
     def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:
         """``model`` with the joint vocabulary and the tokenizer's special ids."""
-        return replace(self.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
-                       pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+        return replace(
+            self.model,
+            src_vocab_size=tok.vocab_size,
+            tgt_vocab_size=tok.vocab_size,
+            pad_id=tok.pad_id,
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+        )
 
 
 def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
@@ -111,8 +134,10 @@ def _teacher_forced_nll(model: Transformer, batches, pad_id: int) -> tuple[float
 
 def _eval_batches(tok: SubwordTokenizer, pairs) -> list:
     """Length-sorted batches of ~8000 padded tokens for scoring, in a fixed order."""
-    return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
-            for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False)]
+    return [
+        make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
+        for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False)
+    ]
 
 
 def _fitting(pairs: list, max_len: int) -> list:
@@ -136,8 +161,9 @@ def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
     return validate
 
 
-def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bool = False,
-                      progress: bool = True) -> dict:
+def train_translation(
+    recipe: TranslationRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
+) -> dict:
     """Train, pick the final weights on validation BLEU, and score test2016. Returns a summary.
 
     Raises:
@@ -164,14 +190,21 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     write_settings(run_dir, "translation", recipe, model_cfg, run, resume)
     # a pair fits the model when each side plus eos (source) or bos (target) is within max_len
     longest = min(recipe.max_train_tokens, model_cfg.max_len - 1)
-    pairs = [(s, t) for s, t in _encode_pairs(tok, train_src, train_tgt)
-             if 0 < len(s) <= longest and 0 < len(t) <= longest]
+    pairs = [
+        (s, t)
+        for s, t in _encode_pairs(tok, train_src, train_tgt)
+        if 0 < len(s) <= longest and 0 < len(t) <= longest
+    ]
     if not pairs:
-        raise QkvError(f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)")
+        raise QkvError(
+            f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)"
+        )
     val_pairs = _fitting(_encode_pairs(tok, val_src, val_tgt), model_cfg.max_len)
     lengths = [(len(s), len(t)) for s, t in pairs]
-    logger.info(f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
-        f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}")
+    logger.info(
+        f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
+        f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}"
+    )
 
     def batches(epoch: int):
         order = token_batches(lengths, recipe.max_tokens, shuffle=True, seed=recipe.train.seed * 1000 + epoch)
@@ -187,10 +220,20 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
     validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
     state = train_loop(
-        model, make_optimizer(model, recipe.train), recipe.train.lr_schedule(model_cfg.d_model),
-        batches, loss_fn, validate, run_dir, recipe.train, progress,
-        score_key="val_bleu" if recipe.val_bleu else "val_loss", higher_is_better=recipe.val_bleu,
-        resume=resume, precision=run.precision)
+        model,
+        make_optimizer(model, recipe.train),
+        recipe.train.lr_schedule(model_cfg.d_model),
+        batches,
+        loss_fn,
+        validate,
+        run_dir,
+        recipe.train,
+        progress,
+        score_key="val_bleu" if recipe.val_bleu else "val_loss",
+        higher_is_better=recipe.val_bleu,
+        resume=resume,
+        precision=run.precision,
+    )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     train_minutes = state.elapsed_s / 60
@@ -208,25 +251,44 @@ def train_translation(recipe: TranslationRecipe, run_dir: str | Path, resume: bo
             model.eval()
             with torch.no_grad():
                 choice[name] = validate(model)
-            logger.info(f"validation with {name} weights: " + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items()))
+            logger.info(
+                f"validation with {name} weights: "
+                + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items())
+            )
     key = "val_bleu" if recipe.val_bleu else "val_loss"
     pick = (max if recipe.val_bleu else min)(choice, key=lambda n: choice[n][key])
     load_weights(model, candidates[pick])
     save_weights(model, run_dir / "model.safetensors")
-    summary = {"selected_weights": pick, "validation": choice[pick], "train_minutes": round(train_minutes, 2),
-               "steps": state.step, "epochs": state.epoch, "parameters": model.num_parameters()}
+    summary = {
+        "selected_weights": pick,
+        "validation": choice[pick],
+        "train_minutes": round(train_minutes, 2),
+        "steps": state.step,
+        "epochs": state.epoch,
+        "parameters": model.num_parameters(),
+    }
     summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha, device=device)
     summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_json(run_dir / "summary.json", summary)
     return summary
 
 
-def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 4, alpha: float = 0.6,
-                 limit: int | None = None, device: torch.device | str = "cpu") -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    split: str = "test2016",
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    limit: int | None = None,
+    device: torch.device | str = "cpu",
+) -> dict:
     """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
     run_dir = Path(run_dir)
     model, tok = load_run(run_dir, device=device, family="translation")
-    meta = json.loads((run_dir / "train_config.json").read_text()) if (run_dir / "train_config.json").is_file() else {}
+    meta = (
+        json.loads((run_dir / "train_config.json").read_text())
+        if (run_dir / "train_config.json").is_file()
+        else {}
+    )
     src, ref = load_multi30k(split, meta.get("src_lang", "de"), meta.get("tgt_lang", "en"))
     if limit:
         src, ref = src[:limit], ref[:limit]
@@ -237,9 +299,17 @@ def evaluate_run(run_dir: str | Path, split: str = "test2016", beam_size: int = 
         pairs = _fitting(_encode_pairs(tok, src, ref), model.config.max_len)
         nll, n = _teacher_forced_nll(model, _eval_batches(tok, pairs), tok.pad_id)
     scores = translation_scores(hyps, ref)
-    return {"split": split, **scores, "loss": nll / n, "ppl": math.exp(nll / n), "n": len(src),
-            "beam_size": beam_size, "alpha": alpha, "decode_seconds": round(decode_s, 1),
-            "examples": [{"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(src, ref, hyps))[:5]]}
+    return {
+        "split": split,
+        **scores,
+        "loss": nll / n,
+        "ppl": math.exp(nll / n),
+        "n": len(src),
+        "beam_size": beam_size,
+        "alpha": alpha,
+        "decode_seconds": round(decode_s, 1),
+        "examples": [{"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(src, ref, hyps))[:5]],
+    }
 
 
 def summary_text(summary: dict, run_dir: Path) -> str:
@@ -248,17 +318,27 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     test, run = summary["test2016"], Path(run_dir).resolve()
     lines = [f"example translations (test2016, beam {test['beam_size']}):"]
     lines += [f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}" for ex in test["examples"][:3]]
-    lines += [f"\ntest2016 BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
-              f"chrF {test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training, "
-              f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
-              f"next:\n  qkv translate {run} \"Ein Hund rennt über die Wiese.\"\n"
-              f"  qkv explain {run} --serve        # attention of every layer and head, in the browser\n"
-              f"  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
-              f"   # the full recipe (see README)"]
+    lines += [
+        f"\ntest2016 BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
+        f"chrF {test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training, "
+        f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
+        f'next:\n  qkv translate {run} "Ein Hund rennt über die Wiese."\n'
+        f"  qkv explain {run} --serve        # attention of every layer and head, in the browser\n"
+        f"  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
+        f"   # the full recipe (see README)",
+    ]
     return "\n".join(lines)
 
 
-RECIPE = Recipe(name="translation", settings=TranslationRecipe, train=train_translation,
-                evaluate=evaluate_run, splits=("test2016", *(s for s in SPLITS if s != "test2016")),
-                evaluate_options=("beam_size", "alpha", "limit"), summary=summary_text,
-                model_type=TRANSFORMER, explainer=TranslationExplainer, inputs="text")
+RECIPE = Recipe(
+    name="translation",
+    settings=TranslationRecipe,
+    train=train_translation,
+    evaluate=evaluate_run,
+    splits=("test2016", *(s for s in SPLITS if s != "test2016")),
+    evaluate_options=("beam_size", "alpha", "limit"),
+    summary=summary_text,
+    model_type=TRANSFORMER,
+    explainer=TranslationExplainer,
+    inputs="text",
+)

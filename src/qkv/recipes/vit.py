@@ -25,16 +25,16 @@ import torch.nn.functional as F
 from ..data.images import ImageSet, ImageTask, augment, load_image_task, to_model_input
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
+from ..explain.vision import ImageExplainer
 from ..generate.vision import ImageClassifier
 from ..models.config import ViTConfig
+from ..models.model_types import VIT
 from ..models.vit import VisionTransformer
-from ..train.checkpoint import write_json
 from ..train import distributed
+from ..train.checkpoint import write_json
 from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
-from ..explain.vision import ImageExplainer
-from ..models.model_types import VIT
 from .base import Recipe
 from .common import keep_best, prepare_run_dir, start_run, write_settings
 
@@ -59,8 +59,16 @@ class ViTRecipe:
 
     model: ViTConfig = ViTConfig()
     train: TrainSettings = TrainSettings(
-        lr=2e-3, weight_decay=0.05, beta2=0.999, warmup_steps=200, min_lr_ratio=0.0,
-        max_minutes=30.0, eval_every=1000, snapshot_minutes=1e9, keep_snapshots=1)
+        lr=2e-3,
+        weight_decay=0.05,
+        beta2=0.999,
+        warmup_steps=200,
+        min_lr_ratio=0.0,
+        max_minutes=30.0,
+        eval_every=1000,
+        snapshot_minutes=1e9,
+        keep_snapshots=1,
+    )
     task: str = "fashion-mnist"
     batch_size: int = 128
     crop_padding: int = 0
@@ -87,8 +95,9 @@ class ViTRecipe:
 
 def load_task(recipe: ViTRecipe):
     """The recipe's :class:`~qkv.data.images.ImageTask` (see :func:`load_image_task`)."""
-    return load_image_task(recipe.task, recipe.model.image_size, recipe.model.channels,
-                           recipe.val_fraction, recipe.split_seed)
+    return load_image_task(
+        recipe.task, recipe.model.image_size, recipe.model.channels, recipe.val_fraction, recipe.split_seed
+    )
 
 
 def model_config(recipe: ViTRecipe, task: ImageTask) -> ViTConfig:
@@ -122,7 +131,7 @@ class ImageBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def shard(self, rank: int, world_size: int) -> "ImageBatch":
+    def shard(self, rank: int, world_size: int) -> ImageBatch:
         return replace(self, rows=self.rows[rank::world_size], part=rank + 1)
 
 
@@ -142,14 +151,22 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
     device = run.device
     write_settings(run_dir, "vit", recipe, cfg, run, resume)
     if not resume:  # a resumed run keeps its own
-        write_json(run_dir / "task.json", {"task": task.name, "classes": list(task.classes),
-                                           "input": "pixel / 127.5 - 1, see qkv.data.images.read_image",
-                                           "citation": task.citation})
+        write_json(
+            run_dir / "task.json",
+            {
+                "task": task.name,
+                "classes": list(task.classes),
+                "input": "pixel / 127.5 - 1, see qkv.data.images.read_image",
+                "citation": task.citation,
+            },
+        )
     sizes = {s: len(task.split(s).labels) for s in ("train", "val", "test")}
-    logger.info(f"{task.name}: {sizes['train']:,} train / {sizes['val']:,} val / {sizes['test']:,} "
-                f"test images of {cfg.image_size}x{cfg.image_size}x{cfg.channels}, "
-                f"{len(task.classes)} classes; {cfg.n_patches} patches of {cfg.patch_size}x"
-                f"{cfg.patch_size} + the class token. {task.citation}")
+    logger.info(
+        f"{task.name}: {sizes['train']:,} train / {sizes['val']:,} val / {sizes['test']:,} "
+        f"test images of {cfg.image_size}x{cfg.image_size}x{cfg.channels}, "
+        f"{len(task.classes)} classes; {cfg.n_patches} patches of {cfg.patch_size}x"
+        f"{cfg.patch_size} + the class token. {task.citation}"
+    )
     model = VisionTransformer(cfg).to(device)
     logger.info(f"ViT: {model.num_parameters():,} parameters")
     classifier = ImageClassifier(model, task.classes, device, hflip_tta=recipe.hflip and recipe.tta_hflip)
@@ -158,13 +175,16 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
     optimizer = make_optimizer(model, recipe.train)
     train_cfg, n = recipe.train, len(y_train)
     per_epoch = max(n // recipe.batch_size, 1)  # the last partial batch is dropped
-    total = train_cfg.max_steps or (per_epoch * train_cfg.max_epochs // train_cfg.accum_steps
-                                    if train_cfg.max_epochs else None)
+    total = train_cfg.max_steps or (
+        per_epoch * train_cfg.max_epochs // train_cfg.accum_steps if train_cfg.max_epochs else None
+    )
 
     def batches(epoch: int):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(train_cfg.seed * 1000 + epoch))
-        return [ImageBatch(epoch, i, order[i * recipe.batch_size: (i + 1) * recipe.batch_size])
-                for i in range(per_epoch)]
+        return [
+            ImageBatch(epoch, i, order[i * recipe.batch_size : (i + 1) * recipe.batch_size])
+            for i in range(per_epoch)
+        ]
 
     def loss_fn(model, batch):
         epoch, i, idx = batch.epoch, batch.number, batch.rows
@@ -175,40 +195,64 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
         gen = torch.Generator().manual_seed(seed)
         images = augment(x_train[idx], recipe.crop_padding, recipe.hflip, gen).to(device)
         logits = model(images).logits
-        loss = F.cross_entropy(logits.float(), y_train[idx].to(device), reduction="sum",
-                               label_smoothing=recipe.label_smoothing)
+        loss = F.cross_entropy(
+            logits.float(), y_train[idx].to(device), reduction="sum", label_smoothing=recipe.label_smoothing
+        )
         return loss, len(idx)
 
     def validate(model) -> dict:
         m = evaluate_images(classifier, task.val)
         return {"val_accuracy": m["accuracy"], "val_macro_f1": m["macro_f1"]}
 
-    state = train_loop(model, optimizer,
-                       train_cfg.lr_schedule(cfg.d_model, total_steps=total),
-                       batches, loss_fn, validate, run_dir, replace(train_cfg, max_steps=total),
-                       progress, score_key="val_accuracy", higher_is_better=True, resume=resume,
-                       precision=run.precision)
+    state = train_loop(
+        model,
+        optimizer,
+        train_cfg.lr_schedule(cfg.d_model, total_steps=total),
+        batches,
+        loss_fn,
+        validate,
+        run_dir,
+        replace(train_cfg, max_steps=total),
+        progress,
+        score_key="val_accuracy",
+        higher_is_better=True,
+        resume=resume,
+        precision=run.precision,
+    )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
-    summary = {"task": task.name, "validation": evaluate_images(classifier, task.val),
-               "test": evaluate_images(classifier, task.test), "tta": classifier.hflip_tta}
+    summary = {
+        "task": task.name,
+        "validation": evaluate_images(classifier, task.val),
+        "test": evaluate_images(classifier, task.test),
+        "tta": classifier.hflip_tta,
+    }
     if classifier.hflip_tta:  # what one view of each image scores, so the gain is visible
         single = ImageClassifier(model, task.classes, device)
-        summary["test_single_view"] = {k: evaluate_images(single, task.test)[k] for k in ("accuracy", "macro_f1")}
-    plot_confusion(summary["test"]["confusion"], task.classes, run_dir / "confusion.png",
-                   f"{task.name} test (ViT)")
+        summary["test_single_view"] = {
+            k: evaluate_images(single, task.test)[k] for k in ("accuracy", "macro_f1")
+        }
+    plot_confusion(
+        summary["test"]["confusion"], task.classes, run_dir / "confusion.png", f"{task.name} test (ViT)"
+    )
     if recipe.baseline:
         from ..evaluate.baselines import pixel_baseline_metrics
 
         t = time.perf_counter()
         summary["baseline_test"] = pixel_baseline_metrics(
-            task.train.images, task.train.labels, task.test.images, task.test.labels, task.classes)
+            task.train.images, task.train.labels, task.test.images, task.test.labels, task.classes
+        )
         summary["baseline_test"]["fit_minutes"] = round((time.perf_counter() - t) / 60, 2)
-    summary.update({"train_minutes": round(state.elapsed_s / 60, 2), "steps": state.step,
-                    "epochs": round(state.step * recipe.batch_size / n, 2),
-                    "parameters": model.num_parameters(),
-                    "total_minutes": round((time.perf_counter() - t_start) / 60, 2)})
+    summary.update(
+        {
+            "train_minutes": round(state.elapsed_s / 60, 2),
+            "steps": state.step,
+            "epochs": round(state.step * recipe.batch_size / n, 2),
+            "parameters": model.num_parameters(),
+            "total_minutes": round((time.perf_counter() - t_start) / 60, 2),
+        }
+    )
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -229,11 +273,17 @@ def evaluate_vit_run(run_dir: str | Path, split: str = "test", device: torch.dev
     recipe = resolve(ViTRecipe, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     recipe = replace(recipe, model=classifier.config)
     data = load_task(recipe).split(split)
-    return {"task": recipe.task, "split": split, "tta": classifier.hflip_tta,
-            **evaluate_images(classifier, data)}
+    return {
+        "task": recipe.task,
+        "split": split,
+        "tta": classifier.hflip_tta,
+        **evaluate_images(classifier, data),
+    }
 
 
-def evaluate_with_confusion(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
+def evaluate_with_confusion(
+    run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu"
+) -> dict:
     """:func:`evaluate_vit_run`, and its confusion matrix drawn to ``confusion_SPLIT.png`` in
     the run directory (``qkv evaluate``)."""
     result = evaluate_vit_run(run_dir, split, device)
@@ -247,21 +297,36 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train vit`` shows at the end: test accuracy (with and without the mirrored
     view), the baseline's, and what to run next."""
     test, run = summary["test"], Path(run_dir).resolve()
-    line = (f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
-            f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
-            f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all")
+    line = (
+        f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
+        f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
+        f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all"
+    )
     if summary.get("test_single_view"):
-        line += (f"\n(each image and its mirror averaged, tta_hflip; one view: test accuracy "
-                 f"{summary['test_single_view']['accuracy']:.4f})")
+        line += (
+            f"\n(each image and its mirror averaged, tta_hflip; one view: test accuracy "
+            f"{summary['test_single_view']['accuracy']:.4f})"
+        )
     base = summary.get("baseline_test")
     if base:
         line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
-    return (f"{line}\nrun directory: {run} (summary.json, confusion.png)\nnext:\n"
-            f"  qkv classify {run} IMAGE.png ...\n"
-            f"  qkv explain {run} --input IMAGE.png --out {run}/explain   # where each head looks\n"
-            f"  qkv explain {run} --serve")
+    return (
+        f"{line}\nrun directory: {run} (summary.json, confusion.png)\nnext:\n"
+        f"  qkv classify {run} IMAGE.png ...\n"
+        f"  qkv explain {run} --input IMAGE.png --out {run}/explain   # where each head looks\n"
+        f"  qkv explain {run} --serve"
+    )
 
 
-RECIPE = Recipe(name="vit", settings=ViTRecipe, train=train_vit, evaluate=evaluate_with_confusion,
-                splits=("test", "val", "train"), summary=summary_text, model_type=VIT,
-                explainer=ImageExplainer, inputs="image", classifier=True)
+RECIPE = Recipe(
+    name="vit",
+    settings=ViTRecipe,
+    train=train_vit,
+    evaluate=evaluate_with_confusion,
+    splits=("test", "val", "train"),
+    summary=summary_text,
+    model_type=VIT,
+    explainer=ImageExplainer,
+    inputs="image",
+    classifier=True,
+)

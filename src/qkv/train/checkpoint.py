@@ -101,11 +101,14 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-        raise QkvError(f"cannot load weights from {path} (corrupt or incompatible): "
-                       f"{str(exc).splitlines()[0]}") from None
+        raise QkvError(
+            f"cannot load weights from {path} (corrupt or incompatible): {str(exc).splitlines()[0]}"
+        ) from None
     if missing or unexpected:
-        raise QkvError(f"weights in {path} do not match the model: missing {sorted(missing)}, "
-                       f"unexpected {sorted(unexpected)}")
+        raise QkvError(
+            f"weights in {path} do not match the model: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
 
 
 def previous_state_path(path: Path) -> Path:
@@ -123,7 +126,9 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise QkvError(f"cannot read {path}: truncated or corrupt ({str(exc).splitlines()[0][:200]})") from None
+        raise QkvError(
+            f"cannot read {path}: truncated or corrupt ({str(exc).splitlines()[0][:200]})"
+        ) from None
 
 
 def save_state(state: dict, path: Path) -> None:
@@ -198,8 +203,10 @@ def load_state(path: Path, mmap: bool = False) -> dict:
     prev, offer = previous_state_path(path), ""
     try:
         step = _read_state(prev, mmap=True)["loop"]["step"]
-        offer = (f"; the previous state {prev.name} (step {step}) is readable: "
-                 f"mv {prev} {path} and resume again to continue from step {step}")
+        offer = (
+            f"; the previous state {prev.name} (step {step}) is readable: "
+            f"mv {prev} {path} and resume again to continue from step {step}"
+        )
     except (QkvError, KeyError, TypeError):
         pass
     raise QkvError(f"training state {path} {reason}{offer}")

@@ -49,11 +49,13 @@ def rng_state() -> dict[str, Any]:
     tensors and plain values that ``torch.load(weights_only=True)`` reads back (NumPy's key is
     an int64 tensor: its uint32 array would not be)."""
     # the legacy tuple (get_state's default), which NumPy's stubs type as "tuple or dict"
-    name, keys, pos, has_gauss, gauss = cast("tuple[str, np.ndarray, int, int, float]",
-                                             np.random.get_state())
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    name, keys, pos, has_gauss, gauss = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(saved: dict[str, Any]) -> None:
@@ -83,8 +85,15 @@ class Checkpointer:
             in which direction it improves.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path,
-                 cfg: TrainSettings, score_key: str = "val_loss", higher_is_better: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        run_dir: Path,
+        cfg: TrainSettings,
+        score_key: str = "val_loss",
+        higher_is_better: bool = False,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.run_dir = Path(run_dir)
@@ -100,9 +109,17 @@ class Checkpointer:
         rngs = distributed.gather_objects(rng_state())
         if distributed.is_main():
             # One file for all of it: two files could be caught half-updated by a SIGKILL.
-            save_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "loop": asdict(state), "rng": rngs, "world_size": distributed.context().world_size,
-                        "settings": asdict(self.cfg)}, self.state_path)
+            save_state(
+                {
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "loop": asdict(state),
+                    "rng": rngs,
+                    "world_size": distributed.context().world_size,
+                    "settings": asdict(self.cfg),
+                },
+                self.state_path,
+            )
             save_weights(self.model, self.run_dir / "last.safetensors")
 
     def keep_best(self, state: LoopState, scores: dict[str, float]) -> bool:
@@ -114,8 +131,9 @@ class Checkpointer:
                 disagree).
         """
         score = scores[self.score_key]
-        better = state.best_score is None or (score > state.best_score if self.higher_is_better
-                                              else score < state.best_score)
+        better = state.best_score is None or (
+            score > state.best_score if self.higher_is_better else score < state.best_score
+        )
         if better:
             state.best_score = score
             if distributed.is_main():
@@ -149,8 +167,10 @@ class Checkpointer:
         saved = upgrade_train_state(load_state(self.state_path), self.run_dir, self.model)
         ctx = distributed.context()
         if saved["world_size"] != ctx.world_size:
-            raise QkvError(f"{self.run_dir} was trained on {saved['world_size']} process(es); resume "
-                           f"it on as many (its random streams are per process), not {ctx.world_size}")
+            raise QkvError(
+                f"{self.run_dir} was trained on {saved['world_size']} process(es); resume "
+                f"it on as many (its random streams are per process), not {ctx.world_size}"
+            )
         try:
             self.model.load_state_dict(saved["model"])
         except RuntimeError as exc:  # a state of another model (shapes or names differ)

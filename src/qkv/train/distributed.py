@@ -108,8 +108,10 @@ def share(batch, rank: int, world_size: int):
         return batch.shard(rank, world_size)
     if isinstance(batch, (torch.Tensor, list)):
         return batch[rank::world_size]
-    raise QkvError(f"a micro-batch of type {type(batch).__name__} cannot be split across {world_size} "
-                   f"processes: set train.accum_steps={world_size} (or a multiple)")
+    raise QkvError(
+        f"a micro-batch of type {type(batch).__name__} cannot be split across {world_size} "
+        f"processes: set train.accum_steps={world_size} (or a multiple)"
+    )
 
 
 def shutdown() -> None:

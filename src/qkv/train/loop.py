@@ -127,8 +127,17 @@ def train_loop(
         precision = resolve_precision(cfg.precision, next(model.parameters()).device)[0]
     model.train()
     stop = _StopRequests()
-    step = Stepper(model, optimizer, lr, loss_fn, cfg, precision, run_dir, elapsed_s=state.elapsed_s,
-                   stop_requested=lambda: stop.requested)
+    step = Stepper(
+        model,
+        optimizer,
+        lr,
+        loss_fn,
+        cfg,
+        precision,
+        run_dir,
+        elapsed_s=state.elapsed_s,
+        stop_requested=lambda: stop.requested,
+    )
 
     in_step = stopping = False
     with stop, TrainMetrics(run_dir, cfg, state, resumed=resume, progress=progress) as metrics:
@@ -138,7 +147,7 @@ def train_loop(
             while not _out_of_budget(state, cfg):
                 epoch_batches = batches(state.epoch)
                 while state.batch_in_epoch < len(epoch_batches) and not _out_of_budget(state, cfg):
-                    group = epoch_batches[state.batch_in_epoch: state.batch_in_epoch + cfg.accum_steps]
+                    group = epoch_batches[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps]
                     if not step.takes(group):  # an epoch's short last group
                         state.batch_in_epoch += len(group)
                         continue
@@ -189,13 +198,20 @@ def train_loop(
 
 
 def _out_of_budget(state: LoopState, cfg: TrainSettings) -> bool:
-    return ((cfg.max_steps is not None and state.step >= cfg.max_steps)
-            or (cfg.max_minutes is not None and state.elapsed_s >= cfg.max_minutes * 60)
-            or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs))
+    return (
+        (cfg.max_steps is not None and state.step >= cfg.max_steps)
+        or (cfg.max_minutes is not None and state.elapsed_s >= cfg.max_minutes * 60)
+        or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs)
+    )
 
 
-def _validate(model: torch.nn.Module, validate: Callable[[torch.nn.Module], dict] | None,
-              state: LoopState, metrics: TrainMetrics, checkpoints: Checkpointer) -> None:
+def _validate(
+    model: torch.nn.Module,
+    validate: Callable[[torch.nn.Module], dict] | None,
+    state: LoopState,
+    metrics: TrainMetrics,
+    checkpoints: Checkpointer,
+) -> None:
     """Run ``validate`` on rank 0 (eval mode, no grad), log its scores and keep the best
     weights; elsewhere, or without ``validate``, do nothing."""
     if validate is None or not distributed.is_main():
@@ -206,5 +222,8 @@ def _validate(model: torch.nn.Module, validate: Callable[[torch.nn.Module], dict
     model.train()
     metrics.log({"step": state.step, "elapsed_min": round(state.elapsed_s / 60, 2), **scores})
     better = checkpoints.keep_best(state, scores)
-    logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
-                + (" (best)" if better else ""))
+    logger.info(
+        f"step {state.step}: "
+        + ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
+        + (" (best)" if better else "")
+    )

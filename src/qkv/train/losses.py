@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 
-def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.1,
-                       ignore_index: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def label_smoothed_nll(
+    logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.1, ignore_index: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed cross-entropy and summed plain NLL, padding ignored.
 
     Shape: ``logits (B, T, V)`` (any float dtype; computed in float32), ``target (B, T)`` long.
@@ -19,8 +20,9 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, label_smoothi
     """
     logits = logits.float().reshape(-1, logits.size(-1))
     target = target.reshape(-1)
-    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum",
-                           label_smoothing=label_smoothing)
+    loss = F.cross_entropy(
+        logits, target, ignore_index=ignore_index, reduction="sum", label_smoothing=label_smoothing
+    )
     if label_smoothing == 0.0:
         return loss, loss.detach()
     with torch.no_grad():

@@ -35,8 +35,9 @@ class TrainMetrics:
     steps; ``progress`` false (or a rank other than 0) hides it.
     """
 
-    def __init__(self, run_dir: Path, cfg: TrainSettings, state: LoopState, resumed: bool,
-                 progress: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, cfg: TrainSettings, state: LoopState, resumed: bool, progress: bool = True
+    ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.plot_path = Path(run_dir) / "loss.png"
         self.cfg = cfg
@@ -48,12 +49,17 @@ class TrainMetrics:
                 self.path.unlink(missing_ok=True)
         time_budget = cfg.max_minutes if cfg.max_steps is None else None
         self.by_time = time_budget is not None
-        self.bar = tqdm(total=cfg.max_steps if time_budget is None else round(time_budget * 60),
-                        initial=round(state.elapsed_s) if self.by_time else state.step,
-                        disable=not (progress and self.main), unit="s" if self.by_time else "step",
-                        dynamic_ncols=True, desc="train",
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
-                        if self.by_time else None)
+        self.bar = tqdm(
+            total=cfg.max_steps if time_budget is None else round(time_budget * 60),
+            initial=round(state.elapsed_s) if self.by_time else state.step,
+            disable=not (progress and self.main),
+            unit="s" if self.by_time else "step",
+            dynamic_ncols=True,
+            desc="train",
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
+            if self.by_time
+            else None,
+        )
         self._window_loss, self._window_tokens, self._window_t = 0.0, 0, time.perf_counter()
 
     def log(self, row: dict[str, Any]) -> None:
@@ -72,23 +78,30 @@ class TrainMetrics:
         if state.step % TRAIN_ROW_EVERY:
             return
         dt = time.perf_counter() - self._window_t
-        row = {"step": state.step, "epoch": state.epoch,
-               "train_loss": self._window_loss / max(self._window_tokens, 1),
-               "lr": stats.lr, "tokens_per_s": self._window_tokens / max(dt, 1e-9),
-               "elapsed_min": round(state.elapsed_s / 60, 2)}
+        row = {
+            "step": state.step,
+            "epoch": state.epoch,
+            "train_loss": self._window_loss / max(self._window_tokens, 1),
+            "lr": stats.lr,
+            "tokens_per_s": self._window_tokens / max(dt, 1e-9),
+            "elapsed_min": round(state.elapsed_s / 60, 2),
+        }
         self.log(row)
         max_minutes = self.cfg.max_minutes
         left = "" if max_minutes is None else f" left {max(0.0, max_minutes - state.elapsed_s / 60):.1f}m"
-        bar.set_postfix_str(f"loss {row['train_loss']:.3f} lr {row['lr']:.2e} "
-                            f"tok/s {row['tokens_per_s']:.0f} ep {state.epoch}"
-                            + (f" step {state.step}" if self.by_time else left))
+        bar.set_postfix_str(
+            f"loss {row['train_loss']:.3f} lr {row['lr']:.2e} "
+            f"tok/s {row['tokens_per_s']:.0f} ep {state.epoch}"
+            + (f" step {state.step}" if self.by_time else left)
+        )
         self._window_loss, self._window_tokens, self._window_t = 0.0, 0, time.perf_counter()
 
     def __enter__(self) -> TrainMetrics:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             self.bar.close()
         finally:
@@ -99,8 +112,11 @@ class TrainMetrics:
 def _truncate_metrics(path: Path, step: int) -> None:
     """Drop the rows a resumed run will write again (those after its checkpoint's step)."""
     if path.exists():
-        rows = [r for r in path.read_text(encoding="utf-8").splitlines()
-                if r.strip() and json.loads(r).get("step", 0) <= step]
+        rows = [
+            r
+            for r in path.read_text(encoding="utf-8").splitlines()
+            if r.strip() and json.loads(r).get("step", 0) <= step
+        ]
         write_text(path, "".join(r + "\n" for r in rows))
 
 

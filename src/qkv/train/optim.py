@@ -14,14 +14,13 @@ import torch
 def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
     """Eq. 3 times ``factor``; ``step`` counts from 1 (step 0 is treated as 1)."""
     step = max(step, 1)
-    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
 def make_adam(params, betas=(0.9, 0.98), eps=1e-9, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """Adam(W) with the paper's β and ε; lr is set per step by the schedule."""
     # fused=True: one kernel for all parameters instead of a loop of small ops (CPU and CUDA).
-    return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay,
-                             fused=True)
+    return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
 
 
 def make_optimizer(model: torch.nn.Module, settings) -> torch.optim.Optimizer:
@@ -29,13 +28,19 @@ def make_optimizer(model: torch.nn.Module, settings) -> torch.optim.Optimizer:
     :class:`~qkv.train.settings.TrainSettings`) betas and eps; weight decay on matrices
     (embeddings, linears) only, not on norms and biases."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return make_adam([{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": settings.weight_decay},
-                      {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}],
-                     betas=(settings.beta1, settings.beta2), eps=settings.eps)
+    return make_adam(
+        [
+            {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": settings.weight_decay},
+            {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        betas=(settings.beta1, settings.beta2),
+        eps=settings.eps,
+    )
 
 
-def warmup_cosine_lr(step: int, peak_lr: float, min_lr: float, warmup_steps: int,
-                     decay_steps: int, shape: str = "cosine") -> float:
+def warmup_cosine_lr(
+    step: int, peak_lr: float, min_lr: float, warmup_steps: int, decay_steps: int, shape: str = "cosine"
+) -> float:
     """Linear warm-up to ``peak_lr``, then cosine (or, ``shape="linear"``, linear) decay to
     ``min_lr`` at ``decay_steps`` and constant after (Loshchilov & Hutter 2017; GPT-2 /
     nanoGPT). ``step`` counts from 1, so step ``s`` here is nanoGPT's iteration ``s - 1``."""
@@ -47,8 +52,9 @@ def warmup_cosine_lr(step: int, peak_lr: float, min_lr: float, warmup_steps: int
     return _decay(min_lr, peak_lr, (it - warmup_steps) / max(decay_steps - warmup_steps, 1), shape)
 
 
-def budget_lr(step: int, used: float, peak_lr: float, min_lr: float, warmup_steps: int,
-              shape: str = "linear") -> float:
+def budget_lr(
+    step: int, used: float, peak_lr: float, min_lr: float, warmup_steps: int, shape: str = "linear"
+) -> float:
     """A schedule for a budget whose length in steps is unknown (a time budget): linear
     warm-up over ``warmup_steps`` steps, times a decay from ``peak_lr`` to ``min_lr`` as the
     fraction ``used`` (0..1) of the budget is spent. Linear decay to the end of the budget is

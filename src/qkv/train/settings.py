@@ -8,8 +8,9 @@ Eq. 3, ``schedule="noam"``); Loshchilov & Hutter 2017/2019 (AdamW, cosine decay,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from ..errors import ConfigError
 from ..settings import check
@@ -82,8 +83,15 @@ class TrainSettings:
         out = []
         if not 0 <= self.seed < 2**32:  # NumPy's seeds, and every RNG qkv seeds from it
             out.append(f"seed ({self.seed}) must be in [0, 2**32)")
-        at_least_one = ("max_steps", "max_epochs", "accum_steps", "eval_every", "keep_snapshots",
-                        "threads", "lr_decay_steps")
+        at_least_one = (
+            "max_steps",
+            "max_epochs",
+            "accum_steps",
+            "eval_every",
+            "keep_snapshots",
+            "threads",
+            "lr_decay_steps",
+        )
         for name in at_least_one:
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -102,8 +110,9 @@ class TrainSettings:
             out.append(f"min_lr_ratio ({self.min_lr_ratio}) must be in [0, 1]")
         return out
 
-    def lr_schedule(self, d_model: int, total_steps: int | None = None,
-                    peak_lr: float | None = None) -> Callable[[int, float], float]:
+    def lr_schedule(
+        self, d_model: int, total_steps: int | None = None, peak_lr: float | None = None
+    ) -> Callable[[int, float], float]:
         """(optimizer step from 1, fraction of the budget used 0..1) → learning rate.
 
         Args:
@@ -120,14 +129,16 @@ class TrainSettings:
             return lambda step, used=0.0: noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
         decay = self.lr_decay_steps or total_steps or self.max_steps
         if decay is None and self.max_minutes is None:
-            raise ConfigError(f"train.schedule={self.schedule} needs an end: set train.max_steps, "
-                             "train.max_minutes or train.lr_decay_steps")
+            raise ConfigError(
+                f"train.schedule={self.schedule} needs an end: set train.max_steps, "
+                "train.max_minutes or train.lr_decay_steps"
+            )
         peak = self.lr if self.lr is not None else peak_lr
         if peak is None:
             raise ConfigError("train.lr is not set")
         low = peak * self.min_lr_ratio
         if decay is None:
-            return lambda step, used=0.0: budget_lr(step, used, peak, low, self.warmup_steps,
-                                                    self.schedule)
-        return lambda step, used=0.0: warmup_cosine_lr(step, peak, low, self.warmup_steps, decay,
-                                                       self.schedule)
+            return lambda step, used=0.0: budget_lr(step, used, peak, low, self.warmup_steps, self.schedule)
+        return lambda step, used=0.0: warmup_cosine_lr(
+            step, peak, low, self.warmup_steps, decay, self.schedule
+        )

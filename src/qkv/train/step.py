@@ -56,8 +56,10 @@ class StepStats:
 def budget_used(cfg: TrainSettings, step: int, elapsed_s: float) -> float:
     """The fraction of the first budget to run out that is spent at optimizer step ``step``
     with ``elapsed_s`` seconds of training (what a time-budget schedule decays over)."""
-    return max(0.0 if cfg.max_steps is None else step / cfg.max_steps,
-               0.0 if cfg.max_minutes is None else elapsed_s / (cfg.max_minutes * 60))
+    return max(
+        0.0 if cfg.max_steps is None else step / cfg.max_steps,
+        0.0 if cfg.max_minutes is None else elapsed_s / (cfg.max_minutes * 60),
+    )
 
 
 class Stepper:
@@ -78,11 +80,18 @@ class Stepper:
             so a signal during the step still stops after it.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 lr: Callable[[int, float], float],
-                 loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]],
-                 cfg: TrainSettings, precision: str, run_dir: Path, elapsed_s: float = 0.0,
-                 stop_requested: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr: Callable[[int, float], float],
+        loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]],
+        cfg: TrainSettings,
+        precision: str,
+        run_dir: Path,
+        elapsed_s: float = 0.0,
+        stop_requested: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.lr = lr
@@ -97,9 +106,13 @@ class Stepper:
         self.device = next(model.parameters()).device
         # float64 keeps token counts and seconds exact; MPS has no float64
         self.stat_dtype = torch.float32 if self.device.type == "mps" else torch.float64
-        self.ddp = (torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-            if self.ctx.enabled else None)
+        self.ddp = (
+            torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            if self.ctx.enabled
+            else None
+        )
         self.step_model: torch.nn.Module = self.ddp or model
         if cfg.compile:  # a module compiled is a module (OptimizedModule); its stub says callable
             self.step_model = cast(torch.nn.Module, torch.compile(self.step_model))
@@ -121,9 +134,19 @@ class Stepper:
         """
         loss_sum, n_tokens = self._accumulate(group)
         # [loss, target tokens, seconds, stop] summed over the processes, on the device
-        stats = torch.stack([loss_sum, *torch.tensor(
-            [n_tokens, (time.perf_counter() - self._t0) / self.ctx.world_size, float(self.stop_requested())],
-            dtype=self.stat_dtype).to(self.device)])
+        stats = torch.stack(
+            [
+                loss_sum,
+                *torch.tensor(
+                    [
+                        n_tokens,
+                        (time.perf_counter() - self._t0) / self.ctx.world_size,
+                        float(self.stop_requested()),
+                    ],
+                    dtype=self.stat_dtype,
+                ).to(self.device),
+            ]
+        )
         distributed.all_reduce_(stats)
         # DDP's mean over W processes, times W, over all tokens = the 1-process sum / tokens
         divisor = stats[1].clamp(min=1) / self.ctx.world_size
@@ -133,7 +156,8 @@ class Stepper:
         # an infinite max_norm measures without clipping
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_norm or math.inf)
         loss, norm, tokens, elapsed, stop_votes = torch.cat(
-            [stats[:1], grad_norm.detach().to(self.stat_dtype).view(1), stats[1:]]).tolist()  # one sync
+            [stats[:1], grad_norm.detach().to(self.stat_dtype).view(1), stats[1:]]
+        ).tolist()  # one sync
         if not (math.isfinite(loss) and math.isfinite(norm)):
             self._skip_nonfinite(state, loss, norm)
             return StepStats(loss, int(tokens), norm, elapsed, None, bool(stop_votes), skipped=True)
@@ -148,13 +172,17 @@ class Stepper:
         """Forward and backward this process's share of ``group``, summing the gradients;
         return its summed loss (a 0-d ``stat_dtype`` tensor) and target tokens."""
         ctx = self.ctx
-        mine = (_my_rows(group, ctx.rank, ctx.world_size) if self.split_rows
-                else [(b, True) for b in group[ctx.rank::ctx.world_size]])
+        mine = (
+            _my_rows(group, ctx.rank, ctx.world_size)
+            if self.split_rows
+            else [(b, True) for b in group[ctx.rank :: ctx.world_size]]
+        )
         losses, n_tokens = [], 0
         for i, (batch, counts) in enumerate(mine):
             # DDP averages gradients over the processes on the last backward only
-            with (self.ddp.no_sync() if self.ddp is not None and i < len(mine) - 1
-                  else contextlib.nullcontext()):
+            with (
+                self.ddp.no_sync() if self.ddp is not None and i < len(mine) - 1 else contextlib.nullcontext()
+            ):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
                     loss, n = self.loss_fn(self.step_model, batch)
                 if not counts:  # no rows for this process: it joins the step with zeros
@@ -168,13 +196,16 @@ class Stepper:
         """Discard the step's gradients; raise unless ``cfg.skip_nonfinite`` allows one more."""
         bad = _first_nonfinite_grad(self.model)
         self.optimizer.zero_grad(set_to_none=True)
-        what = (f"non-finite loss at step {state.step + 1} (loss {loss}, gradient norm {grad_norm}"
-                + (f", first non-finite gradient: {bad})" if bad else ")"))
+        what = f"non-finite loss at step {state.step + 1} (loss {loss}, gradient norm {grad_norm}" + (
+            f", first non-finite gradient: {bad})" if bad else ")"
+        )
         skipped = state.skipped_nonfinite + 1
         if skipped > self.cfg.skip_nonfinite:
-            raise NonFiniteLoss(f"{what}; the update was not applied and the last checkpoint in "
-                                f"{self.run_dir} is untouched (train.skip_nonfinite=N skips up to N such "
-                                "steps; a lower train.lr often cures a divergence)")
+            raise NonFiniteLoss(
+                f"{what}; the update was not applied and the last checkpoint in "
+                f"{self.run_dir} is untouched (train.skip_nonfinite=N skips up to N such "
+                "steps; a lower train.lr often cures a divergence)"
+            )
         logger.warning(f"{what}: skipped ({skipped} of train.skip_nonfinite={self.cfg.skip_nonfinite})")
 
 
