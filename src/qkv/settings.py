@@ -36,29 +36,34 @@ import logging
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 from . import compat
 from .errors import ConfigError, QkvError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 logger = logging.getLogger(__name__)
+
+_Settings = TypeVar("_Settings", bound="DataclassInstance")
 
 _NULLS = ("null", "none", "None")
 
 
 @functools.cache
-def _hints(cls) -> dict:
+def _hints(cls: type) -> dict[str, Any]:
     # resolved once per class: configs are built often (dataclasses.replace) and check types each time
     return typing.get_type_hints(cls)
 
 
-def _is_section(tp) -> bool:
+def _is_section(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def type_name(tp) -> str:
+def type_name(tp: Any) -> str:
     """How an annotation reads in an error message: ``int``, ``float or null``, ``one of 'a', 'b'``."""
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -74,7 +79,7 @@ class _Invalid(Exception):
     pass
 
 
-def convert(value: Any, tp, from_text: bool = False) -> Any:
+def convert(value: Any, tp: Any, from_text: bool = False) -> Any:
     """``value`` as the annotation ``tp`` wants it, or :class:`_Invalid`.
 
     ``from_text``: ``value`` is a command-line string (``"3"``, ``"true"``, ``"null"``, ``"relu"``);
@@ -133,7 +138,7 @@ def convert(value: Any, tp, from_text: bool = False) -> Any:
     raise _Invalid
 
 
-def _takes_float(tp) -> bool:
+def _takes_float(tp: Any) -> bool:
     return tp is float or float in typing.get_args(tp)
 
 
@@ -153,7 +158,7 @@ def _non_finite(value: Any, from_text: bool) -> bool:
         return True
 
 
-def _mismatch(key: str, tp, value: Any, from_text: bool = False) -> str:
+def _mismatch(key: str, tp: Any, value: Any, from_text: bool = False) -> str:
     """The message for a value that the annotation ``tp`` refuses."""
     if _takes_float(tp) and _non_finite(value, from_text):
         return f"{key} must be a finite number, got {_shown(value)}"
@@ -187,7 +192,7 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def field_problems(obj) -> list[str]:
+def field_problems(obj: DataclassInstance) -> list[str]:
     """Fields of the dataclass instance ``obj`` whose value does not match its annotation
     (constructing a config in Python gets the same checks as the command line)."""
     out = []
@@ -203,7 +208,7 @@ def field_problems(obj) -> list[str]:
     return out
 
 
-def check(obj) -> None:
+def check(obj: Any) -> None:
     """Raise :class:`~qkv.errors.ConfigError` (a ``ValueError``) listing every problem of the
     dataclass instance ``obj`` in one line: values of the wrong type (:func:`field_problems`),
     then what its ``problems()`` method finds (range and consistency checks, skipped where a
@@ -219,7 +224,7 @@ def check(obj) -> None:
         raise ConfigError(one_line(f"invalid {type(obj).__name__}: " + "; ".join(problems)))
 
 
-def field_names(cls, prefix: str = "") -> list[str]:
+def field_names(cls: type[DataclassInstance], prefix: str = "") -> list[str]:
     """Every dotted key of the settings class ``cls``."""
     names = []
     for f in dataclasses.fields(cls):
@@ -228,7 +233,7 @@ def field_names(cls, prefix: str = "") -> list[str]:
     return names
 
 
-def dotted_key(cls, key: str) -> str:
+def dotted_key(cls: type[DataclassInstance], key: str) -> str:
     """The full dotted key for ``key`` (see the module docstring); raises ``KeyError`` with
     the message to show."""
     names = field_names(cls)
@@ -247,7 +252,9 @@ def dotted_key(cls, key: str) -> str:
     raise KeyError(f"unknown key {show_key(key)}{hint}")
 
 
-def _section_keys(cls, table: Callable[[type], dict], prefix: str = "") -> list[tuple[str, type, dict]]:
+def _section_keys(
+    cls: type[DataclassInstance], table: Callable[[type], dict], prefix: str = ""
+) -> list[tuple[str, type, dict]]:
     """``(dotted prefix, section class, table(section class))`` for ``cls`` and each of its
     sections, where ``table`` is :func:`qkv.compat.renamed_keys` or
     :func:`qkv.compat.dropped_keys` (see the module docstring)."""
@@ -259,7 +266,7 @@ def _section_keys(cls, table: Callable[[type], dict], prefix: str = "") -> list[
     return out
 
 
-def _renamed(cls, key: str, value: Any, from_text: bool) -> tuple[str, Any] | None:
+def _renamed(cls: type[DataclassInstance], key: str, value: Any, from_text: bool) -> tuple[str, Any] | None:
     """Today's ``(dotted key, value)`` for a key renamed in a section (dotted, or flat),
     logging a deprecation warning; ``None`` for other keys. Raises :class:`_Invalid` with the
     message for a value the old key's type refuses."""
@@ -287,7 +294,7 @@ def dropped_value_matches(value: Any, dropped: Any, from_text: bool = False) -> 
         return False
 
 
-def _dropped(cls, key: str, value: Any, from_text: bool) -> bool:
+def _dropped(cls: type[DataclassInstance], key: str, value: Any, from_text: bool) -> bool:
     """``True`` for a key that a section dropped (dotted, or flat) given the value it always
     held: accepted and ignored, with a warning; ``False`` for other keys. Raises
     :class:`_Invalid` with the message for a dropped key of any other value."""
@@ -308,7 +315,7 @@ def _dropped(cls, key: str, value: Any, from_text: bool) -> bool:
     return False
 
 
-def _annotation(cls, dotted: str):
+def _annotation(cls: type[DataclassInstance], dotted: str) -> Any:
     *sections, name = dotted.split(".")
     for section in sections:
         cls = _hints(cls)[section]
@@ -325,7 +332,7 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return items
 
 
-def _replace(default, values: dict[str, Any], problems: list[str], where: str):
+def _replace(default: _Settings, values: dict[str, Any], problems: list[str], where: str) -> _Settings | None:
     """``default`` with ``values`` (dotted keys) applied, section by section; what a section's
     validation refuses is appended to ``problems``."""
     changes = {}
@@ -344,7 +351,12 @@ def _replace(default, values: dict[str, Any], problems: list[str], where: str):
         return None
 
 
-def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (), base: dict | None = None):
+def resolve(
+    cls: type[_Settings],
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: dict | None = None,
+) -> _Settings:
     """The settings ``cls`` from its defaults < ``base`` < ``config_file`` (JSON, nested
     sections or flat keys) < ``overrides`` (``"key=value"`` strings). ``base``: a settings tree
     as :func:`to_dict` gives it (a resumed run's own settings, so ``--resume`` alone continues
@@ -401,10 +413,11 @@ def resolve(cls, config_file: str | Path | None = None, overrides: list[str] = (
         settings = _replace(cls(), values, problems, cls.__name__)
     if problems:
         raise QkvError(one_line("invalid settings: " + "; ".join(problems)))
+    assert settings is not None  # _replace returns None only after adding to problems
     return settings
 
 
-def to_dict(settings) -> dict:
+def to_dict(settings: DataclassInstance) -> dict[str, Any]:
     """The nested JSON-ready dict of a settings tree (what ``--print-config`` prints and
     ``--config`` reads back)."""
     return dataclasses.asdict(settings)

@@ -16,7 +16,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from ..compat import check_format_version, dropped_keys, with_format_version
 from ..errors import ConfigError
@@ -25,8 +25,10 @@ from ..nn.layers import LayerConfig
 from ..settings import check, dropped_value_matches, show_key
 from ..train.checkpoint import write_json
 
+_Config = TypeVar("_Config", bound="ModelConfig")
 
-def _json_kind(value) -> str:
+
+def _json_kind(value: Any) -> str:
     """What a JSON value is, in JSON's words (``an array``, ``a string``)."""
     kinds = {
         bool: "true or false",
@@ -52,7 +54,10 @@ class ModelConfig(LayerConfig):
     family has since dropped).
     """
 
-    positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
+    # Every kind of position a family may take; each family narrows it to its own (the
+    # encoder-decoder adds "sinusoidal_halves", the single stacks "rotary"). ModelConfig itself
+    # is a base only: no model is built from it.
+    positional: Literal["sinusoidal", "sinusoidal_halves", "learned", "rotary"] = "sinusoidal"
     max_len: int = 1024
 
     def __post_init__(self) -> None:
@@ -112,7 +117,7 @@ class ModelConfig(LayerConfig):
         write_json(Path(path), with_format_version(self.to_dict()))
 
     @classmethod
-    def from_dict(cls, data: dict):
+    def from_dict(cls: type[_Config], data: dict) -> _Config:
         """Build from a dict (``config.json``). A ``"format_version"`` (absent: version 1) is
         checked and removed; keys an older qkv wrote that this family dropped
         (:func:`qkv.compat.dropped_keys`) are ignored when they hold the value the model
@@ -145,7 +150,7 @@ class ModelConfig(LayerConfig):
         return cls(**data)
 
     @classmethod
-    def load(cls, path: str | Path):
+    def load(cls: type[_Config], path: str | Path) -> _Config:
         """Read a ``config.json``.
 
         Raises:
@@ -228,6 +233,7 @@ class StackConfig(ModelConfig):
     dropout: float = 0.0
     activation: Activation = "gelu"
     norm_first: bool = True
+    positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
     vocab_size: int | None = None
     n_layers: int = 4
     scale_embeddings: bool = False

@@ -45,8 +45,11 @@ class DecoderLM(TransformerStack):
             points check them (:func:`qkv.nn.embeddings.check_token_ids`).
     """
 
+    config: LMConfig  # the stack's config, this family's own (set in TransformerStack.__init__)
+
     def __init__(self, config: LMConfig) -> None:
         super().__init__(config)
+        assert config.vocab_size is not None  # TransformerStack.__init__ required it
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
         if config.tie_embeddings:

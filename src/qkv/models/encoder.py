@@ -60,9 +60,11 @@ class EncoderModel(TransformerStack):
     """
 
     causal = False
+    config: EncoderConfig  # the stack's config, this family's own (set in TransformerStack.__init__)
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
+        assert config.vocab_size is not None  # TransformerStack.__init__ required it
         d = config.d_model
         self.mlm_transform = nn.Sequential(
             nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d, eps=config.layer_norm_eps)
@@ -80,12 +82,14 @@ class EncoderModel(TransformerStack):
     def embed_tokens(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.embed(tokens)  # (B, T, D)
         if self.config.token_dropout:
+            # problems() refuses token_dropout without mask_id; encode() always passes the mask
+            assert self.config.mask_id is not None and attention_mask is not None
             x = esm_token_dropout(x, tokens, self.config.mask_id, attention_mask)
         return x
 
     def encode(
         self, tokens: torch.Tensor, need_weights: bool = False, token_types: torch.Tensor | None = None
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """``(hidden (B, T, D), attention_mask (B, T) bool, attentions)``; ``token_types``
         ``(B, T)`` long are segment ids (BERT sentence pairs; default all 0)."""
         attention_mask = tokens != self.config.pad_id  # (B, T)

@@ -67,6 +67,7 @@ class TransformerStack(nn.Module):
         super().__init__()
         config.require("vocab_size")
         self.config = cfg = config
+        assert cfg.vocab_size is not None  # require() raised if it is unset
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embeddings)
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None

@@ -51,7 +51,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.final_norm = final_norm(cfg)
 
-    def forward(self, x, mask=None, need_weights=False):
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, tuple]:
         weights = []
         for layer in self.layers:
             x, w = layer(x, mask, need_weights=need_weights)
@@ -72,7 +74,15 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.final_norm = final_norm(cfg)
 
-    def forward(self, x, memory, self_mask=None, memory_mask=None, caches=None, need_weights=False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        self_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, tuple, tuple]:
         self_ws, cross_ws = [], []
         # Causal masking is enough for right-padded targets: a real query never sees a later
         # pad key, and pad queries are ignored by the loss. Incremental decoding (one query,
@@ -111,6 +121,8 @@ class Transformer(nn.Module):
         super().__init__()
         config.require("src_vocab_size", "tgt_vocab_size")
         self.config = cfg = config
+        # require() raised if either is unset
+        assert cfg.src_vocab_size is not None and cfg.tgt_vocab_size is not None
         scale = cfg.scale_embeddings
         self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, scale)
         self.tgt_embed = (
@@ -118,7 +130,9 @@ class Transformer(nn.Module):
             if cfg.share_embeddings
             else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale)
         )
-        self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
+        positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
+        assert positional is not None  # None only for "rotary", which TransformerConfig does not take
+        self.positional = positional
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
@@ -149,7 +163,9 @@ class Transformer(nn.Module):
         positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
         return self.embed_dropout(embedding(tokens) + self.positional(positions))
 
-    def encode(self, src: torch.Tensor, need_weights: bool = False):
+    def encode(
+        self, src: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """Run the encoder. ``src (B, S)`` → ``(memory (B, S, D), src_mask (B, 1, 1, S), weights)``."""
         src_mask = padding_mask(src, self.config.pad_id)
         memory, weights = self.encoder(self.embed(src, self.src_embed), src_mask, need_weights)
@@ -160,10 +176,10 @@ class Transformer(nn.Module):
         tgt: torch.Tensor,
         memory: torch.Tensor,
         src_mask: torch.Tensor,
-        caches: list | None = None,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
         start_pos: int = 0,
         need_weights: bool = False,
-    ):
+    ) -> tuple[torch.Tensor, tuple, tuple]:
         """Run the decoder and the output projection.
 
         Shape: ``tgt (B, T)``, ``memory (B, S, D)`` → ``(logits (B, T, V), self weights,

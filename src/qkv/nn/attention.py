@@ -68,7 +68,9 @@ class AttentionSteps:
     output: torch.Tensor  # weights @ V
 
 
-def attention_steps(q, k, v, mask=None) -> AttentionSteps:
+def attention_steps(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> AttentionSteps:
     """Eq. 1 step by step: ``softmax(mask(QKᵀ / sqrt(d_k))) V``, returning every intermediate.
 
     Args:
@@ -220,18 +222,19 @@ class KVCache:
         """Add ``k``, ``v`` ``(B, H, T, Dh)`` after the cached steps; returns all keys and
         values ``(B, H, L + T, Dh)``."""
         end = self.length + k.size(2)
-        if self._k is None or end > self._k.size(2) or self._k.shape[:2] != k.shape[:2]:
+        # _k and _v are set together (here and in set()): one is None exactly when the other is
+        if self._k is None or self._v is None or end > self._k.size(2) or self._k.shape[:2] != k.shape[:2]:
             capacity = max(2 * end, 32)
             old_k, old_v = self.k, self.v
             self._k = k.new_empty(k.size(0), k.size(1), capacity, k.size(3))
             self._v = v.new_empty(v.size(0), v.size(1), capacity, v.size(3))
-            if old_k is not None:
+            if old_k is not None and old_v is not None:
                 self._k[:, :, : self.length] = old_k
                 self._v[:, :, : self.length] = old_v
         self._k[:, :, self.length : end] = k
         self._v[:, :, self.length : end] = v
         self.length = end
-        return self.k, self.v
+        return self._k[:, :, :end], self._v[:, :, :end]  # self.k, self.v
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): ``index`` is a long tensor of shape ``(B',)``.
@@ -240,18 +243,20 @@ class KVCache:
         second buffer of the same capacity, which becomes the cache while the old one waits for
         the next reorder: no allocation per step, and the next append has room.
         """
-        if self._k is None:
+        buf_k, buf_v = self._k, self._v  # set together: one is None exactly when the other is
+        if buf_k is None or buf_v is None:
             return
-        if index.numel() != self._k.size(0):
-            self.set(self.k.index_select(0, index), self.v.index_select(0, index))
-            return
-        if self._spare is None or self._spare[0].shape != self._k.shape:
-            self._spare = (torch.empty_like(self._k), torch.empty_like(self._v))
-        spare_k, spare_v = self._spare
         n = self.length
-        torch.index_select(self.k, 0, index, out=spare_k[:, :, :n])
-        torch.index_select(self.v, 0, index, out=spare_v[:, :, :n])
-        self._spare, self._k, self._v = (self._k, self._v), spare_k, spare_v
+        k, v = buf_k[:, :, :n], buf_v[:, :, :n]  # self.k, self.v
+        if index.numel() != buf_k.size(0):
+            self.set(k.index_select(0, index), v.index_select(0, index))
+            return
+        if self._spare is None or self._spare[0].shape != buf_k.shape:
+            self._spare = (torch.empty_like(buf_k), torch.empty_like(buf_v))
+        spare_k, spare_v = self._spare
+        torch.index_select(k, 0, index, out=spare_k[:, :, :n])
+        torch.index_select(v, 0, index, out=spare_v[:, :, :n])
+        self._spare, self._k, self._v = (buf_k, buf_v), spare_k, spare_v
 
 
 class MultiHeadAttention(nn.Module):
@@ -369,7 +374,7 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
             return q, k, v
         (q,) = self._split(self.w_q(x), 1)  # (B, H, Tq, Dh)
-        if cache is not None and cache.k is not None:
+        if cache is not None and cache.k is not None and cache.v is not None:  # v is set with k
             return q, cache.k, cache.v  # encoder memory does not change while decoding
         k, v = self._split(self.w_kv(memory), 2)  # (B, H, S, Dh) each
         if cache is not None:

@@ -8,6 +8,7 @@ approximation) and SiLU/swish (Ramachandran et al. 2017; Marian).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
@@ -17,7 +18,7 @@ from torch import nn
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 # name → function; "gelu" is exact (erf), "gelu_tanh" GPT-2's tanh approximation ("gelu_new").
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
@@ -32,7 +33,8 @@ class PositionwiseFeedForward(nn.Module):
         d_model: input/output width D. d_ff: inner width.
         dropout: dropout on the inner activation (the Tensor2Tensor "relu dropout"; 0 in the
             paper's text, an option here).
-        activation: ``"relu"`` (paper), ``"gelu"`` (exact), ``"gelu_tanh"`` or ``"silu"``. bias: biases on both linears.
+        activation: ``"relu"`` (paper), ``"gelu"`` (exact), ``"gelu_tanh"`` or ``"silu"``.
+        bias: biases on both linears.
 
     Shape: ``(B, T, D) -> (B, T, D)``.
     """

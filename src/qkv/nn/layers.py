@@ -122,7 +122,7 @@ class SelfAttentionLayer(nn.Module):
         is_causal: bool = False,
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         x, weights = self.self_attn_block(
             x,
             lambda h: self.self_attn(
@@ -169,7 +169,7 @@ class DecoderLayer(nn.Module):
         is_causal: bool = True,
         caches: tuple[KVCache, KVCache] | None = None,
         need_weights: bool = False,
-    ):
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, torch.Tensor | None]]:
         self_cache, cross_cache = caches if caches is not None else (None, None)
         x, self_w = self.self_attn_block(
             x,

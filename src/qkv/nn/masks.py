@@ -28,7 +28,9 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (tokens != pad_id)[:, None, None, :]
 
 
-def causal_mask(q_len: int, k_len: int | None = None, device=None) -> torch.Tensor:
+def causal_mask(
+    q_len: int, k_len: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Look-ahead mask: query ``i`` may attend to key ``j`` only if ``j <= i + (k_len - q_len)``.
 
     With ``k_len > q_len`` (incremental decoding with cached keys) the queries are the *last*

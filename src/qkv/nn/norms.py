@@ -11,6 +11,7 @@ without Normalization").
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,7 +79,7 @@ class ResidualNorm(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], tuple]):
+    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], tuple]) -> tuple[torch.Tensor, Any]:
         if self.norm_first:
             out, extra = sublayer(self.norm(x))
             return x + self._drop(out), extra

@@ -50,6 +50,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     Positions must be below ``max_len`` (unchecked here, see :func:`check_positions`).
     """
 
+    pe: torch.Tensor  # a buffer (register_buffer): typed for the checker, nothing at runtime
+
     def __init__(self, max_len: int, d_model: int, interleaved: bool = True) -> None:
         super().__init__()
         self.max_len = max_len
@@ -93,6 +95,9 @@ class RotaryEmbedding(nn.Module):
     Raises ``ValueError`` for an odd ``d_k``; positions must be below ``max_len`` (unchecked
     in ``forward``, see :func:`check_positions`).
     """
+
+    cos: torch.Tensor  # buffers (register_buffer): typed for the checker, nothing at runtime
+    sin: torch.Tensor
 
     def __init__(self, d_k: int, max_len: int, base: float = 10000.0) -> None:
         super().__init__()

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from ..errors import QkvError
 from . import distributed
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk and rename it
     to ``path``. Under torchrun only rank 0 writes: elsewhere this does nothing, so every file
     a run writes comes from one process."""
@@ -45,7 +46,7 @@ def atomic_write(path: Path, write) -> None:
     _fsync(path.parent)  # the rename itself is on disk
 
 
-def _fsync(path) -> None:
+def _fsync(path: str | Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # a directory that cannot be opened (some platforms): nothing to flush
@@ -223,7 +224,8 @@ def average_weights(paths: list[Path], out: Path) -> None:
     the last 5 checkpoints"). Raises :class:`QkvError` if the files' keys differ."""
     if not paths:
         raise QkvError("no checkpoints to average")
-    total, dtypes = None, None
+    total: dict[str, torch.Tensor] | None = None
+    dtypes: dict[str, torch.dtype] = {}
     for p in paths:
         sd = read_safetensors(p)
         if total is None:
@@ -234,5 +236,6 @@ def average_weights(paths: list[Path], out: Path) -> None:
         else:
             for k, v in sd.items():
                 total[k] += v.double()
+    assert total is not None  # paths is not empty: the first file set it
     avg = {k: (v / len(paths)).to(dtypes[k]).contiguous() for k, v in total.items()}
     atomic_write(out, lambda tmp: save_file(avg, tmp))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -93,7 +94,7 @@ def init(device: str = "auto") -> Context:
     return ctx
 
 
-def share(batch, rank: int, world_size: int):
+def share(batch: Any, rank: int, world_size: int) -> Any:
     """Rows ``rank, rank + world_size, ...`` of one micro-batch: this process's part when a
     step has fewer micro-batches than processes. A batch is a tensor or list of rows (split
     along its first dimension) or an object with a ``shard(rank, world_size)`` method (such as
@@ -131,7 +132,7 @@ def all_reduce_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def gather_objects(obj) -> list:
+def gather_objects(obj: object) -> list:
     """Every rank's ``obj`` in rank order (``[obj]`` in a single process)."""
     if not _context.enabled:
         return [obj]

@@ -7,8 +7,14 @@ lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)   (Eq. 3).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.optim.optimizer import ParamsT
+
+    from .settings import TrainSettings
 
 
 def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
@@ -17,13 +23,15 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> 
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def make_adam(params, betas=(0.9, 0.98), eps=1e-9, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_adam(
+    params: ParamsT, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     """Adam(W) with the paper's β and ε; lr is set per step by the schedule."""
     # fused=True: one kernel for all parameters instead of a loop of small ops (CPU and CUDA).
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
 
 
-def make_optimizer(model: torch.nn.Module, settings) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
     """AdamW over ``model``'s trainable parameters with ``settings``' (a
     :class:`~qkv.train.settings.TrainSettings`) betas and eps; weight decay on matrices
     (embeddings, linears) only, not on norms and biases."""

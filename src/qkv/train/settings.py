@@ -126,7 +126,11 @@ class TrainSettings:
                 ``lr_decay_steps``), or no peak learning rate.
         """
         if self.schedule == "noam":
-            return lambda step, used=0.0: noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
+
+            def noam(step: int, used: float = 0.0) -> float:
+                return noam_lr(step, d_model, self.warmup_steps, self.lr_factor)
+
+            return noam
         decay = self.lr_decay_steps or total_steps or self.max_steps
         if decay is None and self.max_minutes is None:
             raise ConfigError(
@@ -138,7 +142,13 @@ class TrainSettings:
             raise ConfigError("train.lr is not set")
         low = peak * self.min_lr_ratio
         if decay is None:
-            return lambda step, used=0.0: budget_lr(step, used, peak, low, self.warmup_steps, self.schedule)
-        return lambda step, used=0.0: warmup_cosine_lr(
-            step, peak, low, self.warmup_steps, decay, self.schedule
-        )
+
+            def budgeted(step: int, used: float = 0.0) -> float:
+                return budget_lr(step, used, peak, low, self.warmup_steps, self.schedule)
+
+            return budgeted
+
+        def decaying(step: int, used: float = 0.0) -> float:
+            return warmup_cosine_lr(step, peak, low, self.warmup_steps, decay, self.schedule)
+
+        return decaying
