@@ -17,10 +17,11 @@ repeat; medians over ``--repeats``; ratios are ours / reference)
     50257, context 1024, biases, random weights. Batch 1, a 32-token prompt, 128 new tokens,
     greedy. Ours: ``qkv.generate.lm.generate_tokens`` (KV cache) on the model as
     ``TextGenerator.from_run`` prepares it (``prepare_for_inference``: float32 weights stored
-    (in, out); bfloat16 ones reordered by oneDNN where the CPU has native bfloat16; same values). Reference: HF
-    ``model.generate(do_sample=False, use_cache=True, min_new_tokens=max_new_tokens)`` with its
-    default dynamic cache. Measure: new tokens / second (the ratio is ours / reference, > 1
-    means ours is faster).
+    (in, out); bfloat16 ones reordered by oneDNN where the CPU has native bfloat16; same
+    values). Reference: HF
+    ``model.generate(do_sample=False, use_cache=True, min_new_tokens=max_new_tokens)`` with
+    its default dynamic cache. Measure: new tokens / second (the ratio is ours / reference,
+    > 1 means ours is faster).
 
 Sanity checks before timing: the reference loaded with our weights (its extra biases zero)
 gives the same logits as ours (max difference printed and asserted), and for (b) the same
@@ -93,7 +94,7 @@ def copy_ours_into_hf(ours: DecoderLM, ref: GPT2LMHeadModel) -> None:
         if dst_b is not None:
             dst_b.copy_(b if b is not None else torch.zeros_like(dst_b))
 
-    for block, layer in zip(tr.h, ours.layers):
+    for block, layer in zip(tr.h, ours.layers, strict=True):
         att = layer.self_attn
         # Both pack Q, K, V output rows in that order (GPT-2's c_attn stores them as columns).
         copy(block.attn.c_attn.weight, block.attn.c_attn.bias, att.w_qkv.weight, att.w_qkv.bias)
@@ -201,7 +202,7 @@ def bench_generation(args, dtype: torch.dtype = torch.float32) -> dict:
         return n, time.perf_counter() - start
 
     run_ours(), run_ref()  # warm-up
-    same = sum(a == b for a, b in zip(out["ours"], out["ref"])) / n
+    same = sum(a == b for a, b in zip(out["ours"], out["ref"], strict=True)) / n
     ours_rate, ref_rate = alternate(args.repeats, run_ours, run_ref)
     return {
         "ours": ours_rate,

@@ -228,7 +228,7 @@ def make_batches(n_batches: int, batch_size: int, vocab_size: int, seed: int):
     ``src`` = ids + eos, ``tgt_in`` = bos + ids, ``tgt_out`` = ids + eos, right-padded.
     """
     src_texts, tgt_texts = load_multi30k("train", "de", "en")
-    pairs = [(s, t) for s, t in zip(src_texts, tgt_texts) if s.strip() and t.strip()]
+    pairs = [(s, t) for s, t in zip(src_texts, tgt_texts, strict=True) if s.strip() and t.strip()]
     src_tok = SubwordTokenizer.train((s for s, _ in pairs), vocab_size=vocab_size)
     tgt_tok = SubwordTokenizer.train((t for _, t in pairs), vocab_size=vocab_size)
     rng = random.Random(seed)
@@ -307,11 +307,11 @@ def copy_ours_into_reference(ours: Transformer, ref: ReferenceSeq2Seq) -> None:
     with torch.no_grad():
         ref.src_tok_emb.embedding.weight.copy_(ours.src_embed.weight)
         ref.tgt_tok_emb.embedding.weight.copy_(ours.tgt_embed.weight)
-        for d, s in zip(ref.transformer.encoder.layers, ours.encoder.layers):
+        for d, s in zip(ref.transformer.encoder.layers, ours.encoder.layers, strict=True):
             mha(d.self_attn, s.self_attn)
             linear(d.linear1, s.ffn.w_1), linear(d.linear2, s.ffn.w_2)
             linear(d.norm1, s.self_attn_block.norm), linear(d.norm2, s.ffn_block.norm)
-        for d, s in zip(ref.transformer.decoder.layers, ours.decoder.layers):
+        for d, s in zip(ref.transformer.decoder.layers, ours.decoder.layers, strict=True):
             mha(d.self_attn, s.self_attn)
             mha(d.multihead_attn, s.cross_attn)
             linear(d.linear1, s.ffn.w_1), linear(d.linear2, s.ffn.w_2)
@@ -345,7 +345,7 @@ def sanity_checks(
     twin_ids = [
         _strip(row[1:], eos, pad) for row in reference_greedy_decode(twin, sub, steps, bos, eos).tolist()
     ]
-    same = sum(a == b for a, b in zip(ours_ids, twin_ids)) / len(ours_ids)
+    same = sum(a == b for a, b in zip(ours_ids, twin_ids, strict=True)) / len(ours_ids)
     return {
         "nll_ours": float(nll_ours),
         "nll_ref": float(nll_ref),

@@ -26,11 +26,8 @@ def machine() -> str:
     cpu = platform.processor()
     if not cpu:
         try:
-            cpu = next(
-                line.split(":", 1)[1].strip()
-                for line in open("/proc/cpuinfo")
-                if line.startswith("model name")
-            )
+            with open("/proc/cpuinfo") as f:
+                cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
         except (OSError, StopIteration):
             cpu = platform.machine()
     return (
@@ -41,7 +38,7 @@ def machine() -> str:
 
 def row(name: str, ours: list[float], ref: list[float]) -> str:
     mo, mr = statistics.median(ours), statistics.median(ref)
-    ratios = [o / r for o, r in zip(ours, ref)]
+    ratios = [o / r for o, r in zip(ours, ref, strict=True)]
     return (
         f"| {name} | {mo:,.1f} ({min(ours):,.1f}–{max(ours):,.1f}) | "
         f"{mr:,.1f} ({min(ref):,.1f}–{max(ref):,.1f}) | **{mo / mr:.2f}** "

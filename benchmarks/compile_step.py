@@ -59,7 +59,7 @@ def translation_workload(steps: int, tokens: int, **model_overrides):
     src, tgt = load_multi30k("train")
     src, tgt = src[:20000], tgt[:20000]
     tok = SubwordTokenizer.train(src + tgt, 8000)
-    pairs = list(zip(tok.encode_batch(src), tok.encode_batch(tgt)))
+    pairs = list(zip(tok.encode_batch(src), tok.encode_batch(tgt), strict=True))
     order = token_batches([(len(s), len(t)) for s, t in pairs], tokens, shuffle=True, seed=0)[:steps]
     batches = [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order]
     model = Transformer(replace(recipe.model_config(tok), **model_overrides))
@@ -116,7 +116,8 @@ def main() -> None:
         e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
         print(
             f"| {name} | {e:.1f} ({min(times['eager']):.1f}–{max(times['eager']):.1f}) | "
-            f"{c:.1f} ({min(times['compiled']):.1f}–{max(times['compiled']):.1f}) | **{e / c:.2f}** | {warm:.0f} |"
+            f"{c:.1f} ({min(times['compiled']):.1f}–{max(times['compiled']):.1f}) | "
+            f"**{e / c:.2f}** | {warm:.0f} |"
         )
 
 

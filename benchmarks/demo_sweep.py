@@ -6,8 +6,9 @@ of quiet 2-thread training on an AVX2 CPU (the rest of the 10-minute budget goes
 from the seconds per step measured for its shape (`SECONDS_PER_STEP`: 1-minute quiet runs,
 2 threads, AMD EPYC AVX2). Fixed steps make the comparison independent of what else the
 machine is doing, so candidates can run side by side on one thread each (`--jobs 2
---threads 1`); the winner is then checked in a real 10-minute run. Test data is never looked at: the table reports the validation
-BLEU (greedy, sacreBLEU cased) of the weights the recipe selects, and its curve.
+--threads 1`); the winner is then checked in a real 10-minute run. Test data is never looked
+at: the table reports the validation BLEU (greedy, sacreBLEU cased) of the weights the recipe
+selects, and its curve.
 
     QKV_DATA_DIR=../shared/data python benchmarks/demo_sweep.py --out runs/sweep [NAME ...]
 """
@@ -144,11 +145,8 @@ def run(name: str, out: Path, threads: int) -> dict:
         if done.returncode:
             raise RuntimeError(f"{name} failed:\n{done.stderr[-2000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    curve = [
-        (r["step"], round(r["val_bleu"], 2))
-        for r in map(json.loads, open(run_dir / "metrics.jsonl"))
-        if "val_bleu" in r
-    ]
+    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    curve = [(r["step"], round(r["val_bleu"], 2)) for r in rows if "val_bleu" in r]
     return {
         "name": name,
         "steps": steps,

@@ -300,8 +300,8 @@ def workload_a(
         )  # tokens/s
         runs.append(timed_generation(model, prompt, n))
     decodes = [(n - 1) / r[1] for r in runs]
-    fractions = [d / b for d, b in zip(decodes, bounds)]
-    strict_fractions = [d / b for d, b in zip(decodes, strict)]
+    fractions = [d / b for d, b in zip(decodes, bounds, strict=True)]
+    strict_fractions = [d / b for d, b in zip(decodes, strict, strict=True)]
     decode = statistics.median(decodes)
     large = max(streams[dtype_name, "4096 × 4096"].values())
     ours = runs[0][2][0]

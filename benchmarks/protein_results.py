@@ -1,10 +1,11 @@
 """The issue-4 table: scratch / probe / fine-tune / baseline per protein task, from run summaries.
 
-    python benchmarks/protein_results.py runs/   # reads runs/{signalp,amp,flip}_{scratch,probe,finetune}/summary.json
+    python benchmarks/protein_results.py runs/
 
-Prints Markdown: the test metric of each run (MCC for SignalP, accuracy + AUROC for AMP Scanner,
-Q3 for FLIP), its validation metric (what picked the checkpoint), minutes and steps, and the
-SignalP per-kingdom SP-vs-none MCC of the fine-tuned model.
+reads runs/{signalp,amp,flip}_{scratch,probe,finetune}/summary.json and prints Markdown: the
+test metric of each run (MCC for SignalP, accuracy + AUROC for AMP Scanner, Q3 for FLIP), its
+validation metric (what picked the checkpoint), minutes and steps, and the SignalP per-kingdom
+SP-vs-none MCC of the fine-tuned model.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ def main(root: str) -> None:
                 f"{s['train_minutes']} | {s['steps']} |"
             )
         if baseline:
-            print(
-                f"| {title} | baseline: {baseline['baseline']} | {fmt(baseline, key if key != 'q3' else 'accuracy')} | | | |"
-            )
+            metric = key if key != "q3" else "accuracy"
+            print(f"| {title} | baseline: {baseline['baseline']} | {fmt(baseline, metric)} | | | |")
     ft = root / "signalp_finetune" / "summary.json"
     if ft.is_file():
         print("\nSignalP test, fine-tuned: MCC per kingdom (any SP vs none; per type: type vs rest)\n")

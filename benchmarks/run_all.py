@@ -8,8 +8,9 @@ Scripts: ``bench_lm.py`` (vs HF GPT-2), ``bench_translation.py`` (vs the PyTorch
 the measured matmul peak, and where the time goes), ``kill_resume.py`` (SIGKILL + resume,
 bit-identical), ``limits.py`` (inference as fractions of the bandwidth and FLOP bounds; its
 translation workload needs a trained run and is run on its own), ``bench_encode.py`` (MiniLM
-sentence encoding vs HF ``BertModel``, sdpa and eager). Longer studies (``demo_sweep.py``, ``norms.py``, the protein and ViT runs) are
-training runs, not comparisons, and keep their own sections.
+sentence encoding vs HF ``BertModel``, sdpa and eager). Longer studies (``demo_sweep.py``,
+``norms.py``, the protein and ViT runs) are training runs, not comparisons, and keep their own
+sections.
 
 Run from the repository root, with the machine to itself (``--quick``: a few seconds per
 script, a check that they run, not results; it does not touch RESULTS.md):

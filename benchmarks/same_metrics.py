@@ -139,7 +139,8 @@ def compare(old: Path, new: Path) -> int:
         bad += 1
         where = diff if diff is not None else min(len(rows_a), len(rows_b))
         print(
-            f"{name}: differs at row {where}:\n  old {rows_a[where : where + 1]}\n  new {rows_b[where : where + 1]}"
+            f"{name}: differs at row {where}:\n"
+            f"  old {rows_a[where : where + 1]}\n  new {rows_b[where : where + 1]}"
         )
     return 1 if bad else 0
 

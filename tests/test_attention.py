@@ -465,7 +465,7 @@ def test_kv_cache_reorder_and_append_allocate_nothing_per_step():
     cache.append(torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5))
     expected_k = cache.k.clone()
     pointers = set()
-    for step in range(6):
+    for _ in range(6):
         index = torch.randint(0, 4, (4,))
         expected_k = expected_k.index_select(0, index)
         cache.reorder(index)

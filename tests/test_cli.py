@@ -71,7 +71,7 @@ def test_smoke_run_writes_a_complete_run_directory(run_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 40
     assert summary["test2016"]["n"] == 1000
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     assert len(val) == 2 and val[-1] < val[0], "validation loss must fall on real data"
     train_cfg = json.loads((run_dir / "train_config.json").read_text())
@@ -87,7 +87,7 @@ def test_demo_report_shows_examples_bleu_wall_time_run_directory_and_next_steps(
 
     err = RECIPE.summary(json.loads((run_dir / "summary.json").read_text()), run_dir)
     assert err.count("  DE:  ") == 3 and err.count("  REF: ") == 3 and err.count("  QKV: ") == 3
-    line = next(l for l in err.splitlines() if l.startswith("test2016 BLEU "))
+    line = next(row for row in err.splitlines() if row.startswith("test2016 BLEU "))
     assert "sacreBLEU, cased" in line and "40 steps" in line and "min in all" in line
     assert str(run_dir.resolve()) in line
     assert f"qkv explain {run_dir.resolve()} --serve" in err and "configs/multi30k_de_en.json" in err

@@ -248,12 +248,15 @@ def test_every_model_family_reads_old_weights_files_to_identical_outputs(family,
 def test_an_incomplete_old_file_reports_what_is_missing_by_name(tmp_path):
     """Only a complete old projection is rewritten: the packed key is reported missing and the
     old keys left over unexpected, by name (the comparison can fail)."""
-    make = lambda: nn.ModuleDict(
-        {
-            "self_attn": MultiHeadAttention(16, 4),  # noqa: E731
-            "cross_attn": MultiHeadAttention(16, 4, cross=True),
-        }
-    ).eval()
+
+    def make():
+        return nn.ModuleDict(
+            {
+                "self_attn": MultiHeadAttention(16, 4),
+                "cross_attn": MultiHeadAttention(16, 4, cross=True),
+            }
+        ).eval()
+
     source, target = make(), make()
     compat.read_old_weights(target)
     old = {

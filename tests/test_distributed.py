@@ -74,7 +74,7 @@ def test_two_processes_match_one_with_the_same_global_batch(runs):
     for key in ("train_loss", "val_loss"):
         one, two = _rows(runs[1], key), _rows(runs[2], key)
         assert [s for s, _ in one] == [s for s, _ in two] and one
-        for (_, a), (_, b) in zip(one, two):
+        for (_, a), (_, b) in zip(one, two, strict=True):
             assert abs(a - b) < 1e-4 * abs(a), (key, a, b)
     w1, w2 = load_file(str(runs[1] / "last.safetensors")), load_file(str(runs[2] / "last.safetensors"))
     for k in w1:
@@ -107,7 +107,7 @@ def test_the_defaults_train_under_torchrun_with_the_global_batch_of_one_process(
     for key in ("train_loss", "val_loss"):
         a, b = _rows(one, key), _rows(two, key)
         assert [s for s, _ in a] == [s for s, _ in b] and a
-        for (_, x), (_, y) in zip(a, b):
+        for (_, x), (_, y) in zip(a, b, strict=True):
             assert abs(x - y) < 1e-4 * abs(x), (key, x, y)
 
 

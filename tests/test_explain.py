@@ -68,7 +68,8 @@ def test_step_through_reproduces_the_modules_output(tiny_runs, family):
         module = ex.attention_module(kind, 1)
         seen = []
         handle = module.register_forward_hook(  # full-sequence calls (beam search uses a cache)
-            lambda m, a, kw, out: seen.append(out[0]) if kw.get("cache") is None else None, with_kwargs=True
+            lambda m, a, kw, out, seen=seen: seen.append(out[0]) if kw.get("cache") is None else None,
+            with_kwargs=True,
         )
         try:
             ex.explain(INPUTS[family])
@@ -83,7 +84,12 @@ def test_step_through_reproduces_the_modules_output(tiny_runs, family):
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.size(0)), atol=1e-4, rtol=0)
         blocked = ~torch.tensor(row["mask"])
         assert bool((weights[blocked] == 0).all())
-        assert all(v is None for r, m in zip(row["masked"], row["mask"]) for v, ok in zip(r, m) if not ok)
+        assert all(
+            v is None
+            for r, m in zip(row["masked"], row["mask"], strict=True)
+            for v, ok in zip(r, m, strict=True)
+            if not ok
+        )
 
 
 def test_capture_refuses_a_module_outside_the_forward_pass(tiny_runs):

@@ -236,8 +236,8 @@ def test_image_endpoints_refuse_a_text_model(clients):
 # --- issue 26: every bad input a clean refusal (4xx, a JSON one-line detail) --------------
 
 BAD_SETTINGS = [  # raw JSON text: json.dumps refuses NaN and the infinities by default
-    ('"seed": %d' % 2**70, 422, "invalid request: seed: Input should be less than 18446744073709551616"),
-    ('"seed": %d' % -(2**70), 422, "invalid request: seed: Input should be greater than or equal to 0"),
+    (f'"seed": {2**70}', 422, "invalid request: seed: Input should be less than 18446744073709551616"),
+    (f'"seed": {-(2**70)}', 422, "invalid request: seed: Input should be greater than or equal to 0"),
     ('"seed": -1', 422, "invalid request: seed: Input should be greater than or equal to 0"),
     ('"temperature": NaN', 422, "invalid request: temperature: Input should be a finite number"),
     ('"temperature": Infinity', 422, "invalid request: temperature: Input should be a finite number"),
@@ -253,7 +253,8 @@ BAD_SETTINGS = [  # raw JSON text: json.dumps refuses NaN and the infinities by 
 @pytest.mark.parametrize("setting, status, detail", BAD_SETTINGS)
 def test_bad_settings_are_refused_with_a_json_message(clients, family, path, setting, status, detail):
     steps = ', "kind": "decoder", "layer": 0, "head": 0' if path == "/api/steps" else ""
-    body = '{"text": "%s", %s%s}' % ("AAA" if family == "protein" else "ROMEO", setting, steps)
+    text = "AAA" if family == "protein" else "ROMEO"
+    body = f'{{"text": "{text}", {setting}{steps}}}'
     res = clients[family].post(path, content=body, headers={"content-type": "application/json"})
     assert (res.status_code, res.headers["content-type"]) == (status, "application/json"), res.text
     assert res.json() == {"detail": detail}
@@ -324,8 +325,8 @@ def test_the_openapi_document_is_served_without_a_docs_ui(clients):
     "query",
     [
         "layer=99999999999999999999999&head=0&example=0",
-        "layer=0&head=%d&example=0" % 2**70,
-        "layer=0&head=0&example=%d" % 2**70,
+        f"layer=0&head={2**70}&example=0",
+        f"layer=0&head=0&example={2**70}",
         "layer=-1&head=0&example=0",
         "layer=0&head=0&example=NaN",
         "layer=0&head=0&example=1e400",

@@ -426,8 +426,8 @@ def test_warmup_cosine_schedule():
     f = [warmup_cosine_lr(s, lr, min_lr, warmup, decay) for s in range(1, 131)]  # f[s - 1]
     assert f[0] == pytest.approx(lr / (warmup + 1))
     assert f[warmup] == pytest.approx(lr) and max(f) == f[warmup]  # peak at step warmup + 1
-    assert all(a < b for a, b in zip(f[:warmup], f[1 : warmup + 1]))  # rising warm-up
-    assert all(a > b for a, b in zip(f[warmup:decay], f[warmup + 1 : decay + 1]))  # cosine decay
+    assert all(a < b for a, b in zip(f[:warmup], f[1 : warmup + 1], strict=True))  # rising warm-up
+    assert all(a > b for a, b in zip(f[warmup:decay], f[warmup + 1 : decay + 1], strict=True))  # cosine decay
     assert f[decay] == pytest.approx(min_lr)  # step decay + 1
     assert all(x == min_lr for x in f[decay + 1 :])
     mid = (warmup + decay) // 2 + 1  # half-way through the decay: the mean of the two
@@ -536,7 +536,7 @@ def test_decoder_lm_matches_a_torch_reference(no_torch_fastpath):
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 and p.numel() == d else 0.0))
         ours.embed.weight.copy_(emb.weight)
         ours.positional.embedding.weight.copy_(pos.weight)
-        for mine, theirs in zip(ours.layers, stack.layers):
+        for mine, theirs in zip(ours.layers, stack.layers, strict=True):
             copy_attention_from_torch(mine.self_attn, theirs.self_attn)
             mine.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
             mine.ffn.w_2.load_state_dict(theirs.linear2.state_dict())

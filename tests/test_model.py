@@ -7,6 +7,7 @@ All models are tiny and run on one CPU thread.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -119,7 +120,7 @@ def test_batch_of_one_equals_padded_batch(variant):
     src, tgt = _batch(cfg=model.config)
     with torch.no_grad():
         batched = model(src, tgt).logits
-        for i, (s_len, t_len) in enumerate(zip((7, 5, 2), (6, 3, 4))):
+        for i, (s_len, t_len) in enumerate(zip((7, 5, 2), (6, 3, 4), strict=True)):
             alone = model(src[i : i + 1, :s_len], tgt[i : i + 1, :t_len]).logits
             assert (alone[0] - batched[i, :t_len]).abs().max() <= TOL
 
@@ -245,7 +246,8 @@ def test_beam_search_rejects_bad_beam_size():
 
 
 def test_tiny_model_overfits_one_batch():
-    """A 1+1 layer model drives the per-token loss on one fixed batch from ~ln(V) to < 0.05 in 100 Adam steps."""
+    """A 1+1 layer model drives the per-token loss on one fixed batch from ~ln(V) to < 0.05 in
+    100 Adam steps."""
     torch.manual_seed(0)
     model = Transformer(tiny_config(n_encoder_layers=1, n_decoder_layers=1, dropout=0.0))
     g = torch.Generator().manual_seed(0)
@@ -322,7 +324,7 @@ def test_copy_task_greedy_reproduces_every_input(copy_model):
     seqs = _copy_sequences(100, g)
     src = make_batch([(s, s) for s in seqs], list(range(100)), PAD, BOS, EOS).src
     out = greedy_decode(copy_model, src, max_new_tokens=COPY_MAX_LEN + 2)
-    wrong = [(s, o) for s, o in zip(seqs, out) if s != o]
+    wrong = [(s, o) for s, o in zip(seqs, out, strict=True) if s != o]
     assert not wrong, f"{len(wrong)} of 100 not copied, e.g. {wrong[:3]}"
 
 
@@ -453,7 +455,7 @@ def test_config_from_dict_unknown_key_and_round_trip():
 def test_config_is_frozen():
     """The config cannot be mutated after construction."""
     cfg = tiny_config()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 32  # type: ignore[misc]
 
 
@@ -479,8 +481,8 @@ def test_noam_lr_peaks_at_warmup():
     """The schedule rises linearly to its maximum at step = warmup_steps, then decays."""
     lrs = [noam_lr(s, 64, 300) for s in range(1, 1200)]
     assert lrs.index(max(lrs)) + 1 == 300
-    assert all(a < b for a, b in zip(lrs[:299], lrs[1:300]))
-    assert all(a > b for a, b in zip(lrs[299:], lrs[300:]))
+    assert all(a < b for a, b in zip(lrs[:299], lrs[1:300], strict=True))
+    assert all(a > b for a, b in zip(lrs[299:], lrs[300:], strict=False))  # neighbours: one shorter
 
 
 def test_label_smoothed_nll_without_smoothing_is_cross_entropy():
@@ -499,7 +501,8 @@ def test_label_smoothed_nll_without_smoothing_is_cross_entropy():
 
 
 def test_label_smoothed_nll_with_smoothing():
-    """With smoothing ε: loss = (1-ε)·NLL + ε·mean_v(-log p_v) summed over real tokens; nll is the plain NLL."""
+    """With smoothing ε: loss = (1-ε)·NLL + ε·mean_v(-log p_v) summed over real tokens; nll is
+    the plain NLL."""
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 4, 7, generator=g)
     target = torch.randint(1, 7, (2, 4), generator=g)

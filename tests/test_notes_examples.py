@@ -61,7 +61,9 @@ def test_001_per_head_shapes_and_concatenated_output(mha_001):
         rows = slice(h * D_K, (h + 1) * D_K)
         qh, kh, vh = (
             x[0] @ w[rows].T + b[rows]
-            for w, b in zip(_per_projection(mha_001.w_qkv.weight), _per_projection(mha_001.w_qkv.bias))
+            for w, b in zip(
+                _per_projection(mha_001.w_qkv.weight), _per_projection(mha_001.w_qkv.bias), strict=True
+            )
         )
         assert qh.shape == kh.shape == vh.shape == (2, 3)
         a = torch.softmax(qh @ kh.T / math.sqrt(D_K), dim=-1)

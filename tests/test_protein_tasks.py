@@ -99,7 +99,7 @@ def test_stratified_split_is_80_10_10_and_fixed():
     s1, s2 = stratified_split(labels, 0), stratified_split(labels, 0)
     assert s1 == s2 and s1.count("train") == 640 and s1.count("val") == 80 and s1.count("test") == 80
     for part in ("train", "val", "test"):  # class shares kept in every part
-        picked = [lab for lab, s in zip(labels, s1) if s == part]
+        picked = [lab for lab, s in zip(labels, s1, strict=True) if s == part]
         assert abs(picked.count("a") / len(picked) - 500 / 800) < 0.02
 
 
@@ -157,7 +157,7 @@ def test_amp_scanner_and_flip(data_dir):
     rec = flip.records[0]
     ids = flip.label_ids(rec)
     assert len(ids) == len(rec.sequence) == len(rec.label)
-    assert all((i == -100) == (not ok) for i, ok in zip(ids, rec.resolved))
+    assert all((i == -100) == (not ok) for i, ok in zip(ids, rec.resolved, strict=True))
 
 
 def test_metrics_match_hand_computed_values():
@@ -224,10 +224,10 @@ def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, 
     fasta.write_text("".join(f">q{i} some description\n{s}\n" for i, (s, _) in enumerate(seqs)))
     assert main(["classify", str(out), str(fasta)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "id\tlabel\tp_neg\tp_pos" and [l.split("\t")[0] for l in lines[1:]] == [
+    assert lines[0] == "id\tlabel\tp_neg\tp_pos" and [line.split("\t")[0] for line in lines[1:]] == [
         f"q{i}" for i in range(7)
     ]
-    assert all(abs(float(l.split("\t")[2]) + float(l.split("\t")[3]) - 1) < 1e-3 for l in lines[1:])
+    assert all(abs(float(line.split("\t")[2]) + float(line.split("\t")[3]) - 1) < 1e-3 for line in lines[1:])
     # embed: mean embeddings in input order, ids kept, per-residue on request
     emb = tmp_path / "e.safetensors"
     assert main(["embed", str(out), str(fasta), "--out", str(emb), "--per-residue"]) == 0
@@ -445,3 +445,18 @@ def test_auprc_is_average_precision_of_the_positive_class():
     m = classification_metrics(y, p.argmax(1), p, ("neg", "pos"))
     # ranked by p(pos): 0.8 (+), 0.7 (-), 0.65 (+), 0.4 (-), 0.3 (+), 0.1 (-) → AP = (1 + 2/3 + 3/5) / 3
     assert m["auprc"] == pytest.approx((1 + 2 / 3 + 3 / 5) / 3)
+
+
+def test_the_same_seed_trains_the_same_classifier(tmp_path, toy_csv):
+    """Two runs with one seed end with the same weights, in one process, whatever random numbers
+    were drawn before (the initial weights follow ``train.seed``, not torch's own seed)."""
+    from safetensors.torch import load_file
+
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        torch.rand(3)  # the process's random stream moves on between the two runs
+        args = ["train", "protein-cls", "--task", str(toy_csv), "--out", str(run), "--quiet"]
+        assert main([*args, "--max-steps", "2", "baseline=false", "train.seed=5", *TINY]) == 0
+    first, second = (load_file(run / "model.safetensors") for run in runs)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)

@@ -77,7 +77,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     _train(tmp_path / "b", 5)
     resumed, state = _train(tmp_path / "b", 10, resume=True)
     assert state.step == 10 and state.epoch == 3
-    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 
@@ -108,7 +108,7 @@ def test_ctrl_c_finishes_the_step_then_saves_an_exact_checkpoint(tmp_path):
     assert set(load_file(str(tmp_path / "a" / "last.safetensors")))  # a complete safetensors file
     resumed, _ = _train(tmp_path / "a", 10, resume=True)
     straight, _ = _train(tmp_path / "b", 10)
-    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 
@@ -196,7 +196,7 @@ def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
         [
             (s[s != 0][:-1].tolist(), t[t != 0][:-1].tolist())
             for b in batches[:2]
-            for s, t in zip(b.src, b.tgt_out)
+            for s, t in zip(b.src, b.tgt_out, strict=True)
         ],
         list(range(16)),
         0,
@@ -220,12 +220,12 @@ def test_gradient_accumulation_normalises_by_target_tokens(tmp_path):
             clip_norm=None,
             precision="fp32",
         )
-        model.train = lambda mode=True: model  # keep eval mode inside the loop
+        model.train = lambda mode=True, model=model: model  # keep eval mode inside the loop
         train_loop(
             model,
             opt,
             lambda s, used: 0.5,
-            lambda e: data,
+            lambda e, data=data: data,
             _loss,
             None,
             tmp_path / str(accum),

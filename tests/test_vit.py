@@ -112,7 +112,7 @@ def test_augment_crops_and_flips_without_changing_shape():
     gen = torch.Generator().manual_seed(0)
     assert torch.equal(augment(images, 0, False, gen), images)
     flipped = augment(images, 0, True, torch.Generator().manual_seed(1))
-    for a, b in zip(flipped, images):
+    for a, b in zip(flipped, images, strict=True):
         assert torch.equal(a, b) or torch.equal(a, b.flip(-1))
     cropped = augment(images, 1, False, gen)
     assert cropped.shape == images.shape
