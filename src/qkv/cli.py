@@ -269,7 +269,7 @@ def _classify_images(args) -> int:
     probs = classifier.predict(classifier.read(args.inputs))  # every file read before any output
     out = sys.stdout
     out.write("\t".join(["id", "label", *(f"p_{c}" for c in classifier.classes)]) + "\n")
-    for path, p in zip(args.inputs, probs):
+    for path, p in zip(args.inputs, probs, strict=True):
         out.write("\t".join([path, classifier.classes[int(p.argmax())], *(f"{x:.4f}" for x in p)]) + "\n")
     out.flush()
     return 0
@@ -283,7 +283,7 @@ def _classify_texts(args) -> int:
     probs = encoder.predict(texts)
     out = sys.stdout
     out.write("\t".join(["text", "label", *(f"p_{c}" for c in encoder.classes)]) + "\n")
-    for text, p in zip(texts, probs):
+    for text, p in zip(texts, probs, strict=True):
         out.write("\t".join([text, encoder.classes[int(p.argmax())], *(f"{x:.4f}" for x in p)]) + "\n")
     out.flush()
     return 0
@@ -317,11 +317,11 @@ def _cmd_classify(args) -> int:
     out = sys.stdout
     if encoder.level == "sequence":
         out.write("\t".join(["id", "label", *(f"p_{c}" for c in encoder.classes)]) + "\n")
-        for i, p in zip(ids, probs):
+        for i, p in zip(ids, probs, strict=True):
             out.write("\t".join([i, encoder.classes[int(p.argmax())], *(f"{x:.4f}" for x in p)]) + "\n")
     else:
         out.write("id\tlabels\n")  # one class letter per residue
-        for i, p in zip(ids, probs):
+        for i, p in zip(ids, probs, strict=True):
             out.write(f"{i}\t{''.join(encoder.classes[k] for k in p.argmax(1))}\n")
     out.flush()
     return 0
@@ -385,7 +385,8 @@ def _cmd_embed(args) -> int:
     encoder = ProteinEncoder.from_run(run_dir, resolve_device(args.device))
     ids, seqs = _read_protein_file(fasta)
     pooled, residues = encoder.embed(seqs, ids, per_residue=args.per_residue)
-    extra = {f"residues/{i}": torch.from_numpy(r).contiguous() for i, r in zip(ids, residues)}
+    # residues is empty without --per-residue: then there is nothing extra to save
+    extra = {f"residues/{i}": torch.from_numpy(r).contiguous() for i, r in zip(ids, residues, strict=False)}
     _save_embeddings(args.out, pooled, ids, str(Path(run_dir).resolve()), extra)
     _log(
         f"{len(ids)} embeddings of width {pooled.shape[1]} -> {args.out} (tensor 'mean', ids in metadata"

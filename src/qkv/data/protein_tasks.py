@@ -83,7 +83,7 @@ class ProteinTask:
         index = self._index
         if self.level == "sequence":
             return [index[record.label]]
-        return [index[c] if ok else -100 for c, ok in zip(record.label, record.resolved)]
+        return [index[c] if ok else -100 for c, ok in zip(record.label, record.resolved, strict=True)]
 
 
 def stratified_split(labels: list[str], seed: int = 0) -> list[str]:
@@ -183,7 +183,8 @@ def _from_fasta_and_labels(
     splits = stratified_split(labels, seed)
     names = names or {}
     records = [
-        LabelledProtein(r.id, r.sequence, names.get(lab, lab), s) for r, lab, s in zip(recs, labels, splits)
+        LabelledProtein(r.id, r.sequence, names.get(lab, lab), s)
+        for r, lab, s in zip(recs, labels, splits, strict=True)
     ]
     return ProteinTask(name, "sequence", tuple(names.get(c, c) for c in sorted(set(labels))), records)
 
@@ -294,7 +295,7 @@ def load_developability(seed: int = 0) -> ProteinTask:
             pair = tok.clean(row["heavy"], row["id"]) + tok.clean(row["light"], row["id"])
             rows.append((row["id"], pair, row["label"].strip()))
     splits = stratified_split([lab for _, _, lab in rows], seed)
-    records = [LabelledProtein(i, seq, lab, sp) for (i, seq, lab), sp in zip(rows, splits)]
+    records = [LabelledProtein(i, seq, lab, sp) for (i, seq, lab), sp in zip(rows, splits, strict=True)]
     return ProteinTask(
         "developability",
         "sequence",
@@ -331,8 +332,10 @@ def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int
         raise QkvError(f"{path} needs 'sequence' and 'label' columns (found: {sorted(columns) or 'no rows'})")
     tok = AminoAcidTokenizer()
     ids = [row.get("id") or f"row{i + 2}" for i, row in enumerate(rows)]
-    seqs = [tok.clean(row["sequence"] or "", f"{path.name}: {rid}") for row, rid in zip(rows, ids)]
-    for rid, s in zip(ids, seqs):
+    seqs = [
+        tok.clean(row["sequence"] or "", f"{path.name}: {rid}") for row, rid in zip(rows, ids, strict=True)
+    ]
+    for rid, s in zip(ids, seqs, strict=True):
         if not s:
             raise QkvError(f"{path}: {rid} has an empty sequence")
     labs = [row["label"].strip() for row in rows]
@@ -343,7 +346,7 @@ def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int
             raise QkvError(f"{path}: split values must be train/val/test, found {bad}")
     else:
         splits = stratified_split(labs, seed)
-    records = [LabelledProtein(i, s, lab, sp) for i, s, lab, sp in zip(ids, seqs, labs, splits)]
+    records = [LabelledProtein(i, s, lab, sp) for i, s, lab, sp in zip(ids, seqs, labs, splits, strict=True)]
     return ProteinTask(path.stem, "sequence", tuple(sorted(set(labs))), records)
 
 

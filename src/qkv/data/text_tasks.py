@@ -115,6 +115,9 @@ def load_text_task(task: str, seed: int = 0) -> TextTask:
     return TextTask(
         path.stem,
         classes,
-        {s: [t for t, sp in zip(texts, splits) if sp == s] for s in ("train", "val", "test")},
-        {s: [index[y] for y, sp in zip(raw, splits) if sp == s] for s in ("train", "val", "test")},
+        {s: [t for t, sp in zip(texts, splits, strict=True) if sp == s] for s in ("train", "val", "test")},
+        {
+            s: [index[y] for y, sp in zip(raw, splits, strict=True) if sp == s]
+            for s in ("train", "val", "test")
+        },
     )

@@ -249,8 +249,8 @@ class Explainer:
         s = capture_steps(module, lambda: prepared.forward(False))
         allowed = s.masked[0, head] > torch.finfo(s.masked.dtype).min  # (Tq, Tk)
         masked = [
-            [v if ok else None for v, ok in zip(row, oks)]
-            for row, oks in zip(_rounded(s.masked[0, head], 5), allowed.tolist())
+            [v if ok else None for v, ok in zip(row, oks, strict=True)]
+            for row, oks in zip(_rounded(s.masked[0, head], 5), allowed.tolist(), strict=True)
         ]
         q_pieces, k_pieces = prepared.pieces[kind]
         return {
@@ -412,7 +412,7 @@ class ProteinExplainer(Explainer):
             probs = out.logits.float().softmax(-1)[0]
             if self.level == "sequence":
                 output["classes"] = [
-                    {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)
+                    {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs, strict=True)
                 ]
             else:
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
@@ -463,7 +463,7 @@ class TextExplainer(Explainer):
         if self.classes:
             probs = out.logits.float().softmax(-1)[0]
             output["classes"] = [
-                {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)
+                {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs, strict=True)
             ]
         pieces = wordpiece_as_marked([tok.id_to_token(i) for i in ids])
         return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})

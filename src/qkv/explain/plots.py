@@ -306,7 +306,7 @@ def plot_steps(steps: dict, title: str = ""):
     side = max(2.6, 0.22 * max(tq, tk) + 1.2)
     fig = Figure(figsize=(4 * side + 2, side + 0.9), layout="constrained")
     axes = fig.subplots(1, 4)
-    for ax, (name, caption, cmap) in zip(axes, panels):
+    for ax, (name, caption, cmap) in zip(axes, panels, strict=True):
         values = np.array([[np.nan if v is None else v for v in row] for row in steps[name]], dtype=float)
         if name == "weights":
             image = ax.imshow(

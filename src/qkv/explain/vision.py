@@ -195,7 +195,9 @@ class ImageExplainer(Explainer):
             "text": None,
             "next_tokens": [],
             "residues": None,
-            "classes": [{"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs)],
+            "classes": [
+                {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs, strict=True)
+            ],
             "prediction": self.classes[int(probs.argmax())],
             "image": png_data_url(pixels),
             "image_size": cfg.image_size,

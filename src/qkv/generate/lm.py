@@ -98,7 +98,8 @@ def generate_tokens(
         if not warned and any(len(s) > window for s in seqs):
             warnings.warn(
                 f"context longer than the model's max_len ({max_len} tokens): using a "
-                f"sliding window of the last {window} tokens"
+                f"sliding window of the last {window} tokens",
+                stacklevel=3,  # the caller of generate_tokens (prefill is nested in it)
             )
             warned = True
         tokens, mask = _left_pad([s[-window:] for s in seqs], device)
@@ -159,15 +160,16 @@ class TextGenerator:
         dtype: torch.dtype = torch.float32,
         quantize: str | None = None,
     ) -> TextGenerator:
-        """Load a trained LM run (or a pretrained short name: ``iglm``). ``dtype=torch.bfloat16`` casts the weights for faster
-        decoding (memory-bound: 1.9× on a 2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16
-        Xeon without AMX, where the weights go to oneDNN's kernel, ``benchmarks/limits.py``;
-        logits differ slightly from float32's, and decoding with the cache gives bit for bit
-        the logits of full recomputation, see ``batch_invariant``). The weights' memory layout
-        is chosen here, once, for the dtype and device (values unchanged; see
-        :func:`~qkv.generate.layout.prepare_for_inference`). ``quantize="int8"``: int8
-        weights with bfloat16 activations (:mod:`qkv.generate.quantize`; 1.5× faster than
-        bfloat16 weights on that Xeon, at a measured quality cost).
+        """Load a trained LM run (or a pretrained short name: ``iglm``).
+        ``dtype=torch.bfloat16`` casts the weights for faster decoding (memory-bound: 1.9× on a
+        2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16 Xeon without AMX, where the weights go
+        to oneDNN's kernel, ``benchmarks/limits.py``; logits differ slightly from float32's, and
+        decoding with the cache gives bit for bit the logits of full recomputation, see
+        ``batch_invariant``). The weights' memory layout is chosen here, once, for the dtype and
+        device (values unchanged; see :func:`~qkv.generate.layout.prepare_for_inference`).
+        ``quantize="int8"``: int8 weights with bfloat16 activations
+        (:mod:`qkv.generate.quantize`; 1.5× faster than bfloat16 weights on that Xeon, at a
+        measured quality cost).
 
         Raises:
             QkvError: an unknown ``quantize``, a missing run, or a model that is not an LM."""
@@ -205,7 +207,8 @@ class TextGenerator:
         if unk is not None and unk in ids:
             warnings.warn(
                 f"{ids.count(unk)} piece(s) of the prompt are unknown to the tokenizer "
-                "and were mapped to <unk>"
+                "and were mapped to <unk>",
+                stacklevel=2,
             )
         return ids
 
@@ -312,4 +315,7 @@ class TextGenerator:
         logits = self.model(torch.tensor([ids], device=device), last_only=True).logits[:, -1]
         probs = next_token_probs(logits, temperature, None, top_p)[0]
         top = torch.topk(probs, min(k, probs.numel()))
-        return [(self.tokenizer.id_to_token(i), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
+        return [
+            (self.tokenizer.id_to_token(i), p)
+            for i, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+        ]

@@ -79,7 +79,7 @@ class ProteinEncoder:
         whole_chain = self.level == "residue" if whole_chain is None else whole_chain
         ids = ids or [f"sequence {i + 1}" for i in range(len(sequences))]
         rows, owner, cut = [], [], 0
-        for i, (seq, sid) in enumerate(zip(sequences, ids)):
+        for i, (seq, sid) in enumerate(zip(sequences, ids, strict=True)):
             res = self.tok.encode(seq, sid, add_special_tokens=False)
             if not res:
                 raise QkvError(f"{sid}: empty sequence")
@@ -117,7 +117,7 @@ class ProteinEncoder:
             for j, i in enumerate(idx):
                 per_row[i] = probs[j] if self.level == "sequence" else probs[j, 1 : len(rows[i]) - 1]
         out: list = [[] for _ in sequences]
-        for i, p in zip(owner, per_row):
+        for i, p in zip(owner, per_row, strict=True):
             out[i].append(p)
         return [parts[0] if self.level == "sequence" else np.concatenate(parts) for parts in out]
 
@@ -137,7 +137,7 @@ class ProteinEncoder:
             for j, i in enumerate(idx):
                 per_row[i] = hidden[j, 1 : len(rows[i]) - 1]
         residues: list = [[] for _ in sequences]
-        for i, h in zip(owner, per_row):
+        for i, h in zip(owner, per_row, strict=True):
             residues[i].append(h)
         residues = [np.concatenate(parts) for parts in residues]
         return np.stack([r.mean(0) for r in residues]), residues if per_residue else []

@@ -139,7 +139,7 @@ def beam_search(
         rows = (base + beam_idx.gather(1, pick)).view(-1)  # (B*K,) rows of the previous step
         token = tok.gather(1, pick).view(-1, 1)
         seqs = torch.cat([seqs.index_select(0, rows), token], dim=1)
-        for self_cache, cross_cache in caches:
+        for self_cache, _cross_cache in caches:  # a sentence's beams share one source: no reorder
             self_cache.reorder(rows)
     results = []
     for bi in range(b):

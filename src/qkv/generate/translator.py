@@ -93,7 +93,7 @@ class Translator:
                 hyps = greedy_decode(self.model, src)
             else:
                 hyps = beam_search(self.model, src, self.beam_size, self.alpha)
-            for i, text in zip(chunk, self.tokenizer.decode_batch(hyps)):
+            for i, text in zip(chunk, self.tokenizer.decode_batch(hyps), strict=True):
                 out[i] = text
             stats.items += len(chunk)
             stats.new_tokens += sum(len(h) for h in hyps)

@@ -116,9 +116,10 @@ class ProteinTaskRecipe:
 def build_model(recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequence"):
     """``(model, tokenizer)``: from scratch, qkv's amino-acid tokenizer and the recipe's
     ``model`` fields; with ``init``, the pretrained encoder's architecture (this recipe's
-    dropout, pooling and number of labels), weights (every one but the task heads) and
-    tokenizer (``freeze``: only the ``level``'s head trains). ``init`` is a ``protein-mlm`` run, a converted encoder, an HF folder or a
-    pretrained short name (``antiberty``), read through :func:`qkv.hub.pretrained.load`.
+    dropout, pooling and number of labels), weights (every one but the task heads) and tokenizer
+    (``freeze``: only the ``level``'s head trains). ``init`` is a ``protein-mlm`` run, a
+    converted encoder, an HF folder or a pretrained short name (``antiberty``), read through
+    :func:`qkv.hub.pretrained.load`.
 
     Raises:
         QkvError: ``init`` cannot be loaded, or is not an encoder of protein sequences.
@@ -155,8 +156,8 @@ def evaluate_split(encoder: ProteinEncoder, task: ProteinTask, split: str) -> di
     else:
         y = [np.array(task.label_ids(r)) for r in records]
         keep = [yy != IGNORE for yy in y]
-        y_true = np.concatenate([yy[k] for yy, k in zip(y, keep)])
-        p = np.concatenate([pp[k] for pp, k in zip(probs, keep)])
+        y_true = np.concatenate([yy[k] for yy, k in zip(y, keep, strict=True)])
+        p = np.concatenate([pp[k] for pp, k in zip(probs, keep, strict=True)])
     metrics = classification_metrics(y_true, p.argmax(1), p, task.classes)
     if task.level == "residue":
         metrics["q3"] = metrics["accuracy"]
@@ -174,6 +175,9 @@ def train_protein_task(
     split; write the run directory. Returns the summary dict."""
     t_start = time.perf_counter()
     task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
+    # The head's (and a model from scratch's) initial weights follow the seed: torch seeds
+    # itself differently in every process, and the model is built before start_run seeds it.
+    torch.manual_seed(recipe.train.seed)
     model, tok = build_model(recipe, len(task.classes), level)  # checked before anything is written
     cfg = model.config
     name = f"protein-{'cls' if level == 'sequence' else 'residue'}"
@@ -265,7 +269,7 @@ def _row_labels(task: ProteinTask, records, rows, owner, width: int) -> list[lis
     """Per token row, labels aligned with its tokens: the class id at ``<cls>`` (sequence
     tasks; ignored elsewhere) or one id per residue of the row's window (residue tasks)."""
     out, seen = [], {}
-    for row, i in zip(rows, owner):
+    for row, i in zip(rows, owner, strict=True):
         ids = task.label_ids(records[i])
         if task.level == "sequence":
             out.append([ids[0]])
@@ -318,7 +322,8 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     )
     base = summary.get("baseline_test")
     if base:
-        line += f"; baseline ({base['baseline']}): {score.upper()} {base[score if score != 'q3' else 'accuracy']:.3f}"
+        base_score = base[score if score != "q3" else "accuracy"]
+        line += f"; baseline ({base['baseline']}): {score.upper()} {base_score:.3f}"
     return (
         f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
         f"{Path(run_dir).resolve()} (confusion.png, summary.json)"

@@ -118,7 +118,7 @@ class TranslationRecipe:
 
 
 def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
-    return list(zip(tok.encode_batch(src), tok.encode_batch(tgt)))
+    return list(zip(tok.encode_batch(src), tok.encode_batch(tgt), strict=True))
 
 
 def _teacher_forced_nll(model: Transformer, batches, pad_id: int) -> tuple[float, int]:
@@ -308,7 +308,9 @@ def evaluate_run(
         "beam_size": beam_size,
         "alpha": alpha,
         "decode_seconds": round(decode_s, 1),
-        "examples": [{"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(src, ref, hyps))[:5]],
+        "examples": [
+            {"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(src, ref, hyps, strict=True))[:5]
+        ],
     }
 
 

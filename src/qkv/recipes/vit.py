@@ -50,11 +50,12 @@ class ViTRecipe:
 
     ``task``: ``fashion-mnist``, ``digits`` or a folder (``DIR/<class>/<image>``, or
     ``DIR/train/<class>/...`` + ``DIR/test/<class>/...``). ``batch_size``: images per step.
-    ``crop_padding``: random crop after padding by this many pixels (0: off). ``hflip``:
-    random horizontal flips. ``tta_hflip``: with ``hflip``, validation, test and ``qkv classify``
+    ``crop_padding``: random crop after padding by this many pixels (0: off). ``hflip``: random
+    horizontal flips. ``tta_hflip``: with ``hflip``, validation, test and ``qkv classify``
     average the class probabilities of each image and its mirror (test-time augmentation;
-    ignored without ``hflip``: that model never saw a mirrored image). ``label_smoothing``: of the cross-entropy. ``val_fraction``,
-    ``split_seed``: the held-out splits. ``baseline``: also fit logistic regression on pixels.
+    ignored without ``hflip``: that model never saw a mirrored image). ``label_smoothing``: of
+    the cross-entropy. ``val_fraction``, ``split_seed``: the held-out splits. ``baseline``: also
+    fit logistic regression on pixels.
     """
 
     model: ViTConfig = ViTConfig()
