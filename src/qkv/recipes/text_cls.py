@@ -143,6 +143,9 @@ def train_text_cls(
     directory. Returns the summary dict."""
     t_start = time.perf_counter()
     task = load_text_task(recipe.task, recipe.split_seed)
+    # The head's (and a model from scratch's) initial weights follow the seed: torch seeds
+    # itself differently in every process, and the model is built before start_run seeds it.
+    torch.manual_seed(recipe.train.seed)
     model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
     cfg = model.config
     run_dir, run = open_run(run_dir, resume, "text-cls", recipe.train, tok)
