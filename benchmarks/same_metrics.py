@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kill_resume import SETTINGS as KILL_RESUME_LM
+
 COMMON = ["--quiet", "train.threads=1", "train.precision=fp32", "train.seed=7", "train.snapshot_minutes=1000"]
 # recipe → its arguments: a few dozen steps of a small model on a slice of the real data
 RUNS = {
@@ -39,22 +41,8 @@ RUNS = {
         "beam_size=2",
         "train.max_steps=40",
     ],
-    "lm": [
-        "lm",
-        "model.d_model=32",
-        "model.n_heads=2",
-        "model.d_ff=64",
-        "model.n_layers=2",
-        "model.dropout=0.1",
-        "model.max_len=32",
-        "batch_size=8",
-        "eval_batches=2",
-        "num_samples=1",
-        "sample_tokens=8",
-        "train.warmup_steps=10",
-        "train.eval_every=20",
-        "train.max_steps=60",
-    ],
+    # the SIGKILL benchmark's small LM, with dropout (so the RNG streams matter)
+    "lm": ["lm", *KILL_RESUME_LM, "train.eval_every=20", "train.max_steps=60"],
     "protein-cls": [
         "protein-cls",
         "--task",
