@@ -81,7 +81,7 @@ def test_explicit_bf16_on_a_cpu_without_native_bf16_warns_and_is_kept(monkeypatc
     precision, why = resolve_precision("bf16", CPU)
     assert precision == "bf16" and why.startswith("set explicitly (emulated on CPU")
     [warning] = _warnings(qkv_logs)
-    assert "emulated" in warning and "10-20x slower" in warning
+    assert "emulated" in warning and "many times slower than fp32" in warning
     assert all(r.name == "qkv.device" for r in qkv_logs.records if r.levelno == logging.WARNING)
 
 

@@ -69,17 +69,17 @@ def _cpu_flags() -> set[str]:
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (x86 AVX512_BF16 or AMX_BF16). Without
-    it, bf16 is emulated: a training step ran 10-20x slower than fp32 on an AVX2 EPYC.
+    it, bf16 is emulated in software, many times slower than fp32 (``benchmarks/RESULTS.md``).
     Never raises (an unknown CPU counts as without)."""
     return bool(_cpu_flags())
 
 
 def cpu_has_amx_bf16() -> bool:
     """Whether this CPU has AMX bfloat16 matrix units (Intel Sapphire Rapids and later, when the
-    machine exposes them). AVX512_BF16 alone is not enough to make bf16 training pay: on an
-    Emerald Rapids VM without AMX, bf16 matrix products ran at 0.53x the fp32 rate (175 vs 335
-    GFLOP/s, 2 cores) and a translation training step 1.39x slower (``benchmarks/mfu.py``).
-    Never raises (an unknown CPU counts as without)."""
+    machine exposes them). AVX512_BF16 alone is not enough to make bf16 training pay: without
+    AMX, oneDNN's bfloat16 matrix products run slower than its float32 ones, and so does a
+    training step under autocast (measured by ``benchmarks/mfu.py``; figures in
+    ``benchmarks/RESULTS.md``). Never raises (an unknown CPU counts as without)."""
     return "amx_bf16" in _cpu_flags()
 
 
@@ -99,9 +99,9 @@ def resolve_precision(precision: str, device: torch.device, decoding: bool = Fal
     are slower than fp32 (see :func:`cpu_has_amx_bf16`), on other CPUs bf16 is emulated, and on
     MPS bf16 autocast is not validated here. An explicit ``"bf16"`` where it is emulated or
     slower logs a warning and is kept. ``decoding=True`` (the weights' dtype for generation,
-    which streams weights rather than multiplying matrices): bf16 halves the bytes, so it is
-    not slower without AMX (GPT-2 small decoded 1.35x faster, ``benchmarks/limits.py``) and only
-    emulation warns; ``"auto"`` is the same as for training.
+    which streams weights rather than multiplying matrices): bf16 halves the bytes to stream, so
+    it is not slower without AMX (``benchmarks/limits.py``) and only emulation warns; ``"auto"``
+    is the same as for training.
 
     Raises:
         QkvError: an unknown ``precision``.
@@ -121,9 +121,8 @@ def resolve_precision(precision: str, device: torch.device, decoding: bool = Fal
     if precision == "bf16":
         if native is False:
             logger.warning(
-                f"bf16 on {where} without native bfloat16 is emulated and slower "
-                "(a training step ran 10-20x slower than fp32 on an AVX2 EPYC); "
-                "fp32 (what auto picks here) is faster"
+                f"bf16 on {where} without native bfloat16 is emulated in software, many "
+                "times slower than fp32; fp32 (what auto picks here) is faster"
             )
             return "bf16", f"set explicitly (emulated on {where})"
         if fast is False and not decoding:

@@ -83,6 +83,7 @@ def generate_tokens(
     if do_sample:
         check_sampling(temperature, top_k, top_p)
     # The model's forward does not check ids (no host syncs there): check the user's once here.
+    assert model.config.vocab_size is not None  # DecoderLM.__init__ required it
     check_token_ids(torch.tensor([i for p in prompts for i in p]), model.config.vocab_size)
     device = next(model.parameters()).device
     max_len = model.config.max_len
@@ -90,7 +91,7 @@ def generate_tokens(
     seqs = [list(p) for p in prompts]
     new: list[list[int]] = [[] for _ in seqs]
     done = [False] * len(seqs)
-    stop_tokens = set(stop_tokens)
+    stop_set = set(stop_tokens)
     warned = False
 
     def prefill(window: int):
@@ -119,7 +120,7 @@ def generate_tokens(
             seqs[i].append(tok)
             new[i].append(tok)
             emitted.append(tok)
-            if tok in stop_tokens or (stop is not None and stop(i, new[i])):
+            if tok in stop_set or (stop is not None and stop(i, new[i])):
                 done[i] = True
         if on_tokens is not None:
             on_tokens(emitted)
@@ -161,15 +162,15 @@ class TextGenerator:
         quantize: str | None = None,
     ) -> TextGenerator:
         """Load a trained LM run (or a pretrained short name: ``iglm``).
-        ``dtype=torch.bfloat16`` casts the weights for faster decoding (memory-bound: 1.9× on a
-        2-core AVX2 EPYC; 1.35× on a 2-core AVX512_BF16 Xeon without AMX, where the weights go
-        to oneDNN's kernel, ``benchmarks/limits.py``; logits differ slightly from float32's, and
+        ``dtype=torch.bfloat16`` casts the weights for faster decoding (decoding streams the
+        weights, and bfloat16 halves their bytes; where the CPU has native bfloat16 they go to
+        oneDNN's kernel; ``benchmarks/limits.py``; logits differ slightly from float32's, and
         decoding with the cache gives bit for bit the logits of full recomputation, see
         ``batch_invariant``). The weights' memory layout is chosen here, once, for the dtype and
         device (values unchanged; see :func:`~qkv.generate.layout.prepare_for_inference`).
         ``quantize="int8"``: int8 weights with bfloat16 activations
-        (:mod:`qkv.generate.quantize`; 1.5× faster than bfloat16 weights on that Xeon, at a
-        measured quality cost).
+        (:mod:`qkv.generate.quantize`; faster than bfloat16 weights where the CPU has native
+        bfloat16, at a small quality cost measured in ``benchmarks/RESULTS.md``).
 
         Raises:
             QkvError: an unknown ``quantize``, a missing run, or a model that is not an LM."""
