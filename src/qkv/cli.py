@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import QkvError
 
@@ -72,7 +73,8 @@ def _cmd_train(args) -> int:
     if args.freeze:
         overrides.append("freeze=true")
     base = _saved_settings(args.out, args.recipe) if args.resume else None
-    recipe = resolve(recipe_kind.settings, args.config, overrides, base=base)
+    # The named recipe's settings dataclass (Recipe.settings is typed `type`: any recipe's).
+    recipe: Any = resolve(recipe_kind.settings, args.config, overrides, base=base)
     if args.print_config:
         print(json.dumps(to_dict(recipe), indent=2, ensure_ascii=False))
         return 0
@@ -156,6 +158,7 @@ def _cmd_translate(args) -> int:
         print(line, flush=False)
     if args.verbose:
         sys.stdout.flush()
+        assert translator.last_stats is not None  # translate() sets it
         print(translator.last_stats.summary("sentences"), file=sys.stderr)
     return 0
 
@@ -249,6 +252,7 @@ def _cmd_generate(args) -> int:
         echo.end()
         if args.verbose:
             sys.stdout.flush()
+            assert gen.last_stats is not None  # generate() sets it
             print(gen.last_stats.summary(), file=sys.stderr)
     sys.stdout.flush()
     return 0

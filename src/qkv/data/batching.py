@@ -88,7 +88,9 @@ def token_batches(
     order = sorted(
         range(len(lengths)), key=lambda i: (max(lengths[i]), lengths[i], rng.random() if shuffle else 0)
     )
-    batches, current, width = [], [], 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    width = 0
     for i in order:
         w = max(width, max(lengths[i]) + 1)
         if current and w * (len(current) + 1) > max_tokens:

@@ -134,7 +134,9 @@ def load_pretraining_corpus(val_fraction: float = 0.02) -> tuple[list[str], list
     """``(train sequences, held-out sequences)`` of UniProt + RefSeq, split by
     :func:`held_out` on record ids. Identical sequences are kept once (RefSeq proteomes
     share some), so the held-out split never contains a training sequence verbatim."""
-    train, val, seen = [], [], set()
+    train: list[str] = []
+    val: list[str] = []
+    seen: set[str] = set()
     for path in pretraining_files():
         for rec in read_fasta(path, skip_invalid=True):
             if rec.sequence in seen:

@@ -83,6 +83,8 @@ class ProteinTask:
         index = self._index
         if self.level == "sequence":
             return [index[record.label]]
+        # Residue tasks' loaders give every record its per-residue flags.
+        assert record.resolved is not None, f"residue record {record.id} has no resolved flags"
         return [index[c] if ok else -100 for c, ok in zip(record.label, record.resolved, strict=True)]
 
 
@@ -94,13 +96,12 @@ def stratified_split(labels: list[str], seed: int = 0) -> list[str]:
     idx = list(range(len(labels)))
     strat = labels if min(labels.count(c) for c in set(labels)) >= 3 else None
     train, rest = train_test_split(idx, test_size=0.2, random_state=seed, stratify=strat)
-    rest_labels = [labels[i] for i in rest] if strat else None
-    val, test = train_test_split(
-        rest,
-        test_size=0.5,
-        random_state=seed,
-        stratify=rest_labels if strat and min(rest_labels.count(c) for c in set(rest_labels)) >= 2 else None,
-    )
+    rest_strat = None
+    if strat:
+        rest_labels = [labels[i] for i in rest]
+        if min(rest_labels.count(c) for c in set(rest_labels)) >= 2:
+            rest_strat = rest_labels
+    val, test = train_test_split(rest, test_size=0.5, random_state=seed, stratify=rest_strat)
     out = ["train"] * len(labels)
     for i in val:
         out[i] = "val"

@@ -67,7 +67,9 @@ def random_windows(
     return torch.randint(len(data) - block_size, (batch_size,), generator=generator)
 
 
-def windows_at(data: torch.Tensor, offsets: torch.Tensor, block_size: int):
+def windows_at(
+    data: torch.Tensor, offsets: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets of the windows starting at ``offsets``.
 
     Shape: ``data (N,)``, ``offsets (B,)`` → ``(x (B, block_size), y (B, block_size))`` with

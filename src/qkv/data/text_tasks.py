@@ -60,7 +60,7 @@ def read_labelled(path: Path) -> tuple[list[str], list[str]]:
                 f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
             )
             text_col = next((c for c in ("sentence", "text") if c in (reader.fieldnames or [])), None)
-            if text_col is None or "label" not in reader.fieldnames:
+            if text_col is None or "label" not in (reader.fieldnames or []):
                 raise QkvError(
                     f"{path}: needs a header with a 'sentence' (or 'text') and a 'label' column, "
                     f"got {reader.fieldnames}"
@@ -84,7 +84,8 @@ def load_sst2() -> TextTask:
     downloaded and verified if missing)."""
     texts, labels = {}, {}
     for split, (name, url, sha) in SST2_FILES.items():
-        path = find_data_file("sst2", name, url, sha, download=url is not None)
+        # No URL: the file must be in the data directory (``url`` is only read to download).
+        path = find_data_file("sst2", name, url or "", sha, download=url is not None)
         texts[split], raw = read_labelled(path)
         bad = sorted(set(raw) - {"0", "1"})
         if bad:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def pixel_baseline_metrics(
     train_labels: np.ndarray,
     test_images: np.ndarray,
     test_labels: np.ndarray,
-    classes,
+    classes: Sequence[str],
     max_iter: int = 200,
 ) -> dict:
     """Logistic regression on raw pixels (scaled to [0, 1]; no standardisation, which only
@@ -141,7 +142,11 @@ def pixel_baseline_metrics(
 
 
 def tfidf_baseline_metrics(
-    train_texts: list[str], train_labels: list[int], test_texts: list[str], test_labels: list[int], classes
+    train_texts: list[str],
+    train_labels: list[int],
+    test_texts: list[str],
+    test_labels: list[int],
+    classes: Sequence[str],
 ) -> dict:
     """TF-IDF of word uni- and bigrams (sublinear term frequency) + logistic regression, fitted
     on the training texts: the classical text-classification baseline (≈ 0.80 on SST-2) a

@@ -7,14 +7,18 @@ Q3 (per-residue accuracy over H/E/C) for secondary structure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from ..train.checkpoint import atomic_write
 
 
-def classification_metrics(y_true, y_pred, probs, classes) -> dict:
+def classification_metrics(
+    y_true: npt.ArrayLike, y_pred: npt.ArrayLike, probs: np.ndarray, classes: Sequence[str]
+) -> dict:
     """Metrics of one evaluation.
 
     Args:
@@ -57,7 +61,9 @@ def classification_metrics(y_true, y_pred, probs, classes) -> dict:
     return out
 
 
-def per_group_binary_mcc(y_true, y_pred, groups, classes, negative: str) -> dict:
+def per_group_binary_mcc(
+    y_true: npt.ArrayLike, y_pred: npt.ArrayLike, groups: npt.ArrayLike, classes: Sequence[str], negative: str
+) -> dict:
     """MCC of "class T" vs "not T" for every positive class T and every group (e.g. SignalP
     type per kingdom, SignalP 6.0's MCC2), plus "any positive class" vs ``negative``.
     Groups or classes without a true positive are left out."""
@@ -77,7 +83,7 @@ def per_group_binary_mcc(y_true, y_pred, groups, classes, negative: str) -> dict
     return out
 
 
-def plot_confusion(confusion, classes, path: Path, title: str) -> None:
+def plot_confusion(confusion: npt.ArrayLike, classes: Sequence[str], path: Path, title: str) -> None:
     """Write a confusion-matrix PNG (rows = true class, columns = predicted; counts and
     row-normalised shading), atomically."""
     from matplotlib.figure import Figure  # the object API: no pyplot, no backend chosen

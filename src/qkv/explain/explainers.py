@@ -16,8 +16,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
 
 import torch
+from torch import nn
 
 from .. import runs
 from ..errors import QkvError
@@ -33,6 +35,11 @@ KIND_TITLES = {
     "decoder": "decoder self-attention (masked)",
     "cross": "cross-attention (rows: target token produced, columns: source)",
 }
+
+
+InputT = TypeVar("InputT")
+"""What an explainer's :meth:`~Explainer.explain` and :meth:`~Explainer.steps` take: ``str``
+for the text families, an image for :class:`~qkv.explain.vision.ImageExplainer`."""
 
 
 class InputTooLong(QkvError):
@@ -116,9 +123,10 @@ def _rounded(t: torch.Tensor, digits: int) -> list:
     return torch.round(t.double(), decimals=digits).tolist()  # float64: 0.0442, not 0.04422000050544739
 
 
-class Explainer:
+class Explainer(Generic[InputT]):
     """Base class: subclasses load the run, pass its model here, and implement :meth:`layers`
-    (the layers holding each attention kind) and :meth:`_prepare` (decode one input).
+    (the layers holding each attention kind) and :meth:`_prepare` (decode one input). The type
+    parameter is the input :meth:`explain` and :meth:`steps` take (see :data:`InputT`).
 
     Args:
         run_dir: the run directory (for display). max_chars: inputs longer than this are
@@ -138,13 +146,14 @@ class Explainer:
         self.config = model.config
         self._last: tuple | None = None  # (text, options, _Pass) of the latest input
 
-    def _prepared(self, text: str, options: DecodingOptions | None) -> _Pass:
+    def _prepared(self, text: InputT, options: DecodingOptions | None) -> _Pass:
         """:meth:`_prepare`, reused for the same input and options: the page asks for the
         steps of the input it just explained, and decoding (beam search, sampling with a
         seed) is deterministic, so it need not run twice."""
         options = options or DecodingOptions()
         if self._last is None or self._last[:2] != (text, options):
-            self._last = (text, options, self._prepare(self._check(text), options))
+            # The text families' path (their InputT is str); ImageExplainer overrides _prepared.
+            self._last = (text, options, self._prepare(self._check(cast(str, text)), options))
         return self._last[2]
 
     @property
@@ -153,7 +162,7 @@ class Explainer:
         ``info()["layers_per_kind"]``)."""
         return len(self.layers(self.kinds[0]))
 
-    def layers(self, kind: str):
+    def layers(self, kind: str) -> nn.ModuleList:
         raise NotImplementedError
 
     def attention_module(self, kind: str, layer: int) -> MultiHeadAttention:
@@ -164,7 +173,9 @@ class Explainer:
         layers = self.layers(kind)
         if not 0 <= layer < len(layers):
             raise QkvError(f"layer {layer} out of range: the model has layers 0..{len(layers) - 1}")
-        return layers[layer].cross_attn if kind == "cross" else layers[layer].self_attn
+        # A ModuleList's items are typed Module; qkv's layers hold MultiHeadAttention in these.
+        attn = layers[layer].cross_attn if kind == "cross" else layers[layer].self_attn
+        return cast(MultiHeadAttention, attn)
 
     def info(self) -> dict:
         """What the page needs to know about the model (JSON-ready)."""
@@ -201,7 +212,7 @@ class Explainer:
 
     @torch.no_grad()
     def explain(
-        self, text: str, options: DecodingOptions | None = None, merge_words: bool = True
+        self, text: InputT, options: DecodingOptions | None = None, merge_words: bool = True
     ) -> Explanation:
         """Run the model on ``text`` and collect the attention of every layer and head.
 
@@ -228,11 +239,12 @@ class Explainer:
                 q_labels = piece_labels(q_pieces, self.subword)
                 k_labels = piece_labels(k_pieces, self.subword)
             maps.append(AttentionMap(kind, KIND_TITLES[kind], q_labels, k_labels, w))
-        return Explanation(self.family, text, prepared.output, maps)
+        # text: a str for the text families; ImageExplainer.explain puts its caption there.
+        return Explanation(self.family, cast(str, text), prepared.output, maps)
 
     @torch.no_grad()
     def steps(
-        self, text: str, kind: str, layer: int, head: int, options: DecodingOptions | None = None
+        self, text: InputT, kind: str, layer: int, head: int, options: DecodingOptions | None = None
     ) -> dict:
         """Eq. 1 of one head, with the actual numbers (JSON-ready lists, rows = query tokens):
         ``q``, ``k``, ``v`` ``(T, d_k)``; ``scores`` (QKᵀ), ``scaled`` (÷ sqrt(d_k)), ``mask``
@@ -269,14 +281,16 @@ class Explainer:
         }
 
 
-class TranslationExplainer(Explainer):
+class TranslationExplainer(Explainer[str]):
     """Encoder-decoder runs (``qkv train translation``): the source is translated with beam
     search, then the model is rerun teacher-forced on its own translation to read the encoder,
     decoder and cross-attention of the output it produced."""
 
     family, kinds, subword = "translation", ("encoder", "decoder", "cross"), True
 
-    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
         model, self.tokenizer = runs.load_run(run_dir, device=device, family="translation")
         super().__init__(model, run_dir, max_chars)
         meta = (
@@ -292,7 +306,7 @@ class TranslationExplainer(Explainer):
             "cs": "Muž jede na kole parkem.",
         }.get(src, "")
 
-    def layers(self, kind):
+    def layers(self, kind: str) -> nn.ModuleList:
         return self.model.encoder.layers if kind == "encoder" else self.model.decoder.layers
 
     def _prepare(self, text, options):
@@ -330,20 +344,22 @@ class TranslationExplainer(Explainer):
         )
 
 
-class LMExplainer(Explainer):
+class LMExplainer(Explainer[str]):
     """Decoder-only language models (``qkv train lm``): attention over the prompt, a sampled
     continuation and the next-token probabilities after the prompt."""
 
     family, kinds, input_label = "lm", ("decoder",), "prompt"
 
-    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
         model, tokenizer = runs.load_run(run_dir, device=device, family="lm")
         self.generator = TextGenerator(model, tokenizer)
         super().__init__(self.generator.model, run_dir, max_chars)
         self.tokenizer, self.subword = tokenizer, tokenizer.kind == "bpe"
         self.example = "ROMEO:\nBut soft, what light" if tokenizer.kind == "char" else "The meaning of"
 
-    def layers(self, kind):
+    def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
     def _prepare(self, text, options):
@@ -377,21 +393,23 @@ class LMExplainer(Explainer):
         )
 
 
-class ProteinExplainer(Explainer):
+class ProteinExplainer(Explainer[str]):
     """Protein encoders (``protein-cls``, ``protein-residue``, ``protein-mlm`` runs): attention
     between residues and the predicted class probabilities (or per-residue labels)."""
 
     family, kinds, input_label = "protein", ("encoder",), "protein sequence (one-letter codes)"
     example = "GIGKFLHSAKKFGKAFVGEIMNS"  # magainin 2, an antimicrobial peptide
 
-    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
         from ..generate.protein import ProteinEncoder
 
         self.encoder = ProteinEncoder.from_run(run_dir, device)
         super().__init__(self.encoder.model, run_dir, max_chars)
         self.classes, self.level = self.encoder.classes, self.encoder.level
 
-    def layers(self, kind):
+    def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
     def _prepare(self, text, options):
@@ -407,7 +425,7 @@ class ProteinExplainer(Explainer):
             return {"encoder": head(tokens, need_weights=need_weights).attentions}
 
         out = head(tokens, need_weights=True)  # the prediction and the weights in one pass
-        output = {"text": None, "next_tokens": [], "classes": [], "residues": None}
+        output: dict[str, Any] = {"text": None, "next_tokens": [], "classes": [], "residues": None}
         if self.level in ("sequence", "residue"):
             probs = out.logits.float().softmax(-1)[0]
             if self.level == "sequence":
@@ -416,11 +434,12 @@ class ProteinExplainer(Explainer):
                 ]
             else:
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
-        pieces = [tok.id_to_token(i) for i in ids]
+        # ids come from tok.encode, so each is in the vocabulary: id_to_token gives a str, never None
+        pieces = cast(list[str], [tok.id_to_token(i) for i in ids])
         return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})
 
 
-class TextExplainer(Explainer):
+class TextExplainer(Explainer[str]):
     """Pretrained text encoders (a converted BERT such as MiniLM, or a ``text-cls`` run): the
     attention between the word pieces of a sentence, or of a sentence pair (``A ||| B``, with
     BERT's token types), and the class probabilities of a trained head."""
@@ -429,7 +448,9 @@ class TextExplainer(Explainer):
     input_label = "sentence (a pair: first ||| second)"
     example = "A man rides a bicycle through the park. ||| Someone is cycling outdoors."
 
-    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
         from ..generate.text import TextEncoder
 
         self.encoder = TextEncoder.load(run_dir, device)
@@ -437,7 +458,7 @@ class TextExplainer(Explainer):
         self.classes = self.encoder.classes
         self.level = "sequence" if self.classes else "mlm"
 
-    def layers(self, kind):
+    def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
     def _prepare(self, text, options):
@@ -459,7 +480,7 @@ class TextExplainer(Explainer):
             }
 
         out = self.model(tokens, True, head=head, token_types=token_types)
-        output = {"text": None, "next_tokens": [], "classes": [], "residues": None}
+        output: dict[str, Any] = {"text": None, "next_tokens": [], "classes": [], "residues": None}
         if self.classes:
             probs = out.logits.float().softmax(-1)[0]
             output["classes"] = [

@@ -24,6 +24,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from matplotlib.figure import Figure
 
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..train.checkpoint import atomic_write, write_text
+
+if TYPE_CHECKING:
+    from .explainers import DecodingOptions, Explainer
 
 CMAP = "Blues"
 OVERLAY_CMAP = "inferno"  # bright on a grey image, readable where the image is dark or light
@@ -57,7 +61,9 @@ def _label_axes(ax, query_tokens, key_tokens, fontsize):
         ax.set_yticks([])
 
 
-def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str], title: str):
+def plot_attention_grid(
+    weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str], title: str
+) -> Figure:
     """Heads × layers grid of attention heatmaps.
 
     Args:
@@ -94,6 +100,7 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
             )
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             _label_axes(ax, query_tokens, key_tokens, fontsize)
+    assert image is not None  # a model has at least one layer and one head: the loop drew a map
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.suptitle(f"{title} (rows: queries, columns: keys)")
     return fig
@@ -101,7 +108,7 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
 
 def plot_alignment(
     cross_weights: torch.Tensor, target_tokens: list[str], source_tokens: list[str], layer: int = -1
-):
+) -> Figure:
     """Translation alignment: cross-attention of one layer averaged over its heads.
 
     Shape: ``cross_weights (n_layers, n_heads, T, S)``; ``layer`` indexes the first axis
@@ -147,7 +154,7 @@ def positional_matrix(model: torch.nn.Module, n_positions: int = 100) -> tuple[t
     raise ValueError("this model has no positional encoding to draw")
 
 
-def plot_positional_encoding(matrix: torch.Tensor, title: str):
+def plot_positional_encoding(matrix: torch.Tensor, title: str) -> Figure:
     """Heatmap of a ``(positions, dimensions)`` matrix, diverging colours around 0."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
@@ -162,7 +169,7 @@ def plot_positional_encoding(matrix: torch.Tensor, title: str):
     return fig
 
 
-def plot_bars(labels: list[str], probs: list[float], title: str):
+def plot_bars(labels: list[str], probs: list[float], title: str) -> Figure:
     """Horizontal probability bars, the first label on top."""
     fig = Figure(figsize=(5.5, 0.35 * len(labels) + 1.2), layout="constrained")
     ax = fig.subplots()
@@ -210,7 +217,7 @@ def _overlay(ax, image: np.ndarray, values: np.ndarray, patch_size: int, vmax: f
 
 def plot_image_attention(
     image: np.ndarray, weights: torch.Tensor, patch_size: int, layer: int, max_cols: int = 4
-):
+) -> Figure:
     """One layer of a ViT: for each head, the class token's attention to the patches overlaid
     on the image, the patch grid drawn, one colour scale for the layer (0 to its largest
     patch weight).
@@ -244,12 +251,13 @@ def plot_image_attention(
             continue
         artist = _overlay(ax, image, cls[head], patch_size, vmax)
         ax.set_title(f"head {head + 1} (CLS→CLS {float(weights[head, 0, 0]):.2f})", fontsize=9)
+    assert artist is not None  # a layer has at least one head: the loop drew an overlay
     fig.colorbar(artist, ax=axes[:n_heads].tolist(), shrink=0.8, label="attention weight")
     fig.suptitle(f"layer {layer + 1}: attention from the class token to each patch")
     return fig
 
 
-def plot_rollout(image: np.ndarray, rollout: np.ndarray, patch_size: int, caption: str = ""):
+def plot_rollout(image: np.ndarray, rollout: np.ndarray, patch_size: int, caption: str = "") -> Figure:
     """The image, and the class token's attention rollout over it.
 
     Args:
@@ -286,7 +294,7 @@ def decode_png_data_url(url: str) -> np.ndarray:
     return arr[..., None] if arr.ndim == 2 else arr
 
 
-def plot_steps(steps: dict, title: str = ""):
+def plot_steps(steps: dict, title: str = "") -> Figure:
     """Eq. 1 of one head in four panels: QKᵀ, ÷ sqrt(d_k), mask (−∞ shown blank), softmax.
 
     Args:
@@ -331,7 +339,7 @@ def plot_steps(steps: dict, title: str = ""):
     return fig
 
 
-def save(fig, path: str | Path, dpi: int = 110) -> Path:
+def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as PNG atomically (nothing half-written on Ctrl-C).
 
     ``fig`` is a pyplot-free :class:`~matplotlib.figure.Figure`: there is nothing to close.
@@ -342,10 +350,10 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
 
 
 def write_pictures(
-    explainer,
+    explainer: Explainer,
     text: str,
     out_dir: str | Path,
-    options=None,
+    options: DecodingOptions | None = None,
     merge_words: bool = True,
     layer: int = -1,
     head: int = 0,

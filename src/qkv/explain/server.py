@@ -42,8 +42,9 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,6 +55,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import QkvError
 from .explainers import DecodingOptions, Explainer, InputTooLong
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from .vision import ImageExplainer
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 64 * 1024
@@ -70,7 +76,7 @@ class SafeJSONResponse(JSONResponse):
     """JSON that any client can parse: non-ASCII escaped (a lone surrogate in an echoed input
     cannot fail to encode), and NaN or infinities refused rather than sent as invalid JSON."""
 
-    def render(self, content) -> bytes:
+    def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
@@ -80,7 +86,7 @@ class ErrorMessage(BaseModel):
     detail: str
 
 
-ERROR_RESPONSES = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorMessage, "description": what}
     for code, what in [
         (400, "the body cannot be parsed"),
@@ -88,7 +94,9 @@ ERROR_RESPONSES = {
         (422, "the input or a setting is wrong (the message says which)"),
     ]
 }
-IMAGE_ERRORS = {code: ERROR_RESPONSES[code] for code in (413, 422)}  # the body is read raw
+IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: ERROR_RESPONSES[code] for code in (413, 422)
+}  # the body is read raw
 
 
 class ExplainRequest(BaseModel):
@@ -147,7 +155,7 @@ IMAGE_BODY = {
 }
 
 
-def validation_message(errors) -> str:
+def validation_message(errors: Sequence[Any]) -> str:
     """Pydantic's validation errors as one line, ``"invalid request: where: what; ..."``,
     without the offending values (they may be NaN, infinite or not valid Unicode)."""
     parts = []
@@ -254,7 +262,8 @@ def create_app(explainer: Explainer) -> FastAPI:
     def image_examples():  # a plain def: FastAPI runs it on a worker thread
         check_input_kind("image")
         with lock:
-            return {"examples": explainer.examples()}
+            # check_input_kind passed: only an ImageExplainer takes image input.
+            return {"examples": cast("ImageExplainer", explainer).examples()}
 
     @app.post(IMAGE_API + "explain", responses=IMAGE_ERRORS, openapi_extra=IMAGE_BODY)
     async def image_explain(request: Request, example: int | None = Query(None, ge=0)):
@@ -306,7 +315,9 @@ def serve(
     return 0
 
 
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0):
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0
+) -> tuple[uvicorn.Server, threading.Thread, str]:
     """Start ``app`` on a background thread (tests, screenshots); ``port=0`` picks a free port.
 
     Returns ``(server, thread, base_url)``; stop with ``server.should_exit = True`` then

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..data.images import ImageSet, load_fashion_mnist, load_image_task, read_image, to_model_input
 from ..errors import QkvError
@@ -45,7 +46,7 @@ def png_data_url(pixels: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-class ImageExplainer(Explainer):
+class ImageExplainer(Explainer[ImageInput]):
     """``qkv train vit`` runs. The input is an image (see :data:`ImageInput`) instead of text;
     the output holds the class probabilities, the model's input as a PNG data URL, the patch
     geometry and the class token's row of :func:`~qkv.explain.rollout.attention_rollout`.
@@ -61,7 +62,9 @@ class ImageExplainer(Explainer):
     family, kinds, input_kind, subword = "vit", ("encoder",), "image", False
     input_label = "image (PNG, JPEG, ...), or an image of the test set"
 
-    def __init__(self, run_dir, device="cpu", max_chars=DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
         self.classifier = ImageClassifier.from_run(run_dir, device)
         super().__init__(self.classifier.model, run_dir, max_chars)
         self.classes = self.classifier.classes
@@ -70,7 +73,7 @@ class ImageExplainer(Explainer):
         self.task = self.train_config.get("task", "fashion-mnist")
         self._test: ImageSet | None = None
 
-    def layers(self, kind):
+    def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
     def info(self) -> dict:
@@ -171,17 +174,19 @@ class ImageExplainer(Explainer):
     # ---------- the Explainer interface, with images for text
 
     def _prepared(self, image: ImageInput, options: DecodingOptions | None) -> _Pass:
-        """:meth:`_prepare` of the decoded pixels, reused while the pixels are the same (the
+        """:meth:`_prepare_pixels` of the decoded pixels, reused while the pixels are the same (the
         page asks for the steps of the image it just explained)."""
         pixels, caption = self.read(image)
         key = pixels.tobytes()
         prepared = (
-            self._prepare(pixels, options) if self._last is None or self._last[0] != key else self._last[2]
+            self._prepare_pixels(pixels, options)
+            if self._last is None or self._last[0] != key
+            else self._last[2]
         )
         self._last = (key, caption, prepared)  # the caption of this call, for explain()
         return prepared
 
-    def _prepare(self, pixels: np.ndarray, options) -> _Pass:
+    def _prepare_pixels(self, pixels: np.ndarray, options: DecodingOptions | None) -> _Pass:
         cfg, model = self.config, self.model
         probs, weights = self.classifier.attentions(pixels)  # (num_labels,), L × (H, T, T)
         x = to_model_input(pixels[None]).to(self.classifier.device)  # (1, C, S, S)
@@ -225,5 +230,6 @@ class ImageExplainer(Explainer):
         Raises: as :meth:`read`.
         """
         result = super().explain(image, options, merge_words=False)
+        assert self._last is not None  # set by _prepared, which super().explain just called
         result.text = self._last[1]
         return result

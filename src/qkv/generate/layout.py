@@ -34,6 +34,8 @@ and the state dict is the same whatever the layout (safetensors saves contiguous
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 
@@ -41,6 +43,8 @@ from ..device import cpu_has_native_bf16
 from ..nn.attention import MultiHeadAttention
 from ..nn.feedforward import PositionwiseFeedForward
 from .invariant import per_query_attention  # noqa: F401  (importing it registers "invariant")
+
+_M = TypeVar("_M", bound=nn.Module)
 
 # oneDNN's post-op names for the FFN activations: (attribute, algorithm); "none" = exact GELU.
 _POST_OPS = {
@@ -168,7 +172,7 @@ class PackedLinear(FrozenLinear):
         )
 
 
-def _relaid(w: nn.Parameter) -> nn.Parameter:
+def _relaid(w: torch.Tensor) -> torch.Tensor:
     """float32 weights stored ``(in, out)`` (a transposed view keeps the ``(out, in)`` shape),
     other dtypes contiguous; the Parameter itself when it already is."""
     if w.dtype == torch.float32:
@@ -184,8 +188,8 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def prepare_for_inference(
-    model: nn.Module, batch_rows: int | None = None, batch_invariant: bool | None = None
-) -> nn.Module:
+    model: _M, batch_rows: int | None = None, batch_invariant: bool | None = None
+) -> _M:
     """Give every CPU ``nn.Linear`` the weight layout that decodes fastest for its dtype (see the
     module docstring). Returns ``model`` (changed in place).
 
@@ -218,7 +222,7 @@ def prepare_for_inference(
         torch.float32: batch_rows is not None and onednn_available() and not model.training,
     }
     invariant = batch_rows is None if batch_invariant is None else batch_invariant
-    relaid: dict[int, nn.Parameter] = {}
+    relaid: dict[int, torch.Tensor] = {}
     for parent in model.modules():
         if (
             invariant
@@ -228,27 +232,30 @@ def prepare_for_inference(
         ):
             parent.backend = "invariant"
         for name, child in parent.named_children():
-            w = child.weight if type(child) is nn.Linear else None
-            if w is None or w.device.type != "cpu":
+            if type(child) is not nn.Linear or child.weight.device.type != "cpu":
                 continue
+            w = child.weight
             if packs.get(w.dtype, False):
-                fuse = (
-                    isinstance(parent, PositionwiseFeedForward)
+                # The FFN whose activation fuses into this (its w_1) linear's kernel, if any.
+                ffn = (
+                    parent
+                    if isinstance(parent, PositionwiseFeedForward)
                     and name == "w_1"
                     and parent.activation_name in _POST_OPS
+                    else None
                 )
                 setattr(
                     parent,
                     name,
                     PackedLinear(
                         child,
-                        parent.activation_name if fuse else None,
+                        ffn.activation_name if ffn is not None else None,
                         batch_rows or 1,
                         invariant and w.dtype == torch.bfloat16,
                     ),
                 )
-                if fuse:  # the activation now runs inside w_1's kernel
-                    parent.activation = _identity
+                if ffn is not None:  # the activation now runs inside w_1's kernel
+                    ffn.activation = _identity
             elif id(w) not in relaid and batch_rows is None:
                 relaid[id(w)] = _relaid(w)
     for module in model.modules():

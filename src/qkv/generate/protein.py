@@ -133,9 +133,9 @@ class ProteinEncoder:
         for idx in self.batches(rows):
             tokens = pad_sequences([rows[i] for i in idx], self.tok.pad_id)
             hidden, _, _ = self.model.encode(tokens.to(self.device))
-            hidden = hidden.float().cpu().numpy()
+            states = hidden.float().cpu().numpy()
             for j, i in enumerate(idx):
-                per_row[i] = hidden[j, 1 : len(rows[i]) - 1]
+                per_row[i] = states[j, 1 : len(rows[i]) - 1]
         residues: list = [[] for _ in sequences]
         for i, h in zip(owner, per_row, strict=True):
             residues[i].append(h)

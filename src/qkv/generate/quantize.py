@@ -15,11 +15,15 @@ slower), so a model is cast to bfloat16 first.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 
 from ..errors import QkvError
 from .layout import FrozenLinear
+
+_M = TypeVar("_M", bound=nn.Module)
 
 
 class Int8Linear(FrozenLinear):
@@ -57,7 +61,7 @@ class Int8Linear(FrozenLinear):
 
 
 @torch.no_grad()
-def quantize_int8(model: nn.Module) -> nn.Module:
+def quantize_int8(model: _M) -> _M:
     """Replace every ``nn.Linear`` of a bfloat16 model in eval mode (the output projection
     included) by an :class:`Int8Linear`. Returns ``model`` (changed in place); embeddings and
     norms keep their dtype. Safe to call twice.
@@ -74,7 +78,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return model
 
 
-def cast_weights(model: nn.Module, weights: torch.dtype | str) -> nn.Module:
+def cast_weights(model: _M, weights: torch.dtype | str) -> _M:
     """``model`` (eval mode, changed in place) with its weights in ``weights``: a torch dtype,
     or ``"int8"`` (int8 matrices, everything else bfloat16: :func:`quantize_int8`).
 

@@ -21,6 +21,7 @@ def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, ex
             f"src must have shape (batch, seq_len) with seq_len <= max_len "
             f"({model.config.max_len}), got {tuple(src.shape)}"
         )
+    assert model.config.src_vocab_size is not None  # Transformer.__init__ required it
     check_token_ids(src, model.config.src_vocab_size)
     memory, src_mask, _ = model.encode(src)
     src_len = (src != model.config.pad_id).sum(1)

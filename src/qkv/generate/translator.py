@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,6 +50,7 @@ class Translator:
         max_src_tokens: int | None = None,
     ) -> None:
         vocab = model.config.tgt_vocab_size
+        assert vocab is not None  # Transformer.__init__ required it
         if not (isinstance(beam_size, int) and 1 <= beam_size <= vocab):
             raise ConfigError(
                 f"beam size must be between 1 (greedy) and the vocabulary size {vocab} (got {beam_size})"
@@ -62,7 +64,7 @@ class Translator:
         self.last_stats: DecodeStats | None = None
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs) -> Translator:
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs: Any) -> Translator:
         return cls(*load_run(run_dir, device=device), **kwargs)
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:

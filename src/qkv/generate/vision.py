@@ -6,6 +6,7 @@ probabilities (and attention weights for :mod:`qkv.explain`) out. Beside
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ class ImageClassifier:
     def __init__(
         self,
         model: VisionTransformer,
-        classes: tuple[str, ...],
+        classes: Sequence[str],
         device: torch.device | str = "cpu",
         batch_size: int = 500,
         hflip_tta: bool = False,

@@ -8,6 +8,7 @@ import logging
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,11 +22,16 @@ from ..train import distributed
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
 from ..train.loop import LoopState, train_loop
 from ..train.optim import make_optimizer
+from ..train.settings import TrainSettings
+
+if TYPE_CHECKING:
+    from ..data.tokenizers import Tokenizer
+    from ..models.encoder import EncoderModel
 
 logger = logging.getLogger(__name__)
 
 
-def require_at_least_one(settings, *names: str) -> None:
+def require_at_least_one(settings: object, *names: str) -> None:
     """Raise :class:`~qkv.errors.ConfigError` naming every field of ``settings`` among ``names``
     that is set (not ``None``) and below 1: counts and sizes that mean nothing at 0 (a
     ``max_tokens=0`` would make batches of nothing)."""
@@ -183,7 +189,7 @@ def _check_same_model(run_dir: Path, model: dict) -> None:
         )
 
 
-def start_run(train) -> RunContext:
+def start_run(train: TrainSettings) -> RunContext:
     """Join torchrun's process group if there is one (:func:`qkv.train.distributed.init`),
     apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed, resolve its device
     (under torchrun on CUDA: this process's GPU) and precision, and log (INFO) what was chosen
@@ -214,8 +220,8 @@ def keep_best(model: torch.nn.Module, run_dir: Path) -> None:
 
 
 def fit_classifier(
-    model: torch.nn.Module,
-    train,
+    model: EncoderModel,
+    train: TrainSettings,
     lengths: list[tuple[int, int]],
     max_tokens: int,
     loss_fn,
@@ -255,7 +261,7 @@ def fit_classifier(
     )
 
 
-def training_figures(state: LoopState, model: torch.nn.Module, started: float) -> dict:
+def training_figures(state: LoopState, model: EncoderModel, started: float) -> dict:
     """What every classification summary reports about its training: minutes, steps, epochs,
     parameters (all and trainable), and the total minutes since ``started``
     (``time.perf_counter()``)."""
@@ -271,7 +277,9 @@ def training_figures(state: LoopState, model: torch.nn.Module, started: float) -
     }
 
 
-def open_run(run_dir: str | Path, resume: bool, recipe: str, train, tokenizer) -> tuple[Path, RunContext]:
+def open_run(
+    run_dir: str | Path, resume: bool, recipe: str, train: TrainSettings, tokenizer: Tokenizer
+) -> tuple[Path, RunContext]:
     """Check the run directory (:func:`prepare_run_dir`), start the run (:func:`start_run`) and
     save the ``tokenizer`` there (a new run; a resumed one keeps its own): the first write of a
     recipe, after its inputs are checked."""
@@ -292,7 +300,7 @@ def encoder_with_head(
     dropout: float,
     probe_head: str | None = None,
     weights: bool = True,
-):
+) -> EncoderModel:
     """A new :class:`~qkv.models.encoder.EncoderModel` of ``pretrained``'s architecture for a
     classification recipe: a ``num_labels``-way head, ``pooling``, ``dropout``, and
     ``pretrained``'s weights but for its task heads (``weights=False``: random, training from

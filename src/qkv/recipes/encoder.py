@@ -5,6 +5,7 @@ recipes fine-tune it (``--init``); embeddings, similarity and search read it dir
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -14,7 +15,7 @@ from ..models.model_types import ENCODER
 from .base import Recipe
 
 
-def explainer(run_dir: str | Path, device: torch.device | str = "cpu", **kwargs) -> Explainer:
+def explainer(run_dir: str | Path, device: torch.device | str = "cpu", **kwargs: Any) -> Explainer:
     """An explainer of proteins (a residue vocabulary: AntiBERTy, ESM) or of text (BERT)."""
     tok = load_tokenizer(Path(run_dir) / "tokenizer.json")
     cls = ProteinExplainer if getattr(tok, "is_residue_vocabulary", False) else TextExplainer

@@ -110,13 +110,15 @@ class MaskedBatches:
         tokens: torch.Tensor,
         generator: torch.Generator | None = None,
         split: tuple[float, float] = (0.8, 0.1),
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return mask_tokens(
             tokens, self.special, self.tok.mask_id, self.tok.residue_ids, self.mask_prob, generator, split
         )
 
 
-def validation_batches(val_ids: list[list[int]], width: int, collate: MaskedBatches):
+def validation_batches(
+    val_ids: list[list[int]], width: int, collate: MaskedBatches
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed ``(inputs, labels)`` batches of the held-out proteins: the first window of each,
     15 % of residues all replaced by ``<mask>`` (none left visible), drawn once with a fixed
     seed, so the perplexity is comparable with the uniform 20 and the same at every evaluation."""
@@ -165,7 +167,9 @@ def masked_nll(model: EncoderModel, batches: list[tuple[torch.Tensor, torch.Tens
     return total, n
 
 
-def unigram_ppl(train_ids: list[list[int]], batches, vocab_size: int) -> float:
+def unigram_ppl(
+    train_ids: list[list[int]], batches: list[tuple[torch.Tensor, torch.Tensor]], vocab_size: int
+) -> float:
     """Perplexity of residue frequencies (no context at all) on the masked positions of
     ``batches``: the bar a model must clear to show it uses context."""
     counts = torch.ones(vocab_size, dtype=torch.float64)  # add-one smoothing

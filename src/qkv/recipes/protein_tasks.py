@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from ..data.batching import pad_sequences
 from ..data.protein_tasks import ProteinTask, load_task
-from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
+from ..data.tokenizers import AminoAcidTokenizer, PretrainedProteinTokenizer, protein_tokenizer
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, per_group_binary_mcc, plot_confusion
 from ..explain.explainers import ProteinExplainer
@@ -113,7 +114,9 @@ class ProteinTaskRecipe:
         return 3e-3 if self.freeze else 3e-4 if self.init else 1e-3
 
 
-def build_model(recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequence"):
+def build_model(
+    recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequence"
+) -> tuple[EncoderModel, AminoAcidTokenizer | PretrainedProteinTokenizer]:
     """``(model, tokenizer)``: from scratch, qkv's amino-acid tokenizer and the recipe's
     ``model`` fields; with ``init``, the pretrained encoder's architecture (this recipe's
     dropout, pooling and number of labels), weights (every one but the task heads) and tokenizer
@@ -131,7 +134,7 @@ def build_model(recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequen
         ), tok
     from ..hub.pretrained import load
 
-    pretrained, tok = load(recipe.init)
+    pretrained, pretrained_tok = load(recipe.init)
     if not isinstance(pretrained, EncoderModel):
         raise QkvError(f"init={recipe.init} is a {type(pretrained).__name__}, not an encoder")
     model = encoder_with_head(
@@ -141,8 +144,7 @@ def build_model(recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequen
         recipe.model.dropout,
         f"{level}_head" if recipe.freeze else None,
     )
-    tok = protein_tokenizer(tok)
-    return model, tok
+    return model, protein_tokenizer(pretrained_tok)
 
 
 def evaluate_split(encoder: ProteinEncoder, task: ProteinTask, split: str) -> dict:
@@ -150,6 +152,7 @@ def evaluate_split(encoder: ProteinEncoder, task: ProteinTask, split: str) -> di
     Q3 for residue tasks)."""
     records = task.split(split)
     probs = encoder.predict([r.sequence for r in records], [r.id for r in records])
+    y_true: list[int] | np.ndarray
     if task.level == "sequence":
         y_true = [task.label_ids(r)[0] for r in records]
         p = np.stack(probs)
@@ -245,7 +248,7 @@ def train_protein_task(
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
-    summary = {
+    summary: dict[str, Any] = {
         "task": task.name,
         "mode": mode,
         "init": recipe.init,
@@ -268,7 +271,8 @@ def train_protein_task(
 def _row_labels(task: ProteinTask, records, rows, owner, width: int) -> list[list[int]]:
     """Per token row, labels aligned with its tokens: the class id at ``<cls>`` (sequence
     tasks; ignored elsewhere) or one id per residue of the row's window (residue tasks)."""
-    out, seen = [], {}
+    out: list[list[int]] = []
+    seen: dict[int, int] = {}  # windows of each record so far
     for row, i in zip(rows, owner, strict=True):
         ids = task.label_ids(records[i])
         if task.level == "sequence":
@@ -281,12 +285,16 @@ def _row_labels(task: ProteinTask, records, rows, owner, width: int) -> list[lis
     return out
 
 
-def train_protein_cls(recipe, run_dir, resume=False, progress=True) -> dict:
+def train_protein_cls(
+    recipe: ProteinTaskRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
+) -> dict:
     """``qkv train protein-cls``: one label per sequence."""
     return train_protein_task(recipe, run_dir, "sequence", resume, progress)
 
 
-def train_protein_residue(recipe, run_dir, resume=False, progress=True) -> dict:
+def train_protein_residue(
+    recipe: ProteinTaskRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
+) -> dict:
     """``qkv train protein-residue``: one label per residue."""
     return train_protein_task(recipe, run_dir, "residue", resume, progress)
 

@@ -23,13 +23,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
+from ..data.tokenizers import HFTokenizer
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
 from ..explain.explainers import TextExplainer
@@ -113,7 +114,7 @@ class TextClsRecipe:
         return {"probe": 3e-3, "scratch": 5e-4, "fine-tune": 1e-4}[self.mode]
 
 
-def build_model(recipe: TextClsRecipe, num_labels: int):
+def build_model(recipe: TextClsRecipe, num_labels: int) -> tuple[EncoderModel, HFTokenizer]:
     """``(model, tokenizer)``: the init's architecture with a ``num_labels`` head, the recipe's
     dropout and pooling, and (unless ``scratch``) the pretrained weights but for the heads."""
     pretrained, tokenizer = load(recipe.init)
@@ -171,9 +172,11 @@ def train_text_cls(
     encoder = TextEncoder(model, tok, device, task.classes)
     rows = encoder.rows(task.texts["train"], recipe.max_len, warn=False)  # cut silently, as protein tasks
     labels = task.labels["train"]
+    pad_id = tok.pad_id
+    assert pad_id is not None  # TextEncoder (above) refuses a tokenizer without one
 
     def loss_fn(model, idx):
-        tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
+        tokens = pad_sequences([rows[i] for i in idx], pad_id).to(device)
         target = pad_sequences([[labels[i]] for i in idx], -100)[:, 0].to(device)
         logits = model(tokens, head="sequence").logits  # (B, num_labels)
         return F.cross_entropy(logits.float(), target, reduction="sum"), len(idx)
@@ -199,7 +202,7 @@ def train_text_cls(
     if not distributed.is_main():
         return {}
     keep_best(model, run_dir)
-    summary = {
+    summary: dict[str, Any] = {
         "task": task.name,
         "mode": recipe.mode,
         "init": recipe.init,

@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +95,7 @@ class ViTRecipe:
             raise ConfigError("; ".join(problems))
 
 
-def load_task(recipe: ViTRecipe):
+def load_task(recipe: ViTRecipe) -> ImageTask:
     """The recipe's :class:`~qkv.data.images.ImageTask` (see :func:`load_image_task`)."""
     return load_image_task(
         recipe.task, recipe.model.image_size, recipe.model.channels, recipe.val_fraction, recipe.split_seed
@@ -223,7 +224,7 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
     keep_best(model, run_dir)
-    summary = {
+    summary: dict[str, Any] = {
         "task": task.name,
         "validation": evaluate_images(classifier, task.val),
         "test": evaluate_images(classifier, task.test),
