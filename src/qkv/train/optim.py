@@ -7,14 +7,27 @@ lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)   (Eq. 3).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from torch.optim.optimizer import ParamsT
 
-    from .settings import TrainSettings
+
+class AdamSettings(Protocol):
+    """What :func:`make_optimizer` reads of its settings: a
+    :class:`~qkv.train.settings.TrainSettings` (which imports this module's schedules, so it is
+    named here by what it has)."""
+
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def beta1(self) -> float: ...
+    @property
+    def beta2(self) -> float: ...
+    @property
+    def eps(self) -> float: ...
 
 
 def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
@@ -31,7 +44,7 @@ def make_adam(
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
 
 
-def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, settings: AdamSettings) -> torch.optim.Optimizer:
     """AdamW over ``model``'s trainable parameters with ``settings``' (a
     :class:`~qkv.train.settings.TrainSettings`) betas and eps; weight decay on matrices
     (embeddings, linears) only, not on norms and biases."""
