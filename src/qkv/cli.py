@@ -520,6 +520,29 @@ def _device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument("--device", default=default, help=where)
 
 
+def _search_options(p: argparse.ArgumentParser, beam: int | None, alpha: float | None | bool = False) -> None:
+    """``--beam`` and (unless ``alpha`` is ``False``) ``--alpha``: translation's beam search
+    (§6.1), with these defaults."""
+    p.add_argument("--beam", type=int, default=beam, help="translation: beam size (1 = greedy; default 4)")
+    if alpha is not False:
+        p.add_argument("--alpha", type=float, default=alpha, help="translation: length penalty (default 0.6)")
+
+
+def _sampling_options(
+    p: argparse.ArgumentParser, max_new_tokens: int, temperature: float | None, seed: int | None
+) -> None:
+    """How a language model samples its continuation, with these defaults."""
+    p.add_argument(
+        "--max-new-tokens", type=int, default=max_new_tokens, help="LM: length of the continuation"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=temperature, help="LM: sampling temperature (default 1.0)"
+    )
+    p.add_argument("--top-k", type=int, help="LM: sample only among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="LM: sample only in the nucleus of probability p, 0 < p <= 1")
+    p.add_argument("--seed", type=int, default=seed, help="LM: random seed for reproducible samples")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .recipes.registry import RECIPES, trainable
 
@@ -566,8 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("translate", help="translate text with a trained run")
     p.add_argument("run_dir")
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
-    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy; default 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    _search_options(p, beam=4, alpha=0.6)
     _device_option(p)
     p.add_argument("--verbose", action="store_true", help="print sentences/s on stderr at the end")
     p.set_defaults(func=_cmd_translate)
@@ -576,8 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     defaults = "; ".join(f"{name}: {', '.join(r.splits)}" for name, r in RECIPES.items() if r.evaluate)
     p.add_argument("--split", help=f"the data split to score, the first named being the default ({defaults})")
-    p.add_argument("--beam", type=int, help="translation: beam size (default 4)")
-    p.add_argument("--alpha", type=float, help="translation: length penalty (default 0.6)")
+    _search_options(p, beam=None, alpha=None)  # None: given or not (only translation takes them)
     p.add_argument("--limit", type=int, help="translation: score only the first N sentences")
     _device_option(p)
     p.set_defaults(func=_cmd_evaluate)
@@ -590,13 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
         "an HF GPT-2 folder or a converted run",
     )
     p.add_argument("--prompt", default="", help="text to continue (empty: start from the start token)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, help="sampling temperature > 0 (default 1.0)")
-    p.add_argument("--top-k", type=int, help="sample only among the k most likely tokens")
-    p.add_argument("--top-p", type=float, help="sample only in the nucleus of probability p, 0 < p <= 1")
+    _sampling_options(p, max_new_tokens=200, temperature=None, seed=None)
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
-    p.add_argument("--seed", type=int, help="random seed for reproducible samples")
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument(
         "--top-probs",
@@ -698,12 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="layer (0-based, -1 = last) of the alignment and step-through pictures",
     )
     p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
-    p.add_argument("--beam", type=int, default=4, help="translation: beam size (1 = greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=40, help="LM: length of the sampled continuation")
-    p.add_argument("--temperature", type=float, default=1.0, help="LM: sampling temperature (0 = greedy)")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int, default=0)
+    _search_options(p, beam=4)
+    _sampling_options(p, max_new_tokens=40, temperature=1.0, seed=0)
     _device_option(p, default="cpu")
     p.set_defaults(func=_cmd_explain)
     return parser
