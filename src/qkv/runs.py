@@ -9,27 +9,53 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from . import compat
 from .data.tokenizers import load_tokenizer
 from .errors import QkvError
-from .models.model_types import MODEL_TYPES, ModelType
+from .models.config import ModelConfig
+from .models.model_types import MODEL_TYPES, ModelType, for_config
 from .train.checkpoint import load_weights
+
+
+def run_header(recipe: str, config: ModelConfig) -> dict[str, Any]:
+    """What ``train_config.json`` starts with, naming the kind of run: ``recipe``, the
+    ``model_type`` of ``config`` (:mod:`qkv.models.model_types`) and the ``format_version``
+    (:data:`qkv.compat.FORMAT_VERSION`). :func:`run_recipe` and :func:`model_type_of` read it."""
+    return {"recipe": recipe, "model_type": for_config(config).name, "format_version": compat.FORMAT_VERSION}
+
+
+def _meta(run_dir: Path) -> dict[str, Any]:
+    """A run's ``train_config.json``; for a run of the first versions, which wrote none,
+    ``{"recipe": ...}`` guessed from ``config.json``'s keys (a language model or a translation).
+
+    Raises:
+        QkvError: neither file can be read, or ``train_config.json`` names no recipe.
+    """
+    meta = run_dir / "train_config.json"
+    try:
+        if not meta.is_file():
+            config = json.loads((run_dir / "config.json").read_text())
+            return {"recipe": "lm" if "vocab_size" in config else "translation"}
+        saved = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as exc:
+        raise QkvError(f"cannot tell what kind of run {run_dir} is: {exc}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("recipe"), str):
+        raise QkvError(f"cannot tell what kind of run {run_dir} is: {meta} names no recipe")
+    return saved
 
 
 def run_recipe(run_dir: str | Path) -> str:
     """The recipe that produced a run (``"translation"``, ``"lm"``, ...), from
-    ``train_config.json``; runs without one are guessed from ``config.json``'s keys."""
-    run_dir = Path(run_dir)
-    meta = run_dir / "train_config.json"
-    try:
-        if meta.is_file():
-            return json.loads(meta.read_text(encoding="utf-8"))["recipe"]
-        return "lm" if "vocab_size" in json.loads((run_dir / "config.json").read_text()) else "translation"
-    except (OSError, ValueError, KeyError) as exc:
-        raise QkvError(f"cannot tell what kind of run {run_dir} is: {exc}") from None
+    ``train_config.json``; runs without one are guessed from ``config.json``'s keys.
+
+    Raises:
+        QkvError: the directory says nothing readable about its kind.
+    """
+    return _meta(Path(run_dir))["recipe"]
 
 
 def load_run(
@@ -52,22 +78,22 @@ def load_run(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise QkvError(f"run directory not found: {run_dir}")
-    kind = run_recipe(run_dir) if (run_dir / "train_config.json").is_file() else None
-    model_type = model_type_of(run_dir) if kind else None
-    needed = ("config.json", weights) + (
-        () if model_type and not model_type.tokenizer else ("tokenizer.json",)
-    )
+    # A run of the first versions has no train_config.json: a translation or LM run, with a
+    # tokenizer. Its kind is read from config.json, once the files are known to be there.
+    meta = _meta(run_dir) if (run_dir / "train_config.json").is_file() else None
+    with_tokenizer = meta is None or _model_type(run_dir, meta).tokenizer
+    needed = ("config.json", weights) + (("tokenizer.json",) if with_tokenizer else ())
     missing = [f for f in needed if not (run_dir / f).is_file()]
     if missing:
         raise QkvError(
             f"run directory {run_dir} is incomplete: missing {', '.join(missing)} "
             "(training not finished? `qkv train ... --resume` continues it)"
         )
-    kind = kind or run_recipe(run_dir)
-    if family is not None and kind not in ((family,) if isinstance(family, str) else family):
+    meta = meta or _meta(run_dir)
+    if family is not None and meta["recipe"] not in ((family,) if isinstance(family, str) else family):
         wanted = " or ".join((family,) if isinstance(family, str) else family)
-        raise QkvError(f"{run_dir} is a {kind!r} run; this needs a {wanted} run")
-    model_type = model_type or model_type_of(run_dir)
+        raise QkvError(f"{run_dir} is a {meta['recipe']!r} run; this needs a {wanted} run")
+    model_type = _model_type(run_dir, meta)
     config = model_type.config.load(run_dir / "config.json")  # a bad file: ConfigError naming it
     model = model_type.model(config)
     load_weights(model, run_dir / weights)
@@ -82,13 +108,11 @@ def model_type_of(run_dir: str | Path) -> ModelType:
     Raises:
         QkvError: a run that names no architecture this version knows.
     """
-    run_dir = Path(run_dir)
-    meta = run_dir / "train_config.json"
-    try:
-        saved = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
-    except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot tell what kind of run {run_dir} is: {exc}") from None
-    name = saved.get("model_type") or compat.model_type_name(run_recipe(run_dir))
+    return _model_type(Path(run_dir), _meta(Path(run_dir)))
+
+
+def _model_type(run_dir: Path, meta: dict[str, Any]) -> ModelType:
+    name = meta.get("model_type") or compat.model_type_name(meta["recipe"])
     if name not in MODEL_TYPES:
         raise QkvError(f"{run_dir} holds a {name!r} model, which this version of qkv does not know")
     return MODEL_TYPES[name]

@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..compat import FORMAT_VERSION
+from .. import runs
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
 from ..models.config import EncoderConfig, LMConfig, ModelConfig
@@ -221,12 +221,7 @@ def import_hf(
     )
     write_json(
         run_dir / "train_config.json",
-        {
-            "recipe": conv.family.recipe,
-            "model_type": for_config(conv.config).name,
-            "format_version": FORMAT_VERSION,
-            "converted_from": str(Path(folder).resolve()),
-        },
+        {**runs.run_header(conv.family.recipe, conv.config), "converted_from": str(Path(folder).resolve())},
     )
     save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
     logger.debug(
@@ -245,8 +240,6 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
         QkvError: an incomplete run, a model the family cannot express (the fields named),
             or an ``out_dir`` that exists and is not empty.
     """
-    from .. import runs
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")

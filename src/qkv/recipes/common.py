@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..compat import FORMAT_VERSION, check_format_version
+from ..compat import check_format_version
 from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
 from ..errors import ConfigError, QkvError
-from ..models.model_types import for_config
+from ..runs import run_header
 from ..settings import to_dict
 from ..train import distributed
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
@@ -166,10 +166,8 @@ def write_settings(
     resolved = {"resolved": run.to_dict()} if run is not None else {}
     write_json(
         run_dir / "train_config.json",
-        {  # the settings tree, + PROVENANCE
-            "recipe": recipe,
-            "model_type": for_config(model_config).name,
-            "format_version": FORMAT_VERSION,
+        {  # what kind of run, the settings tree, + PROVENANCE
+            **run_header(recipe, model_config),
             **tree,
             **resolved,
             "git_commit": git_commit(),
