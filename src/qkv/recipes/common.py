@@ -289,6 +289,9 @@ def open_run(
 
 
 TASK_HEADS = ("sequence_head", "residue_head")
+# The splits of a classification task (proteins, text, images), as Recipe.splits lists them:
+# test first, the split qkv evaluate scores by default.
+TASK_SPLITS = ("test", "val", "train")
 
 
 def encoder_with_head(

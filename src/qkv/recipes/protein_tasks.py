@@ -44,6 +44,7 @@ from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
 from .base import Recipe
 from .common import (
+    TASK_SPLITS,
     encoder_with_head,
     fit_classifier,
     keep_best,
@@ -314,7 +315,7 @@ def evaluate_protein_run(
         settings.get("labels"),
         settings.get("split_seed", 0),
     )
-    if split not in ("train", "val", "test"):
+    if split not in TASK_SPLITS:
         raise QkvError(f"split must be train, val or test (got {split!r})")
     return {"task": task.name, "split": split, **evaluate_split(encoder, task, split)}
 
@@ -344,7 +345,7 @@ def _protein_recipe(name: str, train) -> Recipe:
         settings=ProteinTaskRecipe,
         train=train,
         evaluate=evaluate_protein_run,
-        splits=("test", "val", "train"),
+        splits=TASK_SPLITS,
         summary=summary_text,
         model_type=ENCODER,
         explainer=ProteinExplainer,

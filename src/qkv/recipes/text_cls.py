@@ -43,6 +43,7 @@ from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
 from .base import Recipe
 from .common import (
+    TASK_SPLITS,
     encoder_with_head,
     fit_classifier,
     keep_best,
@@ -230,7 +231,7 @@ def evaluate_text_run(run_dir: str | Path, split: str = "test", device: torch.de
     """Metrics of a finished ``text-cls`` run on ``split`` of its own task."""
     run_dir = Path(run_dir)
     settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
-    if split not in ("train", "val", "test"):
+    if split not in TASK_SPLITS:
         raise QkvError(f"split must be train, val or test (got {split!r})")
     encoder = TextEncoder.load(run_dir, device)
     task = load_text_task(settings["task"], settings.get("split_seed", 0))
@@ -256,7 +257,7 @@ RECIPE = Recipe(
     settings=TextClsRecipe,
     train=train_text_cls,
     evaluate=evaluate_text_run,
-    splits=("test", "val", "train"),
+    splits=TASK_SPLITS,
     summary=summary_text,
     model_type=ENCODER,
     explainer=TextExplainer,

@@ -37,7 +37,7 @@ from ..train.loop import train_loop
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import keep_best, prepare_run_dir, start_run, write_settings
+from .common import TASK_SPLITS, keep_best, prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ RECIPE = Recipe(
     settings=ViTRecipe,
     train=train_vit,
     evaluate=evaluate_with_confusion,
-    splits=("test", "val", "train"),
+    splits=TASK_SPLITS,
     summary=summary_text,
     model_type=VIT,
     explainer=ImageExplainer,
