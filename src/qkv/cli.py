@@ -520,11 +520,13 @@ def _device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument("--device", default=default, help=where)
 
 
-def _search_options(p: argparse.ArgumentParser, beam: int | None, alpha: float | None | bool = False) -> None:
-    """``--beam`` and (unless ``alpha`` is ``False``) ``--alpha``: translation's beam search
-    (§6.1), with these defaults."""
+def _search_options(
+    p: argparse.ArgumentParser, beam: int | None, alpha: float | None = None, length_penalty: bool = True
+) -> None:
+    """``--beam`` and (with ``length_penalty``) ``--alpha``: translation's beam search (§6.1),
+    with these defaults (``None``: the option's absence can be told apart)."""
     p.add_argument("--beam", type=int, default=beam, help="translation: beam size (1 = greedy; default 4)")
-    if alpha is not False:
+    if length_penalty:
         p.add_argument("--alpha", type=float, default=alpha, help="translation: length penalty (default 0.6)")
 
 
@@ -598,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     defaults = "; ".join(f"{name}: {', '.join(r.splits)}" for name, r in RECIPES.items() if r.evaluate)
     p.add_argument("--split", help=f"the data split to score, the first named being the default ({defaults})")
-    _search_options(p, beam=None, alpha=None)  # None: given or not (only translation takes them)
+    _search_options(p, beam=None)  # None: given or not (only translation takes them)
     p.add_argument("--limit", type=int, help="translation: score only the first N sentences")
     _device_option(p)
     p.set_defaults(func=_cmd_evaluate)
@@ -715,7 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="layer (0-based, -1 = last) of the alignment and step-through pictures",
     )
     p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
-    _search_options(p, beam=4)
+    _search_options(p, beam=4, length_penalty=False)
     _sampling_options(p, max_new_tokens=40, temperature=1.0, seed=0)
     _device_option(p, default="cpu")
     p.set_defaults(func=_cmd_explain)
