@@ -1,0 +1,102 @@
+"""Every notebook in notebooks/ runs top to bottom in quick mode (QKV_QUICK=1) without an error,
+and its headline figures (the cell tagged ``key-result``) are numbers in their expected range.
+
+Each notebook is executed by ``notebooks/execute.py`` (the same function ``make notebooks``
+uses), in a fresh kernel; the committed notebooks are not modified.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+
+
+def _load_execute():
+    spec = importlib.util.spec_from_file_location("qkv_notebooks_execute", NOTEBOOK_DIR / "execute.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+execute = _load_execute()
+NOTEBOOKS = execute.all_notebooks()
+
+# Headline figures that hold in quick mode too: notebook stem -> {figure name: (low, high)}.
+# Masked weights are exactly 0 and unmasked rows sum to 1 whatever the random inputs; the
+# translator's BLEU after a quick budget is only known to be a valid score.
+RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "01_attention_by_hand": {
+        "orange -> lemon weight": (0.75, 0.85),  # the lecture's [0.1 0.1 0.8]
+        "largest |qkv.nn - by hand|": (0.0, 1e-5),
+        "largest |row sum - 1|": (0.0, 1e-5),
+        "largest weight on a padding key": (0.0, 0.0),
+        "largest weight on a future key": (0.0, 0.0),
+        "output change from padding": (0.0, 0.0),
+        "output change from the future": (0.0, 0.0),
+    },
+    "02_multi_head_and_positions": {
+        "output shape matches input (n x d)": (1, 1),
+        "largest |permuted output - permuted input's output|, no positions": (0.0, 1e-5),
+        "largest |permuted output - permuted input's output|, sinusoids": (1e-3, math.inf),
+    },
+    "03_translator_live": {
+        "validation BLEU": (0.0, 100.0),
+        "training steps": (1, math.inf),
+    },
+}
+
+NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+def test_notebooks_exist():
+    names = {p.stem for p in NOTEBOOKS}
+    assert set(RANGES) <= names, f"missing notebooks: {set(RANGES) - names}"
+
+
+def test_parse_figures_reads_name_value_lines():
+    text = "validation BLEU: 12.5\nnot a figure\nratio: a: b\n"
+    assert execute.parse_figures(text) == {"validation BLEU": "12.5", "ratio": "a: b"}
+
+
+def test_resolve_by_prefix_and_refuses_unknown():
+    first = NOTEBOOKS[0]
+    assert execute.resolve([first.name[:2]]) == [first]
+    with pytest.raises(SystemExit, match="matches 0 notebooks"):
+        execute.resolve(["no_such_notebook"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_in_quick_mode(path: Path):
+    before = path.read_bytes()
+    result = execute.execute(path, quick=True)
+    assert result.error is None, result.error
+    assert path.read_bytes() == before, "a quick run must not rewrite the committed notebook"
+
+    code = [c for c in result.notebook.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count is not None for c in code), "every code cell ran"
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors
+
+    # The convention every notebook follows (notebooks/README.md): reads QKV_QUICK in its first
+    # code cell, says its full-budget time in its first markdown cell.
+    assert 'os.environ.get("QKV_QUICK") == "1"' in code[0].source
+    first_md = next(c for c in result.notebook.cells if c.cell_type == "markdown")
+    assert re.search(r"\d+\s*(min|minutes|s|seconds)\b", first_md.source), first_md.source[:200]
+
+    figures = execute.parse_figures(execute.key_results(result.notebook))
+    assert figures, "the cell tagged key-result prints `name: value` lines"
+    for name, (low, high) in RANGES.get(path.stem, {}).items():
+        assert name in figures, f"{name!r} not printed; printed: {sorted(figures)}"
+        match = NUMBER.search(figures[name])
+        assert match, f"{name}: {figures[name]!r} is not a number"
+        assert low <= float(match.group(0)) <= high, f"{name} = {figures[name]} outside [{low}, {high}]"
