@@ -733,7 +733,9 @@ def test_evaluate_prints_one_json_object(lm_run, capsys):
 def test_resume_continues_to_more_steps(lm_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(lm_run, run)
-    code, out, err = _run(capsys, "train", "lm", "--out", str(run), "--resume", "--max-steps", "30", *SMOKE)
+    code, out, err = _run(
+        capsys, "train", "lm", "--out", str(run), "--resume", "--max-steps", "30", "--json", *SMOKE
+    )
     assert code == 0, err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 30 and json.loads(out)["steps"] == 30

@@ -187,6 +187,7 @@ def test_protein_mlm_smoke_on_real_data(tmp_path, capsys, monkeypatch):
             "--max-steps",
             "4",
             "--quiet",
+            "--json",
             "eval_every=2",
             "lr_decay_steps=4",
             "warmup_steps=2",
@@ -202,7 +203,7 @@ def test_protein_mlm_smoke_on_real_data(tmp_path, capsys, monkeypatch):
         ]
     )
     assert code == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     val = summary["validation"]
     assert summary["steps"] == 4 and 1.0 < val["val_ppl"] < 40 and 15 < val["unigram_ppl"] < 20
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"):

@@ -203,6 +203,7 @@ def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, 
             "--out",
             str(out),
             "--quiet",
+            "--json",
             "max_epochs=30",
             "eval_every=10",
             "max_tokens=512",
@@ -210,7 +211,7 @@ def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, 
         ]
     )
     assert code == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     assert summary["mode"] == "probe" and summary["trainable_parameters"] == 32 * 2 + 2
     before, after = _params(pretrained_run), _params(out)
     encoder_keys = [k for k in before if not k.startswith(("sequence_head", "residue_head"))]
@@ -254,6 +255,7 @@ def test_fine_tune_changes_the_encoder_and_learns(tmp_path, toy_csv, pretrained_
                 "--out",
                 str(out),
                 "--quiet",
+                "--json",
                 "max_epochs=40",
                 "eval_every=20",
                 "max_tokens=512",
@@ -263,7 +265,7 @@ def test_fine_tune_changes_the_encoder_and_learns(tmp_path, toy_csv, pretrained_
         )
         == 0
     )
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     assert summary["mode"] == "fine-tune" and summary["validation"]["accuracy"] >= 0.85
     before, after = _params(pretrained_run), _params(out)
     assert not torch.equal(after["layers.0.ffn.w_1.weight"], before["layers.0.ffn.w_1.weight"])
@@ -380,6 +382,7 @@ def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, 
                 "--out",
                 str(out),
                 "--quiet",
+                "--json",
                 "--max-steps",
                 "3",
                 "baseline=false",
@@ -389,7 +392,7 @@ def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, 
         )
         == 0
     )
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     assert summary["test"]["n"] == 5896 and set(summary["test"]["per_kingdom_mcc"]) == {
         "EUKARYA",
         "ARCHAEA",
@@ -409,6 +412,7 @@ def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, 
                 "--out",
                 str(out),
                 "--quiet",
+                "--json",
                 "--max-steps",
                 "2",
                 "baseline=false",
@@ -418,7 +422,7 @@ def test_signalp_and_secondary_structure_smoke_on_real_data(tmp_path, data_dir, 
         )
         == 0
     )
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     assert 0.2 < summary["test"]["q3"] < 0.7 and summary["test"]["n"] > 70000
 
 

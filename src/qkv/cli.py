@@ -99,9 +99,12 @@ def _cmd_train(args) -> int:
         return 130
     finally:
         distributed.shutdown()
-    if ctx.is_main and recipe_kind.summary is not None:
-        _log("\n" + recipe_kind.summary(summary, Path(args.out)))
-        print(json.dumps(summary, ensure_ascii=False))
+    if ctx.is_main:
+        if recipe_kind.summary is not None:
+            _log("\n" + recipe_kind.summary(summary, Path(args.out)))
+        # stdout holds the result alone, so it pipes: the scores as JSON on request (the same
+        # object as summary.json), else the run directory, what every next command takes.
+        print(json.dumps(summary, ensure_ascii=False) if args.json else Path(args.out).resolve())
     return 0
 
 
@@ -477,28 +480,53 @@ def _cmd_explain(args) -> int:
 
     if args.max_chars < 1:
         raise QkvError(f"--max-chars must be >= 1 (got {args.max_chars})")
+    if args.max_tokens < 1:
+        raise QkvError(f"--max-tokens must be >= 1 (got {args.max_tokens})")
     if args.serve == (args.input is not None):
-        raise QkvError("give either --input TEXT (an image file for a vit run; with --out DIR) or --serve")
+        raise QkvError(
+            "give either --input TEXT (an image file for a vit run; with --out DIR and/or --html FILE) "
+            "or --serve"
+        )
+    if args.serve and args.html:
+        raise QkvError("--html writes the page of one --input; --serve serves the interactive page")
+    if not args.serve and args.out is None and args.html is None:
+        raise QkvError("--input needs --out DIR (PNG pictures) or --html FILE (a standalone page), or both")
     explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=args.max_chars)
     if args.serve:
         from .explain.server import serve
 
         return serve(explainer, host=args.host, port=args.port)
-    if args.out is None:
-        raise QkvError("--input needs --out DIR (where the pictures go)")
     _check_explain_options(args, explainer.info())
-    from .explain.plots import write_pictures
+    if args.pair is not None and explainer.family != "text":
+        raise QkvError(f"--pair is for sentence encoders (text runs); this is a {explainer.family} model")
+    if args.html is not None:
+        from .explain.standalone import show
 
-    for path in write_pictures(
-        explainer,
-        args.input,
-        args.out,
-        _decoding_options(args),
-        merge_words=not args.pieces,
-        layer=args.layer,
-        head=args.head - 1,
-    ):
-        print(path)
+        page = show(
+            explainer,
+            args.input,
+            pair=args.pair,
+            options=_decoding_options(args),
+            max_tokens=args.max_tokens,
+            merge_words=not args.pieces,
+        )
+        for note in page.notes:
+            _log(f"note: {note}")
+        print(page.save(args.html))
+    if args.out is not None:
+        from .explain.plots import write_pictures
+
+        text = args.input if args.pair is None else f"{args.input} ||| {args.pair}"
+        for path in write_pictures(
+            explainer,
+            text,
+            args.out,
+            _decoding_options(args),
+            merge_words=not args.pieces,
+            layer=args.layer,
+            head=args.head - 1,
+        ):
+            print(path)
     return 0
 
 
@@ -546,6 +574,7 @@ def _sampling_options(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .explain.standalone import MAX_TOKENS
     from .recipes.registry import RECIPES, trainable
 
     parser = _Parser(prog="qkv", description=__doc__.splitlines()[0])
@@ -571,6 +600,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only warnings from the library")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's summary (scores, steps, times; the content of summary.json) as one "
+        "JSON object on stdout instead of the run directory",
+    )
     p.add_argument(
         "--task",
         help="protein-cls: signalp, amp-scanner, developability; protein-residue: "
@@ -700,13 +735,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="the text (sentence, prompt or protein sequence) to explain; for a "
         "vit run an image file (PNG, JPEG, ...) or test:INDEX (an image of its test set)",
     )
+    p.add_argument(
+        "--pair",
+        metavar="SECOND",
+        help="sentence encoders (MiniLM, BERT, text-cls runs): the second sentence of a pair "
+        "(the page shows the pair's cosine similarity)",
+    )
     p.add_argument("--out", help="directory for the PNG files (with --input)")
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write the explainer page of --input as one self-contained HTML file (no server; "
+        "opens offline in any browser)",
+    )
     p.add_argument("--serve", action="store_true", help="start the interactive page instead")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--max-chars", type=int, default=400, help="longest input accepted (default 400)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help=f"--html: a longer input is cut to this many tokens and the page says so (default {MAX_TOKENS})",
+    )
     p.add_argument(
         "--pieces", action="store_true", help="label subword pieces instead of merging them into words"
     )

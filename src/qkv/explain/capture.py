@@ -8,7 +8,7 @@ inspection.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,14 +28,31 @@ def capture_steps(module: MultiHeadAttention, run: Callable[[], Any]) -> Attenti
         ValueError: ``module`` was not called by ``run`` (it is not part of that model).
         ValueError: the call used a key/value cache (explain full sequences, not decoding steps).
     """
-    calls: list[tuple[tuple, dict]] = []
-    handle = module.register_forward_pre_hook(
-        lambda _m, args, kwargs: calls.append((args, dict(kwargs))), with_kwargs=True
-    )
+    return capture_all_steps([module], run)[0]
+
+
+@torch.no_grad()
+def capture_all_steps(modules: Sequence[MultiHeadAttention], run: Callable[[], Any]) -> list[AttentionSteps]:
+    """:func:`capture_steps` of several modules of one model (every layer of a stack, say) from
+    one forward pass ``run()``: one :class:`~qkv.nn.attention.AttentionSteps` per module, in
+    the order given. Raises as :func:`capture_steps`."""
+    calls: list[list[tuple[tuple, dict]]] = [[] for _ in modules]
+    handles = [
+        module.register_forward_pre_hook(
+            lambda _m, args, kwargs, seen=seen: seen.append((args, dict(kwargs))), with_kwargs=True
+        )
+        for module, seen in zip(modules, calls, strict=True)
+    ]
     try:
         run()
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+    return [_replay(module, seen) for module, seen in zip(modules, calls, strict=True)]
+
+
+def _replay(module: MultiHeadAttention, calls: list[tuple[tuple, dict]]) -> AttentionSteps:
+    """Eq. 1 step by step for the first recorded call of ``module``."""
     if not calls:
         raise ValueError("the attention module was not called by this forward pass")
     args, kwargs = calls[0]

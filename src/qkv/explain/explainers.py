@@ -119,6 +119,18 @@ class _Pass:
     weights: dict | None = None
 
 
+PAIR_SEPARATOR = "|||"
+
+
+def split_pair(text: str) -> tuple[str, str] | None:
+    """``(first, second)`` of a sentence pair typed as ``first ||| second`` (white space around
+    each stripped), or ``None`` for one sentence."""
+    if PAIR_SEPARATOR not in text:
+        return None
+    first, second = (part.strip() for part in text.split(PAIR_SEPARATOR, 1))
+    return first, second
+
+
 def _rounded(t: torch.Tensor, digits: int) -> list:
     return torch.round(t.double(), decimals=digits).tolist()  # float64: 0.0442, not 0.04422000050544739
 
@@ -206,6 +218,18 @@ class Explainer(Generic[InputT]):
     def _check_tokens(self, n: int, limit: int) -> None:
         if n > limit:
             raise InputTooLong(f"input too long: {n} tokens, the model's limit is {limit}")
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens the model reads for ``text`` (special tokens included): the length
+        of the encoder's, the prompt's or the source's rows of the attention matrices. Only
+        tokenizes; raises as the tokenizer does (:class:`QkvError` for characters outside a
+        character vocabulary)."""
+        raise NotImplementedError
+
+    @property
+    def token_limit(self) -> int:
+        """The most tokens :meth:`count_tokens` may give for an input the model accepts."""
+        return self.config.max_len
 
     def _prepare(self, text: str, options: DecodingOptions) -> _Pass:
         raise NotImplementedError
@@ -309,6 +333,9 @@ class TranslationExplainer(Explainer[str]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.encoder.layers if kind == "encoder" else self.model.decoder.layers
 
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text)) + 1  # + <eos>
+
     def _prepare(self, text, options):
         cfg, tok = self.config, self.tokenizer
         ids = tok.encode(text)
@@ -362,6 +389,9 @@ class LMExplainer(Explainer[str]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
+    def count_tokens(self, text: str) -> int:
+        return len(self.generator.encode_prompt(text))
+
     def _prepare(self, text, options):
         gen, tok = self.generator, self.tokenizer
         ids = gen.encode_prompt(text)
@@ -412,9 +442,17 @@ class ProteinExplainer(Explainer[str]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
+    def _ids(self, text: str) -> list[int]:
+        return self.encoder.tok.encode(
+            "".join(text.split()), "input"
+        )  # white space between residues is dropped
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._ids(text))
+
     def _prepare(self, text, options):
-        tok, model = self.encoder.tok, self.model
-        ids = tok.encode("".join(text.split()), "input")
+        model = self.model
+        tok, ids = self.encoder.tok, self._ids(text)
         self._check_tokens(len(ids), self.config.max_len)
         tokens = torch.tensor([ids], device=self.encoder.device)
         head = {"sequence": model.classify_sequence, "residue": model.classify_residues}.get(
@@ -442,7 +480,15 @@ class ProteinExplainer(Explainer[str]):
 class TextExplainer(Explainer[str]):
     """Pretrained text encoders (a converted BERT such as MiniLM, or a ``text-cls`` run): the
     attention between the word pieces of a sentence, or of a sentence pair (``A ||| B``, with
-    BERT's token types), and the class probabilities of a trained head."""
+    BERT's token types), and what the model makes of it.
+
+    Output keys (besides ``classes``, the class probabilities of a trained head): for a pair,
+    ``similarity`` = ``{"first", "second", "cosine"}``, the cosine similarity of the two
+    sentences' embeddings (each encoded alone, mean-pooled and L2-normalised, as
+    ``qkv similarity`` and sentence-transformers compute it); for one sentence, ``embedding``
+    = ``{"dim", "norm", "closest_tokens": [{"token", "cosine"}]}``: the embedding's size, its
+    norm before normalisation and the tokens whose final hidden states are closest to it.
+    """
 
     family, kinds, subword = "text", ("encoder",), True
     input_label = "sentence (a pair: first ||| second)"
@@ -461,13 +507,33 @@ class TextExplainer(Explainer[str]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
+    @staticmethod
+    def _embedding(hidden: torch.Tensor, labels: list[str], top: int = 5) -> dict:
+        """What the sentence embedding is made of: its size, its norm before the L2
+        normalisation, and the ``top`` tokens whose final hidden states point most nearly its
+        way (cosine), special tokens included. ``hidden``: ``(T, D)`` float32, one sentence."""
+        pooled = hidden.mean(0)  # (D,): the mean pooling of sentence-transformers, no padding here
+        cosines = torch.nn.functional.cosine_similarity(hidden, pooled[None], dim=-1)  # (T,)
+        best = cosines.argsort(descending=True, stable=True)[:top].tolist()
+        return {
+            "dim": int(pooled.numel()),
+            "norm": round(float(pooled.norm()), 4),
+            "closest_tokens": [{"token": labels[i], "cosine": round(float(cosines[i]), 4)} for i in best],
+        }
+
+    def _encode(self, text: str) -> tuple[list[int], list[int] | None]:
+        """Token ids and (a pair) BERT's token types: 0 for the first sentence, 1 for the second."""
+        pair = split_pair(text)
+        if pair is None:
+            return self.encoder.tokenizer.encode(text), None
+        return self.encoder.tokenizer.encode_pair(*pair)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._encode(text)[0])
+
     def _prepare(self, text, options):
         tok = self.encoder.tokenizer
-        if "|||" in text:
-            first, second = (part.strip() for part in text.split("|||", 1))
-            ids, types = tok.encode_pair(first, second)
-        else:
-            ids, types = tok.encode(text), None
+        ids, types = self._encode(text)
         self._check_tokens(len(ids), self.config.max_len)
         device = self.encoder.device
         tokens = torch.tensor([ids], device=device)
@@ -487,4 +553,14 @@ class TextExplainer(Explainer[str]):
                 {"label": c, "prob": round(float(p), 5)} for c, p in zip(self.classes, probs, strict=True)
             ]
         pieces = wordpiece_as_marked([tok.id_to_token(i) for i in ids])
+        pair = split_pair(text)
+        if pair is None:
+            output["embedding"] = self._embedding(out.hidden[0].float(), piece_labels(pieces, True))
+        else:
+            first, second = self.encoder.embed(list(pair))  # each sentence alone, as qkv similarity does
+            output["similarity"] = {
+                "first": pair[0],
+                "second": pair[1],
+                "cosine": round(float(first @ second), 5),
+            }
         return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})

@@ -1,6 +1,11 @@
 // qkv explain — the page's only script. Vanilla JS with no dependencies, so the page works
 // offline and is served as three static files. Every string that comes from the model
 // (tokens, output text, class labels) is inserted with textContent, never as HTML.
+//
+// Two modes. Served (qkv explain --serve): the page asks the local server (/api/...).
+// Standalone (qkv.explain.show, qkv explain --html): one file with this script inline and the
+// model's answers in <script id="qkv-data">; nothing is fetched, and the Eq. 1 step-through is
+// recomputed here from the saved Q, K, V and mask.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -17,6 +22,8 @@ const state = {
   stretch: false,  // colour scale 0..head's max instead of 0..1 (diffuse heads look blank otherwise)
   image: null,    // ViT runs: the chosen input, {file: File} or {example: test-set index}
   picture: null,  // ViT runs: the model's input of the last run, a loaded <img>
+  standalone: null,  // standalone page: the embedded data (info, explanation, body, steps, notes)
+  decoded: {},       // standalone page: Q, K, V of a "kind/layer", decoded once
 };
 
 // ViT runs take an image instead of text (GET /api/info says "input": "image").
@@ -145,6 +152,11 @@ async function init() {
   $("heatmap").addEventListener("mousemove", heatHover);
   $("heatmap").addEventListener("mouseleave", () => { $("heat-tip").textContent = "\u00a0"; });
   drawColorbar();
+  const embedded = $("qkv-data");
+  if (embedded) {
+    await initStandalone(JSON.parse(embedded.textContent));
+    return;
+  }
   try {
     applyInfo(await api("/api/info"));
   } catch (e) {
@@ -168,13 +180,80 @@ function applyInfo(info) {
   const image = isImage();
   for (const id of ["input", "char-count"]) $(id).hidden = image;
   $("image-input").hidden = !image;  // #image-card shows once there is a result to draw
-  if (image) {
+  if (image && !state.standalone) {
     $("input-label").htmlFor = "file";
     $("upload-cap").textContent = `${info.image_size}×${info.image_size} px input, ${info.grid_size}×${info.grid_size} ` +
       `patches of ${info.patch_size}×${info.patch_size}; uploads up to ${(info.max_upload_bytes / 2 ** 20).toFixed(0)} MiB`;
     loadExamples();
   }
   updateCount();
+}
+
+// ---------- standalone page: everything comes from the embedded data
+
+async function initStandalone(payload) {
+  state.standalone = payload;
+  document.body.classList.add("standalone");
+  applyInfo(payload.info);
+  const box = $("standalone-input");
+  const input = payload.body.image !== undefined ? payload.body.image : payload.body.text;
+  box.replaceChildren(el("p", { class: "out-text", id: "standalone-text" }, input));
+  if (payload.notes.length) {
+    box.append(el("ul", { class: "notes", id: "notes" }, ...payload.notes.map((n) => el("li", {}, n))));
+  }
+  box.append(el("p", { class: "muted small" },
+    "A standalone page (qkv.explain.show, or qkv explain --html): the model ran once on this input; " +
+    "every view below is drawn from the numbers saved in the page, and nothing is fetched. " +
+    "For another input, make another page, or run qkv explain RUN --serve."));
+  box.hidden = false;
+  try {
+    const data = payload.explanation;
+    showResult(data, payload.body, isImage() ? await loadPicture(data.output.image) : null);
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+// Little-endian float32 values, base64-encoded by the Python side.
+function decodeFloat32(b64) {
+  const bin = atob(b64), view = new DataView(new ArrayBuffer(bin.length));
+  for (let i = 0; i < bin.length; i++) view.setUint8(i, bin.charCodeAt(i));
+  const out = new Float64Array(bin.length / 4);
+  for (let i = 0; i < out.length; i++) out[i] = view.getFloat32(4 * i, true);
+  return out;
+}
+
+// Rows of one head from a flat (H, T, d) array: T arrays of d numbers.
+function headRows(flat, head, T, d) {
+  return [...Array(T).keys()].map((t) => Array.from(flat.subarray((head * T + t) * d, (head * T + t + 1) * d)));
+}
+
+// Eq. 1 for one head from the saved Q, K, V and mask, as qkv.nn.attention.attention_steps
+// computes it: scores = QKᵀ, scaled = scores / √d_k, masked (null = −∞), weights = softmax
+// over each row (a row with nothing to attend to is all zeros), output = weights · V.
+function localSteps(kind, layer, head) {
+  const S = state.standalone.steps[kind], saved = S.layers[layer], d = S.d_k;
+  const tq = S.query_tokens.length, tk = S.key_tokens.length, key = `${kind}/${layer}`;
+  if (!state.decoded[key]) {
+    state.decoded[key] = { q: decodeFloat32(saved.q), k: decodeFloat32(saved.k), v: decodeFloat32(saved.v) };
+  }
+  const flat = state.decoded[key];
+  const q = headRows(flat.q, head, tq, d), k = headRows(flat.k, head, tk, d), v = headRows(flat.v, head, tk, d);
+  const mask = q.map((_, i) => k.map((_, j) => saved.mask[i * tk + j] === "1"));
+  const scores = q.map((qi) => k.map((kj) => qi.reduce((a, x, c) => a + x * kj[c], 0)));
+  const root = Math.sqrt(d);
+  const scaled = scores.map((row) => row.map((x) => x / root));
+  const masked = scaled.map((row, i) => row.map((x, j) => (mask[i][j] ? x : null)));
+  const weights = masked.map((row) => {
+    const top = Math.max(...row.filter((x) => x !== null));
+    if (!Number.isFinite(top)) return row.map(() => 0);
+    const e = row.map((x) => (x === null ? 0 : Math.exp(x - top)));
+    const sum = e.reduce((a, b) => a + b, 0);
+    return e.map((x) => x / sum);
+  });
+  const output = weights.map((w) => [...Array(d).keys()].map((c) => w.reduce((a, wj, j) => a + wj * v[j][c], 0)));
+  return { kind, layer, head, d_k: d, query_tokens: S.query_tokens, key_tokens: S.key_tokens,
+    q, k, v, scores, scaled, mask, masked, weights, output };
 }
 
 // ---------- ViT runs: choosing the image
@@ -256,6 +335,7 @@ function setBusy(on) {
 }
 
 async function run() {
+  if (state.standalone) return;  // no model behind a standalone page
   const seq = ++state.runSeq;  // a newer run makes older answers stale
   hideError();
   delete document.body.dataset.ready;
@@ -266,23 +346,28 @@ async function run() {
     const data = image ? await imageApi("/api/image/explain", body) : await api("/api/explain", body);
     const picture = image ? await loadPicture(data.output.image) : null;
     if (seq !== state.runSeq) return;
-    state.picture = picture;
-    $("image-card").hidden = !image;
-    state.data = data;
-    state.body = body;
-    renderOutput(data, body);
-    if ((data.attention || []).length) {
-      setupSelectors();
-    } else {  // nothing to draw: clear the views of a previous run rather than leave them stale
-      ["head-view", "overview", "image-overview", "steps"].forEach((id) => $(id).replaceChildren());
-      state.heat = null;
-    }
-    document.body.dataset.ready = "1";
+    showResult(data, body, picture);
   } catch (e) {
     if (seq === state.runSeq) showError(e.message);
   } finally {
     if (seq === state.runSeq) setBusy(false);
   }
+}
+
+// Draw one answer of the model (`data`, as /api/explain answers) to the request `body`.
+function showResult(data, body, picture) {
+  state.picture = picture;
+  $("image-card").hidden = !isImage();
+  state.data = data;
+  state.body = body;
+  renderOutput(data, body);
+  if ((data.attention || []).length) {
+    setupSelectors();
+  } else {  // nothing to draw: clear the views of a previous run rather than leave them stale
+    ["head-view", "overview", "image-overview", "steps"].forEach((id) => $(id).replaceChildren());
+    state.heat = null;
+  }
+  document.body.dataset.ready = "1";
 }
 
 // ---------- output panel
@@ -292,12 +377,16 @@ function renderOutput(data, body) {
   out.replaceChildren();
   if (data.family === "translation") {
     out.append(el("p", { class: "out-text", id: "output-text" }, o.text ?? ""));
+    if (body.beam_size) {
+      out.append(el("p", { class: "muted small" },
+        body.beam_size === 1 ? "greedy decoding" : `beam search, beam size ${body.beam_size}`));
+    }
   } else if (data.family === "lm") {
     // The prompt in grey, the model's own continuation in the accent colour.
     out.append(el("p", { class: "out-text lm", id: "output-text" },
       el("span", { class: "prompt" }, body.text), el("span", { class: "continuation" }, o.text ?? "")));
     out.append(el("p", { class: "muted small" },
-      (body.temperature === 0 ? "greedy decoding" : `sampled with temperature ${body.temperature}, seed ${body.seed}`) +
+      (body.temperature === 0 ? "greedy decoding" : `sampled with temperature ${body.temperature}, seed ${body.seed ?? "random"}`) +
       (body.top_k ? `, top-k ${body.top_k}` : "") + (body.top_p ? `, top-p ${body.top_p}` : "")));
     out.append(el("h3", {}, "Next-token probabilities after the prompt"));
     out.append(bars("next-tokens", (o.next_tokens || []).map((t) => [showToken(t.token), t.prob])));
@@ -316,11 +405,53 @@ function renderOutput(data, body) {
     } else {
       out.append(el("p", { class: "muted" }, "This run has no classification head: attention only."));
     }
+  } else if (data.family === "text") {
+    renderTextOutput(out, o);
   }
 }
 
-// Horizontal bars; widths are absolute probabilities so charts of different runs compare.
-function bars(id, items) {
+// A sentence encoder (MiniLM, BERT, a text-cls run): the class probabilities of a trained
+// head; the cosine similarity of a pair; for one sentence, what its embedding is made of.
+function renderTextOutput(out, o) {
+  if (o.classes && o.classes.length) {
+    out.append(el("h3", {}, "Class probabilities"));
+    out.append(bars("classes", o.classes.map((c) => [c.label, c.prob])));
+  }
+  if (o.similarity) {
+    const s = o.similarity;
+    out.append(el("p", { class: "out-text", id: "output-text" }, `cosine similarity ${fmt(s.cosine, 3)}`));
+    out.append(similarityBar(s.cosine));
+    out.append(el("p", { class: "muted small" },
+      "Each sentence is encoded alone; its embedding is the mean of the final hidden states over its " +
+      "tokens, L2-normalised (sentence-transformers' pooling, as qkv similarity computes it). " +
+      "1: the same direction, 0: unrelated, below 0: opposed. The attention below is of the pair " +
+      "read together, [CLS] first [SEP] second [SEP], with BERT's token types."));
+  } else if (o.embedding) {
+    const e = o.embedding;
+    out.append(el("p", { class: "out-text", id: "output-text" },
+      `a sentence embedding of ${e.dim} numbers (norm ${fmt(e.norm, 2)} before L2 normalisation)`));
+    out.append(el("h3", {}, "Tokens whose final hidden state is closest to it (cosine)"));
+    out.append(bars("closest-tokens", e.closest_tokens.map((t) => [showToken(t.token), t.cosine]), (c) => fmt(c, 3)));
+    out.append(el("p", { class: "muted small" },
+      "The embedding is the mean of the final hidden states (sentence-transformers' pooling). " +
+      "Give a pair, first ||| second, to see the two sentences' cosine similarity."));
+  }
+}
+
+// A bar from −1 to 1 with a tick at 0, filled from 0 to the cosine.
+function similarityBar(cosine) {
+  const c = Math.max(-1, Math.min(1, cosine));
+  const fill = el("div", { class: "bar-fill" });
+  fill.style.marginLeft = `${50 * (1 + Math.min(0, c))}%`;
+  fill.style.width = `${50 * Math.abs(c)}%`;
+  return el("div", { class: "bars", id: "similarity" }, el("div", { class: "bar-row best" },
+    el("span", { class: "bar-label" }, "−1 … 1"), el("div", { class: "bar-track signed" }, fill),
+    el("span", { class: "bar-value" }, fmt(c, 3))));
+}
+
+// Horizontal bars; widths are absolute probabilities (or cosines) so charts of different runs
+// compare. `value` formats the number at the end of a bar.
+function bars(id, items, value = (p) => `${(p * 100).toFixed(1)} %`) {
   const wrap = el("div", { class: "bars", id });
   const best = Math.max(...items.map((it) => it[1]));
   for (const [label, p] of items) {
@@ -329,7 +460,7 @@ function bars(id, items) {
     wrap.append(el("div", { class: "bar-row" + (p === best ? " best" : "") },
       el("span", { class: "bar-label", title: label }, label),
       el("div", { class: "bar-track" }, fill),
-      el("span", { class: "bar-value" }, `${(p * 100).toFixed(1)} %`)));
+      el("span", { class: "bar-value" }, value(p))));
   }
   return wrap;
 }
@@ -600,7 +731,7 @@ async function loadSteps() {
   host.replaceChildren(el("p", { class: "muted" },
     `Computing ${state.kind}, layer ${state.layer + 1}, head ${state.head + 1}…`));
   try {
-    const s = isImage()
+    const s = state.standalone ? localSteps(state.kind, state.layer, state.head) : isImage()
       ? await imageApi("/api/image/steps", state.body, { layer: state.layer, head: state.head })
       : await api("/api/steps", { ...state.body, kind: state.kind, layer: state.layer, head: state.head });
     if (seq !== state.stepSeq) return;
