@@ -170,3 +170,20 @@ def test_existing_run_is_not_overwritten(run_dir):
     before = (run_dir / "model.safetensors").read_bytes()
     _assert_clean_error(_qkv("train", "translation", "--out", str(run_dir)), "--resume")
     assert (run_dir / "model.safetensors").read_bytes() == before
+
+
+def test_train_ends_with_the_summary_and_the_run_directory_and_json_on_request(tmp_path, capsys):
+    """``qkv train`` ends with the human summary (stderr) and the run directory (stdout, alone,
+    so ``RUN=$(qkv train ...)`` works); ``--json`` puts the summary.json object alone on stdout."""
+    tiny = ["--task", "digits", "--quiet", "model.n_heads=2", "model.n_layers=1", "model.patch_size=4"]
+    tiny += ["model.d_model=16", "model.d_ff=32", "train.max_steps=3", "train.eval_every=1000"]
+    tiny += ["train.warmup_steps=1", "baseline=false", "train.threads=1", "train.precision=fp32"]
+    plain, piped = tmp_path / "plain", tmp_path / "piped"
+    assert main(["train", "vit", "--out", str(plain), *tiny]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{plain.resolve()}\n"
+    assert '"steps":' not in err and "test accuracy" in err.lower()
+    assert main(["train", "vit", "--out", str(piped), "--json", *tiny]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads((piped / "summary.json").read_text())
+    assert json.loads(out)["steps"] == 3 and "test accuracy" in err.lower()

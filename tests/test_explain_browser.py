@@ -40,6 +40,7 @@ def test_page_types_input_and_renders_every_head(tiny_runs, family):
             errors = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(base + "/")
+            page.locator("#family", has_text=family).wait_for()  # /api/info fills in an example first
             page.fill("#input", INPUTS[family])
             page.click("#run")
             page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
@@ -124,3 +125,44 @@ def test_vit_page_uploads_an_image_and_draws_the_overlays(tiny_vit_run, tmp_path
     assert not errors, errors
     assert hosts == {base.split("/")[2]}, f"the page asked other hosts: {hosts}"
     assert (ARTIFACTS / "explain_vit.png").stat().st_size > 10_000
+
+
+def test_served_minilm_page_outputs_the_pairs_cosine_similarity(tmp_path):
+    """A converted MiniLM (a sentence encoder): typed as ``first ||| second``, the Output shows
+    the pair's cosine similarity (the same as ``qkv similarity``); one sentence, what its
+    embedding is made of. (The Output was empty for these runs.)"""
+    from qkv.cli import main
+    from qkv.errors import QkvError
+    from qkv.generate.text import TextEncoder
+    from qkv.hub.pretrained import locate
+
+    try:
+        locate("minilm")
+    except QkvError as exc:
+        pytest.skip(str(exc))
+    run = tmp_path / "minilm"
+    assert main(["convert", "hf", "minilm", str(run)]) == 0
+    first, second = "A dog runs in the park.", "A puppy is running on the grass."
+    cosine = TextEncoder.load(run).similarity(first, second)
+    server, thread, base = serve_in_thread(create_app(load_explainer(run)))
+    errors, outputs = [], []
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(base + "/")
+            # /api/info fills the box with an example: type only after it has answered
+            page.locator("#family", has_text="text").wait_for()
+            for text in (f"{first} ||| {second}", first):
+                page.fill("#input", text)
+                page.click("#run")
+                page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+                outputs.append(page.locator("#output").inner_text())
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not errors, errors
+    assert f"cosine similarity {cosine:.3f}" in outputs[0] and 0.3 < cosine < 1
+    assert "a sentence embedding of 384 numbers" in outputs[1] and "closest to it" in outputs[1]
