@@ -1,19 +1,21 @@
 # Two entry points for a fresh machine: `make demo` (train + translate + BLEU) and `make test`;
 # `make vit` trains the Vision Transformer on Fashion-MNIST (30 min) and prints test accuracy.
+# `make docs` serves the docs site on http://127.0.0.1:8000/, `make docs-build` builds it into
+# site/ as CI does (--strict), `make notebooks` re-runs the notebooks at full budget, in place.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo vit test lint venv pretrained clean
+.PHONY: demo vit test lint docs docs-build notebooks venv pretrained clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned first: on our machines this takes the local CPU wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test,lint]"
+	$(BIN)/pip install --quiet -e ".[test,lint,docs]"
 	$(MAKE) pretrained
 	touch $(BIN)/qkv
 
@@ -36,9 +38,21 @@ test: venv
 # Style and types: ruff's lint rules and formatter (config in pyproject.toml), then mypy on the
 # typed part of the package (its `files` list in pyproject.toml). CONTRIBUTING.md has the details.
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/hooks.py
+	$(BIN)/ruff format --check src tests benchmarks docs/hooks.py
 	$(BIN)/mypy
 
+# The site: docs/*.md, the notebooks with their committed outputs, the API reference from the
+# docstrings (mkdocs.yml). --strict: a broken link or anchor, a missing page or reference fails.
+docs: venv
+	$(BIN)/mkdocs serve
+
+docs-build: venv
+	$(BIN)/mkdocs build --strict
+
+# Every notebook top to bottom at full budget, outputs saved in place (commit them after).
+notebooks: venv
+	$(BIN)/python notebooks/execute.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site .cache/mkdocs-jupyter

@@ -530,7 +530,7 @@ def _documented_train_commands():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("benchmarks/*.sh")]
+    files = [root / "README.md", *sorted(root.glob("docs/**/*.md")), *root.glob("benchmarks/*.sh")]
     for path in files:
         for line in path.read_text(encoding="utf-8").splitlines():
             match = re.search(r"(?:qkv|\$Q) train ([a-z-]+) (.*)", line)
