@@ -9,6 +9,7 @@ name without a leading underscore (what mkdocstrings renders for ``::: module``)
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -119,3 +120,13 @@ def test_symbols_without_a_docstring_are_rendered_too():
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert re.search(r"^\s+show_if_no_docstring: true$", config, flags=re.M)
     assert re.search(r'^\s+filters: \["!\^_"\]$', config, flags=re.M)
+
+
+def test_sphinx_roles_in_docstrings_are_shown_as_code():
+    """docs/griffe_roles.py: ``:func:`x``` would show verbatim in Markdown."""
+    spec = importlib.util.spec_from_file_location("griffe_roles", ROOT / "docs" / "griffe_roles.py")
+    assert spec is not None and spec.loader is not None
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    text = "See :func:`attention_steps`, :class:`~qkv.explain.Explanation` and :py:meth:`Cache.set`."
+    assert roles.plain(text) == "See `attention_steps`, `Explanation` and `Cache.set`."
