@@ -32,6 +32,8 @@ SETTINGS = [
     "num_samples=1",
     "sample_tokens=8",
     "train.precision=fp32",
+    # gloo on the CPU whatever the machine: two processes need two GPUs on CUDA (refused on one)
+    "train.device=cpu",
     "train.warmup_steps=5",
     "train.eval_every=20",
     "train.accum_steps=2",
@@ -122,3 +124,20 @@ def test_a_micro_batch_is_shared_out_by_rows():
     part = share(batch, 1, 2)  # the second pair: 3 target tokens + eos
     assert part.index == [11] and part.n_tgt_tokens == 4 and part.tgt_out.tolist() == [[7, 8, 9, 2]]
     assert share(batch, 0, 2).n_tgt_tokens + part.n_tgt_tokens == batch.n_tgt_tokens
+
+
+def test_more_processes_than_gpus_is_refused_before_joining(monkeypatch):
+    """torchrun --nproc_per_node=2 on a one-GPU machine: rank 1 gets a one-line refusal instead
+    of a CUDA traceback in set_device, before any process group is joined."""
+    from qkv.errors import QkvError
+    from qkv.train import distributed
+
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    joined = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: joined.append(a))
+    with pytest.raises(QkvError, match=r"process 1 on a machine with 1 GPU\(s\).*train.device=cpu"):
+        distributed.init("auto")
+    assert not joined and not distributed.context().enabled

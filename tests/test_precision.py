@@ -230,6 +230,7 @@ needs_data = pytest.mark.skipif(
 def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_path, qkv_logs):
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     _cpu(monkeypatch, False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto must mean this CPU
     import qkv.recipes.lm as lm
 
     passed = []

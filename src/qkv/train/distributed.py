@@ -76,13 +76,22 @@ def init(device: str = "auto") -> Context:
     Idempotent; a process without ``WORLD_SIZE`` (or with 1) stays single.
 
     Raises:
-        QkvError: a malformed torchrun environment.
+        QkvError: a malformed torchrun environment, or more processes on this machine than it
+            has GPUs when the run uses CUDA (each process needs its own GPU).
     """
     global _context
     ctx = Context(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
     if not ctx.enabled:
         return _context
     cuda = torch.cuda.is_available() and (device == "auto" or device.startswith("cuda"))
+    if cuda and ctx.local_rank >= torch.cuda.device_count():
+        # Checked before joining: a rank that cannot get a GPU would die in set_device with a
+        # CUDA traceback and leave the others waiting at the rendezvous.
+        raise QkvError(
+            f"torchrun started process {ctx.local_rank} on a machine with "
+            f"{torch.cuda.device_count()} GPU(s); start at most that many per machine "
+            "(--nproc_per_node), or train on the CPU (train.device=cpu)"
+        )
     if not dist.is_initialized():
         if cuda:
             torch.cuda.set_device(ctx.local_rank)
