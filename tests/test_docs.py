@@ -8,7 +8,9 @@ are fenced ```` ```py ```` (shown, never run) or ```` ```bash ````.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import json
 import re
 from pathlib import Path
 
@@ -113,3 +115,37 @@ def test_readme_quick_start_prints_what_it_shows(tmp_path, monkeypatch):
         with contextlib.redirect_stdout(out):
             exec(compile(code, f"README snippet {i + 1}", "exec"), {})  # noqa: S102
         assert out.getvalue() == shown
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("qkv_docs_hooks", DOCS / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_nav_lists_the_notebooks_that_exist_in_file_name_order(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    cells = {
+        "02_b.ipynb": [{"cell_type": "code", "source": ["# not a title\n"]}],
+        "01_a.ipynb": [{"cell_type": "markdown", "source": ["Intro\n", "# 1 · Attention by hand\n"]}],
+    }
+    for name, content in cells.items():
+        (folder / name).write_text(json.dumps({"cells": content}), encoding="utf-8")
+    hooks = _hooks()
+    notebooks = [{"1 · Attention by hand": "notebooks/01_a.ipynb"}, {"02 b": "notebooks/02_b.ipynb"}]
+    assert hooks.notebook_nav(tmp_path) == notebooks
+    (folder / "README.md").write_text("# Notebooks\n", encoding="utf-8")
+    config = {"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}, {"Walk": "walkthrough.md"}, "api.md"]}
+    nav = hooks.on_config(config)["nav"]
+    assert nav[2] == {"Notebooks": ["notebooks/README.md", *notebooks]}
+    assert nav[3] == "api.md"
+
+
+def test_the_contributing_page_is_contributing_md_with_its_links_into_docs_made_relative():
+    hooks = _hooks()
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "contributing.md"})()})()
+    text = hooks.on_page_markdown("stub", page, {"docs_dir": str(DOCS)}, None)
+    assert text.startswith("# Contributing to qkv") and "](architecture.md" in text and "](docs/" not in text
