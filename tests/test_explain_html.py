@@ -87,6 +87,7 @@ def _open(path: Path) -> dict:
             "state.info.n_heads - 1); }"
         )
         report["kind"] = page.evaluate("() => state.kind")
+        report["weights"] = page.evaluate("() => state.data.attention.map((a) => a.weights)")
         if report["image_heads"]:
             report["overlay_tinted"] = page.evaluate("""() => {
                 const cv = document.getElementById("overlay"), d = cv.getContext("2d")
@@ -99,8 +100,12 @@ def _open(path: Path) -> dict:
     return report
 
 
-def _assert_clean(report: dict, path: Path) -> None:
+def _assert_clean(report: dict, path: Path, page: ExplainerPage) -> None:
+    """No console error, no request but the file, and the attention weights the page unpacked
+    are the explanation's (to the 1/65535 of their packing)."""
     assert report["errors"] == [], report["errors"]
+    for got, want in zip(report["weights"], page.explanation.attention, strict=True):
+        np.testing.assert_allclose(np.array(got), want.weights.numpy(), atol=1 / 65535)
     assert report["requests"] == [path.resolve().as_uri()], f"the page asked for more: {report['requests']}"
 
 
@@ -131,7 +136,7 @@ def test_standalone_page_renders_from_a_file_without_requests(tiny_runs, family,
     page = show(explainer, INPUTS[family])
     path = page.save(tmp_path / "sub" / f"{family}.html")
     report = _open(path)
-    _assert_clean(report, path)
+    _assert_clean(report, path, page)
     info = explainer.info()
     n_kinds = len(info["kinds"])
     assert report["heads"] == info["n_layers"] * info["n_heads"] and n_kinds == {"translation": 3}.get(
@@ -160,7 +165,7 @@ def test_vit_page_draws_the_image_overlays_from_a_file(tiny_vit_run, tmp_path):
     page = show(explainer, pixels)
     path = page.save(tmp_path / "vit.html")
     report = _open(path)
-    _assert_clean(report, path)
+    _assert_clean(report, path, page)
     assert report["image_heads"] == report["heads"] == info["n_layers"] * info["n_heads"]
     assert report["overlay_tinted"] > 0.2  # the orange class-token overlay is drawn over the image
     assert report["step_rows"] == 1 + info["grid_size"] ** 2
@@ -181,7 +186,7 @@ def test_minilm_page_shows_the_pairs_cosine_similarity(minilm_run, tmp_path):
     page = show(explainer, MINILM_PAIR[0], pair=MINILM_PAIR[1])
     path = page.save(tmp_path / "minilm.html")
     report = _open(path)
-    _assert_clean(report, path)
+    _assert_clean(report, path, page)
     cosine = TextEncoder.load(minilm_run).similarity(*MINILM_PAIR)
     assert page.explanation.output["similarity"]["cosine"] == pytest.approx(cosine, abs=1e-5)
     assert 0.3 < cosine < 1.0  # two descriptions of one scene
@@ -206,7 +211,7 @@ def test_minilm_single_sentence_output_names_what_its_embedding_is_made_of(minil
     )
     path = page.save(tmp_path / "one.html")
     report = _open(path)
-    _assert_clean(report, path)
+    _assert_clean(report, path, page)
     assert "a sentence embedding of 384 numbers" in report["output"]
     assert embedding["closest_tokens"][0]["token"] in report["output"]
 
@@ -222,11 +227,21 @@ def test_long_input_is_cut_and_the_page_says_so(tiny_runs, tmp_path):
     assert 29 <= len(attn.query_tokens) <= 40  # cut back to a word boundary near the cap
     assert text.startswith(page.explanation.text) and not page.explanation.text.endswith(" ")
     assert len(page.notes) == 1 and f"the input is {len(text):,} tokens long" in page.notes[0]
-    assert f"shows its first {len(attn.query_tokens)}" in page.notes[0]
+    assert f"shows the first {len(attn.query_tokens)}" in page.notes[0]
     path = page.save(tmp_path / "long.html")
     report = _open(path)
-    _assert_clean(report, path)
+    _assert_clean(report, path, page)
     assert page.notes[0] in report["input"]
+    # an explainer loaded with a character cap: that cut first, then the model's 64 tokens
+    capped = show(load_explainer(tiny_runs["lm"], max_chars=100), text, max_tokens=1000)
+    assert (
+        capped.notes[0]
+        == "the input has 2,030 characters; the page shows the first 100 (the explainer's max_chars)"
+    )
+    assert capped.notes[1].startswith(
+        "its first 100 characters are 100 tokens long; the page shows the first "
+    )
+    assert len(capped.explanation.attention[0].query_tokens) <= 64  # the model's context
 
 
 # ---------- without a browser
@@ -323,7 +338,7 @@ def test_pair_over_the_cap_keeps_a_short_first_sentence_whole(minilm_run):
     tokens = page.explanation.attention[0].query_tokens
     assert len(tokens) <= 32 and tokens.count("[SEP]") == 2
     assert page.explanation.text.startswith("A short question? ||| The committee")
-    assert page.notes and "the page shows its first" in page.notes[0]
+    assert page.notes and "the page shows the first" in page.notes[0]
 
 
 # ---------- the command line

@@ -478,7 +478,7 @@ def _cmd_explain(args) -> int:
     from .device import resolve_device
     from .explain.loader import load_explainer
 
-    if args.max_chars < 1:
+    if args.max_chars is not None and args.max_chars < 1:
         raise QkvError(f"--max-chars must be >= 1 (got {args.max_chars})")
     if args.max_tokens < 1:
         raise QkvError(f"--max-tokens must be >= 1 (got {args.max_tokens})")
@@ -491,7 +491,12 @@ def _cmd_explain(args) -> int:
         raise QkvError("--html writes the page of one --input; --serve serves the interactive page")
     if not args.serve and args.out is None and args.html is None:
         raise QkvError("--input needs --out DIR (PNG pictures) or --html FILE (a standalone page), or both")
-    explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=args.max_chars)
+    from .explain.explainers import DEFAULT_MAX_CHARS
+    from .explain.standalone import UNCAPPED_CHARS
+
+    # A standalone page cuts its input to --max-tokens (and says so): no character cap by default.
+    max_chars = args.max_chars or (UNCAPPED_CHARS if args.html else DEFAULT_MAX_CHARS)
+    explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=max_chars)
     if args.serve:
         from .explain.server import serve
 
@@ -753,7 +758,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--max-chars", type=int, default=400, help="longest input accepted (default 400)")
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        help="longest input accepted, in characters (default 400; --html: none, --max-tokens cuts)",
+    )
     p.add_argument(
         "--max-tokens",
         type=int,

@@ -12,6 +12,7 @@ self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-dec
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,13 +78,24 @@ class AttentionMap:
     key_tokens: list[str]
     weights: torch.Tensor
 
-    def to_dict(self, digits: int = 4) -> dict:
+    def to_dict(self, digits: int = 4, packed: bool = False) -> dict:
+        """JSON-ready; ``weights`` as nested lists rounded to ``digits`` decimals, or with
+        ``packed`` as ``{"uint16": base64, "shape": [L, H, Tq, Tk]}``: each weight × 65535,
+        rounded, little-endian (2.7 bytes a weight instead of about 7; the standalone page)."""
+        if packed:
+            levels = torch.round(self.weights.float().clamp(0, 1) * 65535).to(torch.int32).numpy()
+            weights: Any = {
+                "uint16": base64.b64encode(levels.astype("<u2").tobytes()).decode("ascii"),
+                "shape": list(self.weights.shape),
+            }
+        else:
+            weights = _rounded(self.weights, digits)
         return {
             "kind": self.kind,
             "title": self.title,
             "query_tokens": self.query_tokens,
             "key_tokens": self.key_tokens,
-            "weights": _rounded(self.weights, digits),
+            "weights": weights,
         }
 
 
@@ -97,12 +109,13 @@ class Explanation:
     output: dict
     attention: list[AttentionMap] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, packed: bool = False) -> dict:
+        """JSON-ready (``packed``: the weights as :meth:`AttentionMap.to_dict` packs them)."""
         return {
             "family": self.family,
             "input": self.text,
             "output": self.output,
-            "attention": [a.to_dict() for a in self.attention],
+            "attention": [a.to_dict(packed=packed) for a in self.attention],
         }
 
 

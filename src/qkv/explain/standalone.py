@@ -38,6 +38,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 MAX_TOKENS = 64
 """The default cap on the tokens of a text input shown by :func:`show` (the step-through's
 tables show at most 64 rows anyway)."""
+UNCAPPED_CHARS = 10_000_000
 STANDALONE_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 STYLE_LINK = '<link rel="stylesheet" href="/static/style.css">'
 SCRIPT_TAG = '<script src="/static/app.js"></script>'
@@ -138,7 +139,8 @@ def show(
     else:
         from .loader import load_explainer
 
-        explainer = load_explainer(run_or_model, device)
+        # max_tokens caps the input; a character cap on top would only cut it twice
+        explainer = load_explainer(run_or_model, device, max_chars=UNCAPPED_CHARS)
     data = page_data(
         explainer, input, pair=pair, options=options, max_tokens=max_tokens, merge_words=merge_words
     )
@@ -232,10 +234,13 @@ def fit_text(explainer: Explainer, text: str, max_tokens: int) -> tuple[str, lis
     """``text`` cut to ``max_tokens`` tokens (and to the explainer's ``max_chars``; a pair: each
     sentence to its share), with one note per cut saying what was dropped."""
     limit = min(max_tokens, explainer.token_limit)
-    notes = []
+    notes, whole = [], "the input is"
     if len(text) > explainer.max_chars:
-        notes.append(f"the input has {len(text):,} characters; the first {explainer.max_chars:,} are shown")
-        text = text[: explainer.max_chars]
+        notes.append(
+            f"the input has {len(text):,} characters; the page shows the first {explainer.max_chars:,} "
+            "(the explainer's max_chars)"
+        )
+        text, whole = text[: explainer.max_chars], f"its first {explainer.max_chars:,} characters are"
     total = explainer.count_tokens(text)
     if total <= limit:
         return text, notes
@@ -258,7 +263,7 @@ def fit_text(explainer: Explainer, text: str, max_tokens: int) -> tuple[str, lis
         raise QkvError(f"the input's first token is already over the cap of {limit} tokens")
     shown = explainer.count_tokens(cut)
     notes.append(
-        f"the input is {total:,} tokens long; the page shows its first {shown} (the cap is {limit} tokens: "
+        f"{whole} {total:,} tokens long; the page shows the first {shown} (the cap is {limit} tokens: "
         "show(..., max_tokens=N) or qkv explain --max-tokens N raises it, for a larger, slower page)"
     )
     logger.info("explain: input cut from %d to %d tokens", total, shown)
@@ -339,7 +344,7 @@ def page_data(
         body = {"text": text, **dataclasses.asdict(options)}
     return {
         "info": explainer.info(),
-        "explanation": explanation.to_dict(),
+        "explanation": explanation.to_dict(packed=True),
         "explanation_object": explanation,
         "body": body,
         "steps": {kind: step_data(explainer, prepared, kind) for kind in explainer.kinds},

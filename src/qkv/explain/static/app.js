@@ -208,6 +208,7 @@ async function initStandalone(payload) {
   box.hidden = false;
   try {
     const data = payload.explanation;
+    for (const a of data.attention) a.weights = unpackWeights(a.weights);
     showResult(data, payload.body, isImage() ? await loadPicture(data.output.image) : null);
   } catch (e) {
     showError(e.message);
@@ -221,6 +222,16 @@ function decodeFloat32(b64) {
   const out = new Float64Array(bin.length / 4);
   for (let i = 0; i < out.length; i++) out[i] = view.getFloat32(4 * i, true);
   return out;
+}
+
+// Attention weights packed by the Python side, {uint16: base64, shape: [L, H, Tq, Tk]} with
+// each weight × 65535, as the nested arrays the server sends: W[layer][head][query][key].
+function unpackWeights(packed) {
+  const bin = atob(packed.uint16), [L, H, tq, tk] = packed.shape;
+  const level = (n) => (bin.charCodeAt(2 * n) | (bin.charCodeAt(2 * n + 1) << 8)) / 65535;
+  let n = 0;
+  return [...Array(L)].map(() => [...Array(H)].map(() => [...Array(tq)].map(() =>
+    [...Array(tk)].map(() => level(n++)))));
 }
 
 // Rows of one head from a flat (H, T, d) array: T arrays of d numbers.
