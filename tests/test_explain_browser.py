@@ -165,4 +165,5 @@ def test_served_minilm_page_outputs_the_pairs_cosine_similarity(tmp_path):
         thread.join(timeout=10)
     assert not errors, errors
     assert f"cosine similarity {cosine:.3f}" in outputs[0] and 0.3 < cosine < 1
-    assert "a sentence embedding of 384 numbers" in outputs[1] and "closest to it" in outputs[1]
+    assert "a sentence embedding of 384 numbers" in outputs[1] and "Its words closest to it" in outputs[1]
+    assert "puppy" not in outputs[1] and "park" in outputs[1]  # the sentence's own words

@@ -199,21 +199,30 @@ def test_minilm_page_shows_the_pairs_cosine_similarity(minilm_run, tmp_path):
 
 @needs_browser
 @needs_minilm
-def test_minilm_single_sentence_output_names_what_its_embedding_is_made_of(minilm_run, tmp_path):
+def test_minilm_single_sentence_output_names_its_closest_words(minilm_run, tmp_path):
+    from qkv.generate.text import TextEncoder
+
     page = show(minilm_run, "The cat sleeps on the warm windowsill.")
     embedding = page.explanation.output["embedding"]
     assert embedding["dim"] == 384 and embedding["norm"] > 0
-    cosines = [t["cosine"] for t in embedding["closest_tokens"]]
+    closest = embedding["closest_words"]
+    cosines = [w["cosine"] for w in closest]
     assert (
         len(cosines) == 5
         and cosines == sorted(cosines, reverse=True)
         and -1 <= cosines[-1] <= cosines[0] <= 1
     )
+    # the content words, not "the" or "on"; the number is the two embedded alone's cosine
+    assert {w["word"] for w in closest[:3]} == {"cat", "sleeps", "windowsill"}
+    encoder = TextEncoder.load(minilm_run)
+    assert cosines[0] == pytest.approx(
+        encoder.similarity(page.explanation.text, closest[0]["word"]), abs=1e-4
+    )
     path = page.save(tmp_path / "one.html")
     report = _open(path)
     _assert_clean(report, path, page)
     assert "a sentence embedding of 384 numbers" in report["output"]
-    assert embedding["closest_tokens"][0]["token"] in report["output"]
+    assert f"{closest[0]['word']}\n{cosines[0]:.3f}" in report["output"]
 
 
 @needs_browser

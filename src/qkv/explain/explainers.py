@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import base64
 import json
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -499,8 +501,9 @@ class TextExplainer(Explainer[str]):
     ``similarity`` = ``{"first", "second", "cosine"}``, the cosine similarity of the two
     sentences' embeddings (each encoded alone, mean-pooled and L2-normalised, as
     ``qkv similarity`` and sentence-transformers compute it); for one sentence, ``embedding``
-    = ``{"dim", "norm", "closest_tokens": [{"token", "cosine"}]}``: the embedding's size, its
-    norm before normalisation and the tokens whose final hidden states are closest to it.
+    = ``{"dim", "norm", "closest_words": [{"word", "cosine"}]}``: the embedding's size, its
+    norm before normalisation and the sentence's own words, each encoded alone, nearest to it
+    (its nearest neighbours among its parts: the content words, usually).
     """
 
     family, kinds, subword = "text", ("encoder",), True
@@ -520,18 +523,19 @@ class TextExplainer(Explainer[str]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
-    @staticmethod
-    def _embedding(hidden: torch.Tensor, labels: list[str], top: int = 5) -> dict:
-        """What the sentence embedding is made of: its size, its norm before the L2
-        normalisation, and the ``top`` tokens whose final hidden states point most nearly its
-        way (cosine), special tokens included. ``hidden``: ``(T, D)`` float32, one sentence."""
-        pooled = hidden.mean(0)  # (D,): the mean pooling of sentence-transformers, no padding here
-        cosines = torch.nn.functional.cosine_similarity(hidden, pooled[None], dim=-1)  # (T,)
-        best = cosines.argsort(descending=True, stable=True)[:top].tolist()
+    def _embedding(self, text: str, top: int = 5) -> dict:
+        """What one sentence's embedding is near: its size, its norm before the L2
+        normalisation, and the ``top`` words of the sentence (each encoded alone, punctuation
+        stripped) whose embeddings are closest to it (cosine), best first."""
+        words = [w for w in dict.fromkeys(w.strip(string.punctuation) for w in text.split()) if w]
+        vectors = self.encoder.embed([text, *words], normalize=False)  # (1 + W, D) float32
+        norms = np.linalg.norm(vectors, axis=1)
+        cosines = (vectors[1:] @ vectors[0]) / np.maximum(norms[1:] * norms[0], 1e-12)  # (W,)
+        best = np.argsort(-cosines, kind="stable")[:top]
         return {
-            "dim": int(pooled.numel()),
-            "norm": round(float(pooled.norm()), 4),
-            "closest_tokens": [{"token": labels[i], "cosine": round(float(cosines[i]), 4)} for i in best],
+            "dim": int(vectors.shape[1]),
+            "norm": round(float(norms[0]), 4),
+            "closest_words": [{"word": words[i], "cosine": round(float(cosines[i]), 4)} for i in best],
         }
 
     def _encode(self, text: str) -> tuple[list[int], list[int] | None]:
@@ -568,7 +572,7 @@ class TextExplainer(Explainer[str]):
         pieces = wordpiece_as_marked([tok.id_to_token(i) for i in ids])
         pair = split_pair(text)
         if pair is None:
-            output["embedding"] = self._embedding(out.hidden[0].float(), piece_labels(pieces, True))
+            output["embedding"] = self._embedding(text)
         else:
             first, second = self.encoder.embed(list(pair))  # each sentence alone, as qkv similarity does
             output["similarity"] = {

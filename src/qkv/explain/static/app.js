@@ -441,11 +441,11 @@ function renderTextOutput(out, o) {
     const e = o.embedding;
     out.append(el("p", { class: "out-text", id: "output-text" },
       `a sentence embedding of ${e.dim} numbers (norm ${fmt(e.norm, 2)} before L2 normalisation)`));
-    out.append(el("h3", {}, "Tokens whose final hidden state is closest to it (cosine)"));
-    out.append(bars("closest-tokens", e.closest_tokens.map((t) => [showToken(t.token), t.cosine]), (c) => fmt(c, 3)));
+    out.append(el("h3", {}, "Its words closest to it (each word encoded alone; cosine similarity)"));
+    out.append(bars("closest-words", e.closest_words.map((w) => [w.word, w.cosine]), (c) => fmt(c, 3)));
     out.append(el("p", { class: "muted small" },
-      "The embedding is the mean of the final hidden states (sentence-transformers' pooling). " +
-      "Give a pair, first ||| second, to see the two sentences' cosine similarity."));
+      "The embedding is the mean of the final hidden states over the tokens (sentence-transformers' " +
+      "pooling). Give a pair, first ||| second, to see the two sentences' cosine similarity."));
   }
 }
 
