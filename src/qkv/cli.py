@@ -733,7 +733,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser("explain", help="pictures of a model's attention on an input, or a local web page")
+    p = sub.add_parser(
+        "explain",
+        help="a model's attention on an input: pictures, a standalone HTML page, or a local web page",
+    )
     p.add_argument("run_dir")
     p.add_argument(
         "--input",
