@@ -12,8 +12,9 @@ removed. A notebook's headline figures are printed by its cell tagged ``key-resu
 script echoes them after the notebook's time. Volatile metadata (timings, widget state) is
 stripped before writing so that re-running changes only what the computation changed.
 
-Exit status: 0 when every notebook ran, 1 when any cell raised (the failing notebook's error
-is printed, the others still run).
+Exit status: 0 when every notebook ran, 1 when any cell raised, timed out or its kernel died
+(the failing notebook's error is printed, the others still run; a failed full run leaves the
+committed notebook untouched and writes its partial outputs to a temporary directory).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 NOTEBOOKS = Path(__file__).resolve().parent
 ROOT = NOTEBOOKS.parent
@@ -111,6 +112,8 @@ def execute(path: Path, quick: bool, timeout: int | None = None) -> Executed:
         client.execute(env=kernel_env(quick), cwd=str(ROOT))
     except CellExecutionError as exc:
         error = str(exc)
+    except (DeadKernelError, CellTimeoutError) as exc:  # killed from outside, or a cell over its timeout
+        error = f"{type(exc).__name__}: {exc}"
     strip_volatile(nb)
     return Executed(path, nb, time.perf_counter() - start, error)
 
