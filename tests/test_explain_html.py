@@ -265,6 +265,10 @@ def test_repr_html_is_an_isolated_iframe_holding_the_whole_page(tiny_runs):
     )
     assert match, frame[:300]
     assert html.unescape(match.group(1)) == page.html
+    assert (
+        repr(page)
+        == f"<ExplainerPage: protein model, {len(page.html):,} characters of HTML; .save(path) writes it>"
+    )
     doc = page.html
     assert "default-src 'none'" in doc  # the page's CSP: no request to any host
     assert "/static/" not in doc and "<script src" not in doc and '<link rel="stylesheet"' not in doc

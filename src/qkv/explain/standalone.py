@@ -46,7 +46,7 @@ SCRIPT_TAG = '<script src="/static/app.js"></script>'
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(repr=False)
 class ExplainerPage:
     """A standalone explainer page: Jupyter shows it (:meth:`_repr_html_`, an ``<iframe>``
     whose ``srcdoc`` is :attr:`html`, so the page's script and style cannot touch the
@@ -63,6 +63,13 @@ class ExplainerPage:
     explanation: Explanation
     notes: list[str] = field(default_factory=list)
     height: int = 900
+
+    def __repr__(self) -> str:
+        # a short line where there is no HTML display (a terminal): never the whole document
+        return (
+            f"<ExplainerPage: {self.explanation.family} model, {len(self.html):,} characters of HTML"
+            f"{', input cut' if self.notes else ''}; .save(path) writes it>"
+        )
 
     def _repr_html_(self) -> str:
         # sandbox without allow-same-origin: the page runs in an opaque origin of its own
