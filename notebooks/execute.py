@@ -95,11 +95,14 @@ def strip_volatile(nb: nbformat.NotebookNode) -> None:
             cell.metadata.pop(key, None)
 
 
-def execute(path: Path, quick: bool, timeout: int | None = None) -> Executed:
+def execute(
+    path: Path, quick: bool, timeout: int | None = None, env: dict[str, str] | None = None
+) -> Executed:
     """Run one notebook in a fresh ``python3`` kernel (cwd: the repository root).
 
-    Returns the executed notebook (with the outputs up to the failing cell when one raised)
-    and the wall time; never writes a file.
+    ``env``: variables set in the kernel on top of this process's (e.g. ``TMPDIR``, where the
+    notebooks write their runs). Returns the executed notebook (with the outputs up to the
+    failing cell when one raised) and the wall time; never writes a file itself.
     """
     nb = nbformat.read(path, as_version=4)
     if timeout is None:
@@ -109,7 +112,7 @@ def execute(path: Path, quick: bool, timeout: int | None = None) -> Executed:
     start = time.perf_counter()
     error = None
     try:
-        client.execute(env=kernel_env(quick), cwd=str(ROOT))
+        client.execute(env={**kernel_env(quick), **(env or {})}, cwd=str(ROOT))
     except CellExecutionError as exc:
         error = str(exc)
     except (DeadKernelError, CellTimeoutError) as exc:  # killed from outside, or a cell over its timeout

@@ -80,11 +80,14 @@ def test_resolve_by_prefix_and_refuses_unknown():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_quick_mode(path: Path):
+def test_notebook_runs_in_quick_mode(path: Path, tmp_path: Path):
     before = path.read_bytes()
-    result = execute.execute(path, quick=True)
+    files_before = sorted(NOTEBOOK_DIR.rglob("*"))
+    # The notebooks write their runs under tempfile's directory: keep them in pytest's.
+    result = execute.execute(path, quick=True, env={"TMPDIR": str(tmp_path)})
     assert result.error is None, result.error
     assert path.read_bytes() == before, "a quick run must not rewrite the committed notebook"
+    assert sorted(NOTEBOOK_DIR.rglob("*")) == files_before, "a notebook wrote inside notebooks/"
 
     code = [c for c in result.notebook.cells if c.cell_type == "code"]
     assert code and all(c.execution_count is not None for c in code), "every code cell ran"
