@@ -38,8 +38,8 @@ test: venv
 # Style and types: ruff's lint rules and formatter (config in pyproject.toml), then mypy on the
 # typed part of the package (its `files` list in pyproject.toml). CONTRIBUTING.md has the details.
 lint: venv
-	$(BIN)/ruff check src tests benchmarks docs/hooks.py docs/griffe_roles.py
-	$(BIN)/ruff format --check src tests benchmarks docs/hooks.py docs/griffe_roles.py
+	$(BIN)/ruff check src tests benchmarks notebooks docs/hooks.py docs/griffe_roles.py
+	$(BIN)/ruff format --check src tests benchmarks notebooks docs/hooks.py docs/griffe_roles.py
 	$(BIN)/mypy
 
 # The site: docs/*.md, the notebooks with their committed outputs, the API reference from the

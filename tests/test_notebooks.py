@@ -57,6 +57,24 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
         "validation BLEU": (0.0, 100.0),
         "test2016 BLEU": (0.0, 100.0),
     },
+    "04_language_model": {
+        "validation loss (nats/char)": (0.5, 4.2),  # ln 65 = 4.17: no worse than uniform
+        # the KV cache changes the work, never the tokens (its speed is a benchmark, not a test)
+        "tokens that differ with and without the KV cache, trained model": (0, 0),
+        "tokens that differ with and without the KV cache, long context": (0, 0),
+    },
+    "05_pretrained_encoder": {
+        "probe validation accuracy": (0.0, 1.0),
+        "fine-tuned validation accuracy": (0.0, 1.0),
+        "paratope validation AUPRC": (0.0, 1.0),
+        "paratope test AUPRC": (0.0, 1.0),
+    },
+    "06_images_vit": {
+        "validation accuracy": (0.0, 1.0),
+        "test accuracy": (0.0, 1.0),
+        "largest |patch matrix - convolution|": (0.0, 1e-5),
+        "largest |rollout row sum - 1|": (0.0, 1e-5),
+    },
 }
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
