@@ -124,7 +124,8 @@ def test_sliding_window_beyond_max_len(positional):
     with pytest.warns(UserWarning, match="sliding window") as record:
         out = generate_tokens(model, [prompt], n, do_sample=False)[0]
     assert len(out) == n
-    assert len([w for w in record if "sliding window" in str(w.message)]) == 1
+    warned = [w for w in record if "sliding window" in str(w.message)]
+    assert len(warned) == 1 and warned[0].filename == __file__, "the warning names its caller's line"
 
     keep = (3 * max_len) // 4
     seq, start, expected = list(prompt), 0, []

@@ -100,7 +100,9 @@ def generate_tokens(
             warnings.warn(
                 f"context longer than the model's max_len ({max_len} tokens): using a "
                 f"sliding window of the last {window} tokens",
-                stacklevel=3,  # the caller of generate_tokens (prefill is nested in it)
+                # the caller of generate_tokens: past prefill, generate_tokens and the frame of
+                # its @torch.inference_mode() wrapper
+                stacklevel=4,
             )
             warned = True
         tokens, mask = _left_pad([s[-window:] for s in seqs], device)
