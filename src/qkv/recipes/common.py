@@ -27,6 +27,9 @@ from ..train.settings import TrainSettings
 if TYPE_CHECKING:
     from ..data.tokenizers import Tokenizer
     from ..models.encoder import EncoderModel
+    from ..models.stack import TransformerStack
+    from ..models.transformer import Transformer
+    from ..models.vit import VisionTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -242,18 +245,58 @@ def fit_classifier(
     def batches(epoch: int):
         return token_batches(lengths, max_tokens, shuffle=True, seed=train.seed * 1000 + epoch)
 
-    return train_loop(
+    return fit(
         model,
-        make_optimizer(model, train),
-        train.lr_schedule(model.config.d_model, total_steps=total, peak_lr=peak_lr),
+        train,
         batches,
         loss_fn,
         validate,
         run_dir,
-        replace(train, max_steps=total),
         progress,
+        total_steps=total,
+        peak_lr=peak_lr,
         score_key=score_key,
         higher_is_better=True,
+        resume=resume,
+        precision=precision,
+    )
+
+
+def fit(
+    model: Transformer | TransformerStack | VisionTransformer,
+    train: TrainSettings,
+    batches,
+    loss_fn,
+    validate,
+    run_dir: Path,
+    progress: bool,
+    *,
+    resume: bool,
+    precision: str,
+    total_steps: int | None = None,
+    peak_lr: float | None = None,
+    score_key: str = "val_loss",
+    higher_is_better: bool = False,
+) -> LoopState:
+    """:func:`~qkv.train.loop.train_loop` with what every recipe trains with: AdamW
+    (:func:`~qkv.train.optim.make_optimizer`) and ``train``'s learning-rate schedule for the
+    model's ``d_model`` (Eq. 3 scales by it). ``total_steps``: where the schedule ends, and the
+    loop's step budget (``train.max_steps`` replaced); ``peak_lr``: the recipe's choice when
+    ``train.lr`` is unset."""
+    if total_steps is not None:
+        train = replace(train, max_steps=total_steps)
+    return train_loop(
+        model,
+        make_optimizer(model, train),
+        train.lr_schedule(model.config.d_model, total_steps=total_steps, peak_lr=peak_lr),
+        batches,
+        loss_fn,
+        validate,
+        run_dir,
+        train,
+        progress,
+        score_key=score_key,
+        higher_is_better=higher_is_better,
         resume=resume,
         precision=precision,
     )

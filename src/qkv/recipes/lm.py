@@ -31,11 +31,9 @@ from ..models.decoder_lm import DecoderLM
 from ..models.model_types import DECODER_LM
 from ..train import distributed
 from ..train.checkpoint import write_json, write_text
-from ..train.loop import train_loop
-from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
+from .common import fit, keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -197,15 +195,13 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         nll, n = split_nll(model, val_data, block_size, recipe.eval_batches)
         return _metrics(nll, n, chars_per_token)
 
-    state = train_loop(
+    state = fit(
         model,
-        make_optimizer(model, recipe.train),
-        recipe.train.lr_schedule(model_cfg.d_model),
+        recipe.train,
         batches,
         loss_fn,
         validate,
         run_dir,
-        recipe.train,
         progress,
         resume=resume,
         precision=run.precision,

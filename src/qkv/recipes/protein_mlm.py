@@ -32,11 +32,9 @@ from ..models.encoder import EncoderModel, mlm_loss
 from ..models.model_types import ENCODER
 from ..train import distributed
 from ..train.checkpoint import write_json
-from ..train.loop import train_loop
-from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
+from .common import fit, keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -226,15 +224,13 @@ def train_protein_mlm(
         nll, n = masked_nll(model, val_batches)
         return {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
 
-    state = train_loop(
+    state = fit(
         model,
-        make_optimizer(model, recipe.train),
-        recipe.train.lr_schedule(model_cfg.d_model),
+        recipe.train,
         batches,
         loss_fn,
         validate,
         run_dir,
-        recipe.train,
         progress,
         resume=resume,
         precision=run.precision,

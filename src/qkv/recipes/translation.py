@@ -31,12 +31,10 @@ from ..models.transformer import Transformer
 from ..runs import load_run
 from ..train import distributed
 from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
-from ..train.loop import train_loop
 from ..train.losses import label_smoothed_nll
-from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import prepare_run_dir, require_at_least_one, start_run, write_settings
+from .common import fit, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -219,15 +217,13 @@ def train_translation(
     model = Transformer(model_cfg).to(device)
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
     validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
-    state = train_loop(
+    state = fit(
         model,
-        make_optimizer(model, recipe.train),
-        recipe.train.lr_schedule(model_cfg.d_model),
+        recipe.train,
         batches,
         loss_fn,
         validate,
         run_dir,
-        recipe.train,
         progress,
         score_key="val_bleu" if recipe.val_bleu else "val_loss",
         higher_is_better=recipe.val_bleu,

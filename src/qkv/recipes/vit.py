@@ -33,11 +33,9 @@ from ..models.model_types import VIT
 from ..models.vit import VisionTransformer
 from ..train import distributed
 from ..train.checkpoint import write_json
-from ..train.loop import train_loop
-from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import TASK_SPLITS, keep_best, prepare_run_dir, start_run, write_settings
+from .common import TASK_SPLITS, fit, keep_best, prepare_run_dir, start_run, write_settings
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +172,6 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
     classifier = ImageClassifier(model, task.classes, device, hflip_tta=recipe.hflip and recipe.tta_hflip)
     x_train = to_model_input(task.train.images)  # (N, C, H, W) float32, kept on the host
     y_train = torch.from_numpy(task.train.labels)
-    optimizer = make_optimizer(model, recipe.train)
     train_cfg, n = recipe.train, len(y_train)
     per_epoch = max(n // recipe.batch_size, 1)  # the last partial batch is dropped
     total = train_cfg.max_steps or (
@@ -206,16 +203,15 @@ def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, prog
         m = evaluate_images(classifier, task.val)
         return {"val_accuracy": m["accuracy"], "val_macro_f1": m["macro_f1"]}
 
-    state = train_loop(
+    state = fit(
         model,
-        optimizer,
-        train_cfg.lr_schedule(cfg.d_model, total_steps=total),
+        train_cfg,
         batches,
         loss_fn,
         validate,
         run_dir,
-        replace(train_cfg, max_steps=total),
         progress,
+        total_steps=total,
         score_key="val_accuracy",
         higher_is_better=True,
         resume=resume,
