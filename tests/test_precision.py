@@ -231,7 +231,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     _cpu(monkeypatch, False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto must mean this CPU
-    import qkv.recipes.lm as lm
+    import qkv.recipes.common as common
 
     passed = []
 
@@ -239,7 +239,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
         passed.append(kwargs.get("precision"))
         return train_loop(*args, **kwargs)
 
-    monkeypatch.setattr(lm, "train_loop", recording_loop)
+    monkeypatch.setattr(common, "train_loop", recording_loop)  # what recipes.common.fit calls
     recipe = resolve(
         LMRecipe,
         None,
@@ -327,14 +327,19 @@ def test_generate_explicit_bfloat16_on_a_cpu_without_native_bf16_warns(monkeypat
 
 
 def test_every_recipe_passes_its_resolved_precision_to_the_loop():
-    """Each recipe calls ``train_loop(..., precision=run.precision)`` (or the classification
-    recipes' ``fit_classifier(..., run.precision)``, which passes it on) and records ``run``."""
+    """Each recipe calls ``fit(..., precision=run.precision)`` (or the classification recipes'
+    ``fit_classifier(..., run.precision)``), which pass it on to ``train_loop``, and records
+    ``run``."""
     recipes = Path(__file__).resolve().parents[1] / "src" / "qkv" / "recipes"
     common = ast.parse((recipes / "common.py").read_text(encoding="utf-8"))
     fit = next(
         c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "train_loop"
     )
     assert {k.arg: ast.unparse(k.value) for k in fit.keywords}["precision"] == "precision"
+    to_fit = next(
+        c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "fit"
+    )
+    assert {k.arg: ast.unparse(k.value) for k in to_fit.keywords}["precision"] == "precision"
     for name in ("translation", "lm", "protein_mlm", "protein_tasks", "text_cls", "vit"):
         tree = ast.parse((recipes / f"{name}.py").read_text(encoding="utf-8"))
         calls = {
@@ -342,11 +347,11 @@ def test_every_recipe_passes_its_resolved_precision_to_the_loop():
             for c in ast.walk(tree)
             if isinstance(c, ast.Call)
             and isinstance(c.func, ast.Name)
-            and c.func.id in ("train_loop", "fit_classifier", "write_settings")
+            and c.func.id in ("fit", "fit_classifier", "write_settings")
         }
         if "fit_classifier" in calls:
             assert ast.unparse(calls["fit_classifier"].args[-1]) == "run.precision", name
         else:
-            loop_kwargs = {k.arg: ast.unparse(k.value) for k in calls["train_loop"].keywords}
+            loop_kwargs = {k.arg: ast.unparse(k.value) for k in calls["fit"].keywords}
             assert loop_kwargs.get("precision") == "run.precision", name
         assert "run" in [ast.unparse(a) for a in calls["write_settings"].args], name
