@@ -52,13 +52,15 @@ def _write_run(run, model, config, recipe: str, tokenizer, extra: dict | None = 
 
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> dict:
-    """Run directories of the three model families with tiny random models (2 layers, 2
-    heads): ``{"translation": path, "lm": path, "protein": path}`` (protein: a 2-class
-    sequence classifier). For code that reads runs; nothing here is trained."""
+    """Run directories of the model families with tiny random models (2 layers, 2 heads):
+    ``{"translation": path, "translation-rnn": path, "lm": path, "protein": path}`` (protein: a
+    2-class sequence classifier; translation-rnn: a GRU with additive attention). For code that
+    reads runs; nothing here is trained."""
     from qkv.data.tokenizers import AminoAcidTokenizer, CharTokenizer, SubwordTokenizer
     from qkv.models import DecoderLM, LMConfig, Transformer, TransformerConfig
-    from qkv.models.config import EncoderConfig
+    from qkv.models.config import EncoderConfig, RNNConfig
     from qkv.models.encoder import EncoderModel
+    from qkv.models.rnn import RNNSeq2Seq
 
     root = tmp_path_factory.mktemp("tiny_runs")
     torch.manual_seed(0)
@@ -79,6 +81,7 @@ def tiny_runs(tmp_path_factory) -> dict:
         n_decoder_layers=2,
         max_len=64,
     )
+    rnn_cfg = RNNConfig(src_vocab_size=bpe.vocab_size, tgt_vocab_size=bpe.vocab_size, d_model=16, max_len=64)
     chars = CharTokenizer.train("ROMEO:\nBut soft, what light through yonder window breaks?")
     lm_cfg = LMConfig(
         vocab_size=chars.vocab_size,
@@ -103,6 +106,14 @@ def tiny_runs(tmp_path_factory) -> dict:
     )
     return {
         "translation": _write_run(root / "mt", Transformer(mt_cfg), mt_cfg, "translation", bpe),
+        "translation-rnn": _write_run(
+            root / "rnn",
+            RNNSeq2Seq(rnn_cfg),
+            rnn_cfg,
+            "translation-rnn",
+            bpe,
+            {"train_config.json": {"recipe": "translation-rnn", "model_type": "rnn-seq2seq"}},
+        ),
         "lm": _write_run(root / "lm", DecoderLM(lm_cfg), lm_cfg, "lm", chars),
         "protein": _write_run(
             root / "protein",

@@ -30,7 +30,12 @@ from qkv.explain import ExplainerPage, load_explainer, show
 from qkv.explain.standalone import longest_prefix, render_page
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+INPUTS = {
+    "translation": "Ein Mann liest ein Buch.",
+    "translation-rnn": "Ein Mann liest ein Buch.",
+    "lm": "ROMEO:\nBut soft",
+    "protein": "GIGKFLHSAKKFGKAFV",
+}
 MINILM_PAIR = ("A man rides a bicycle through the park.", "Someone is cycling outdoors.")
 
 
@@ -71,10 +76,11 @@ def _open(path: Path) -> dict:
         report["head_view_lines"] = page.locator("#head-view line").count()
         report["heatmap_width"] = page.evaluate("() => document.getElementById('heatmap').width")
         report["local_steps"] = page.evaluate(
-            "() => { const k = state.kind; return localSteps(k, state.info.layers_per_kind[k] - 1, "
-            "state.info.n_heads - 1); }"
+            "() => { const k = state.kind; return state.standalone.steps[k] ? localSteps(k, "
+            "state.info.layers_per_kind[k] - 1, state.info.n_heads - 1) : null; }"
         )
         report["kind"] = page.evaluate("() => state.kind")
+        report["steps_text"] = page.locator("#steps").inner_text()
         report["weights"] = page.evaluate("() => state.data.attention.map((a) => a.weights)")
         if report["image_heads"]:
             report["overlay_tinted"] = page.evaluate("""() => {
@@ -142,6 +148,21 @@ def test_standalone_page_renders_from_a_file_without_requests(tiny_runs, family,
     if not explainer.subword:  # character LM, residues: a token is a label
         assert report["step_rows"] == len(page.explanation.attention[0].query_tokens)
     _assert_steps_match(report, explainer, page, page.explanation.text)
+
+
+@needs_browser
+def test_rnn_page_shows_the_alignment_and_says_why_there_is_no_step_through(tiny_runs, tmp_path):
+    explainer = load_explainer(tiny_runs["translation-rnn"])
+    page = show(explainer, INPUTS["translation-rnn"])
+    path = page.save(tmp_path / "rnn.html")
+    report = _open(path)
+    _assert_clean(report, path, page)
+    assert report["kind"] == "cross" and report["heads"] == 1  # one layer, one "head": α
+    assert report["head_view_lines"] > 0 and report["heatmap_width"] > 0
+    assert report["local_steps"] is None and report["step_rows"] == 0
+    assert "additive" in report["steps_text"] and "Bahdanau" in report["steps_text"]
+    alignment = np.array(report["weights"][0])  # (1 layer, 1 head, target words, source words)
+    np.testing.assert_allclose(alignment.sum(-1), 1.0, atol=1e-3)
 
 
 @needs_browser

@@ -18,7 +18,7 @@ from qkv.models.config import EncoderConfig, LMConfig, TransformerConfig
 from qkv.recipes.lm import LMRecipe
 from qkv.recipes.protein_mlm import ProteinMLMRecipe
 from qkv.recipes.protein_tasks import ProteinTaskRecipe
-from qkv.recipes.translation import TranslationRecipe
+from qkv.recipes.translation import RNNTranslationRecipe, TranslationRecipe
 from qkv.settings import dotted_key, field_names, resolve, to_dict
 from qkv.train.settings import TrainSettings
 
@@ -367,7 +367,7 @@ def test_model_config_load_refuses_a_bad_file_in_one_line_naming_it(text, expect
 
 # ---------------------------------------------------------------- property tests of the parser
 
-RECIPES = [LMRecipe, TranslationRecipe, ProteinMLMRecipe, ProteinTaskRecipe]
+RECIPES = [LMRecipe, TranslationRecipe, RNNTranslationRecipe, ProteinMLMRecipe, ProteinTaskRecipe]
 _NAMES = sorted({n for cls in RECIPES for n in field_names(cls)})
 KEYS = st.one_of(
     st.sampled_from(_NAMES),  # dotted, real

@@ -28,6 +28,7 @@ from .. import runs
 from ..errors import QkvError
 from ..generate.lm import TextGenerator
 from ..generate.search import beam_search, greedy_decode
+from ..generate.translator import SEQ2SEQ_RECIPES
 from ..nn.attention import MultiHeadAttention
 from .capture import capture_steps
 from .labels import merge_attention, piece_labels, word_groups, wordpiece_as_marked
@@ -167,6 +168,8 @@ class Explainer(Generic[InputT]):
     input_label = "input"
     example = ""
     subword = False
+    # whether the attention is Eq. 1 (scaled dot products), which :meth:`steps` walks through
+    step_through = True
 
     def __init__(self, model, run_dir: str | Path, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.model, self.run_dir, self.max_chars = model, str(run_dir), max_chars
@@ -221,6 +224,7 @@ class Explainer(Generic[InputT]):
             "example": self.example,
             "classes": list(getattr(self, "classes", ())),
             "level": getattr(self, "level", None),
+            "step_through": self.step_through,
         }
 
     def _check(self, text: str) -> str:
@@ -325,12 +329,13 @@ class TranslationExplainer(Explainer[str]):
     search, then the model is rerun teacher-forced on its own translation to read the encoder,
     decoder and cross-attention of the output it produced."""
 
-    family, kinds, subword = "translation", ("encoder", "decoder", "cross"), True
+    family, subword = "translation", True
+    kinds: tuple[str, ...] = ("encoder", "decoder", "cross")
 
     def __init__(
         self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
     ) -> None:
-        model, self.tokenizer = runs.load_run(run_dir, device=device, family="translation")
+        model, self.tokenizer = runs.load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
         super().__init__(model, run_dir, max_chars)
         meta = (
             json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
@@ -384,6 +389,43 @@ class TranslationExplainer(Explainer[str]):
             },
             {"text": tok.decode(hyp), "next_tokens": [], "classes": [], "residues": None},
         )
+
+
+class RNNTranslationExplainer(TranslationExplainer):
+    """Recurrent baselines (``qkv train translation-rnn``) with additive attention: the alignment
+    ``α`` of Bahdanau et al. 2015 (§3.1) is shown as the cross-attention of one layer and one
+    head. It is not Eq. 1 (a small network scores each pair, no scaled dot product), so there
+    is no step-through. A bottleneck model (``attention="none"``) has no attention to show."""
+
+    kinds = ("cross",)
+    step_through = False
+
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
+        super().__init__(run_dir, device, max_chars)
+        if self.model.attention is None:
+            raise QkvError(
+                f"{run_dir} is a bottleneck RNN (model.attention none): its decoder reads only the "
+                "encoder's final states, so there is no attention to explain"
+            )
+
+    def layers(self, kind: str) -> nn.ModuleList:
+        return nn.ModuleList([_AlignmentLayer(self.model.attention)])
+
+    def steps(self, text, kind, layer, head, options=None) -> dict:
+        raise QkvError(
+            "additive attention (Bahdanau et al. 2015) scores with a small network, not Eq. 1's "
+            "scaled dot products: there are no steps to show"
+        )
+
+
+class _AlignmentLayer(nn.Module):
+    """Holds an RNN's attention where the explainer looks for a layer's ``cross_attn``."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.cross_attn = attention
 
 
 class LMExplainer(Explainer[str]):

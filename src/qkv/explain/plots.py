@@ -364,7 +364,8 @@ def write_pictures(
     Files: ``attention_<kind>.png`` per attention kind (heads × layers grid),
     ``alignment.png`` (translation), ``positional_encoding.png``, ``next_tokens.png`` (LM) or
     ``classes.png`` (protein sequence classifier), ``steps.png`` (Eq. 1 step by step for
-    ``head`` of ``layer`` of the first attention kind; ``layer`` also picks the alignment's).
+    ``head`` of ``layer`` of the first attention kind, when the model's attention is Eq. 1;
+    ``layer`` also picks the alignment's).
 
     A ViT run (``explainer.input_kind == "image"``; ``text`` is then an image path or
     ``test:INDEX``) gets ``attention_layer<l>.png`` per layer (the class token's attention
@@ -406,9 +407,10 @@ def write_pictures(
             [c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]], title
         )
         written.append(save(fig, out / "classes.png"))
-    kind = explainer.kinds[0]
-    steps = explainer.steps(text, kind, layer % explainer.n_layers, head, options)
-    written.append(save(plot_steps(steps), out / "steps.png"))
+    if explainer.step_through:
+        kind = explainer.kinds[0]
+        steps = explainer.steps(text, kind, layer % explainer.n_layers, head, options)
+        written.append(save(plot_steps(steps), out / "steps.png"))
     write_text(out / "explanation.json", json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
     written.append(out / "explanation.json")
     return written

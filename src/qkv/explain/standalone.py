@@ -354,7 +354,9 @@ def page_data(
         "explanation": explanation.to_dict(packed=True),
         "explanation_object": explanation,
         "body": body,
-        "steps": {kind: step_data(explainer, prepared, kind) for kind in explainer.kinds},
+        "steps": {kind: step_data(explainer, prepared, kind) for kind in explainer.kinds}
+        if explainer.step_through
+        else {},
         "notes": notes,
     }
 

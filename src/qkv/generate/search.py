@@ -7,21 +7,51 @@ The length penalty is GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any, Protocol
+
 import torch
+from torch import nn
 
 from ..errors import ConfigError
-from ..models.transformer import Transformer
 from ..nn.embeddings import check_token_ids
 
 
-def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, extra: int):
+class Seq2SeqModel(Protocol):
+    """What decoding needs of an encoder-decoder: a ``config`` with ``max_len``, the vocabulary
+    sizes and the ``pad_id``/``bos_id``/``eos_id``, ``encode``, ``decode`` with caches, and
+    ``new_caches`` whose first items beam search reorders.
+    :class:`~qkv.models.transformer.Transformer` and :class:`~qkv.models.rnn.RNNSeq2Seq` have them."""
+
+    config: Any
+
+    def encode(
+        self, src: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple]: ...
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        caches: Any = None,
+        start_pos: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, tuple, tuple]: ...
+
+    def new_caches(self) -> list: ...
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+
+def _start(model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None, extra: int):
     # Check the user's ids and length once here: the model's forward does not (no host syncs).
     if src.dim() != 2 or src.size(1) > model.config.max_len:
         raise ValueError(
             f"src must have shape (batch, seq_len) with seq_len <= max_len "
             f"({model.config.max_len}), got {tuple(src.shape)}"
         )
-    assert model.config.src_vocab_size is not None  # Transformer.__init__ required it
+    assert model.config.src_vocab_size is not None  # the model's __init__ required it
     check_token_ids(src, model.config.src_vocab_size)
     memory, src_mask, _ = model.encode(src)
     src_len = (src != model.config.pad_id).sum(1)
@@ -32,7 +62,7 @@ def _start(model: Transformer, src: torch.Tensor, max_new_tokens: int | None, ex
 
 @torch.no_grad()
 def greedy_decode(
-    model: Transformer, src: torch.Tensor, max_new_tokens: int | None = None, extra_len: int = 50
+    model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None = None, extra_len: int = 50
 ) -> list[list[int]]:
     """Pick the most probable next token until ``eos`` (or the length limit).
 
@@ -71,7 +101,7 @@ def length_penalty(length: int, alpha: float) -> float:
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Seq2SeqModel,
     src: torch.Tensor,
     beam_size: int = 4,
     alpha: float = 0.6,

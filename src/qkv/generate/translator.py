@@ -13,20 +13,24 @@ from .. import runs
 from ..data.batching import pad_sequences
 from ..data.tokenizers import SubwordTokenizer
 from ..errors import ConfigError
-from ..models.transformer import Transformer
-from .search import beam_search, greedy_decode
+from .search import Seq2SeqModel, beam_search, greedy_decode
 from .stats import DecodeStats
+
+# the recipes whose runs translate: the Transformer and its recurrent baseline
+SEQ2SEQ_RECIPES = ("translation", "translation-rnn")
 
 
 def load_run(
     run_dir: str | Path, weights: str = "model.safetensors", device: torch.device | str = "cpu"
-) -> tuple[Transformer, SubwordTokenizer]:
-    """Model (eval mode) and tokenizer of a translation run; see :func:`qkv.runs.load_run`."""
-    return runs.load_run(run_dir, weights, device, family="translation")
+) -> tuple[Seq2SeqModel, SubwordTokenizer]:
+    """Model (eval mode) and tokenizer of a translation run (a Transformer or a recurrent
+    baseline); see :func:`qkv.runs.load_run`."""
+    return runs.load_run(run_dir, weights, device, family=SEQ2SEQ_RECIPES)
 
 
 class Translator:
-    """Translate sentences with a trained :class:`Transformer`.
+    """Translate sentences with a trained encoder-decoder (a :class:`~qkv.models.transformer.Transformer`
+    or a :class:`~qkv.models.rnn.RNNSeq2Seq`).
 
     Args:
         model, tokenizer: as from :func:`load_run`.
@@ -42,7 +46,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer,
+        model: Seq2SeqModel,
         tokenizer: SubwordTokenizer,
         beam_size: int = 4,
         alpha: float = 0.6,

@@ -25,7 +25,7 @@ from ..nn.layers import LayerConfig
 from ..settings import check, dropped_value_matches, show_key
 from ..train.checkpoint import write_json
 
-_Config = TypeVar("_Config", bound="ModelConfig")
+_Config = TypeVar("_Config", bound="SavedConfig")
 
 
 def _json_kind(value: Any) -> str:
@@ -42,10 +42,9 @@ def _json_kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig(LayerConfig):
-    """What every model family shares: the layer settings, the kind of positions (§3.5) and
-    ``max_len``, the longest sequence (positions ``0 .. max_len - 1``).
+class SavedConfig:
+    """What every model config shares, whatever its fields: validation on construction and the
+    ``config.json`` round trip. Subclasses are frozen dataclasses.
 
     Construction validates every field and raises :class:`~qkv.errors.ConfigError` (a
     ``ValueError``) naming every bad value (:meth:`problems` lists them);
@@ -54,34 +53,13 @@ class ModelConfig(LayerConfig):
     family has since dropped).
     """
 
-    # Every kind of position a family may take; each family narrows it to its own (the
-    # encoder-decoder adds "sinusoidal_halves", the single stacks "rotary"). ModelConfig itself
-    # is a base only: no model is built from it.
-    positional: Literal["sinusoidal", "sinusoidal_halves", "learned", "rotary"] = "sinusoidal"
-    max_len: int = 1024
-
     def __post_init__(self) -> None:
         check(self)
 
     def problems(self) -> list[str]:
         """Every out-of-range or inconsistent value, as messages that name the field (empty:
         valid). Types are checked before, against the annotations."""
-        out = []
-        for name in ("d_model", "n_heads", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                out.append(f"{name} ({getattr(self, name)}) must be >= 1")
-        if self.n_heads >= 1 and self.d_model % self.n_heads:
-            out.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.positional.startswith("sinusoidal") and self.d_model % 2:
-            out.append(f"d_model ({self.d_model}) must be even for sinusoidal positions")
-        if self.positional == "rotary" and self.n_heads >= 1 and self.d_k % 2:
-            out.append(f"d_k ({self.d_k}) must be even for rotary positions")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
-        if not self.layer_norm_eps > 0:  # NaN too
-            out.append(f"layer_norm_eps ({self.layer_norm_eps}) must be > 0")
-        return out
+        return []
 
     def _vocab_problems(self, sizes: tuple[str, ...], ids: tuple[str, ...]) -> list[str]:
         """Vocabulary sizes >= 1 and special ids inside every vocabulary (unset ones skipped)."""
@@ -109,7 +87,7 @@ class ModelConfig(LayerConfig):
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict (no format version: see :meth:`save`)."""
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     def save(self, path: str | Path) -> None:
         """Write ``config.json`` atomically: :meth:`to_dict` with ``"format_version"`` first
@@ -132,7 +110,7 @@ class ModelConfig(LayerConfig):
             raise ConfigError(f"{cls.__name__} needs a JSON object of settings, got {_json_kind(data)}")
         data = check_format_version(data, f"this {cls.__name__}")
         dropped = dropped_keys(cls)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # subclasses are dataclasses
         data = {
             k: v
             for k, v in data.items()
@@ -173,6 +151,40 @@ class ModelConfig(LayerConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelConfig(LayerConfig, SavedConfig):
+    """What every Transformer family shares: the layer settings, the kind of positions (§3.5)
+    and ``max_len``, the longest sequence (positions ``0 .. max_len - 1``). Validated on
+    construction and saved as :class:`SavedConfig` says.
+    """
+
+    # Every kind of position a family may take; each family narrows it to its own (the
+    # encoder-decoder adds "sinusoidal_halves", the single stacks "rotary"). ModelConfig itself
+    # is a base only: no model is built from it.
+    positional: Literal["sinusoidal", "sinusoidal_halves", "learned", "rotary", "none"] = "sinusoidal"
+    max_len: int = 1024
+
+    def problems(self) -> list[str]:
+        """Every out-of-range or inconsistent value, as messages that name the field (empty:
+        valid). Types are checked before, against the annotations."""
+        out = []
+        for name in ("d_model", "n_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} ({getattr(self, name)}) must be >= 1")
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            out.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.positional.startswith("sinusoidal") and self.d_model % 2:
+            out.append(f"d_model ({self.d_model}) must be even for sinusoidal positions")
+        if self.positional == "rotary" and self.n_heads >= 1 and self.d_k % 2:
+            out.append(f"d_k ({self.d_k}) must be even for rotary positions")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
+        if not self.layer_norm_eps > 0:  # NaN too
+            out.append(f"layer_norm_eps ({self.layer_norm_eps}) must be > 0")
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
     """Hyper-parameters of :class:`qkv.models.transformer.Transformer` (encoder-decoder, §3).
 
@@ -183,7 +195,9 @@ class TransformerConfig(ModelConfig):
     starts every target; Marian starts from ``pad_id``). ``scale_embeddings``: multiply
     embeddings by sqrt(d_model) (§3.4). ``output_bias``: a bias on the output projection
     (Marian's ``final_logits_bias``). ``positional``: also ``"sinusoidal_halves"``, §3.5's
-    values with sines before cosines (Tensor2Tensor, Marian).
+    values with sines before cosines (Tensor2Tensor, Marian), and ``"none"``: no positions at
+    all, so the encoder is permutation-equivariant (the lecture's "a single block of weights?",
+    which loses order).
 
     Raises:
         ConfigError: (a ``ValueError``) on construction, naming every bad value.
@@ -193,7 +207,7 @@ class TransformerConfig(ModelConfig):
     tgt_vocab_size: int | None = None
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
-    positional: Literal["sinusoidal", "sinusoidal_halves", "learned"] = "sinusoidal"
+    positional: Literal["sinusoidal", "sinusoidal_halves", "learned", "none"] = "sinusoidal"
     scale_embeddings: bool = True
     output_bias: bool = False
     tie_output: bool = True
@@ -362,4 +376,57 @@ class ViTConfig(ModelConfig):
             out.append(f"{self.n_patches} patches + the class token exceed max_len ({self.max_len})")
         if self.positional == "sinusoidal" and self.d_model % 4:
             out.append(f"d_model ({self.d_model}) must be divisible by 4 for 2-D sinusoidal positions")
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RNNConfig(SavedConfig):
+    """Hyper-parameters of :class:`qkv.models.rnn.RNNSeq2Seq`, the recurrent encoder-decoder
+    the Transformer replaced, kept as the baseline the lecture argues against.
+
+    A bidirectional encoder (``cell``: ``"gru"``, Cho et al. 2014, or ``"lstm"``, Hochreiter &
+    Schmidhuber 1997) of ``n_encoder_layers`` and a unidirectional decoder of
+    ``n_decoder_layers``, all ``d_model`` wide (the embeddings too; the encoder's states are
+    ``2 · d_model``: both directions). ``attention``: ``"additive"`` (Bahdanau et al. 2015: the
+    decoder attends over every source state at every step) or ``"none"`` (the bottleneck of
+    Cho et al. 2014 / Sutskever et al. 2014: it sees only the encoder's final states).
+    ``dropout`` on the embeddings, between stacked layers and before the output layer.
+    ``max_len``: the longest source and translation (as the Transformer's, for decoding).
+    Vocabulary, sharing and special ids as :class:`TransformerConfig`.
+
+    Raises:
+        ConfigError: (a ``ValueError``) on construction, naming every bad value.
+    """
+
+    src_vocab_size: int | None = None
+    tgt_vocab_size: int | None = None
+    d_model: int = 256
+    cell: Literal["gru", "lstm"] = "gru"
+    n_encoder_layers: int = 1
+    n_decoder_layers: int = 1
+    attention: Literal["additive", "none"] = "additive"
+    dropout: float = 0.2
+    max_len: int = 256
+    tie_output: bool = True
+    share_embeddings: bool = False
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def problems(self) -> list[str]:
+        out = self._vocab_problems(("src_vocab_size", "tgt_vocab_size"), ("pad_id", "bos_id", "eos_id"))
+        for name in ("d_model", "n_encoder_layers", "n_decoder_layers", "max_len"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} ({getattr(self, name)}) must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"dropout ({self.dropout}) must be in [0, 1)")
+        if (
+            self.share_embeddings
+            and None not in (self.src_vocab_size, self.tgt_vocab_size)
+            and self.src_vocab_size != self.tgt_vocab_size
+        ):
+            out.append(
+                f"share_embeddings needs one joint vocabulary, but src_vocab_size "
+                f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})"
+            )
         return out

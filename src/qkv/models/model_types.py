@@ -1,4 +1,4 @@
-"""The four model architectures a run directory can hold, by the name ``train_config.json``
+"""The model architectures a run directory can hold, by the name ``train_config.json``
 records as ``"model_type"`` (as Hugging Face's ``config.json`` does): which config class reads
 ``config.json`` and which module it builds.
 
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig, ViTConfig
+from .config import EncoderConfig, LMConfig, RNNConfig, SavedConfig, TransformerConfig, ViTConfig
 from .decoder_lm import DecoderLM
 from .encoder import EncoderModel
+from .rnn import RNNSeq2Seq
 from .transformer import Transformer
 from .vit import VisionTransformer
 
@@ -26,7 +27,7 @@ class ModelType:
     beside the weights; a ViT reads pixels)."""
 
     name: str
-    config: type[ModelConfig]
+    config: type[SavedConfig]
     model: type[nn.Module]
     tokenizer: bool = True
 
@@ -35,11 +36,12 @@ TRANSFORMER = ModelType("transformer", TransformerConfig, Transformer)  # encode
 DECODER_LM = ModelType("decoder-lm", LMConfig, DecoderLM)
 ENCODER = ModelType("encoder", EncoderConfig, EncoderModel)
 VIT = ModelType("vit", ViTConfig, VisionTransformer, tokenizer=False)
+RNN_SEQ2SEQ = ModelType("rnn-seq2seq", RNNConfig, RNNSeq2Seq)  # the recurrent baseline
 
-MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT)}
+MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT, RNN_SEQ2SEQ)}
 
 
-def for_config(config: ModelConfig) -> ModelType:
+def for_config(config: SavedConfig) -> ModelType:
     """The architecture a model config describes.
 
     Raises:

@@ -130,9 +130,8 @@ class Transformer(nn.Module):
             if cfg.share_embeddings
             else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale)
         )
-        positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
-        assert positional is not None  # None only for "rotary", which TransformerConfig does not take
-        self.positional = positional
+        # None for positional="none": no order information (the lecture's "single block of weights")
+        self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
@@ -152,7 +151,8 @@ class Transformer(nn.Module):
                     nn.init.xavier_uniform_(matrix)
 
     def embed(self, tokens: torch.Tensor, embedding: TokenEmbedding, start_pos: int = 0) -> torch.Tensor:
-        """Dropout(E[tokens]·sqrt(d_model) + PE[pos]) (§3.4, §3.5, §5.4). ``(B, T) → (B, T, D)``.
+        """Dropout(E[tokens]·sqrt(d_model) + PE[pos]) (§3.4, §3.5, §5.4); without the PE term
+        for ``positional="none"``. ``(B, T) → (B, T, D)``.
 
         Raises ``ValueError`` for positions past ``max_len`` (a shape check: no host sync)."""
         if start_pos + tokens.size(1) > self.config.max_len:
@@ -160,8 +160,11 @@ class Transformer(nn.Module):
                 f"sequence of {start_pos + tokens.size(1)} tokens exceeds the model's "
                 f"max_len ({self.config.max_len})"
             )
-        positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
-        return self.embed_dropout(embedding(tokens) + self.positional(positions))
+        x = embedding(tokens)
+        if self.positional is not None:
+            positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
+            x = x + self.positional(positions)
+        return self.embed_dropout(x)
 
     def encode(
         self, src: torch.Tensor, need_weights: bool = False

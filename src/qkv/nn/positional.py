@@ -131,19 +131,21 @@ def check_positions(positions: torch.Tensor, max_len: int) -> None:
         )
 
 
-POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned", "rotary")
+POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned", "rotary", "none")
 
 
 def build_positional(kind: str, max_len: int, d_model: int) -> nn.Module | None:
     """The module added to token embeddings: ``"sinusoidal"`` (§3.5, interleaved),
     ``"sinusoidal_halves"`` (sines then cosines: Tensor2Tensor, Marian) or ``"learned"``;
-    ``None`` for ``"rotary"`` (applied inside attention instead). Raises ``ValueError``
-    otherwise."""
+    ``None`` for ``"rotary"`` (applied inside attention instead) and for ``"none"``: no order
+    at all, the lecture's "single block of weights" that attention alone is (self-attention is
+    permutation-equivariant without positions, which is why §3.5 adds them). Raises
+    ``ValueError`` otherwise."""
     if kind in ("sinusoidal", "sinusoidal_halves"):
         return SinusoidalPositionalEncoding(max_len, d_model, interleaved=kind == "sinusoidal")
     if kind == "learned":
         return LearnedPositionalEmbedding(max_len, d_model)
-    if kind == "rotary":
+    if kind in ("rotary", "none"):
         return None
     raise ValueError(f"unknown positional encoding {kind!r}; choose one of {POSITIONALS}")
 

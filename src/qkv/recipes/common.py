@@ -27,6 +27,7 @@ from ..train.settings import TrainSettings
 if TYPE_CHECKING:
     from ..data.tokenizers import Tokenizer
     from ..models.encoder import EncoderModel
+    from ..models.rnn import RNNSeq2Seq
     from ..models.stack import TransformerStack
     from ..models.transformer import Transformer
     from ..models.vit import VisionTransformer
@@ -263,7 +264,7 @@ def fit_classifier(
 
 
 def fit(
-    model: Transformer | TransformerStack | VisionTransformer,
+    model: Transformer | TransformerStack | VisionTransformer | RNNSeq2Seq,
     train: TrainSettings,
     batches,
     loss_fn,

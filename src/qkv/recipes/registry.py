@@ -18,6 +18,7 @@ RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         translation.RECIPE,
+        translation.RNN_RECIPE,
         lm.RECIPE,
         protein_mlm.RECIPE,
         protein_tasks.CLS_RECIPE,

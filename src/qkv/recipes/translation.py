@@ -1,4 +1,6 @@
-"""Recipe: train the encoder-decoder Transformer on Multi30k (default German → English).
+"""Recipe: train the encoder-decoder Transformer on Multi30k (default German → English), and
+its recurrent baseline (``qkv train translation-rnn``: the same data, BPE, batches, loop and
+decoding around :class:`~qkv.models.rnn.RNNSeq2Seq`).
 
 Flow: load Multi30k → train a joint BPE on the training split → token-count batches →
 :func:`qkv.train.loop.train_loop` (label-smoothed loss, Adam + the paper's warm-up schedule) →
@@ -15,6 +17,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar, cast
 
 import torch
 
@@ -23,10 +26,11 @@ from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import SPLITS, load_multi30k
 from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import translation_scores
-from ..explain.explainers import TranslationExplainer
-from ..generate.translator import Translator
-from ..models.config import TransformerConfig
-from ..models.model_types import TRANSFORMER
+from ..explain.explainers import RNNTranslationExplainer, TranslationExplainer
+from ..generate.translator import SEQ2SEQ_RECIPES, Translator
+from ..models.config import RNNConfig, TransformerConfig
+from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
+from ..models.rnn import RNNSeq2Seq
 from ..models.transformer import Transformer
 from ..runs import load_run
 from ..train import distributed
@@ -47,7 +51,8 @@ class TranslationRecipe:
     ``max_train_tokens`` (longer training pairs are dropped), ``train_limit``/``val_limit``
     (first N pairs; smoke runs), ``label_smoothing`` (§5.4), ``max_tokens`` (padded tokens per
     micro-batch), ``val_bleu`` (greedy BLEU at each validation, else loss picks checkpoints),
-    and the test decoding's ``beam_size`` and length penalty ``alpha`` (§6.1).
+    the test decoding's ``beam_size`` and length penalty ``alpha`` (§6.1), and ``test``
+    (score test2016 at the end; ``false`` for sweeps, which choose on validation only).
 
     The defaults are the demo (``make demo``): a model and schedule chosen for a 10-minute
     budget on 2 CPU cores by a sweep on validation BLEU (``benchmarks/demo_sweep.py``, table in
@@ -93,6 +98,9 @@ class TranslationRecipe:
     val_bleu: bool = True
     beam_size: int = 4
     alpha: float = 0.6
+    test: bool = True
+
+    name: ClassVar[str] = "translation"  # the recipe's name in the run directory
 
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
@@ -103,7 +111,7 @@ class TranslationRecipe:
         if self.model.max_len < 2:
             raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for a token and eos")
 
-    def model_config(self, tok: SubwordTokenizer) -> TransformerConfig:
+    def model_config(self, tok: SubwordTokenizer) -> TransformerConfig | RNNConfig:
         """``model`` with the joint vocabulary and the tokenizer's special ids."""
         return replace(
             self.model,
@@ -115,11 +123,35 @@ class TranslationRecipe:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RNNTranslationRecipe(TranslationRecipe):
+    """Settings of ``qkv train translation-rnn``: :class:`TranslationRecipe`'s, around a
+    recurrent model (``model``: an :class:`~qkv.models.config.RNNConfig`; ``model.attention``
+    ``"additive"`` or ``"none"``, the bottleneck). The defaults are the attention GRU chosen for
+    the same 10-minute budget as the demo by a sweep on validation BLEU
+    (``benchmarks/why_attention.py sweep``; table in ``benchmarks/RESULTS.md``).
+    """
+
+    model: RNNConfig = RNNConfig(d_model=256, dropout=0.2, share_embeddings=True)  # type: ignore[assignment]
+    train: TrainSettings = TrainSettings(
+        schedule="linear",
+        lr=2e-3,
+        warmup_steps=100,
+        min_lr_ratio=0.0,
+        max_minutes=10.0,
+        eval_every=400,
+        snapshot_minutes=1.0,
+        keep_snapshots=3,
+    )
+
+    name: ClassVar[str] = "translation-rnn"
+
+
 def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
     return list(zip(tok.encode_batch(src), tok.encode_batch(tgt), strict=True))
 
 
-def _teacher_forced_nll(model: Transformer, batches, pad_id: int) -> tuple[float, int]:
+def _teacher_forced_nll(model: Transformer | RNNSeq2Seq, batches, pad_id: int) -> tuple[float, int]:
     """Summed NLL (nats) and target-token count of ``model`` over ``batches``."""
     device = next(model.parameters()).device
     nll, n = 0.0, 0
@@ -148,7 +180,7 @@ def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
     """Validation: NLL / ppl on teacher-forced batches, and greedy BLEU if asked."""
     batches = _eval_batches(tok, val_pairs)
 
-    def validate(model: Transformer) -> dict:
+    def validate(model: Transformer | RNNSeq2Seq) -> dict:
         nll, n = _teacher_forced_nll(model, batches, tok.pad_id)
         out = {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
         if recipe.val_bleu:
@@ -167,7 +199,7 @@ def train_translation(
     Raises:
         QkvError: bad data files, an existing run directory without ``resume``, etc.
     """
-    run_dir = prepare_run_dir(run_dir, resume, "translation")
+    run_dir = prepare_run_dir(run_dir, resume, recipe.name)
     run = start_run(recipe.train)
     device = run.device
     t_start = time.perf_counter()
@@ -185,7 +217,7 @@ def train_translation(
     model_cfg = recipe.model_config(tok)
     if not resume:
         tok.save(tok_path)
-    write_settings(run_dir, "translation", recipe, model_cfg, run, resume)
+    write_settings(run_dir, recipe.name, recipe, model_cfg, run, resume)
     # a pair fits the model when each side plus eos (source) or bos (target) is within max_len
     longest = min(recipe.max_train_tokens, model_cfg.max_len - 1)
     pairs = [
@@ -214,7 +246,7 @@ def train_translation(
         return loss, batch.n_tgt_tokens
 
     random.seed(recipe.train.seed)
-    model = Transformer(model_cfg).to(device)
+    model = cast(Transformer | RNNSeq2Seq, for_config(model_cfg).model(model_cfg)).to(device)
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
     validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
     state = fit(
@@ -263,7 +295,8 @@ def train_translation(
         "epochs": state.epoch,
         "parameters": model.num_parameters(),
     }
-    summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha, device=device)
+    if recipe.test:
+        summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha, device=device)
     summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_json(run_dir / "summary.json", summary)
     return summary
@@ -279,7 +312,7 @@ def evaluate_run(
 ) -> dict:
     """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
     run_dir = Path(run_dir)
-    model, tok = load_run(run_dir, device=device, family="translation")
+    model, tok = load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
     meta = (
         json.loads((run_dir / "train_config.json").read_text())
         if (run_dir / "train_config.json").is_file()
@@ -313,7 +346,14 @@ def evaluate_run(
 def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train translation`` shows at the end: three test translations, the test
     scores, the wall time and what to run next."""
-    test, run = summary["test2016"], Path(run_dir).resolve()
+    run = Path(run_dir).resolve()
+    if "test2016" not in summary:  # test=false
+        valid = summary["validation"]
+        return (
+            f"validation BLEU {valid.get('val_bleu', float('nan')):.2f} after "
+            f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps (test2016 not scored: test=false); run directory: {run}"
+        )
+    test = summary["test2016"]
     lines = [f"example translations (test2016, beam {test['beam_size']}):"]
     lines += [f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}" for ex in test["examples"][:3]]
     lines += [
@@ -339,4 +379,12 @@ RECIPE = Recipe(
     model_type=TRANSFORMER,
     explainer=TranslationExplainer,
     inputs="text",
+)
+
+RNN_RECIPE = replace(
+    RECIPE,
+    name="translation-rnn",
+    settings=RNNTranslationRecipe,
+    model_type=RNN_SEQ2SEQ,
+    explainer=RNNTranslationExplainer,
 )

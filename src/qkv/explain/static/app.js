@@ -739,6 +739,13 @@ async function loadSteps() {
   if (!state.data) return;
   const seq = ++state.stepSeq, host = $("steps");
   delete document.body.dataset.stepsReady;
+  if (state.info && state.info.step_through === false) {
+    host.replaceChildren(el("p", { class: "muted" }, "This model's attention is additive (Bahdanau et al. 2015): " +
+      "e_ij = vᵀ tanh(W s_i−1 + U h_j), a small network, not Eq. 1's scaled dot products, so there is no step-through. " +
+      "Its alignment weights α are the heatmaps above."));
+    document.body.dataset.stepsReady = "1";
+    return;
+  }
   host.replaceChildren(el("p", { class: "muted" },
     `Computing ${state.kind}, layer ${state.layer + 1}, head ${state.head + 1}…`));
   try {
