@@ -353,7 +353,8 @@ def summary_text(summary: dict, run_dir: Path) -> str:
         valid = summary["validation"]
         return (
             f"validation BLEU {valid.get('val_bleu', float('nan')):.2f} after "
-            f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps (test2016 not scored: test=false); run directory: {run}"
+            f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
+            f"(test2016 not scored: test=false); run directory: {run}"
         )
     test = summary["test2016"]
     lines = [f"example translations (test2016, beam {test['beam_size']}):"]
