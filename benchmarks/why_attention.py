@@ -179,11 +179,10 @@ def time_per_batch(run_dir: Path, repeats: int = 5) -> dict[int, float]:
 
     import torch
 
-    from qkv.models.model_types import MODEL_TYPES
+    from qkv.runs import model_type_of
     from qkv.train.losses import label_smoothed_nll
 
-    meta = json.loads((run_dir / "train_config.json").read_text())
-    kind = MODEL_TYPES[meta["model_type"]]
+    kind = model_type_of(run_dir)
     cfg = kind.config.load(run_dir / "config.json")
     torch.manual_seed(0)
     model = kind.model(cfg).train()

@@ -409,9 +409,10 @@ class RNNTranslationExplainer(TranslationExplainer):
                 f"{run_dir} is a bottleneck RNN (model.attention none): its decoder reads only the "
                 "encoder's final states, so there is no attention to explain"
             )
+        self._layers = nn.ModuleList([_AlignmentLayer(self.model.attention)])
 
     def layers(self, kind: str) -> nn.ModuleList:
-        return nn.ModuleList([_AlignmentLayer(self.model.attention)])
+        return self._layers
 
     def steps(self, text, kind, layer, head, options=None) -> dict:
         raise QkvError(

@@ -184,6 +184,20 @@ class ModelConfig(LayerConfig, SavedConfig):
         return out
 
 
+def _seq2seq_vocab_problems(config: TransformerConfig | RNNConfig) -> list[str]:
+    """An encoder-decoder's vocabularies (``src_vocab_size``, ``tgt_vocab_size`` and the special
+    ids, as :meth:`SavedConfig._vocab_problems` checks them), and ``share_embeddings`` refused
+    across two vocabularies of different sizes."""
+    out = config._vocab_problems(("src_vocab_size", "tgt_vocab_size"), ("pad_id", "bos_id", "eos_id"))
+    src, tgt = config.src_vocab_size, config.tgt_vocab_size
+    if config.share_embeddings and None not in (src, tgt) and src != tgt:
+        out.append(
+            f"share_embeddings needs one joint vocabulary, but src_vocab_size ({src}) "
+            f"!= tgt_vocab_size ({tgt})"
+        )
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
     """Hyper-parameters of :class:`qkv.models.transformer.Transformer` (encoder-decoder, §3).
@@ -217,21 +231,10 @@ class TransformerConfig(ModelConfig):
     eos_id: int = 2
 
     def problems(self) -> list[str]:
-        out = super().problems() + self._vocab_problems(
-            ("src_vocab_size", "tgt_vocab_size"), ("pad_id", "bos_id", "eos_id")
-        )
+        out = super().problems() + _seq2seq_vocab_problems(self)
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 0:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 0")
-        if (
-            self.share_embeddings
-            and None not in (self.src_vocab_size, self.tgt_vocab_size)
-            and self.src_vocab_size != self.tgt_vocab_size
-        ):
-            out.append(
-                f"share_embeddings needs one joint vocabulary, but src_vocab_size "
-                f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})"
-            )
         return out
 
 
@@ -414,19 +417,10 @@ class RNNConfig(SavedConfig):
     eos_id: int = 2
 
     def problems(self) -> list[str]:
-        out = self._vocab_problems(("src_vocab_size", "tgt_vocab_size"), ("pad_id", "bos_id", "eos_id"))
+        out = _seq2seq_vocab_problems(self)
         for name in ("d_model", "n_encoder_layers", "n_decoder_layers", "max_len"):
             if getattr(self, name) < 1:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 1")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout ({self.dropout}) must be in [0, 1)")
-        if (
-            self.share_embeddings
-            and None not in (self.src_vocab_size, self.tgt_vocab_size)
-            and self.src_vocab_size != self.tgt_vocab_size
-        ):
-            out.append(
-                f"share_embeddings needs one joint vocabulary, but src_vocab_size "
-                f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})"
-            )
         return out

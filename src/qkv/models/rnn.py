@@ -33,12 +33,14 @@ State = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # GRU: h; LSTM: (h, c)
 
 class RecurrentState:
     """What incremental decoding carries between steps: the decoder's recurrent state
-    (``value``), or the projected source keys (``keys``; they do not change with the step).
-    :meth:`reorder` follows beam search's choice of rows, as :class:`~qkv.nn.attention.KVCache`."""
+    (``value``), or what the decoder reads of the source (``source``: the projected keys
+    ``U_a h_j`` with attention, the final states ``c`` in the bottleneck), computed at the first
+    step and unchanged after it. :meth:`reorder` follows beam search's choice of rows, as
+    :class:`~qkv.nn.attention.KVCache`."""
 
     def __init__(self) -> None:
         self.value: State | None = None
-        self.keys: torch.Tensor | None = None
+        self.source: torch.Tensor | None = None
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep the rows ``rows`` (long, ``(B',)``) of the batch, in that order."""
@@ -136,10 +138,9 @@ class RNNSeq2Seq(nn.Module):
 
     # ---------- decoder
 
-    def initial_state(self, memory: torch.Tensor, src_mask: torch.Tensor) -> State:
+    def initial_state(self, summary: torch.Tensor) -> State:
         """``s_0`` of every decoder layer, ``(n_decoder_layers, B, d_model)`` (LSTM: with zero
-        cells), from the encoder's final states (:func:`final_states`)."""
-        summary = final_states(memory, src_mask)
+        cells), from the encoder's final states ``summary (B, 2·d_model)`` (:func:`final_states`)."""
         if self.attention is not None:
             summary = summary[:, self.config.d_model :]  # ←h_1
         s0 = torch.tanh(self.init_state(summary))[None].repeat(self.config.n_decoder_layers, 1, 1)
@@ -172,21 +173,24 @@ class RNNSeq2Seq(nn.Module):
                 f"sequence of {start_pos + tgt.size(1)} tokens exceeds the model's "
                 f"max_len ({self.config.max_len})"
             )
-        cache, key_cache = caches[0] if caches is not None else (RecurrentState(), RecurrentState())
-        state = cache.value if cache.value is not None else self.initial_state(memory, src_mask)
+        cache, source = caches[0] if caches is not None else (RecurrentState(), RecurrentState())
+        if source.source is None:  # the first step: what the decoder reads of the source, once
+            summary = final_states(memory, src_mask)
+            source.source = summary if self.attention is None else self.attention.project_keys(memory)
+            cache.value = self.initial_state(summary)
+        state = cache.value
+        assert state is not None  # set at the first step, with source
         embedded = self.dropout(self.tgt_embed(tgt))  # (B, T, D)
         if self.attention is None:
             # the bottleneck: every step sees the same summary, so the recurrence runs fused
-            summary = final_states(memory, src_mask)[:, None, :].expand(-1, tgt.size(1), -1)
+            summary = source.source[:, None, :].expand(-1, tgt.size(1), -1)
             states, cache.value = self.decoder(torch.cat([embedded, summary], dim=-1), state)
             return self._logits(states, summary, embedded), (), ()
-        if key_cache.keys is None:
-            key_cache.keys = self.attention.project_keys(memory)
         mask = src_mask[:, 0, 0, :]
         outs, contexts, alphas = [], [], []
         for t in range(tgt.size(1)):  # the context of step t needs the state of step t-1
             query = (state[0] if isinstance(state, tuple) else state)[-1]  # top layer's s_{i-1}
-            context, alpha = self.attention(query, key_cache.keys, memory, mask)
+            context, alpha = self.attention(query, source.source, memory, mask)
             out, state = self.decoder(torch.cat([embedded[:, t], context], dim=-1)[:, None], state)
             outs.append(out[:, 0])
             contexts.append(context)
@@ -196,7 +200,7 @@ class RNNSeq2Seq(nn.Module):
         return logits, (), ((torch.stack(alphas, 1)[:, None],) if need_weights else ())
 
     def new_caches(self) -> list[tuple[RecurrentState, RecurrentState]]:
-        """An empty (state, source keys) pair for incremental decoding (beam search reorders
+        """An empty (state, source) pair for incremental decoding (beam search reorders
         the first, as it does a Transformer's self-attention cache)."""
         return [(RecurrentState(), RecurrentState())]
 
