@@ -84,8 +84,10 @@ def _cmd_train(args) -> int:
 
     ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
     created = not Path(args.out).exists()
+    finished = False
     try:
         summary = recipe_kind.train(recipe, args.out, resume=args.resume, progress=not args.quiet)
+        finished = True
     except Exception:  # refused (or failed) before its first checkpoint: leave nothing behind
         if created and ctx.is_main:
             _remove_unstarted(Path(args.out))
@@ -98,7 +100,7 @@ def _cmd_train(args) -> int:
             )
         return 130
     finally:
-        distributed.shutdown()
+        distributed.shutdown(finished=finished)
     if ctx.is_main:
         if recipe_kind.summary is not None:
             _log("\n" + recipe_kind.summary(summary, Path(args.out)))

@@ -124,10 +124,18 @@ def share(batch: Any, rank: int, world_size: int) -> Any:
     )
 
 
-def shutdown() -> None:
-    """Leave the process group (end of a torchrun worker)."""
+def shutdown(*, finished: bool = True) -> None:
+    """Leave the process group (end of a torchrun worker).
+
+    A worker that finished waits at a barrier first, so every rank tears the group down
+    together: rank 1 leaving while rank 0 still wrote the run's last files was seen to die
+    in gloo's teardown (SIGABRT). A worker that failed leaves at once (its peers may never
+    reach the barrier; torchrun stops them).
+    """
     global _context
     if dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
     _context = Context()
 
