@@ -564,12 +564,12 @@ def test_documented_train_commands_resolve(where, recipe, words, capsys):
     assert main(["train", recipe, "--print-config", *args]) == 0, (where, args, capsys.readouterr().err)
 
 
-def test_full_translation_config_keeps_the_paper_recipe_while_the_defaults_are_the_demo():
-    """The demo defaults changed (pre-LN, linear decay over the time budget); the full recipe
-    file must still say post-LN + Eq. 3 itself, and never ask for bf16 outright."""
-    full = resolve(
-        TranslationRecipe, Path(__file__).resolve().parents[1] / "configs" / "multi30k_de_en.json", []
-    )
+def test_paper_translation_config_keeps_the_paper_recipe_while_the_defaults_are_the_demo():
+    """The demo defaults changed (pre-LN, linear decay over the time budget, no dropout); the
+    paper's recipe file must still say post-LN + Eq. 3 itself, and never ask for bf16 outright;
+    the 2-hour recipe is the demo's model given 2 hours and its regularisation back."""
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    full = resolve(TranslationRecipe, configs / "paper_base.json", [])
     assert (full.model.norm_first, full.train.schedule, full.model.d_model, full.max_tokens) == (
         False,
         "noam",
@@ -585,3 +585,7 @@ def test_full_translation_config_keeps_the_paper_recipe_while_the_defaults_are_t
         None,
     )
     demo.train.lr_schedule(demo.model.d_model)  # decays over the time budget: no step count needed
+    assert (demo.model.dropout, demo.model.attention_dropout, demo.label_smoothing) == (0.0, 0.0, 0.0)
+    long = resolve(TranslationRecipe, configs / "multi30k_de_en.json", [])
+    assert (long.model.d_model, long.train.schedule, long.train.max_minutes) == (192, "linear", 120.0)
+    assert long.label_smoothing == 0.1 and long.model.norm_first and long.train.precision == "auto"
