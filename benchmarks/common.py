@@ -1,11 +1,16 @@
 """Shared by the benchmark scripts: alternating timing, the machine line, result-table rows,
-publishing a section."""
+publishing a section; and for the recipe sweeps, training a run through the CLI and its
+validation row."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -53,3 +58,52 @@ def publish(text: str, append: bool, results) -> None:
     if append:
         with open(results, "a", encoding="utf-8") as f:
             f.write("\n" + text)
+
+
+def train_run(recipe: str, run_dir: Path, overrides: list[str]) -> None:
+    """Train one run with ``qkv train RECIPE`` (a subprocess, quiet), unless ``run_dir`` already
+    holds a finished one. Its report goes nowhere: a sweep reads validation figures only.
+
+    Raises:
+        RuntimeError: the run failed (the end of its stderr).
+    """
+    if (run_dir / "summary.json").is_file():
+        return
+    cmd = [sys.executable, "-m", "qkv.cli", "train", recipe, "--out", str(run_dir), "--quiet", *overrides]
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{run_dir.name} failed:\n{done.stderr[-2000:]}")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """The rows of a run's ``metrics.jsonl``."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def validation_row(name: str, run_dir: Path, overrides: list[str]) -> dict:
+    """A finished translation run's sweep row: steps, the selected weights' validation BLEU and
+    which they were, the validation curve (step, BLEU) and the candidate's settings."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "name": name,
+        "steps": summary["steps"],
+        "val_bleu": round(summary["validation"]["val_bleu"], 2),
+        "weights": summary["selected_weights"],
+        "curve": [(r["step"], round(r["val_bleu"], 2)) for r in metrics(run_dir) if "val_bleu" in r],
+        "overrides": " ".join(overrides),
+    }
+
+
+def sweep_table(rows: list[dict], minutes: float) -> str:
+    """:func:`validation_row` rows as a markdown table, for proxies of ``minutes`` on one thread."""
+    lines = [
+        f"| candidate | steps in {minutes:g} min (1 thread) | val BLEU (greedy, selected weights) "
+        "| curve (step, val BLEU) | settings |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['name']} | {r['steps']} | {r['val_bleu']} ({r['weights']}) | {r['curve']} "
+        f"| `{r['overrides']}` |"
+        for r in rows
+    ]
+    return "\n".join(lines)

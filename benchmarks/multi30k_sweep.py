@@ -24,12 +24,11 @@ score, ordered as their proxies were (``benchmarks/RESULTS.md``, issue 30).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from common import metrics, sweep_table, train_run, validation_row  # noqa: E402  (benchmarks/common.py)
 
 NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0"]
 # budget -> (proxy minutes on one thread, validation every N steps, {name: overrides of the
@@ -66,59 +65,23 @@ BUDGETS: dict[str, tuple[float, int, dict[str, list[str]]]] = {
 }
 
 
-def _qkv(run_dir: Path, overrides: list[str]) -> None:
-    """Train one run through the CLI, quietly (its report, which never holds test figures
-    here, goes nowhere)."""
-    if (run_dir / "summary.json").is_file():
-        return
-    cmd = [sys.executable, "-m", "qkv.cli", "train", "translation", "--out", str(run_dir), "--quiet"]
-    cmd += overrides
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{run_dir.name} failed:\n{done.stderr[-2000:]}")
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _row(name: str, run_dir: Path, overrides: list[str]) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {
-        "name": name,
-        "steps": summary["steps"],
-        "val_bleu": round(summary["validation"]["val_bleu"], 2),
-        "weights": summary["selected_weights"],
-        "curve": [(r["step"], round(r["val_bleu"], 2)) for r in _metrics(run_dir) if "val_bleu" in r],
-        "overrides": " ".join(overrides),
-    }
-
-
 def sweep(budget: str, out: Path, names: list[str], jobs: int) -> None:
     minutes, eval_every, candidates = BUDGETS[budget]
 
     def one(name: str) -> None:
         proxy = [f"train.max_minutes={minutes}", "train.threads=1", f"train.eval_every={eval_every}"]
         proxy.append("test=false")
-        _qkv(out / budget / name, [*proxy, *candidates[name]])  # a candidate may set its own
+        # the candidate's settings come last: a candidate may set its own eval_every
+        train_run("translation", out / budget / name, [*proxy, *candidates[name]])
 
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, names or list(candidates)))
     # the table holds every candidate of the budget trained so far, this round's and earlier
     done = [n for n in candidates if (out / budget / n / "summary.json").is_file()]
-    rows = [_row(n, out / budget / n, candidates[n]) for n in done]
-    lines = [
-        f"| candidate | steps in {minutes:g} min (1 thread) | val BLEU (greedy, selected weights) "
-        "| curve (step, val BLEU) | settings |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {r['name']} | {r['steps']} | {r['val_bleu']} ({r['weights']}) | {r['curve']} "
-            f"| `{r['overrides']}` |"
-            for r in sorted(rows, key=lambda r: -r["val_bleu"])
-        ),
-    ]
-    (out / f"{budget}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    rows = [validation_row(n, out / budget / n, candidates[n]) for n in done]
+    table = sweep_table(sorted(rows, key=lambda r: -r["val_bleu"]), minutes)
+    (out / f"{budget}.md").write_text(table + "\n")
+    print(table)
 
 
 MARKS = (5, 10, 30, 60, 120)  # minutes of training a user may have
@@ -130,7 +93,7 @@ def curve(runs: list[Path], plot: Path | None) -> None:
     lands just past a round minute)."""
     series = {}
     for run in runs:
-        points = [(r["elapsed_min"], r["val_bleu"]) for r in _metrics(run) if "val_bleu" in r]
+        points = [(r["elapsed_min"], r["val_bleu"]) for r in metrics(run) if "val_bleu" in r]
         series[run.name] = points
         last = points[-1][0] + 0.5  # a run says nothing of minutes past its end
         reached = {m: max((b for t, b in points if t <= 1.02 * m), default=None) for m in MARKS if m <= last}

@@ -31,10 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from common import metrics, sweep_table, train_run, validation_row  # noqa: E402  (benchmarks/common.py)
 
 SWEEP_MINUTES = 5.0
 # The RNN candidates (qkv train translation-rnn overrides): both variants share the grid of
@@ -57,30 +57,6 @@ SWEEP = {
 }
 
 
-def _qkv(recipe: str, run_dir: Path, overrides: list[str]) -> None:
-    """Train one run through the CLI (quiet; its report goes nowhere: nothing here reads test
-    figures but ``report``)."""
-    if (run_dir / "summary.json").is_file():
-        return
-    cmd = [sys.executable, "-m", "qkv.cli", "train", recipe, "--out", str(run_dir), "--quiet", *overrides]
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{run_dir.name} failed:\n{done.stderr[-2000:]}")
-
-
-def _validation_row(name: str, run_dir: Path, overrides: list[str]) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {
-        "name": name,
-        "steps": summary["steps"],
-        "val_bleu": round(summary["validation"]["val_bleu"], 2),
-        "weights": summary["selected_weights"],
-        "curve": [(r["step"], round(r["val_bleu"], 2)) for r in rows if "val_bleu" in r],
-        "overrides": " ".join(overrides),
-    }
-
-
 def sweep(out: Path, names: list[str], jobs: int) -> None:
     def one(name: str) -> dict:
         overrides = SWEEP[name] + [
@@ -89,23 +65,14 @@ def sweep(out: Path, names: list[str], jobs: int) -> None:
             "train.eval_every=300",
             "test=false",
         ]
-        _qkv("translation-rnn", out / "sweep" / name, overrides)
-        return _validation_row(name, out / "sweep" / name, SWEEP[name])
+        train_run("translation-rnn", out / "sweep" / name, overrides)
+        return validation_row(name, out / "sweep" / name, SWEEP[name])
 
     with ThreadPoolExecutor(jobs) as pool:
         rows = list(pool.map(one, names))
-    lines = [
-        f"| candidate | steps in {SWEEP_MINUTES:g} min (1 thread) | val BLEU (greedy, selected weights) "
-        "| curve (step, val BLEU) | settings |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['name']} | {r['steps']} | {r['val_bleu']} ({r['weights']}) | {r['curve']} "
-        f"| `{r['overrides']}` |"
-        for r in rows
-    ]
-    (out / "sweep.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    table = sweep_table(rows, SWEEP_MINUTES)
+    (out / "sweep.md").write_text(table + "\n")
+    print(table)
 
 
 # The final runs: (recipe, overrides). The RNNs' settings are the sweep's winners.
@@ -130,7 +97,7 @@ def train(out: Path, names: list[str]) -> None:
     for name in names:
         recipe, overrides = FINAL[name]
         print(f"training {name} ...", flush=True)
-        _qkv(recipe, out / "final" / name, [*overrides, "test=false"])
+        train_run(recipe, out / "final" / name, [*overrides, "test=false"])
 
 
 def _bucket(n_words: int) -> str:
@@ -140,8 +107,7 @@ def _bucket(n_words: int) -> str:
 
 def _train_figures(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    speeds = [r["tokens_per_s"] for r in metrics(run_dir) if "tokens_per_s" in r]
     return {
         "steps": summary["steps"],
         "train_minutes": summary["train_minutes"],
