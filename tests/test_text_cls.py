@@ -59,6 +59,26 @@ def test_probe_trains_only_the_head_and_scratch_starts_from_random_weights():
 
 
 @needs_minilm
+def test_lora_trains_adapters_and_the_head_on_the_frozen_encoder():
+    from dataclasses import replace
+
+    from qkv.hub.pretrained import load
+    from qkv.recipes.text_cls import TextClsRecipe, build_model
+
+    recipe = TextClsRecipe(train=replace(TextClsRecipe().train, lora_rank=8))
+    assert recipe.mode == "lora" and recipe.peak_lr == 5e-4
+    model, _ = build_model(recipe, 2)
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    assert {n for n in trainable if "lora_" not in n} == {"sequence_head.weight", "sequence_head.bias"}
+    # MiniLM: 6 layers of width 384; rank 8 on the packed Q/K/V (384 → 1152) and W_O (384 → 384)
+    assert sum(v for n, v in trainable.items() if "lora_" in n) == 6 * 8 * ((384 + 1152) + (384 + 384))
+    pretrained, _ = load("minilm")
+    assert torch.equal(model.embed.weight, pretrained.embed.weight)
+    with pytest.raises(ValueError, match="lora_rank"):
+        TextClsRecipe(freeze=True, train=recipe.train)
+
+
+@needs_minilm
 def test_cli_embed_similarity_and_search(tmp_path, capsys):
     from safetensors import safe_open
 
@@ -111,7 +131,8 @@ def test_cli_embed_similarity_and_search(tmp_path, capsys):
 
 @needs_minilm
 @needs_sst2
-def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["fine-tune", "lora"])
+def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, monkeypatch, mode):
     from qkv.cli import main
     from qkv.generate.text import TextEncoder
     from qkv.recipes.text_cls import evaluate_text_run
@@ -131,12 +152,14 @@ def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, m
                 "train.eval_every=4",
                 "baseline=false",
                 "train.threads=1",
+                *(["train.lora_rank=4"] if mode == "lora" else []),
             ]
         )
         == 0
     )
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["mode"] == "fine-tune" and summary["steps"] == 4
+    assert summary["mode"] == mode and summary["steps"] == 4
+    assert (out / "adapter_model.safetensors").is_file() == (mode == "lora")
     assert summary["test"]["n"] == 1821 and summary["validation"]["n"] == 872
     again = evaluate_text_run(out, "test")
     assert again["accuracy"] == summary["test"]["accuracy"]

@@ -78,6 +78,11 @@ def _cmd_train(args) -> int:
     if args.print_config:
         print(json.dumps(to_dict(recipe), indent=2, ensure_ascii=False))
         return 0
+    if recipe.train.lora_rank and not recipe_kind.adapters:
+        raise QkvError(
+            f"train.lora_rank adapts a pretrained model; {args.recipe!r} runs train from random weights "
+            "(LoRA: lm, text-cls, protein-cls, protein-residue with --init)"
+        )
     if args.out is None:
         raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
     from .train import distributed
@@ -624,8 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--init",
         metavar="MODEL",
-        help="start from a pretrained encoder: protein-*: a protein-mlm "
-        "run directory; text-cls: minilm, an HF folder or a converted run",
+        help="start from a pretrained model: protein-*: a protein-mlm run directory or antiberty; "
+        "text-cls: minilm, an HF folder or a converted run; lm: an lm run, a GPT-2 HF folder or "
+        "iglm (with train.lora_rank=R: LoRA adapters instead of every weight)",
     )
     p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
     p.set_defaults(func=_cmd_train)

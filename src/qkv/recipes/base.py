@@ -46,6 +46,8 @@ class Recipe:
             or a function that picks one).
         inputs: what the model reads: ``"text"``, ``"protein"`` or ``"image"``.
         classifier: whether ``qkv classify`` takes this run (a task head over classes).
+        adapters: whether it starts from a pretrained ``init`` and so takes LoRA adapters
+            (``train.lora_rank``); the CLI refuses them for the others.
     """
 
     name: str
@@ -59,3 +61,4 @@ class Recipe:
     inputs: Inputs
     evaluate_options: tuple[str, ...] = ()
     classifier: bool = False
+    adapters: bool = False

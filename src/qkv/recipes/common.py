@@ -19,6 +19,7 @@ from ..errors import ConfigError, QkvError
 from ..runs import run_header
 from ..settings import to_dict
 from ..train import distributed
+from ..train.adapters import LoraSettings, add_lora, merge_lora, save_adapters
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
 from ..train.loop import LoopState, train_loop
 from ..train.optim import make_optimizer
@@ -212,13 +213,23 @@ def start_run(train: TrainSettings) -> RunContext:
     return RunContext(device, precision, why)
 
 
-def keep_best(model: torch.nn.Module, run_dir: Path) -> None:
+def keep_best(model: torch.nn.Module, run_dir: Path, lora: LoraSettings | None = None) -> int:
     """Load the best-on-validation weights (the last ones if validation never ran), save them
-    as ``model.safetensors`` and leave ``model`` in eval mode."""
+    as ``model.safetensors`` and leave ``model`` in eval mode. A model with LoRA adapters
+    (``lora``, :func:`qkv.train.adapters.add_lora`) saves them alone too
+    (``adapter_model.safetensors``, ``adapter_config.json``), then merges them: the run's
+    ``model.safetensors`` is the pretrained architecture with merged weights, which every
+    command loads like any run's. Returns the number of parameters that trained (adapters and
+    head; all of them in full training), counted before the merge."""
     best = run_dir / "best.safetensors"
     load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if lora is not None:
+        save_adapters(model, run_dir, lora)
+        merge_lora(model)
     save_weights(model, run_dir / "model.safetensors")
     model.eval()
+    return trained
 
 
 def fit_classifier(
@@ -303,10 +314,10 @@ def fit(
     )
 
 
-def training_figures(state: LoopState, model: EncoderModel, started: float) -> dict:
+def training_figures(state: LoopState, model: EncoderModel, started: float, trained: int) -> dict:
     """What every classification summary reports about its training: minutes, steps, epochs,
-    parameters (all and trainable), and the total minutes since ``started``
-    (``time.perf_counter()``)."""
+    parameters (all, and the ``trained`` ones: :func:`keep_best`'s count), and the total
+    minutes since ``started`` (``time.perf_counter()``)."""
     import time
 
     return {
@@ -314,7 +325,7 @@ def training_figures(state: LoopState, model: EncoderModel, started: float) -> d
         "steps": state.step,
         "epochs": state.epoch,
         "parameters": model.num_parameters(),
-        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "trainable_parameters": trained,
         "total_minutes": round((time.perf_counter() - started) / 60, 2),
     }
 
@@ -345,12 +356,14 @@ def encoder_with_head(
     dropout: float,
     probe_head: str | None = None,
     weights: bool = True,
+    lora: LoraSettings | None = None,
 ) -> EncoderModel:
     """A new :class:`~qkv.models.encoder.EncoderModel` of ``pretrained``'s architecture for a
     classification recipe: a ``num_labels``-way head, ``pooling``, ``dropout``, and
     ``pretrained``'s weights but for its task heads (``weights=False``: random, training from
     scratch). ``probe_head`` (``"sequence_head"``/``"residue_head"``): a linear probe, where
-    only that head trains and every dropout is 0."""
+    only that head trains and every dropout is 0. ``lora``: LoRA adapters on the pretrained
+    encoder (:func:`qkv.train.adapters.add_lora`), its weights frozen, the task heads trained."""
     from ..models.encoder import EncoderModel
 
     dropouts = (
@@ -366,4 +379,6 @@ def encoder_with_head(
     if probe_head:
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith(probe_head + "."))
+    if lora is not None:
+        add_lora(model, lora, trainable=tuple(h + "." for h in TASK_HEADS))
     return model

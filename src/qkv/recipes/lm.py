@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .. import runs
 from ..data.text import consecutive_windows, load_corpus, random_windows, split_train_val, windows_at
-from ..data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
+from ..data.tokenizers import CharTokenizer, SubwordTokenizer, Tokenizer, load_tokenizer
 from ..errors import ConfigError, QkvError
 from ..explain.explainers import LMExplainer
 from ..generate.lm import TextGenerator
@@ -30,6 +30,7 @@ from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.model_types import DECODER_LM
 from ..train import distributed
+from ..train.adapters import add_lora
 from ..train.checkpoint import write_json, write_text
 from ..train.settings import TrainSettings
 from .base import Recipe
@@ -51,6 +52,15 @@ class LMRecipe:
     micro-batch. ``eval_batches``: number of 128-window batches for validation (``None`` = the
     whole split). The samples file uses ``num_samples``, ``sample_tokens``, ``temperature``,
     ``top_k``.
+
+    ``init``: continue a pretrained language model instead of starting from random weights: a
+    qkv LM run directory, an HF folder (a GPT-2 checkpoint) or a short name (``iglm``). Its
+    architecture, weights and tokenizer are used (``tokenizer`` and ``vocab_size`` are
+    ignored); ``model.max_len`` is the window (at most the checkpoint's context: a longer
+    learned position table is cut, as nanoGPT's ``crop_block_size``) and ``model.dropout``,
+    ``attention_dropout``, ``activation_dropout`` apply; any other ``model`` key set to a value
+    that differs from the checkpoint's is refused. ``train.lora_rank`` > 0 trains LoRA adapters
+    instead of every weight.
     """
 
     model: LMConfig = LMConfig()
@@ -76,6 +86,8 @@ class LMRecipe:
     sample_tokens: int = 500
     temperature: float = 0.8
     top_k: int | None = 200
+    init: str | None = None
+    val_corpus: str | None = None
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
@@ -86,6 +98,10 @@ class LMRecipe:
             raise ConfigError(f"temperature ({self.temperature}) must be > 0")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
+        if self.train.lora_rank and self.init is None:
+            raise ConfigError(
+                "train.lora_rank adapts a pretrained model: set init (--init RUN|HF_FOLDER|NAME)"
+            )
 
     def model_config(self, tok) -> LMConfig:
         """``model`` with the tokenizer's vocabulary and start token."""
@@ -99,8 +115,104 @@ def _build_tokenizer(recipe: LMRecipe, text: str, train_text: str):
     return SubwordTokenizer.train(train_text.split("\n\n"), recipe.vocab_size, byte_level=True)
 
 
-def _encode(tok, text: str) -> torch.Tensor:
-    return torch.tensor(tok.encode(text), dtype=torch.long)
+def corpus_splits(
+    corpus: str, val_corpus: str | None, val_fraction: float, by_line: bool = False
+) -> tuple[str, str]:
+    """``(training text, validation text)``: ``val_corpus`` when given, else the last
+    ``val_fraction`` of ``corpus``'s characters (nanoGPT's split), moved to the next line break
+    when the corpus is read ``by_line`` (one sequence per line: no sequence is cut in two).
+    Raises :class:`QkvError` for a missing, unreadable or empty file."""
+    text = load_corpus(corpus)
+    if val_corpus is not None:
+        return text, load_corpus(val_corpus)
+    train_text, val_text = split_train_val(text, val_fraction)
+    if by_line and "\n" in val_text:
+        cut = len(train_text) + val_text.index("\n") + 1
+        train_text, val_text = text[:cut], text[cut:]
+    return train_text, val_text
+
+
+def reads_lines(tok) -> bool:
+    """Whether :func:`encode_corpus` reads a corpus one sequence per line with ``tok``: a
+    protein vocabulary's (IgLM's)."""
+    return bool(getattr(tok, "is_residue_vocabulary", False))
+
+
+def encode_corpus(tok, text: str) -> torch.Tensor:
+    """Token ids ``(n,)`` int64 of a corpus. With a protein vocabulary (IgLM's) every line is one
+    sequence, tags included (``[HEAVY] [HUMAN] EVQLV...``), followed by the vocabulary's end
+    token (``[SEP]``: how IgLM scores a whole sequence); other tokenizers read the text as one
+    stream, newlines included.
+
+    Raises:
+        QkvError: characters the tokenizer does not know: a character vocabulary names them; a
+            pretrained vocabulary's unknown token is refused too (the model would learn from a
+            token that stands for anything).
+    """
+    if reads_lines(tok):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        end = tok.sep_id if tok.sep_id is not None else tok.eos_id
+        ids = [i for row in tok.encode_batch(lines, add_special_tokens=False) for i in (*row, end)]
+    else:
+        ids = tok.encode(text, add_special_tokens=False)
+    unk = getattr(tok, "unk_id", None)
+    if unk is not None and unk in ids:
+        raise QkvError(
+            f"{ids.count(unk)} token(s) are unknown to the tokenizer ({tok.id_to_token(unk)}), the "
+            f"first at token {ids.index(unk)}"
+        )
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# the model keys a run started from a checkpoint may set (the rest is the checkpoint's)
+INIT_KEYS = ("max_len", "dropout", "attention_dropout", "activation_dropout")
+
+
+def init_model(recipe: LMRecipe) -> tuple[DecoderLM, Tokenizer]:
+    """``(model, tokenizer)`` of ``recipe.init``: the pretrained decoder with the recipe's window
+    (``model.max_len``) and dropouts, its weights loaded (a learned position table cut to the
+    window), in training mode, on the CPU.
+
+    Raises:
+        QkvError: ``init`` is not a language model, or not found (:func:`qkv.hub.pretrained.load`).
+        ConfigError: ``model.max_len`` beyond the checkpoint's context, or another ``model`` key
+            that contradicts the checkpoint.
+    """
+    from ..hub.pretrained import load
+
+    assert recipe.init is not None
+    pretrained, tok = load(recipe.init)
+    if not isinstance(pretrained, DecoderLM):
+        raise QkvError(f"init={recipe.init} is not a language model (a {type(pretrained).__name__})")
+    base, default = pretrained.config, LMConfig()
+    clash = [
+        f"model.{f.name}={getattr(recipe.model, f.name)!r} (the checkpoint's: {getattr(base, f.name)!r})"
+        for f in fields(LMConfig)
+        if f.name not in INIT_KEYS
+        and getattr(recipe.model, f.name) not in (getattr(default, f.name), getattr(base, f.name))
+    ]
+    if clash:
+        raise ConfigError(f"init={recipe.init} fixes the architecture; leave out {', '.join(clash)}")
+    if recipe.model.max_len > base.max_len:
+        raise ConfigError(
+            f"model.max_len ({recipe.model.max_len}) is longer than init={recipe.init}'s context "
+            f"({base.max_len})"
+        )
+    config = replace(base, **{k: getattr(recipe.model, k) for k in INIT_KEYS})
+    if config.bos_id is None:  # a config without a usable start token: the corpus's (for samples)
+        config = replace(config, bos_id=start_token(tok))
+    if config.bos_id is None:
+        raise QkvError(
+            f"init={recipe.init} names no start token and its tokenizer has neither a newline token "
+            "nor a bos token: the samples at the end of the run would have nothing to start from"
+        )
+    model = DecoderLM(config)
+    window = {
+        k: v[: config.max_len] if k.startswith("positional.") else v
+        for k, v in pretrained.state_dict().items()
+    }
+    model.load_state_dict(window)
+    return model, tok
 
 
 def start_token(tok) -> int | None:
@@ -154,11 +266,23 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     run_dir = prepare_run_dir(run_dir, resume, "lm")
     run = start_run(recipe.train)
     device = run.device
-    text = load_corpus(recipe.corpus)
-    train_text, val_text = split_train_val(text, recipe.val_fraction)
     tok_path = run_dir / "tokenizer.json"
-    tok = load_tokenizer(tok_path) if resume else _build_tokenizer(recipe, text, train_text)
-    train_data, val_data = _encode(tok, train_text), _encode(tok, val_text)
+    pretrained, tok = None, None
+    if resume:
+        tok = load_tokenizer(tok_path)
+    elif recipe.init is not None:
+        pretrained, tok = init_model(recipe)
+    train_text, val_text = corpus_splits(
+        recipe.corpus, recipe.val_corpus, recipe.val_fraction, reads_lines(tok)
+    )
+    if tok is None:
+        tok = _build_tokenizer(recipe, train_text + val_text, train_text)
+    try:
+        train_data, val_data = encode_corpus(tok, train_text), encode_corpus(tok, val_text)
+    except QkvError as exc:
+        if recipe.init is None:
+            raise
+        raise QkvError(f"the corpus does not fit init={recipe.init}'s tokenizer: {exc}") from None
     for name, data in (("training", train_data), ("validation", val_data)):  # checked before any write
         if len(data) <= recipe.model.max_len:
             raise QkvError(
@@ -168,15 +292,24 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     if not resume:
         tok.save(tok_path)
     chars_per_token = len(val_text) / len(val_data)
-    model_cfg = recipe.model_config(tok)
+    if pretrained is not None:
+        model_cfg = pretrained.config
+    elif recipe.init is not None:  # resumed: the weights come from the training state
+        model_cfg = LMConfig.load(run_dir / "config.json")
+    else:
+        model_cfg = recipe.model_config(tok)
     write_settings(run_dir, "lm", recipe, model_cfg, run, resume)
     logger.info(
         f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
         f"{tok.kind} vocabulary of {tok.vocab_size}"
     )
-    model = DecoderLM(model_cfg).to(device)
-    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
+    model = (pretrained or DecoderLM(model_cfg)).to(device)
     block_size = model_cfg.max_len
+    zero_shot = _zero_shot(model, val_data, chars_per_token, recipe, run_dir, resume)
+    if recipe.train.lora is not None:
+        add_lora(model, recipe.train.lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters ({trainable:,} trained) on {device}")
     steps_per_epoch = max(1, len(train_data) // (recipe.batch_size * block_size))
 
     def batches(epoch: int) -> list[torch.Tensor]:
@@ -208,7 +341,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
-    keep_best(model, run_dir)
+    trained = keep_best(model, run_dir, recipe.train.lora)
     with torch.no_grad():
         nll, n = split_nll(model, val_data, block_size)
     summary = {
@@ -216,12 +349,43 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         "train_minutes": round(state.elapsed_s / 60, 2),
         "steps": state.step,
         "parameters": model.num_parameters(),
+        "trainable_parameters": trained,
     }
+    if zero_shot is not None:
+        summary.update(init=recipe.init, init_validation=zero_shot)
     samples = write_samples(TextGenerator(model, tok), run_dir / "samples.txt", recipe)
     summary["samples"] = samples
     summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def _zero_shot(
+    model: DecoderLM,
+    val_data: torch.Tensor,
+    chars_per_token: float,
+    recipe: LMRecipe,
+    run_dir: Path,
+    resume: bool,
+) -> dict | None:
+    """The validation scores of the starting checkpoint (``init``), before any training step:
+    measured when the run starts and kept in ``init.json`` (a resumed run reads them back);
+    ``None`` for a run from random weights."""
+    if recipe.init is None:
+        return None
+    path = run_dir / "init.json"
+    if resume and path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))["validation"]
+    model.eval()
+    with torch.no_grad():
+        nll, n = split_nll(model, val_data, model.config.max_len, recipe.eval_batches)
+    scores = _metrics(nll, n, chars_per_token)
+    write_json(path, {"init": recipe.init, "validation": scores})
+    logger.info(
+        f"init={recipe.init} before training: validation loss {scores['val_loss']:.4f} "
+        f"(ppl {scores['val_ppl']:.2f})"
+    )
+    return scores
 
 
 def write_samples(generator: TextGenerator, path: Path, recipe: LMRecipe) -> list[str]:
@@ -255,9 +419,11 @@ def evaluate_lm_run(
     meta = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     if split not in ("val", "train"):
         raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
-    train_text, val_text = split_train_val(load_corpus(meta["corpus"]), meta["val_fraction"])
+    train_text, val_text = corpus_splits(
+        meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], reads_lines(tok)
+    )
     text = val_text if split == "val" else train_text
-    data = _encode(tok, text)
+    data = encode_corpus(tok, text)
     with torch.no_grad():
         nll, n = split_nll(model, data, model.config.max_len)
     metrics = _metrics(nll, n, len(text) / len(data), prefix="")
@@ -267,8 +433,15 @@ def evaluate_lm_run(
 def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train lm`` shows at the end: a sample and the validation scores."""
     val = summary["validation"]
+    before = summary.get("init_validation")
+    start = (
+        f"{summary['init']} before training: validation loss {before['val_loss']:.4f} "
+        f"(ppl {before['val_ppl']:.2f}); "
+        if before
+        else ""
+    )
     return (
-        f"sample:\n{summary['samples'][0]}\n\n"
+        f"sample:\n{summary['samples'][0]}\n\n{start}"
         f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
         f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
         f"and {summary['steps']} steps; run directory: {Path(run_dir).resolve()}"
@@ -285,4 +458,5 @@ RECIPE = Recipe(
     model_type=DECODER_LM,
     explainer=LMExplainer,
     inputs="text",
+    adapters=True,
 )

@@ -64,17 +64,18 @@ class ProteinTaskRecipe:
     """Settings of ``qkv train protein-cls`` / ``protein-residue``: ``model`` (an
     :class:`EncoderConfig`: the same network as ``protein-mlm``'s, with dropout 0.1 and the
     head's ``pooling``), ``train`` (:class:`TrainSettings`; ``train.lr=None`` picks 1e-3 from
-    scratch, 3e-4 fine-tuning, 3e-3 probing; the cosine decay ends with the last epoch), and
-    the task fields.
+    scratch, 3e-4 fine-tuning, 3e-3 probing, 5e-4 with LoRA adapters; the cosine decay ends
+    with the last epoch), and the task fields.
 
     ``task``: ``signalp``, ``amp-scanner``, ``secondary-structure`` or a file (CSV/TSV with
     ``sequence``,``label`` columns, or FASTA + ``labels=FILE``). ``init``: a ``protein-mlm``
     run directory, a converted encoder, an HF folder or a pretrained name (``antiberty``) whose
     encoder and tokenizer start the model (its architecture then replaces ``model``'s, but for
     the dropout, the pooling and the number of labels). ``freeze``: train only the head
-    (linear probe; dropouts 0). ``fold``: SignalP test partition. ``split_seed``: the
-    stratified split of a file or AMP Scanner. ``max_tokens``: padded tokens per micro-batch.
-    ``baseline``: also fit the classical baseline on the same split.
+    (linear probe; dropouts 0); ``train.lora_rank=R`` instead trains LoRA adapters of the
+    frozen pretrained encoder and the head (needs ``init``). ``fold``: SignalP test partition.
+    ``split_seed``: the stratified split of a file or AMP Scanner. ``max_tokens``: padded
+    tokens per micro-batch. ``baseline``: also fit the classical baseline on the same split.
     """
 
     model: EncoderConfig = EncoderConfig(dropout=0.1)
@@ -101,6 +102,10 @@ class ProteinTaskRecipe:
         require_at_least_one(self, "max_tokens")
         if self.freeze and not self.init:
             raise ConfigError("freeze=true (a linear probe) needs init=RUN_DIR, a pretrained encoder")
+        if self.train.lora_rank and (self.freeze or not self.init):
+            raise ConfigError(
+                "train.lora_rank (LoRA adapters on a pretrained encoder) needs init and excludes freeze=true"
+            )
         if self.fold not in (0, 1, 2):
             raise ConfigError(f"fold ({self.fold}) must be 0, 1 or 2")
         if self.model.max_len < 3:
@@ -109,10 +114,16 @@ class ProteinTaskRecipe:
             )
 
     @property
+    def mode(self) -> str:
+        if self.train.lora_rank:
+            return "lora"
+        return "probe" if self.freeze else "fine-tune" if self.init else "scratch"
+
+    @property
     def peak_lr(self) -> float:
         if self.train.lr is not None:
             return self.train.lr
-        return 3e-3 if self.freeze else 3e-4 if self.init else 1e-3
+        return {"probe": 3e-3, "fine-tune": 3e-4, "scratch": 1e-3, "lora": 5e-4}[self.mode]
 
 
 def build_model(
@@ -144,6 +155,7 @@ def build_model(
         recipe.model.pooling,
         recipe.model.dropout,
         f"{level}_head" if recipe.freeze else None,
+        lora=recipe.train.lora,
     )
     return model, protein_tokenizer(pretrained_tok)
 
@@ -187,7 +199,7 @@ def train_protein_task(
     name = f"protein-{'cls' if level == 'sequence' else 'residue'}"
     run_dir, run = open_run(run_dir, resume, name, recipe.train, tok)
     device = run.device
-    mode = "probe" if recipe.freeze else "fine-tune" if recipe.init else "scratch"
+    mode = recipe.mode
     write_settings(run_dir, name, recipe, cfg, run, resume)
     if not resume:  # a resumed run keeps its own
         write_json(
@@ -248,7 +260,7 @@ def train_protein_task(
     )
     if not distributed.is_main():  # torchrun: the other processes only helped train
         return {}
-    keep_best(model, run_dir)
+    trained = keep_best(model, run_dir, recipe.train.lora)
     summary: dict[str, Any] = {
         "task": task.name,
         "mode": mode,
@@ -264,7 +276,7 @@ def train_protein_task(
         from ..evaluate.baselines import baseline_metrics
 
         summary["baseline_test"] = baseline_metrics(task, "test")
-    summary.update(training_figures(state, model, t_start))
+    summary.update(training_figures(state, model, t_start, trained))
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -351,6 +363,7 @@ def _protein_recipe(name: str, train) -> Recipe:
         explainer=ProteinExplainer,
         inputs="protein",
         classifier=True,
+        adapters=True,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 from ..settings import check
+from .adapters import LoraSettings
 from .optim import budget_lr, noam_lr, warmup_cosine_lr
 
 
@@ -42,6 +43,11 @@ class TrainSettings:
     ``seed``: every random choice of the run (init, batches, dropout).
     Faults: a non-finite loss or gradient norm stops the run naming the step, unless
     ``skip_nonfinite`` allows that many such steps to be skipped (their update discarded).
+    Adapters (recipes that start from a pretrained ``init``): ``lora_rank`` > 0 freezes the
+    pretrained weights and trains LoRA updates of rank ``lora_rank`` (Hu et al. 2021) of the
+    projections ``lora_modules`` names (``qkv``, ``o``, ``ffn``, comma-separated), scaled by
+    ``lora_alpha / lora_rank``, with ``lora_dropout`` on their input
+    (:mod:`qkv.train.adapters`); the task head trains fully. 0: no adapters.
 
     Keys of earlier versions (``amp_bf16``) are still read from settings files and overrides,
     with a deprecation warning (:data:`qkv.compat.RENAMED_KEYS`).
@@ -74,6 +80,10 @@ class TrainSettings:
     threads: int | None = None
     compile: bool = False
     skip_nonfinite: int = 0
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_modules: str = "qkv,o"
 
     def __post_init__(self) -> None:
         check(self)
@@ -108,7 +118,25 @@ class TrainSettings:
                 out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             out.append(f"min_lr_ratio ({self.min_lr_ratio}) must be in [0, 1]")
+        if self.lora_rank < 0:
+            out.append(f"lora_rank ({self.lora_rank}) must be >= 0 (0: no adapters)")
+        if not self.lora_alpha > 0:
+            out.append(f"lora_alpha ({self.lora_alpha}) must be > 0")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            out.append(f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        if self.lora_rank:
+            try:
+                self.lora.targets()
+            except ConfigError as exc:
+                out.append(str(exc).removeprefix("train."))
         return out
+
+    @property
+    def lora(self) -> LoraSettings | None:
+        """The LoRA settings, ``None`` when ``lora_rank`` is 0."""
+        if not self.lora_rank:
+            return None
+        return LoraSettings(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_modules)
 
     def lr_schedule(
         self, d_model: int, total_steps: int | None = None, peak_lr: float | None = None

@@ -1,0 +1,101 @@
+"""Probe vs LoRA vs full fine-tuning of a pretrained encoder, on the same task and budget
+(issue 31): test figure (the weights chosen on validation), trained parameters, peak memory
+and time per step.
+
+    python benchmarks/finetune_modes.py run sst2 [MODE ...] --out runs/ft [--epochs 1]
+    python benchmarks/finetune_modes.py run paratope [MODE ...] --out runs/ft [--epochs 10]
+    python benchmarks/finetune_modes.py report --out runs/ft
+
+MODE: ``probe`` (``--freeze``), ``lora4``, ``lora8``, ``lora16`` (``train.lora_rank=R``, on
+the attention projections), ``full`` (every weight); all by default. Runs are one at a time, each
+a ``qkv train`` subprocess whose peak resident memory (``ru_maxrss`` of that child) is its
+memory figure; a finished run is not trained again. Tasks: SST-2 on all-MiniLM-L6-v2 (test
+accuracy) and paratope residues on AntiBERTy (test AUPRC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TASKS = {
+    "sst2": ["text-cls", "--task", "sst2", "--init", "minilm"],
+    "paratope": ["protein-residue", "--task", "paratope", "--init", "antiberty"],
+}
+MODES = {
+    "probe": ["--freeze"],
+    "lora4": ["train.lora_rank=4"],
+    "lora8": ["train.lora_rank=8"],
+    "lora16": ["train.lora_rank=16"],
+    "full": [],
+}
+
+
+def run(task: str, mode: str, out: Path, epochs: int) -> None:
+    """Train one (task, mode) run into ``out/task/mode`` and record its peak memory and wall
+    time in ``bench.json`` beside it."""
+    run_dir = out / task / mode
+    if (run_dir / "bench.json").is_file():
+        return
+    cmd = [sys.executable, "-m", "qkv.cli", "train", *TASKS[task], *MODES[mode], "--out", str(run_dir)]
+    cmd += ["--quiet", f"train.max_epochs={epochs}", "baseline=false"]
+    start = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    err = child.stderr.read() if child.stderr else ""
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"{task}/{mode} failed:\n{err[-2000:]}")
+    bench = {"peak_rss_mb": usage.ru_maxrss / 1024, "wall_s": time.perf_counter() - start, "command": cmd[2:]}
+    (run_dir / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")
+    print(f"{task}/{mode}: done in {bench['wall_s'] / 60:.1f} min", file=sys.stderr)
+
+
+def report(out: Path) -> str:
+    """The table of every finished run under ``out``."""
+    lines = [
+        "| task | mode | val | **test** | trained parameters | peak RSS (MB) | ms / step | steps | minutes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task in TASKS:
+        for mode in MODES:
+            run_dir = out / task / mode
+            if not (run_dir / "bench.json").is_file():
+                continue
+            summary = json.loads((run_dir / "summary.json").read_text())
+            bench = json.loads((run_dir / "bench.json").read_text())
+            metric = summary.get("score") or "accuracy"
+            ms = summary["train_minutes"] * 60_000 / max(summary["steps"], 1)
+            lines.append(
+                f"| {task} ({metric}) | {mode} | {summary['validation'][metric]:.4f} | "
+                f"**{summary['test'][metric]:.4f}** | {summary['trainable_parameters']:,} | "
+                f"{bench['peak_rss_mb']:,.0f} | {ms:,.0f} | {summary['steps']:,} | "
+                f"{summary['train_minutes']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("action", choices=["run", "report"])
+    parser.add_argument("task", nargs="?", choices=list(TASKS))
+    parser.add_argument("modes", nargs="*", choices=[*MODES, []])
+    parser.add_argument("--out", type=Path, default=Path("runs/ft"))
+    parser.add_argument("--epochs", type=int, default=1)
+    args = parser.parse_args()
+    if args.action == "run":
+        if args.task is None:
+            parser.error("run needs a task")
+        for mode in args.modes or MODES:
+            run(args.task, mode, args.out, args.epochs)
+    print(report(args.out))
+
+
+if __name__ == "__main__":
+    main()
