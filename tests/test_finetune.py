@@ -208,7 +208,10 @@ def test_lm_init_refusals_write_nothing(gpt2_folder, corpus, tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     cases = [
-        ([f"--init={char_run}", f"corpus={fasta}", "model.max_len=32"], ("init=", "'>'")),  # a character run on FASTA
+        (
+            [f"--init={char_run}", f"corpus={fasta}", "model.max_len=32"],
+            ("init=", "'>'"),
+        ),  # a character run on FASTA
         ([f"--init={gpt2_folder}", f"corpus={corpus}", "model.max_len=128"], ("model.max_len (128)", "(64)")),
         ([f"--init={gpt2_folder}", f"corpus={corpus}", "model.d_model=64"], ("model.d_model=64",)),
         ([f"corpus={corpus}", "train.lora_rank=4"], ("lora_rank", "init")),

@@ -277,6 +277,29 @@ def test_fine_tune_changes_the_encoder_and_learns(tmp_path, toy_csv, pretrained_
     assert p1[0].argmax() == 1 and p1[1].argmax() == 0
 
 
+def test_lora_trains_adapters_and_head_then_merges_into_the_encoder(
+    tmp_path, toy_csv, pretrained_run, capsys
+):
+    out = tmp_path / "lora"
+    args = ["train", "protein-cls", "--task", str(toy_csv), "--init", str(pretrained_run), "--out", str(out)]
+    args += ["--quiet", "--json", "max_epochs=30", "eval_every=10", "max_tokens=512", "lr=3e-3"]
+    assert main([*args, "train.lora_rank=4", "train.lora_modules=qkv,o,ffn", "threads=1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    # one layer of width 32 (Q/K/V 32 → 96, W_O 32 → 32, W_1 32 → 64, W_2 64 → 32), rank 4, + the head
+    assert summary["mode"] == "lora"
+    assert summary["trainable_parameters"] == 4 * ((32 + 96) + (32 + 32) + (32 + 64) + (64 + 32)) + 32 * 2 + 2
+    before, after = _params(pretrained_run), _params(out)
+    assert not [k for k in after if "lora_" in k or "base_layer" in k], "merged: the plain names"
+    assert set(after) - set(before) <= {"sequence_head.weight", "sequence_head.bias"}
+    assert torch.equal(after["embed.weight"], before["embed.weight"]), "not adapted, frozen"
+    assert not torch.equal(
+        after["layers.0.self_attn.w_qkv.weight"], before["layers.0.self_attn.w_qkv.weight"]
+    )
+    assert summary["validation"]["accuracy"] > 0.6
+    assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert ProteinEncoder.from_run(out).predict(["KKAKKLK"])[0].shape == (2,)
+
+
 def test_residue_windows_cover_long_chains(caplog):
     cfg = EncoderConfig(
         vocab_size=30,

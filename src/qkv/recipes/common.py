@@ -354,31 +354,33 @@ def encoder_with_head(
     num_labels: int,
     pooling: str,
     dropout: float,
-    probe_head: str | None = None,
-    weights: bool = True,
+    head: str,
+    mode: str,
     lora: LoraSettings | None = None,
 ) -> EncoderModel:
     """A new :class:`~qkv.models.encoder.EncoderModel` of ``pretrained``'s architecture for a
     classification recipe: a ``num_labels``-way head, ``pooling``, ``dropout``, and
-    ``pretrained``'s weights but for its task heads (``weights=False``: random, training from
-    scratch). ``probe_head`` (``"sequence_head"``/``"residue_head"``): a linear probe, where
-    only that head trains and every dropout is 0. ``lora``: LoRA adapters on the pretrained
-    encoder (:func:`qkv.train.adapters.add_lora`), its weights frozen, the task heads trained."""
+    ``pretrained``'s weights but for its task heads. ``head``: the task's head
+    (``"sequence_head"``/``"residue_head"``). ``mode``: ``"fine-tune"`` (every weight trains),
+    ``"probe"`` (a linear probe: only ``head`` trains, every dropout 0), ``"lora"`` (``lora``'s
+    adapters on the frozen encoder and ``head`` train, :func:`qkv.train.adapters.add_lora`) or
+    ``"scratch"`` (random weights)."""
     from ..models.encoder import EncoderModel
 
     dropouts = (
         dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
-        if probe_head
+        if mode == "probe"
         else dict(dropout=dropout)
     )
     model = EncoderModel(replace(pretrained.config, num_labels=num_labels, pooling=pooling, **dropouts))
-    if weights:
+    if mode != "scratch":
         model.load_state_dict(
             {k: v for k, v in pretrained.state_dict().items() if not k.startswith(TASK_HEADS)}, strict=False
         )
-    if probe_head:
+    if mode == "probe":
         for name, p in model.named_parameters():
-            p.requires_grad_(name.startswith(probe_head + "."))
-    if lora is not None:
-        add_lora(model, lora, trainable=tuple(h + "." for h in TASK_HEADS))
+            p.requires_grad_(name.startswith(head + "."))
+    if mode == "lora":
+        assert lora is not None
+        add_lora(model, lora, trainable=(head + ".",))
     return model

@@ -154,8 +154,9 @@ def build_model(
         num_labels,
         recipe.model.pooling,
         recipe.model.dropout,
-        f"{level}_head" if recipe.freeze else None,
-        lora=recipe.train.lora,
+        f"{level}_head",
+        recipe.mode,
+        recipe.train.lora,
     )
     return model, protein_tokenizer(pretrained_tok)
 

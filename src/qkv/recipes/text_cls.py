@@ -137,9 +137,9 @@ def build_model(recipe: TextClsRecipe, num_labels: int) -> tuple[EncoderModel, H
         num_labels,
         recipe.pooling or pretrained.config.pooling,
         recipe.dropout,
-        "sequence_head" if recipe.freeze else None,
-        weights=not recipe.scratch,
-        lora=recipe.train.lora,
+        "sequence_head",
+        recipe.mode,
+        recipe.train.lora,
     )
     return model, tokenizer
 
