@@ -124,7 +124,7 @@ class TrainSettings:
             out.append(f"lora_alpha ({self.lora_alpha}) must be > 0")
         if not 0.0 <= self.lora_dropout < 1.0:
             out.append(f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
-        if self.lora_rank:
+        if self.lora is not None:
             try:
                 self.lora.targets()
             except ConfigError as exc:
