@@ -5,12 +5,19 @@ and time per step.
     python benchmarks/finetune_modes.py run sst2 [MODE ...] --out runs/ft [--epochs 1]
     python benchmarks/finetune_modes.py run paratope [MODE ...] --out runs/ft [--epochs 10]
     python benchmarks/finetune_modes.py report --out runs/ft
+    python benchmarks/finetune_modes.py iglm --out runs/ft [--steps 300] [--lora-rank 8]
 
 MODE: ``probe`` (``--freeze``), ``lora4``, ``lora8``, ``lora16`` (``train.lora_rank=R``, on
 the attention projections), ``full`` (every weight); all by default. Runs are one at a time, each
 a ``qkv train`` subprocess whose peak resident memory (``ru_maxrss`` of that child) is its
 memory figure; a finished run is not trained again. Tasks: SST-2 on all-MiniLM-L6-v2 (test
 accuracy) and paratope residues on AntiBERTy (test AUPRC).
+
+``iglm``: IgLM continued on antibody heavy chains (``qkv train lm --init iglm``): the heavy
+chains of the paratope set's published train split to train, of its validation split to
+validate (chains whose sequence also appears in training dropped), each written
+``[HEAVY] [HUMAN] SEQUENCE`` (the set names no species: every chain gets IgLM's human tag);
+validation perplexity before and after.
 """
 
 from __future__ import annotations
@@ -55,6 +62,55 @@ def run(task: str, mode: str, out: Path, epochs: int) -> None:
     print(f"{task}/{mode}: done in {bench['wall_s'] / 60:.1f} min", file=sys.stderr)
 
 
+def heavy_chains(split: str) -> list[str]:
+    """The heavy-chain sequences of the paratope set's ``split`` (``train``, ``val``, ``test``)."""
+    import csv
+
+    data = Path(os.environ.get("QKV_DATA_DIR", "../shared/data")) / "antibody" / f"paratope_{split}.tsv"
+    with open(data, encoding="utf-8", newline="") as f:
+        return [row["sequence"] for row in csv.DictReader(f, delimiter="\t") if row["chain"] == "H"]
+
+
+def iglm(out: Path, steps: int, lora_rank: int) -> dict:
+    """Continue IgLM on heavy chains; returns the run's summary (``init_validation``: before)."""
+    folder = out / "iglm"
+    folder.mkdir(parents=True, exist_ok=True)
+    train = heavy_chains("train")
+    val = [s for s in dict.fromkeys(heavy_chains("val")) if s not in set(train)]
+    for name, chains in (("heavy_train.txt", train), ("heavy_val.txt", val)):
+        (folder / name).write_text("".join(f"[HEAVY] [HUMAN] {s}\n" for s in chains), encoding="utf-8")
+    run_dir = folder / (f"lora{lora_rank}" if lora_rank else "full")
+    if not (run_dir / "summary.json").is_file():
+        cmd = [
+            sys.executable,
+            "-m",
+            "qkv.cli",
+            "train",
+            "lm",
+            "--init",
+            "iglm",
+            "--out",
+            str(run_dir),
+            "--quiet",
+        ]
+        cmd += [f"corpus={folder / 'heavy_train.txt'}", f"val_corpus={folder / 'heavy_val.txt'}"]
+        cmd += [
+            "model.max_len=160",
+            f"train.max_steps={steps}",
+            "train.lr=1e-4",
+            f"train.lora_rank={lora_rank}",
+        ]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    before, after = summary["init_validation"]["val_ppl"], summary["validation"]["val_ppl"]
+    print(
+        f"IgLM on {len(train)} heavy chains, validated on {len(val)} held-out ones: "
+        f"perplexity {before:.3f} before, {after:.3f} after {summary['steps']} steps "
+        f"({summary['trainable_parameters']:,} parameters trained, {summary['train_minutes']:.1f} min)"
+    )
+    return summary
+
+
 def report(out: Path) -> str:
     """The table of every finished run under ``out``."""
     lines = [
@@ -83,12 +139,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("action", choices=["run", "report"])
+    parser.add_argument("action", choices=["run", "report", "iglm"])
     parser.add_argument("task", nargs="?", choices=list(TASKS))
     parser.add_argument("modes", nargs="*", choices=[*MODES, []])
     parser.add_argument("--out", type=Path, default=Path("runs/ft"))
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=300, help="iglm: optimizer steps")
+    parser.add_argument("--lora-rank", type=int, default=0, help="iglm: LoRA rank (0: every weight)")
     args = parser.parse_args()
+    if args.action == "iglm":
+        iglm(args.out, args.steps, args.lora_rank)
+        return
     if args.action == "run":
         if args.task is None:
             parser.error("run needs a task")
