@@ -95,7 +95,7 @@ def iglm(out: Path, steps: int, lora_rank: int) -> dict:
         ]
         cmd += [f"corpus={folder / 'heavy_train.txt'}", f"val_corpus={folder / 'heavy_val.txt'}"]
         cmd += [
-            "model.max_len=160",
+            "model.max_len=64",
             f"train.max_steps={steps}",
             "train.lr=1e-4",
             f"train.lora_rank={lora_rank}",
