@@ -79,13 +79,14 @@ def add_lora(model: torch.nn.Module, lora: LoraSettings, trainable: tuple[str, .
     peft = _peft()
     targets = lora.targets()
     present = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    if not present & set(targets):
+    adapted = sorted(present & set(targets))
+    if not adapted:
         raise ConfigError(f"train.lora_modules={lora.modules!r} names no projection of this model")
     config = peft.LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=sorted(present & set(targets)),
+        target_modules=adapted,
         bias="none",
     )
     peft.inject_adapter_in_model(config, model)
