@@ -2,10 +2,10 @@
 (issue 31): test figure (the weights chosen on validation), trained parameters, peak memory
 and time per step.
 
-    python benchmarks/finetune_modes.py run sst2 [MODE ...] --out runs/ft [--epochs 1]
+    python benchmarks/finetune_modes.py run sst2 [MODE ...] --out runs/ft [--epochs 1] [--threads 1]
     python benchmarks/finetune_modes.py run paratope [MODE ...] --out runs/ft [--epochs 10]
     python benchmarks/finetune_modes.py report --out runs/ft
-    python benchmarks/finetune_modes.py iglm --out runs/ft [--steps 300] [--lora-rank 8]
+    python benchmarks/finetune_modes.py iglm --out runs/ft [--steps 300] [--lr 1e-4] [--lora-rank 8]
 
 MODE: ``probe`` (``--freeze``), ``lora4``, ``lora8``, ``lora16`` (``train.lora_rank=R``, on
 the attention projections), ``full`` (every weight); all by default. Runs are one at a time, each
@@ -16,8 +16,10 @@ accuracy) and paratope residues on AntiBERTy (test AUPRC).
 ``iglm``: IgLM continued on antibody heavy chains (``qkv train lm --init iglm``): the heavy
 chains of the paratope set's published train split to train, of its validation split to
 validate (chains whose sequence also appears in training dropped), each written
-``[HEAVY] [HUMAN] SEQUENCE`` (the set names no species: every chain gets IgLM's human tag);
-validation perplexity before and after.
+``[HEAVY] [HUMAN] SEQUENCE`` (the set names no species: every chain gets IgLM's human tag),
+one chain per row from position 0 as IgLM was trained; perplexity before and after on the
+validation chains (which also pick the weights kept) and on the test split's heavy chains
+(unseen in training and validation: the honest figure).
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ MODES = {
 }
 
 
-def run(task: str, mode: str, out: Path, epochs: int) -> None:
+def run(task: str, mode: str, out: Path, epochs: int, threads: int | None) -> None:
     """Train one (task, mode) run into ``out/task/mode`` and record its peak memory and wall
-    time in ``bench.json`` beside it."""
+    time in ``bench.json`` beside it; ``threads``: torch CPU threads (None: torch's default)."""
     run_dir = out / task / mode
     if (run_dir / "bench.json").is_file():
         return
     cmd = [sys.executable, "-m", "qkv.cli", "train", *TASKS[task], *MODES[mode], "--out", str(run_dir)]
     cmd += ["--quiet", f"train.max_epochs={epochs}", "baseline=false"]
+    if threads:
+        cmd.append(f"train.threads={threads}")
     start = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(child.pid, 0)
@@ -71,15 +75,36 @@ def heavy_chains(split: str) -> list[str]:
         return [row["sequence"] for row in csv.DictReader(f, delimiter="\t") if row["chain"] == "H"]
 
 
-def iglm(out: Path, steps: int, lora_rank: int) -> dict:
-    """Continue IgLM on heavy chains; returns the run's summary (``init_validation``: before)."""
+def test_perplexity(run_dir: Path, weights: str, corpus: Path) -> float:
+    """Perplexity of a run's ``weights`` (``model.safetensors``: after; ``init``: the starting
+    checkpoint) on the chains of ``corpus``, one per row."""
+    import math
+
+    import torch
+
+    from qkv.data.text import load_corpus
+    from qkv.hub.pretrained import load
+    from qkv.recipes.lm import encode_corpus, split_nll
+    from qkv.runs import load_run
+
+    model, tok = load("iglm") if weights == "init" else load_run(run_dir, weights, "cpu", family="lm")
+    model.eval()
+    with torch.no_grad():
+        nll, n = split_nll(model, encode_corpus(tok, load_corpus(str(corpus))), 160)
+    return math.exp(nll / n)
+
+
+def iglm(out: Path, steps: int, lora_rank: int, lr: float) -> dict:
+    """Continue IgLM on heavy chains; returns the run's summary (``init_validation``: before;
+    ``test_ppl``: before and after on the test split's heavy chains)."""
     folder = out / "iglm"
     folder.mkdir(parents=True, exist_ok=True)
     train = heavy_chains("train")
     val = [s for s in dict.fromkeys(heavy_chains("val")) if s not in set(train)]
-    for name, chains in (("heavy_train.txt", train), ("heavy_val.txt", val)):
+    test = [s for s in dict.fromkeys(heavy_chains("test")) if s not in set(train) | set(val)]
+    for name, chains in (("heavy_train.txt", train), ("heavy_val.txt", val), ("heavy_test.txt", test)):
         (folder / name).write_text("".join(f"[HEAVY] [HUMAN] {s}\n" for s in chains), encoding="utf-8")
-    run_dir = folder / (f"lora{lora_rank}" if lora_rank else "full")
+    run_dir = folder / f"{f'lora{lora_rank}' if lora_rank else 'full'}_lr{lr:g}_s{steps}"
     if not (run_dir / "summary.json").is_file():
         cmd = [
             sys.executable,
@@ -95,18 +120,24 @@ def iglm(out: Path, steps: int, lora_rank: int) -> dict:
         ]
         cmd += [f"corpus={folder / 'heavy_train.txt'}", f"val_corpus={folder / 'heavy_val.txt'}"]
         cmd += [
-            "model.max_len=64",
+            "model.max_len=160",  # the longest chain, tags and end token included, is 141
             f"train.max_steps={steps}",
-            "train.lr=1e-4",
+            "train.eval_every=25",
+            f"train.lr={lr:g}",
             f"train.lora_rank={lora_rank}",
         ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((run_dir / "summary.json").read_text())
+    summary["test_ppl"] = {
+        w: test_perplexity(run_dir, w, folder / "heavy_test.txt") for w in ("init", "model.safetensors")
+    }
     before, after = summary["init_validation"]["val_ppl"], summary["validation"]["val_ppl"]
+    test_before, test_after = summary["test_ppl"].values()
     print(
-        f"IgLM on {len(train)} heavy chains, validated on {len(val)} held-out ones: "
-        f"perplexity {before:.3f} before, {after:.3f} after {summary['steps']} steps "
-        f"({summary['trainable_parameters']:,} parameters trained, {summary['train_minutes']:.1f} min)"
+        f"IgLM on {len(train)} heavy chains, {run_dir.name}: perplexity on {len(val)} validation "
+        f"chains {before:.3f} before, {after:.3f} after; on {len(test)} test chains "
+        f"{test_before:.3f} before, {test_after:.3f} after ({summary['steps']} steps, "
+        f"{summary['trainable_parameters']:,} parameters trained, {summary['train_minutes']:.1f} min)"
     )
     return summary
 
@@ -144,17 +175,19 @@ def main() -> None:
     parser.add_argument("modes", nargs="*", choices=[*MODES, []])
     parser.add_argument("--out", type=Path, default=Path("runs/ft"))
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="run: torch CPU threads per run")
     parser.add_argument("--steps", type=int, default=300, help="iglm: optimizer steps")
     parser.add_argument("--lora-rank", type=int, default=0, help="iglm: LoRA rank (0: every weight)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="iglm: peak learning rate")
     args = parser.parse_args()
     if args.action == "iglm":
-        iglm(args.out, args.steps, args.lora_rank)
+        iglm(args.out, args.steps, args.lora_rank, args.lr)
         return
     if args.action == "run":
         if args.task is None:
             parser.error("run needs a task")
         for mode in args.modes or MODES:
-            run(args.task, mode, args.out, args.epochs)
+            run(args.task, mode, args.out, args.epochs, args.threads)
     print(report(args.out))
 
 

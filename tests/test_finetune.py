@@ -159,10 +159,10 @@ def corpus(tmp_path_factory):
     return path
 
 
-def test_lm_init_from_a_gpt2_folder_reports_zero_shot_and_reloads(gpt2_folder, corpus, tmp_path, capsys):
+def test_lm_init_from_a_gpt2_folder_continues_on_tiny_shakespeare_and_reloads(gpt2_folder, tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, err = _run(
-        capsys, "train", "lm", "--init", str(gpt2_folder), f"corpus={corpus}", "--out", str(out),
+        capsys, "train", "lm", "--init", str(gpt2_folder), "corpus=tinyshakespeare", "--out", str(out),
         "--max-steps", "20", "train.lr=1e-2", "--json", *LM_SMOKE,
     )  # fmt: skip
     assert code == 0, err
@@ -244,7 +244,9 @@ def test_iglm_continues_on_antibody_chains_and_refuses_text(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     before = json.loads(stdout)["init_validation"]["val_ppl"]
-    assert 1.0 < before < 10.0, "IgLM knows antibody chains (33 tokens: a random model's ppl is ~33)"
+    # One chain per row from position 0, as IgLM was trained: it knows this germline light chain
+    # (windows across chains scored it several times worse; a random model's ppl is ~33).
+    assert 1.0 < before < 2.0, before
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     _refused(

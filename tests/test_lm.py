@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch_ref import copy_attention_from_torch
 
 from qkv.cli import main
+from qkv.data.text import IGNORE_INDEX, sequence_batch
 from qkv.data.tokenizers import CharTokenizer, load_tokenizer
 from qkv.errors import QkvError
 from qkv.generate.lm import generate_tokens
@@ -25,6 +27,7 @@ from qkv.models.decoder_lm import DecoderLM, position_ids
 from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.norms import DyT, build_norm
 from qkv.nn.positional import RotaryEmbedding
+from qkv.recipes.lm import split_nll
 from qkv.train.optim import warmup_cosine_lr
 
 POSITIONALS = ["learned", "sinusoidal", "rotary"]
@@ -106,6 +109,28 @@ def test_left_padded_batch_equals_one_by_one(positional):
     alone = [generate_tokens(model, [p], 12, do_sample=False)[0] for p in prompts]
     assert batched == alone
     assert alone[0] == _greedy_no_cache(model, prompts[0], 12)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_padded_sequence_batch_scores_each_sequence_as_alone(positional):
+    """Per-sequence batches (protein corpora): right padding is never attended and never
+    scored, so a sequence's summed NLL in a batch equals its NLL alone; a sequence longer than
+    the context is scored on its first block_size + 1 tokens."""
+    model = _lm(positional, max_len=8)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, V, (n,), generator=g) for n in (3, 9, 6, 12)]
+    x, y = sequence_batch(seqs, 8)
+    assert x.shape == y.shape == (4, 8) and int((y != IGNORE_INDEX).sum()) == 2 + 8 + 5 + 8
+    with torch.no_grad():
+        batched = F.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none").sum(1)
+        for row, s in enumerate(seqs):
+            cut = s[:9]
+            alone = F.cross_entropy(model(cut[None, :-1]).logits[0], cut[1:], reduction="sum")
+            torch.testing.assert_close(batched[row], alone, atol=1e-5, rtol=1e-5)
+        nll, n = split_nll(model, seqs, 8, batch_windows=3)  # sorted by length, two batches
+    assert n == 23 and nll == pytest.approx(float(batched.sum()), rel=1e-5)
+    with pytest.raises(QkvError, match="at least 2 tokens"):
+        sequence_batch([torch.tensor([1])], 8)
 
 
 def test_position_ids_of_left_padded_rows():

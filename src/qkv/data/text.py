@@ -87,3 +87,33 @@ def consecutive_windows(data: torch.Tensor, block_size: int) -> torch.Tensor:
     if len(data) <= block_size:
         raise QkvError(f"split of {len(data)} tokens is too short for block_size {block_size}")
     return torch.arange(0, len(data) - block_size, block_size)
+
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: targets at padding count for nothing
+
+
+def sequence_batch(
+    sequences: list[torch.Tensor], block_size: int, pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets of whole sequences, each from position 0 (one sequence per
+    row, as a model such as IgLM was trained), right-padded to the longest.
+
+    Shape: ``sequences``: ``B`` long tensors ``(L_i,)``, each cut to its first
+    ``block_size + 1`` tokens → ``(x (B, T), y (B, T))`` with ``T = max L_i - 1``,
+    ``y[b, t] = x[b, t + 1]`` within a sequence and :data:`IGNORE_INDEX` at padding. Padding
+    (``pad_id``: any id will do) comes after each sequence, so under a causal mask no real
+    position sees it.
+
+    Raises:
+        QkvError: no sequences, or one shorter than 2 tokens (nothing to predict).
+    """
+    cut = [s[: block_size + 1] for s in sequences]
+    if not cut or min(len(s) for s in cut) < 2:
+        raise QkvError("every sequence needs at least 2 tokens (a token and the one after it)")
+    width = max(len(s) for s in cut) - 1
+    x = torch.full((len(cut), width), pad_id, dtype=torch.long)
+    y = torch.full((len(cut), width), IGNORE_INDEX, dtype=torch.long)
+    for row, s in enumerate(cut):
+        x[row, : len(s) - 1] = s[:-1]
+        y[row, : len(s) - 1] = s[1:]
+    return x, y

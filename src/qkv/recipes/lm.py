@@ -2,9 +2,10 @@
 character level, nanoGPT's split and CPU "baby GPT" settings so numbers compare).
 
 Flow: load the corpus → first 90 % train / last 10 % validation → character vocabulary (or
-BPE) → random ``block_size`` windows → :func:`qkv.train.loop.train_loop` (cross-entropy on the
-next token, AdamW with weight decay on matrices only, warm-up + cosine decay) → the weights
-with the best validation loss → ``model.safetensors`` → ``samples.txt``.
+BPE) → random ``block_size`` windows (a protein corpus: whole sequences, one per row) →
+:func:`qkv.train.loop.train_loop` (cross-entropy on the next token, AdamW with weight decay on
+matrices only, warm-up + cosine decay) → the weights with the best validation loss →
+``model.safetensors`` → ``samples.txt``.
 """
 
 from __future__ import annotations
@@ -13,15 +14,24 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import torch
 import torch.nn.functional as F
 
 from .. import runs
-from ..data.text import consecutive_windows, load_corpus, random_windows, split_train_val, windows_at
+from ..data.text import (
+    IGNORE_INDEX,
+    consecutive_windows,
+    load_corpus,
+    random_windows,
+    sequence_batch,
+    split_train_val,
+    windows_at,
+)
 from ..data.tokenizers import CharTokenizer, SubwordTokenizer, Tokenizer, load_tokenizer
 from ..errors import ConfigError, QkvError
 from ..explain.explainers import LMExplainer
@@ -49,9 +59,9 @@ class LMRecipe:
     ``n_layer=4 n_head=4 n_embd=128 block_size=64 batch_size=12 max_iters=2000
     lr_decay_iters=2000 dropout=0``). ``corpus``: ``"tinyshakespeare"`` or a UTF-8 text file.
     ``tokenizer``: ``"char"`` or ``"bpe"`` (``vocab_size`` pieces). ``batch_size``: windows per
-    micro-batch. ``eval_batches``: number of 128-window batches for validation (``None`` = the
-    whole split). The samples file uses ``num_samples``, ``sample_tokens``, ``temperature``,
-    ``top_k``.
+    micro-batch (sequences, for a protein corpus). ``eval_batches``: number of 128-window
+    batches for validation (``None`` = the whole split). The samples file uses
+    ``num_samples``, ``sample_tokens``, ``temperature``, ``top_k``.
 
     ``init``: continue a pretrained language model instead of starting from random weights: a
     qkv LM run directory, an HF folder (a GPT-2 checkpoint) or a short name (``iglm``). Its
@@ -138,21 +148,29 @@ def reads_lines(tok) -> bool:
     return bool(getattr(tok, "is_residue_vocabulary", False))
 
 
-def encode_corpus(tok, text: str) -> torch.Tensor:
-    """Token ids ``(n,)`` int64 of a corpus. With a protein vocabulary (IgLM's) every line is one
+# a corpus as token ids: one stream ``(n,)``, or one tensor ``(L_i,)`` per sequence
+LMData: TypeAlias = torch.Tensor | list[torch.Tensor]
+
+
+def encode_corpus(tok, text: str) -> LMData:
+    """Token ids (int64) of a corpus. With a protein vocabulary (IgLM's) every line is one
     sequence, tags included (``[HEAVY] [HUMAN] EVQLV...``), followed by the vocabulary's end
-    token (``[SEP]``: how IgLM scores a whole sequence); other tokenizers read the text as one
-    stream, newlines included.
+    token (``[SEP]``: how IgLM scores a whole sequence), and the result is one tensor per
+    sequence: such a model was trained on one sequence per row from position 0, and is trained
+    and scored so (:func:`~qkv.data.text.sequence_batch`). Other tokenizers read the text as
+    one stream ``(n,)``, newlines included, cut into windows.
 
     Raises:
         QkvError: characters the tokenizer does not know: a character vocabulary names them; a
             pretrained vocabulary's unknown token is refused too (the model would learn from a
             token that stands for anything).
     """
+    rows = None
     if reads_lines(tok):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         end = tok.sep_id if tok.sep_id is not None else tok.eos_id
-        ids = [i for row in tok.encode_batch(lines, add_special_tokens=False) for i in (*row, end)]
+        rows = [[*row, end] for row in tok.encode_batch(lines, add_special_tokens=False)]
+        ids = [i for row in rows for i in row]
     else:
         ids = tok.encode(text, add_special_tokens=False)
     unk = getattr(tok, "unk_id", None)
@@ -161,7 +179,35 @@ def encode_corpus(tok, text: str) -> torch.Tensor:
             f"{ids.count(unk)} token(s) are unknown to the tokenizer ({tok.id_to_token(unk)}), the "
             f"first at token {ids.index(unk)}"
         )
+    if rows is not None:
+        return [torch.tensor(row, dtype=torch.long) for row in rows]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def num_tokens(data: LMData) -> int:
+    """Tokens in an encoded corpus (:func:`encode_corpus`), end tokens included."""
+    return sum(len(s) for s in data) if isinstance(data, list) else len(data)
+
+
+def lm_batch(data: LMData, item: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` ``(B, T)`` of one batch: ``item`` holds window offsets into a stream
+    (:func:`~qkv.data.text.windows_at`, ``T = block_size``) or indices of sequences
+    (:func:`~qkv.data.text.sequence_batch`, ``T`` up to ``block_size``, padding targets
+    :data:`~qkv.data.text.IGNORE_INDEX`)."""
+    if isinstance(data, list):
+        return sequence_batch([data[i] for i in item.tolist()], block_size)
+    return windows_at(data, item, block_size)
+
+
+def eval_batches(data: LMData, block_size: int, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(x, y)`` batches that predict every token of a split once: consecutive windows of a
+    stream, or whole sequences (shortest first, little padding), ``batch`` at a time."""
+    if isinstance(data, list):
+        order = torch.tensor(sorted(range(len(data)), key=lambda i: len(data[i])), dtype=torch.long)
+    else:
+        order = consecutive_windows(data, block_size)
+    for start in range(0, len(order), batch):
+        yield lm_batch(data, order[start : start + batch], block_size)
 
 
 # the model keys a run started from a checkpoint may set (the rest is the checkpoint's)
@@ -225,24 +271,33 @@ def start_token(tok) -> int | None:
     return newline[0] if len(newline) == 1 else tok.bos_id
 
 
+def next_token_nll(model: DecoderLM, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy (nats, a float32 scalar) of a batch and the number of
+    targets it counts (padding, :data:`~qkv.data.text.IGNORE_INDEX`, left out).
+    Shapes: ``x``, ``y`` ``(B, T)`` long, on any device (moved to the model's)."""
+    device = next(model.parameters()).device
+    y = y.to(device)
+    logits = model(x.to(device)).logits  # (B, T, vocab)
+    nll = F.cross_entropy(
+        logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return nll, int((y != IGNORE_INDEX).sum())
+
+
 def split_nll(
     model: DecoderLM,
-    data: torch.Tensor,
+    data: LMData,
     block_size: int,
     max_batches: int | None = None,
     batch_windows: int = 128,
 ) -> tuple[float, int]:
-    """Summed next-token NLL (nats) and token count over consecutive windows of ``data``."""
-    device = next(model.parameters()).device
-    offsets = consecutive_windows(data, block_size)
+    """Summed next-token NLL (nats) and token count over a split (:func:`eval_batches`)."""
     total, count = 0.0, 0
-    for n, start in enumerate(range(0, len(offsets), batch_windows)):
+    for n, (x, y) in enumerate(eval_batches(data, block_size, batch_windows)):
         if max_batches is not None and n >= max_batches:
             break
-        x, y = windows_at(data, offsets[start : start + batch_windows], block_size)
-        logits = model(x.to(device)).logits
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum"))
-        count += y.numel()
+        nll, targets = next_token_nll(model, x, y)
+        total, count = total + float(nll), count + targets
     return total, count
 
 
@@ -284,23 +339,17 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
             raise
         raise QkvError(f"the corpus does not fit init={recipe.init}'s tokenizer: {exc}") from None
     for name, data in (("training", train_data), ("validation", val_data)):  # checked before any write
-        if len(data) <= recipe.model.max_len:
+        if isinstance(data, list):
+            if not data:
+                raise QkvError(f"the {name} split has no sequences (one per line)")
+        elif len(data) <= recipe.model.max_len:
             raise QkvError(
                 f"the {name} split has {len(data)} tokens, too few for windows of model.max_len "
                 f"{recipe.model.max_len} (a longer corpus, or a smaller model.max_len)"
             )
     if not resume:
         tok.save(tok_path)
-    if reads_lines(tok):
-        # Windows start anywhere in the stream of sequences, while a protein LM such as IgLM was
-        # trained on one sequence per window, from position 0: it scores these windows worse
-        # than its own per-sequence likelihood (IgLM on held-out heavy chains: perplexity 7.7 on
-        # 64-token windows, 2.3 per chain).
-        logger.warning(
-            "one sequence per line: training windows run across sequences; a model trained on one "
-            "sequence per window (IgLM) scores them worse than its per-sequence likelihood"
-        )
-    chars_per_token = len(val_text) / len(val_data)
+    chars_per_token = len(val_text) / num_tokens(val_data)
     if pretrained is not None:
         model_cfg = pretrained.config
     elif recipe.init is not None:  # resumed: the weights come from the training state
@@ -314,6 +363,8 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     )
     model = (pretrained or DecoderLM(model_cfg)).to(device)
     block_size = model_cfg.max_len
+    if isinstance(train_data, list) and isinstance(val_data, list):
+        _warn_cut(train_data + val_data, block_size)
     zero_shot = _zero_shot(model, val_data, chars_per_token, recipe, run_dir, resume)
     if recipe.train.lora is not None:
         add_lora(model, recipe.train.lora)
@@ -322,16 +373,15 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     steps_per_epoch = max(1, len(train_data) // (recipe.batch_size * block_size))
 
     def batches(epoch: int) -> list[torch.Tensor]:
-        # An "epoch" is as many random windows as the split has tokens; fixed per epoch so a
-        # resumed run sees the same batches.
+        # Fixed per epoch so a resumed run sees the same batches. Sequences: each once, shuffled;
+        # a stream: as many random windows as the split has tokens.
         g = torch.Generator().manual_seed(recipe.train.seed * 1000 + epoch)
+        if isinstance(train_data, list):
+            return list(torch.randperm(len(train_data), generator=g).split(recipe.batch_size))
         return [random_windows(train_data, block_size, recipe.batch_size, g) for _ in range(steps_per_epoch)]
 
-    def loss_fn(model, offsets):
-        x, y = windows_at(train_data, offsets, block_size)
-        logits = model(x.to(device)).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum")
-        return loss, y.numel()
+    def loss_fn(model, item):
+        return next_token_nll(model, *lm_batch(train_data, item, block_size))
 
     def validate(model) -> dict:
         nll, n = split_nll(model, val_data, block_size, recipe.eval_batches)
@@ -369,9 +419,20 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     return summary
 
 
+def _warn_cut(sequences: list[torch.Tensor], block_size: int) -> None:
+    """Warn that sequences longer than the context are trained and scored on their start only."""
+    long = sum(len(s) > block_size + 1 for s in sequences)
+    if long:
+        logger.warning(
+            f"{long} of {len(sequences)} sequences are longer than model.max_len ({block_size}) + 1 "
+            "tokens: only their start is trained and scored (a larger model.max_len, up to the "
+            "checkpoint's context, keeps them whole)"
+        )
+
+
 def _zero_shot(
     model: DecoderLM,
-    val_data: torch.Tensor,
+    val_data: LMData,
     chars_per_token: float,
     recipe: LMRecipe,
     run_dir: Path,
@@ -422,7 +483,8 @@ def evaluate_lm_run(
     weights: str = "model.safetensors",
 ) -> dict:
     """Loss, perplexity, bits per token and per character of a run on its corpus split
-    (``"val"`` or ``"train"``), every token predicted once (consecutive windows)."""
+    (``"val"`` or ``"train"``), every token predicted once (consecutive windows, or whole
+    sequences for a protein corpus: :func:`eval_batches`)."""
     run_dir = Path(run_dir)
     model, tok = runs.load_run(run_dir, weights, device, family="lm")
     meta = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
@@ -435,7 +497,7 @@ def evaluate_lm_run(
     data = encode_corpus(tok, text)
     with torch.no_grad():
         nll, n = split_nll(model, data, model.config.max_len)
-    metrics = _metrics(nll, n, len(text) / len(data), prefix="")
+    metrics = _metrics(nll, n, len(text) / num_tokens(data), prefix="")
     return {"split": split, f"{split}_loss": metrics.pop("loss"), **metrics, "tokens": n}
 
 
