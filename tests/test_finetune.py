@@ -190,6 +190,22 @@ def test_lm_init_with_lora_stores_adapters_merges_and_resumes(gpt2_folder, corpu
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["rank"] == 4 and adapter["target_modules"] == ["w_1", "w_2", "w_o", "w_qkv"]
     assert abs(evaluate_lm_run(out)["val_loss"] - first["validation"]["val_loss"]) <= 1e-5
+    # The merged weights are an ordinary run: they convert to an HF GPT-2 with the same logits
+    # and the explainer reads them.
+    transformers = pytest.importorskip("transformers")
+    from qkv.explain.explainers import DecodingOptions
+    from qkv.explain.loader import load_explainer
+    from qkv.runs import load_run
+
+    assert main(["convert", "--to", "hf", str(out), str(tmp_path / "hf")]) == 0
+    ours, _ = load_run(out, family="lm")
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours.eval()(tokens).logits, atol=1e-4, rtol=1e-4)
+    explanation = load_explainer(out).explain("The cat", DecodingOptions(max_new_tokens=2, temperature=0))
+    assert explanation.attention[0].weights.shape[:2] == (2, 2)  # (layers, heads)
+    capsys.readouterr()
     code, stdout, err = _run(capsys, *args, "--resume", "--max-steps", "10", *lora)
     assert code == 0, err
     second = json.loads(stdout)
