@@ -4,7 +4,7 @@ and time per step.
 
     python benchmarks/finetune_modes.py run sst2 [MODE ...] --out runs/ft [--epochs 1] [--threads 1]
     python benchmarks/finetune_modes.py run paratope [MODE ...] --out runs/ft [--epochs 10]
-    python benchmarks/finetune_modes.py report --out runs/ft
+    python benchmarks/finetune_modes.py report --out runs/ft [--plot docs/img/finetune/modes.png]
     python benchmarks/finetune_modes.py iglm --out runs/ft [--steps 300] [--lr 1e-4] [--lora-rank 8]
 
 MODE: ``probe`` (``--freeze``), ``lora4``, ``lora8``, ``lora16`` (``train.lora_rank=R``, on
@@ -142,6 +142,26 @@ def iglm(out: Path, steps: int, lora_rank: int, lr: float) -> dict:
     return summary
 
 
+def step_ms(run_dir: Path) -> float:
+    """Median milliseconds per optimizer step between consecutive training rows of
+    ``metrics.jsonl`` with no validation between them (validation and start-up left out)."""
+    import statistics
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    spans, last = [], None
+    for row in rows:
+        if "train_loss" not in row:
+            last = None  # a validation (or a skipped step) falls in this span
+            continue
+        if last is not None:
+            spans.append((row["elapsed_min"] - last["elapsed_min"]) * 60_000 / (row["step"] - last["step"]))
+        last = row
+    if not spans:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return summary["train_minutes"] * 60_000 / max(summary["steps"], 1)
+    return statistics.median(spans)
+
+
 def report(out: Path) -> str:
     """The table of every finished run under ``out``."""
     lines = [
@@ -156,7 +176,7 @@ def report(out: Path) -> str:
             summary = json.loads((run_dir / "summary.json").read_text())
             bench = json.loads((run_dir / "bench.json").read_text())
             metric = summary.get("score") or "accuracy"
-            ms = summary["train_minutes"] * 60_000 / max(summary["steps"], 1)
+            ms = step_ms(run_dir)
             lines.append(
                 f"| {task} ({metric}) | {mode} | {summary['validation'][metric]:.4f} | "
                 f"**{summary['test'][metric]:.4f}** | {summary['trainable_parameters']:,} | "
@@ -164,6 +184,37 @@ def report(out: Path) -> str:
                 f"{summary['train_minutes']:.1f} |"
             )
     return "\n".join(lines)
+
+
+def plot(out: Path, path: Path) -> None:
+    """Test figure against trained parameters (log scale), one panel per task, each mode a
+    labelled point with its peak memory: the picture of :func:`report`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(TASKS), figsize=(5 * len(TASKS), 3.6))
+    for ax, task in zip(axes, TASKS, strict=True):
+        metric = "accuracy"
+        for mode in MODES:
+            run_dir = out / task / mode
+            if not (run_dir / "bench.json").is_file():
+                continue
+            summary = json.loads((run_dir / "summary.json").read_text())
+            bench = json.loads((run_dir / "bench.json").read_text())
+            metric = summary.get("score") or "accuracy"
+            x, y = summary["trainable_parameters"], summary["test"][metric]
+            ax.scatter(x, y, color="tab:blue" if mode.startswith("lora") else "tab:grey", zorder=3)
+            ax.annotate(f"{mode}\n{bench['peak_rss_mb'] / 1024:.1f} GB", (x, y), fontsize=8,
+                        textcoords="offset points", xytext=(6, -12))  # fmt: skip
+        ax.set_xscale("log")
+        ax.set(xlabel="trained parameters", ylabel=f"test {metric}", title=f"{task}: {TASKS[task][-1]}")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Probe, LoRA (rank 4, 8, 16) or every weight; peak RSS beside each point", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -179,6 +230,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="iglm: optimizer steps")
     parser.add_argument("--lora-rank", type=int, default=0, help="iglm: LoRA rank (0: every weight)")
     parser.add_argument("--lr", type=float, default=1e-4, help="iglm: peak learning rate")
+    parser.add_argument("--plot", type=Path, default=None, help="report: also draw the figure here")
     args = parser.parse_args()
     if args.action == "iglm":
         iglm(args.out, args.steps, args.lora_rank, args.lr)
@@ -189,6 +241,8 @@ def main() -> None:
         for mode in args.modes or MODES:
             run(args.task, mode, args.out, args.epochs, args.threads)
     print(report(args.out))
+    if args.plot:
+        plot(args.out, args.plot)
 
 
 if __name__ == "__main__":
