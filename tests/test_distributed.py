@@ -113,6 +113,32 @@ def test_the_defaults_train_under_torchrun_with_the_global_batch_of_one_process(
             assert abs(x - y) < 1e-4 * abs(x), (key, x, y)
 
 
+def test_lora_from_a_checkpoint_trains_under_torchrun_as_in_one_process(runs, tmp_path):
+    """``--init`` of a run with LoRA adapters: two processes (the frozen base on both, DDP over
+    the adapters) give one process's losses, and the merged weights."""
+    pytest.importorskip("peft")
+    settings = [*SETTINGS, "train.accum_steps=1", "train.max_steps=20", "train.eval_every=10"]
+    settings = [s for s in settings if not s.startswith(("model.d_", "model.n_"))]  # the checkpoint's
+    settings += ["train.lora_rank=4", "train.lr=1e-2"]
+    one, two = tmp_path / "p1", tmp_path / "p2"
+    for run, nproc in ((one, 1), (two, 2)):
+        done = _qkv(
+            "train", "lm", "--init", str(runs[1]), "--out", str(run), "--quiet", *settings, nproc=nproc
+        )
+        assert done.returncode == 0, done.stderr[:3000]
+    for key in ("train_loss", "val_loss"):
+        a, b = _rows(one, key), _rows(two, key)
+        assert [s for s, _ in a] == [s for s, _ in b] and a
+        for (_, x), (_, y) in zip(a, b, strict=True):
+            assert abs(x - y) < 1e-4 * abs(x), (key, x, y)
+    assert (two / "adapter_model.safetensors").is_file()
+    merged = load_file(two / "model.safetensors")
+    assert (
+        not [k for k in merged if "lora_" in k]
+        and merged.keys() == load_file(runs[1] / "model.safetensors").keys()
+    )
+
+
 def test_a_micro_batch_is_shared_out_by_rows():
     from qkv.data.batching import make_batch
     from qkv.train.distributed import share
