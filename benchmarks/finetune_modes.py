@@ -194,7 +194,7 @@ def plot(out: Path, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(TASKS), figsize=(5 * len(TASKS), 3.6))
+    fig, axes = plt.subplots(1, len(TASKS), figsize=(5 * len(TASKS), 3.8))
     for ax, task in zip(axes, TASKS, strict=True):
         metric = "accuracy"
         for mode in MODES:
@@ -206,8 +206,9 @@ def plot(out: Path, path: Path) -> None:
             metric = summary.get("score") or "accuracy"
             x, y = summary["trainable_parameters"], summary["test"][metric]
             ax.scatter(x, y, color="tab:blue" if mode.startswith("lora") else "tab:grey", zorder=3)
+            offset = {"lora8": (-14, 10), "lora16": (8, -22)}.get(mode, (6, -12))  # LoRA points crowd
             ax.annotate(f"{mode}\n{bench['peak_rss_mb'] / 1024:.1f} GB", (x, y), fontsize=8,
-                        textcoords="offset points", xytext=(6, -12))  # fmt: skip
+                        textcoords="offset points", xytext=offset)  # fmt: skip
         ax.set_xscale("log")
         ax.set(xlabel="trained parameters", ylabel=f"test {metric}", title=f"{task}: {TASKS[task][-1]}")
         ax.grid(alpha=0.3)

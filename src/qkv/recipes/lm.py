@@ -276,12 +276,12 @@ def next_token_nll(model: DecoderLM, x: torch.Tensor, y: torch.Tensor) -> tuple[
     targets it counts (padding, :data:`~qkv.data.text.IGNORE_INDEX`, left out).
     Shapes: ``x``, ``y`` ``(B, T)`` long, on any device (moved to the model's)."""
     device = next(model.parameters()).device
-    y = y.to(device)
+    count = int((y != IGNORE_INDEX).sum())  # before the move: no device sync
     logits = model(x.to(device)).logits  # (B, T, vocab)
     nll = F.cross_entropy(
-        logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        logits.flatten(0, 1).float(), y.to(device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
-    return nll, int((y != IGNORE_INDEX).sum())
+    return nll, count
 
 
 def split_nll(
