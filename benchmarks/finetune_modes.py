@@ -162,6 +162,16 @@ def step_ms(run_dir: Path) -> float:
     return statistics.median(spans)
 
 
+def finished(out: Path, task: str):
+    """``(mode, run_dir, summary, bench, metric)`` of every finished run of ``task``."""
+    for mode in MODES:
+        run_dir = out / task / mode
+        if (run_dir / "bench.json").is_file():
+            summary = json.loads((run_dir / "summary.json").read_text())
+            bench = json.loads((run_dir / "bench.json").read_text())
+            yield mode, run_dir, summary, bench, summary.get("score") or "accuracy"
+
+
 def report(out: Path) -> str:
     """The table of every finished run under ``out``."""
     lines = [
@@ -169,13 +179,7 @@ def report(out: Path) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for task in TASKS:
-        for mode in MODES:
-            run_dir = out / task / mode
-            if not (run_dir / "bench.json").is_file():
-                continue
-            summary = json.loads((run_dir / "summary.json").read_text())
-            bench = json.loads((run_dir / "bench.json").read_text())
-            metric = summary.get("score") or "accuracy"
+        for mode, run_dir, summary, bench, metric in finished(out, task):
             ms = step_ms(run_dir)
             lines.append(
                 f"| {task} ({metric}) | {mode} | {summary['validation'][metric]:.4f} | "
@@ -197,13 +201,7 @@ def plot(out: Path, path: Path) -> None:
     fig, axes = plt.subplots(1, len(TASKS), figsize=(5 * len(TASKS), 3.8))
     for ax, task in zip(axes, TASKS, strict=True):
         metric = "accuracy"
-        for mode in MODES:
-            run_dir = out / task / mode
-            if not (run_dir / "bench.json").is_file():
-                continue
-            summary = json.loads((run_dir / "summary.json").read_text())
-            bench = json.loads((run_dir / "bench.json").read_text())
-            metric = summary.get("score") or "accuracy"
+        for mode, _, summary, bench, metric in finished(out, task):
             x, y = summary["trainable_parameters"], summary["test"][metric]
             ax.scatter(x, y, color="tab:blue" if mode.startswith("lora") else "tab:grey", zorder=3)
             offset = {"lora8": (-14, 10), "lora16": (8, -22)}.get(mode, (6, -12))  # LoRA points crowd
