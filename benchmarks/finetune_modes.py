@@ -44,6 +44,8 @@ MODES = {
     "full": [],
 }
 
+IGLM_MAX_LEN = 160  # the context of the IgLM runs: the longest chain, tags and end token included, is 141
+
 
 def run(task: str, mode: str, out: Path, epochs: int, threads: int | None) -> None:
     """Train one (task, mode) run into ``out/task/mode`` and record its peak memory and wall
@@ -75,7 +77,7 @@ def heavy_chains(split: str) -> list[str]:
         return [row["sequence"] for row in csv.DictReader(f, delimiter="\t") if row["chain"] == "H"]
 
 
-def test_perplexity(run_dir: Path, weights: str, corpus: Path) -> float:
+def chain_perplexity(run_dir: Path, weights: str, corpus: Path) -> float:
     """Perplexity of a run's ``weights`` (``model.safetensors``: after; ``init``: the starting
     checkpoint) on the chains of ``corpus``, one per row."""
     import math
@@ -90,7 +92,7 @@ def test_perplexity(run_dir: Path, weights: str, corpus: Path) -> float:
     model, tok = load("iglm") if weights == "init" else load_run(run_dir, weights, "cpu", family="lm")
     model.eval()
     with torch.no_grad():
-        nll, n = split_nll(model, encode_corpus(tok, load_corpus(str(corpus))), 160)
+        nll, n = split_nll(model, encode_corpus(tok, load_corpus(str(corpus))), IGLM_MAX_LEN)
     return math.exp(nll / n)
 
 
@@ -120,7 +122,7 @@ def iglm(out: Path, steps: int, lora_rank: int, lr: float) -> dict:
         ]
         cmd += [f"corpus={folder / 'heavy_train.txt'}", f"val_corpus={folder / 'heavy_val.txt'}"]
         cmd += [
-            "model.max_len=160",  # the longest chain, tags and end token included, is 141
+            f"model.max_len={IGLM_MAX_LEN}",
             f"train.max_steps={steps}",
             "train.eval_every=25",
             f"train.lr={lr:g}",
@@ -129,7 +131,7 @@ def iglm(out: Path, steps: int, lora_rank: int, lr: float) -> dict:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["test_ppl"] = {
-        w: test_perplexity(run_dir, w, folder / "heavy_test.txt") for w in ("init", "model.safetensors")
+        w: chain_perplexity(run_dir, w, folder / "heavy_test.txt") for w in ("init", "model.safetensors")
     }
     before, after = summary["init_validation"]["val_ppl"], summary["validation"]["val_ppl"]
     test_before, test_after = summary["test_ppl"].values()

@@ -358,8 +358,8 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         model_cfg = recipe.model_config(tok)
     write_settings(run_dir, "lm", recipe, model_cfg, run, resume)
     logger.info(
-        f"{recipe.corpus}: {len(train_data):,} training and {len(val_data):,} validation tokens, "
-        f"{tok.kind} vocabulary of {tok.vocab_size}"
+        f"{recipe.corpus}: {num_tokens(train_data):,} training and {num_tokens(val_data):,} "
+        f"validation tokens, {tok.kind} vocabulary of {tok.vocab_size}"
     )
     model = (pretrained or DecoderLM(model_cfg)).to(device)
     block_size = model_cfg.max_len
@@ -370,7 +370,6 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         add_lora(model, recipe.train.lora)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters ({trainable:,} trained) on {device}")
-    steps_per_epoch = max(1, len(train_data) // (recipe.batch_size * block_size))
 
     def batches(epoch: int) -> list[torch.Tensor]:
         # Fixed per epoch so a resumed run sees the same batches. Sequences: each once, shuffled;
@@ -378,7 +377,8 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         g = torch.Generator().manual_seed(recipe.train.seed * 1000 + epoch)
         if isinstance(train_data, list):
             return list(torch.randperm(len(train_data), generator=g).split(recipe.batch_size))
-        return [random_windows(train_data, block_size, recipe.batch_size, g) for _ in range(steps_per_epoch)]
+        steps = max(1, len(train_data) // (recipe.batch_size * block_size))
+        return [random_windows(train_data, block_size, recipe.batch_size, g) for _ in range(steps)]
 
     def loss_fn(model, item):
         return next_token_nll(model, *lm_batch(train_data, item, block_size))
