@@ -157,6 +157,36 @@ def _read_inputs(args) -> list[str]:
     return text.splitlines()
 
 
+def _cmd_prepare(args) -> int:
+    from .data import prepare
+
+    # options left out take the library's defaults (declared once, in qkv.data.prepare)
+    given = {
+        k: getattr(args, k)
+        for k in ("val_fraction", "shard_tokens", "vocab_size", "bpe_sample_chars", "seed", "val_corpus")
+        if getattr(args, k) is not None
+    }
+    if args.kind == "lm":
+        tokenizer = args.tokenizer or "char"
+        meta = prepare.prepare_lm(args.inputs, args.out, tokenizer=tokenizer, progress=not args.quiet, **given)
+    else:
+        lm_only = sorted({"vocab_size", "bpe_sample_chars", "seed", "val_corpus"} & given.keys())
+        if lm_only or args.tokenizer:
+            flags = [f"--{k.replace('_', '-')}" for k in lm_only] + (["--tokenizer"] if args.tokenizer else [])
+            raise QkvError(f"{', '.join(flags)}: for qkv prepare lm (proteins are read residue by residue)")
+        meta = prepare.prepare_protein_mlm(
+            args.inputs, args.out, dedup=not args.keep_duplicates, progress=not args.quiet, **given
+        )
+    tokens, seqs = meta["tokens"], meta["sequences"]
+    _log(
+        f"{tokens['train']:,} training and {tokens['val']:,} validation tokens "
+        f"({seqs['train']:,} and {seqs['val']:,} sequences) in {len(meta['splits']['train'])} + "
+        f"{len(meta['splits']['val'])} shard(s) of {meta['dtype']}; train with data={args.out}"
+    )
+    print(Path(args.out).resolve())
+    return 0
+
+
 def _cmd_translate(args) -> int:
     from .device import resolve_device
     from .generate.translator import Translator
@@ -635,6 +665,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "prepare",
+        help="tokenize a corpus once into token shards on disk (train with data=DIR)",
+        description="Tokenize text (lm) or FASTA (protein-mlm) files into memory-mapped token "
+        "shards, streaming them in bounded memory; run the same command again to resume an "
+        "interrupted preparation.",
+    )
+    p.add_argument("kind", choices=("lm", "protein-mlm"))
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        help="lm: UTF-8 text files (or tinyshakespeare), read as one text; protein-mlm: FASTA files "
+        "(plain or .gz; default: the UniProt + RefSeq corpus)",
+    )
+    p.add_argument("--out", required=True, help="directory to write (new, or an unfinished one to resume)")
+    p.add_argument("--tokenizer", choices=("char", "bpe"), help="lm: characters (default) or byte-level BPE")
+    p.add_argument("--vocab-size", type=int, help="lm with --tokenizer bpe: pieces (default 8000)")
+    p.add_argument(
+        "--bpe-sample-chars",
+        type=int,
+        help="lm with bpe: learn the merges from a random sample of about this many characters of "
+        "the training text's paragraphs (default 32,000,000; all of them if the text is smaller)",
+    )
+    p.add_argument("--seed", type=int, help="of the BPE sample (default 0)")
+    p.add_argument(
+        "--val-fraction", type=float, help="held out: lm 0.1 (the last characters), protein-mlm 0.02 (by id)"
+    )
+    p.add_argument("--val-corpus", help="lm: a separate validation text instead of the last characters")
+    p.add_argument("--keep-duplicates", action="store_true", help="protein-mlm: keep repeated sequences")
+    p.add_argument("--shard-tokens", type=int, help="tokens per shard (default 67,108,864)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("translate", help="translate text with a trained run")
     p.add_argument("run_dir")

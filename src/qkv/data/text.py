@@ -8,7 +8,9 @@ training, last 10 % for validation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import overload
 
 import torch
 
@@ -21,19 +23,24 @@ TINY_SHAKESPEARE_URL = (
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 
+def load_corpus_path(name: str) -> Path:
+    """The file of a corpus: ``"tinyshakespeare"`` (data dir, cache or verified download) or the
+    path of a text file. Raises :class:`QkvError` if it is neither."""
+    if name == "tinyshakespeare":
+        return find_data_file("tinyshakespeare", "input.txt", TINY_SHAKESPEARE_URL, TINY_SHAKESPEARE_SHA256)
+    path = Path(name)
+    if not path.is_file():
+        raise QkvError(f"corpus {name!r} is neither 'tinyshakespeare' nor an existing text file")
+    return path
+
+
 def load_corpus(name: str) -> str:
-    """Text of a corpus: ``"tinyshakespeare"`` (data dir, cache or verified download) or the
-    path of a UTF-8 text file.
+    """Text of a corpus (:func:`load_corpus_path`), read whole.
 
     Raises:
         QkvError: the file is missing, unreadable, not UTF-8, or empty.
     """
-    if name == "tinyshakespeare":
-        path = find_data_file("tinyshakespeare", "input.txt", TINY_SHAKESPEARE_URL, TINY_SHAKESPEARE_SHA256)
-    else:
-        path = Path(name)
-        if not path.is_file():
-            raise QkvError(f"corpus {name!r} is neither 'tinyshakespeare' nor an existing text file")
+    path = load_corpus_path(name)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -67,26 +74,71 @@ def random_windows(
     return torch.randint(len(data) - block_size, (batch_size,), generator=generator)
 
 
-def windows_at(
-    data: torch.Tensor, offsets: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+class WindowBatches(Sequence[torch.Tensor]):
+    """One epoch of random-window batches, made on demand: batch ``i`` holds the start offsets
+    of ``batch_size`` windows drawn uniformly (as :func:`random_windows` draws them) by a
+    generator seeded with ``(seed, i)``. Nothing is stored, so an epoch over a corpus of any size costs nothing
+    to set up, and batch ``i`` is the same whenever it is asked for (exact resume, every
+    torchrun process). Shape of a batch: ``(batch_size,)`` long.
+
+    Args:
+        n_tokens: tokens of the split the windows are drawn from.
+        steps: batches in the epoch.
+        seed: below 2**31 (an epoch's seed: the run's seed and the epoch number).
+    """
+
+    def __init__(self, n_tokens: int, block_size: int, batch_size: int, steps: int, seed: int) -> None:
+        if n_tokens <= block_size:
+            raise QkvError(f"corpus of {n_tokens} tokens is too short for block_size {block_size}")
+        self.n_tokens, self.block_size, self.batch_size = n_tokens, block_size, batch_size
+        self.steps, self.seed = steps, seed
+
+    def __len__(self) -> int:
+        return self.steps
+
+    @overload
+    def __getitem__(self, i: int) -> torch.Tensor: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[torch.Tensor]: ...
+    def __getitem__(self, i: int | slice) -> torch.Tensor | list[torch.Tensor]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.steps))]
+        if not -self.steps <= i < self.steps:
+            raise IndexError(i)
+        g = torch.Generator().manual_seed(self.seed * 2**32 + i % self.steps)
+        return torch.randint(self.n_tokens - self.block_size, (self.batch_size,), generator=g)
+
+
+def windows_at(data, offsets: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets of the windows starting at ``offsets``.
 
-    Shape: ``data (N,)``, ``offsets (B,)`` → ``(x (B, block_size), y (B, block_size))`` with
+    Shape: ``data (N,)`` (a long tensor, or a :class:`~qkv.data.shards.Split` read from
+    disk), ``offsets (B,)`` → ``(x (B, block_size), y (B, block_size))`` with
     ``y[:, t] = x[:, t + 1]`` (the target of each position is the following token).
     """
-    idx = offsets[:, None] + torch.arange(block_size + 1)  # (B, block_size + 1)
-    chunk = data[idx]
+    if isinstance(data, torch.Tensor):
+        chunk = data[offsets[:, None] + torch.arange(block_size + 1)]  # (B, block_size + 1)
+    else:
+        chunk = data.windows(offsets, block_size + 1)
     return chunk[:, :-1], chunk[:, 1:]
 
 
-def consecutive_windows(data: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Offsets of non-overlapping windows covering ``data`` (every token predicted once, each
-    with between 0 and ``block_size - 1`` tokens of context): a full pass over a split for
-    evaluation. Shape: ``(n_windows,)`` long."""
-    if len(data) <= block_size:
-        raise QkvError(f"split of {len(data)} tokens is too short for block_size {block_size}")
-    return torch.arange(0, len(data) - block_size, block_size)
+def consecutive_windows(n_tokens: int, block_size: int, start: int = 0, count: int | None = None) -> torch.Tensor:
+    """Offsets of non-overlapping windows covering a split of ``n_tokens`` (every token
+    predicted once, each with between 0 and ``block_size - 1`` tokens of context): a full pass
+    for evaluation; ``start``/``count`` pick windows ``start .. start + count - 1`` of them.
+    Shape: ``(n_windows,)`` long."""
+    if n_tokens <= block_size:
+        raise QkvError(f"split of {n_tokens} tokens is too short for block_size {block_size}")
+    end = n_tokens - block_size
+    first = start * block_size
+    last = end if count is None else min(end, first + count * block_size)
+    return torch.arange(first, last, block_size)
+
+
+def num_windows(n_tokens: int, block_size: int) -> int:
+    """How many windows :func:`consecutive_windows` covers a split of ``n_tokens`` with."""
+    return len(range(0, n_tokens - block_size, block_size))
 
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: targets at padding count for nothing

@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, TypeAlias
@@ -23,11 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import runs
+from ..data.shards import PreparedData, Split
 from ..data.text import (
     IGNORE_INDEX,
+    WindowBatches,
     consecutive_windows,
     load_corpus,
-    random_windows,
+    num_windows,
     sequence_batch,
     split_train_val,
     windows_at,
@@ -47,6 +49,11 @@ from .base import Recipe
 from .common import fit, keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
 
 logger = logging.getLogger(__name__)
+
+
+# what a prepared data directory fixes (qkv prepare lm), and the validation batches read from one
+DATA_KEYS = ("corpus", "val_corpus", "tokenizer", "vocab_size", "val_fraction")
+SHARD_EVAL_BATCHES = 100
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +78,11 @@ class LMRecipe:
     ``attention_dropout``, ``activation_dropout`` apply; any other ``model`` key set to a value
     that differs from the checkpoint's is refused. ``train.lora_rank`` > 0 trains LoRA adapters
     instead of every weight.
+
+    ``data``: a directory written by ``qkv prepare lm`` (token shards read from disk: a corpus
+    of any size); it carries the corpus, tokenizer and split, so ``corpus``, ``val_corpus``,
+    ``tokenizer``, ``vocab_size`` and ``val_fraction`` are left out. Validation then reads at
+    most ``eval_batches`` (default :data:`SHARD_EVAL_BATCHES`) batches of the held-out split.
     """
 
     model: LMConfig = LMConfig()
@@ -98,6 +110,7 @@ class LMRecipe:
     top_k: int | None = 200
     init: str | None = None
     val_corpus: str | None = None
+    data: str | None = None
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
@@ -112,6 +125,27 @@ class LMRecipe:
             raise ConfigError(
                 "train.lora_rank adapts a pretrained model: set init (--init RUN|HF_FOLDER|NAME)"
             )
+        if self.data is not None:
+            default = LMRecipe()
+            clash = [k for k in DATA_KEYS if getattr(self, k) != getattr(default, k)]
+            if clash:
+                raise ConfigError(
+                    f"data={self.data} carries its corpus, tokenizer and split; leave out "
+                    + ", ".join(f"{k}={getattr(self, k)!r}" for k in clash)
+                )
+            if self.init is not None:
+                raise ConfigError(
+                    "data= holds ids of its own tokenizer; continuing a pretrained model (init) reads "
+                    "a text corpus (corpus=FILE)"
+                )
+
+    @property
+    def eval_limit(self) -> int | None:
+        """Validation batches: ``eval_batches``, else the whole split (a prepared one: at most
+        :data:`SHARD_EVAL_BATCHES`, so validation costs the same at any corpus size)."""
+        if self.eval_batches is None and self.data is not None:
+            return SHARD_EVAL_BATCHES
+        return self.eval_batches
 
     def model_config(self, tok) -> LMConfig:
         """``model`` with the tokenizer's vocabulary and start token."""
@@ -148,8 +182,8 @@ def reads_lines(tok) -> bool:
     return bool(getattr(tok, "is_residue_vocabulary", False))
 
 
-# a corpus as token ids: one stream ``(n,)``, or one tensor ``(L_i,)`` per sequence
-LMData: TypeAlias = torch.Tensor | list[torch.Tensor]
+# a corpus as token ids: one stream ``(n,)`` in memory or on disk, or one tensor ``(L_i,)`` per sequence
+LMData: TypeAlias = torch.Tensor | Split | list[torch.Tensor]
 
 
 def encode_corpus(tok, text: str) -> LMData:
@@ -201,13 +235,15 @@ def lm_batch(data: LMData, item: torch.Tensor, block_size: int) -> tuple[torch.T
 
 def eval_batches(data: LMData, block_size: int, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(x, y)`` batches that predict every token of a split once: consecutive windows of a
-    stream, or whole sequences (shortest first, little padding), ``batch`` at a time."""
+    stream (made batch by batch: a split on disk is never held whole), or whole sequences
+    (shortest first, little padding), ``batch`` at a time."""
     if isinstance(data, list):
         order = torch.tensor(sorted(range(len(data)), key=lambda i: len(data[i])), dtype=torch.long)
-    else:
-        order = consecutive_windows(data, block_size)
-    for start in range(0, len(order), batch):
-        yield lm_batch(data, order[start : start + batch], block_size)
+        for start in range(0, len(order), batch):
+            yield lm_batch(data, order[start : start + batch], block_size)
+        return
+    for start in range(0, num_windows(len(data), block_size), batch):
+        yield lm_batch(data, consecutive_windows(len(data), block_size, start, batch), block_size)
 
 
 # the model keys a run started from a checkpoint may set (the rest is the checkpoint's)
@@ -311,18 +347,24 @@ def _metrics(nll: float, n_tokens: int, chars_per_token: float, prefix: str = "v
     }
 
 
-def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train, keep the best-on-validation weights, write samples. Returns a summary dict.
-
-    Raises:
-        QkvError: bad corpus, an existing run directory without ``resume``, etc.
-    """
-    t_start = time.perf_counter()
-    run_dir = prepare_run_dir(run_dir, resume, "lm")
-    run = start_run(recipe.train)
-    device = run.device
+def _load_data(recipe: LMRecipe, run_dir: Path, resume: bool):
+    """``(pretrained model or None, tokenizer, training data, validation data, characters per
+    validation token)``, checked before anything is written; the tokenizer is saved in a new
+    run (and a prepared directory's record as ``data.json``)."""
     tok_path = run_dir / "tokenizer.json"
     pretrained, tok = None, None
+    if recipe.data is not None:
+        prepared = PreparedData.open(recipe.data, "lm")
+        tok = load_tokenizer(prepared.tokenizer_path)
+        if resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
+            raise QkvError(f"data={recipe.data} was tokenized otherwise than this run: resume it on its own data")
+        for name, split in (("training", prepared.train), ("validation", prepared.val)):
+            _check_stream(name, len(split), recipe.model.max_len)
+        meta = prepared.meta
+        if not resume:
+            tok.save(tok_path)
+            write_json(run_dir / "data.json", {"path": str(prepared.path.resolve()), **_data_record(meta)})
+        return None, tok, prepared.train, prepared.val, meta["chars"]["val"] / meta["tokens"]["val"]
     if resume:
         tok = load_tokenizer(tok_path)
     elif recipe.init is not None:
@@ -342,14 +384,38 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         if isinstance(data, list):
             if not data:
                 raise QkvError(f"the {name} split has no sequences (one per line)")
-        elif len(data) <= recipe.model.max_len:
-            raise QkvError(
-                f"the {name} split has {len(data)} tokens, too few for windows of model.max_len "
-                f"{recipe.model.max_len} (a longer corpus, or a smaller model.max_len)"
-            )
+        else:
+            _check_stream(name, len(data), recipe.model.max_len)
     if not resume:
         tok.save(tok_path)
-    chars_per_token = len(val_text) / num_tokens(val_data)
+    return pretrained, tok, train_data, val_data, len(val_text) / num_tokens(val_data)
+
+
+def _check_stream(name: str, n_tokens: int, max_len: int) -> None:
+    if n_tokens <= max_len:
+        raise QkvError(
+            f"the {name} split has {n_tokens} tokens, too few for windows of model.max_len "
+            f"{max_len} (a longer corpus, or a smaller model.max_len)"
+        )
+
+
+def _data_record(meta: dict) -> dict:
+    """What a run keeps of a prepared directory's ``meta.json``: sources, settings, counts and
+    the BPE sample (its fraction and seed), not the per-token counts."""
+    return {k: v for k, v in meta.items() if k not in ("token_counts", "splits")}
+
+
+def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
+    """Train, keep the best-on-validation weights, write samples. Returns a summary dict.
+
+    Raises:
+        QkvError: bad corpus, an existing run directory without ``resume``, etc.
+    """
+    t_start = time.perf_counter()
+    run_dir = prepare_run_dir(run_dir, resume, "lm")
+    run = start_run(recipe.train)
+    device = run.device
+    pretrained, tok, train_data, val_data, chars_per_token = _load_data(recipe, run_dir, resume)
     if pretrained is not None:
         model_cfg = pretrained.config
     elif recipe.init is not None:  # resumed: the weights come from the training state
@@ -371,20 +437,21 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters ({trainable:,} trained) on {device}")
 
-    def batches(epoch: int) -> list[torch.Tensor]:
+    def batches(epoch: int) -> Sequence[torch.Tensor]:
         # Fixed per epoch so a resumed run sees the same batches. Sequences: each once, shuffled;
         # a stream: as many random windows as the split has tokens.
-        g = torch.Generator().manual_seed(recipe.train.seed * 1000 + epoch)
+        seed = recipe.train.seed * 1000 + epoch
         if isinstance(train_data, list):
+            g = torch.Generator().manual_seed(seed)
             return list(torch.randperm(len(train_data), generator=g).split(recipe.batch_size))
         steps = max(1, len(train_data) // (recipe.batch_size * block_size))
-        return [random_windows(train_data, block_size, recipe.batch_size, g) for _ in range(steps)]
+        return WindowBatches(len(train_data), block_size, recipe.batch_size, steps, seed)
 
     def loss_fn(model, item):
         return next_token_nll(model, *lm_batch(train_data, item, block_size))
 
     def validate(model) -> dict:
-        nll, n = split_nll(model, val_data, block_size, recipe.eval_batches)
+        nll, n = split_nll(model, val_data, block_size, recipe.eval_limit)
         return _metrics(nll, n, chars_per_token)
 
     state = fit(
@@ -402,7 +469,7 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         return {}
     trained = keep_best(model, run_dir, recipe.train.lora)
     with torch.no_grad():
-        nll, n = split_nll(model, val_data, block_size)
+        nll, n = split_nll(model, val_data, block_size, None if recipe.data is None else recipe.eval_limit)
     summary = {
         "validation": {**_metrics(nll, n, chars_per_token), "tokens": n},
         "train_minutes": round(state.elapsed_s / 60, 2),
@@ -448,7 +515,7 @@ def _zero_shot(
         return json.loads(path.read_text(encoding="utf-8"))["validation"]
     model.eval()
     with torch.no_grad():
-        nll, n = split_nll(model, val_data, model.config.max_len, recipe.eval_batches)
+        nll, n = split_nll(model, val_data, model.config.max_len, recipe.eval_limit)
     scores = _metrics(nll, n, chars_per_token)
     write_json(path, {"init": recipe.init, "validation": scores})
     logger.info(
@@ -490,14 +557,21 @@ def evaluate_lm_run(
     meta = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     if split not in ("val", "train"):
         raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
-    train_text, val_text = corpus_splits(
-        meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], reads_lines(tok)
-    )
-    text = val_text if split == "val" else train_text
-    data = encode_corpus(tok, text)
+    data: LMData
+    if meta.get("data"):  # token shards (qkv prepare lm): the whole split, read from disk
+        prepared = PreparedData.open(meta["data"], "lm")
+        data = prepared.val if split == "val" else prepared.train
+        chars_per_token = prepared.meta["chars"][split] / len(data)
+    else:
+        train_text, val_text = corpus_splits(
+            meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], reads_lines(tok)
+        )
+        text = val_text if split == "val" else train_text
+        data = encode_corpus(tok, text)
+        chars_per_token = len(text) / num_tokens(data)
     with torch.no_grad():
         nll, n = split_nll(model, data, model.config.max_len)
-    metrics = _metrics(nll, n, len(text) / num_tokens(data), prefix="")
+    metrics = _metrics(nll, n, chars_per_token, prefix="")
     return {"split": split, f"{split}_loss": metrics.pop("loss"), **metrics, "tokens": n}
 
 

@@ -18,7 +18,7 @@ import math
 import random
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -69,7 +69,7 @@ def train_loop(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     lr: Callable[[int, float], float],
-    batches: Callable[[int], list],
+    batches: Callable[[int], Sequence],
     loss_fn: Callable[[torch.nn.Module, object], tuple[torch.Tensor, int]],
     validate: Callable[[torch.nn.Module], dict] | None,
     run_dir: Path,
@@ -84,7 +84,8 @@ def train_loop(
 
     Args:
         lr: (optimizer step from 1, fraction of the budget used 0..1) → learning rate.
-        batches: epoch number → list of batches, the same on every call and every process
+        batches: epoch number → the epoch's batches (a list, or any sequence with ``len`` and
+            slicing that makes them on demand), the same on every call and every process
             (the loop remembers its position for resume and shares each step's batches out
             among torchrun's processes, see :mod:`qkv.train.distributed`).
         loss_fn: ``(model, batch) → (summed loss, number of target tokens)``.

@@ -1,0 +1,461 @@
+"""``qkv prepare``: tokenize a corpus once into token shards (:mod:`qkv.data.shards`), streaming
+it in bounded memory, resumable if interrupted.
+
+Text (``prepare_lm``): the corpora are read in chunks of about ``CHUNK_BYTES``, cut after a line
+break; a first pass counts characters and collects the character vocabulary (and, for BPE, a
+sample of paragraphs to train it on), a second encodes. The validation split is the last
+``val_fraction`` of the characters (nanoGPT's split, as the in-memory path does) or a separate
+``val_corpus``. Proteins (``prepare_protein_mlm``): FASTA records (Biopython), held out by a
+hash of the record id, identical sequences kept once (as the in-memory corpus does), training
+shards sorted by length.
+
+Memory is bounded by one shard in progress (``shard_tokens``) and one chunk, whatever the size
+of the corpus; the set of sequence digests used to drop duplicates is the exception (about
+70 bytes per protein; ``dedup=False`` turns it off). After each shard, ``progress.json`` records
+the position in the input: running the same command again resumes there.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import logging
+import random
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import QkvError
+from ..train.checkpoint import write_json
+from .protein import held_out, pretraining_files
+from .shards import FORMAT, SPLITS, VERSION, SplitWriter, token_dtype
+from .text import load_corpus_path
+from .tokenizers import AMINO_ACIDS, PROTEIN_SPECIALS, RARE_CODES, AminoAcidTokenizer, CharTokenizer, SubwordTokenizer
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 8 << 20
+SHARD_TOKENS = 1 << 26  # 64 M tokens: 64-256 MB of ids per shard in memory while writing
+BPE_SAMPLE_CHARS = 32_000_000  # BPE merges learnt from about 32 MB of text (recorded in meta.json)
+# where a chunk of text may end: after a line break that precedes a non-space character (byte-
+# level BPE then tokenizes both sides as it would the whole text)
+_SAFE_CUT = re.compile(r"(?<=\n)(?=\S)")
+
+
+class _Preparation:
+    """The output directory of one preparation: refusals before anything is written, the
+    progress record that resuming starts from, the final ``meta.json``."""
+
+    def __init__(self, out: Path, settings: dict, sources: list[Path]) -> None:
+        self.out, self.progress_path = out, out / "progress.json"
+        missing = [str(p) for p in sources if not p.is_file()]
+        if missing:
+            raise QkvError(f"input file(s) not found: {', '.join(missing)}")
+        self.sources = [{"path": str(p.resolve()), "bytes": p.stat().st_size} for p in sources]
+        self.settings = settings
+        self.state: dict = {}
+        if (out / "meta.json").is_file():
+            raise QkvError(f"{out} is already prepared (meta.json); choose another --out or remove it")
+        if self.progress_path.is_file():
+            import json
+
+            saved = json.loads(self.progress_path.read_text(encoding="utf-8"))
+            if saved.get("settings") != settings or saved.get("sources") != self.sources:
+                raise QkvError(
+                    f"{out} holds an unfinished preparation of other inputs or settings; remove it "
+                    "or prepare into another --out"
+                )
+            self.state = saved["state"]
+            logger.info(f"resuming the preparation in {out}")
+        elif out.exists() and any(out.iterdir()):
+            raise QkvError(f"--out {out} exists and is not empty; choose a new directory")
+        for split in SPLITS:  # shards written after the last progress record are redone
+            done = len(self.state.get("splits", {}).get(split, []))
+            for path in (out / split).glob("*-*.bin") if (out / split).is_dir() else []:
+                if int(path.stem.split("-")[1]) >= done:
+                    path.unlink()
+
+    def save(self, **state) -> None:
+        self.state.update(state)
+        write_json(self.progress_path, {"settings": self.settings, "sources": self.sources, "state": self.state})
+
+    def finish(self, kind: str, tokenizer, writers: dict[str, SplitWriter], **extra) -> dict:
+        for w in writers.values():
+            w.flush()
+        tokenizer.save(self.out / "tokenizer.json")
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": kind,
+            "dtype": str(writers["train"].dtype),
+            "vocab_size": tokenizer.vocab_size,
+            "sources": self.sources,
+            "settings": self.settings,
+            "splits": {name: w.shards for name, w in writers.items()},
+            "tokens": {name: sum(s[0] for s in w.shards) for name, w in writers.items()},
+            "sequences": {name: sum(s[1] for s in w.shards) for name, w in writers.items()},
+            **extra,
+        }
+        for name in SPLITS:
+            if meta["tokens"][name] == 0:
+                raise QkvError(f"the {name} split is empty: a larger corpus or another val_fraction")
+        write_json(self.out / "meta.json", meta)
+        self.progress_path.unlink()
+        return meta
+
+    def writers(self, dtype: np.dtype, sort_train: bool = False) -> dict[str, SplitWriter]:
+        done = self.state.get("splits", {})
+        return {
+            name: SplitWriter(self.out / name, dtype, sort_train and name == "train", done.get(name))
+            for name in SPLITS
+        }
+
+
+def _bar(total: int, desc: str, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not progress, leave=False)
+
+
+def text_chunks(path: Path, start: int = 0, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, str]]:
+    """``(byte offset after the chunk, text)`` of a UTF-8 file from byte ``start``, in chunks of
+    about ``chunk_bytes`` that end after a line break followed by a non-space character (or at
+    the end of the file; a text without such a place for ``4 * chunk_bytes`` is cut at a
+    character boundary).
+
+    Raises:
+        QkvError: bytes that are not UTF-8 (naming the offset).
+    """
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        pos = start
+        while True:
+            data = handle.read(chunk_bytes)
+            if not data:
+                return
+            while True:
+                after = handle.peek(1)[:1]
+                if not after or (data.endswith(b"\n") and not after.isspace()):
+                    break
+                if len(data) >= 4 * chunk_bytes:  # no safe place: cut at a character boundary
+                    keep = len(data)
+                    while keep and data[keep - 1] & 0xC0 == 0x80:  # continuation bytes
+                        keep -= 1
+                    if keep and data[keep - 1] >= 0xC0:  # the lead byte of a cut character
+                        keep -= 1
+                    data = data[:keep]
+                    handle.seek(pos + keep)
+                    break
+                data += handle.readline(chunk_bytes)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise QkvError(f"{path} is not UTF-8 text (byte {pos + exc.start})") from None
+            pos += len(data)
+            yield pos, text
+
+
+def _char_codes(text: str) -> np.ndarray:
+    """Code points of ``text``. Shape: ``(len(text),)`` uint8 (ASCII) or uint32."""
+    if text.isascii():
+        return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
+def _scan_text(files: list[Path], progress: bool) -> tuple[list[int], list[str]]:
+    """Characters per file and the sorted character set of all of them (a first pass)."""
+    counts, ascii_seen, chars = [], np.zeros(128, dtype=bool), set()
+    with _bar(sum(p.stat().st_size for p in files), "scan", progress) as bar:
+        for path in files:
+            n, last = 0, 0
+            for end, text in text_chunks(path):
+                n += len(text)
+                if text.isascii():
+                    ascii_seen |= np.bincount(_char_codes(text), minlength=128).astype(bool)
+                else:
+                    chars.update(text)
+                bar.update(end - last)
+                last = end
+            counts.append(n)
+    chars.update(chr(c) for c in np.flatnonzero(ascii_seen))
+    return counts, sorted(chars)
+
+
+def _paragraph_sample(
+    files: list[Path], train_chars: int, sample_chars: int, seed: int, progress: bool
+) -> tuple[list[str], dict]:
+    """Paragraphs (``"\\n\\n"``-separated, as the in-memory path trains BPE on) of the training
+    text, each kept with probability ``sample_chars / train_chars`` (all when the text is
+    smaller), drawn with ``random.Random(seed)``."""
+    fraction = min(1.0, sample_chars / max(train_chars, 1))
+    rng = random.Random(seed)
+    kept: list[str] = []
+    seen, carry = 0, ""
+
+    def take(parts: list[str]) -> None:
+        kept.extend(p for p in parts if fraction >= 1.0 or rng.random() < fraction)
+
+    with _bar(sum(p.stat().st_size for p in files), "sample", progress) as bar:
+        for path in files:
+            last = 0
+            for end, text in text_chunks(path):
+                bar.update(end - last)
+                last = end
+                text = text[: max(0, train_chars - seen)]
+                seen += len(text)
+                parts = (carry + text).split("\n\n")
+                carry = parts.pop()
+                take(parts)
+    take([carry])
+    record = {"fraction": fraction, "seed": seed, "paragraphs": len(kept), "chars": sum(map(len, kept))}
+    return kept, record
+
+
+def prepare_lm(
+    corpora: list[str],
+    out: str | Path,
+    *,
+    tokenizer: str = "char",
+    vocab_size: int = 8000,
+    val_fraction: float = 0.1,
+    val_corpus: str | None = None,
+    bpe_sample_chars: int = BPE_SAMPLE_CHARS,
+    seed: int = 0,
+    shard_tokens: int = SHARD_TOKENS,
+    progress: bool = False,
+) -> dict:
+    """Tokenize text corpora (UTF-8 files or ``tinyshakespeare``, read one after another as one
+    text) into ``out`` for ``qkv train lm data=OUT``. Returns ``meta.json``'s content.
+
+    The tokenizer is trained as ``qkv train lm`` trains it on a text file: ``"char"``, the
+    sorted characters of the whole corpus; ``"bpe"``, byte-level BPE of ``vocab_size`` pieces
+    learnt from the training text's paragraphs, or from a sample of about ``bpe_sample_chars``
+    characters of them (drawn with ``seed``; its fraction, seed and size go to ``meta.json``).
+    On a corpus that fits the in-memory path, the ids are the same as that path's.
+
+    Raises:
+        QkvError: a missing or non-UTF-8 file, an ``out`` that is not empty (unless it holds this
+            very preparation unfinished), a split left empty, bad settings.
+    """
+    if tokenizer not in ("char", "bpe"):
+        raise QkvError(f"tokenizer must be char or bpe, not {tokenizer!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+    if not corpora:
+        raise QkvError("qkv prepare lm needs at least one corpus file")
+    if shard_tokens < 1 or bpe_sample_chars < 1 or vocab_size < 1:
+        raise QkvError("shard_tokens, bpe_sample_chars and vocab_size must be >= 1")
+    files = [load_corpus_path(c) for c in corpora]
+    val_files = [load_corpus_path(val_corpus)] if val_corpus else []
+    settings = {
+        "corpora": list(corpora),
+        "val_corpus": val_corpus,
+        "tokenizer": tokenizer,
+        "vocab_size": vocab_size if tokenizer == "bpe" else None,
+        "val_fraction": None if val_corpus else val_fraction,
+        "bpe_sample_chars": bpe_sample_chars if tokenizer == "bpe" else None,
+        "seed": seed,
+        "shard_tokens": shard_tokens,
+    }
+    prep = _Preparation(Path(out), settings, files + val_files)
+    if "scan" not in prep.state:
+        counts, chars = _scan_text(files + val_files, progress)
+        prep.save(scan={"chars_per_file": counts, "vocabulary": chars})
+    counts, chars = prep.state["scan"]["chars_per_file"], prep.state["scan"]["vocabulary"]
+    total = sum(counts[: len(files)])
+    if total == 0:
+        raise QkvError(f"corpus {', '.join(corpora)} is empty")
+    split_at = total if val_corpus else int(total * (1 - val_fraction))  # split_train_val's cut
+    if split_at == 0 or (not val_corpus and split_at == total):
+        raise QkvError(f"a corpus of {total} characters leaves a split empty at val_fraction {val_fraction}")
+    sample = None
+    if tokenizer == "char":
+        tok = CharTokenizer(chars)
+        codes = np.array([ord(c) for c in chars], dtype=np.uint32)
+        encode: Callable[[str], np.ndarray] = lambda text: np.searchsorted(codes, _char_codes(text))  # noqa: E731
+    else:
+        paragraphs, sample = _paragraph_sample(files, split_at, bpe_sample_chars, seed, progress)
+        tok = SubwordTokenizer.train(paragraphs, vocab_size, byte_level=True)
+        del paragraphs
+
+        def encode(text: str) -> np.ndarray:
+            pieces = [p for p in _SAFE_CUT.split(text) if p]
+            return np.fromiter((i for row in tok.encode_batch(pieces) for i in row), dtype=np.int64)
+
+    writers = prep.writers(token_dtype(tok.vocab_size))
+    token_counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
+    position = prep.state.get("position", {"file": 0, "offset": 0, "chars": 0})
+    all_files = files + val_files
+    val_chars = 0 if val_corpus else total - split_at
+
+    def put(split: int, text: str, new_sequence: bool) -> None:
+        ids = encode(text)
+        token_counts[split] += np.bincount(ids, minlength=tok.vocab_size)
+        writers[SPLITS[split]].add(ids, new_sequence)
+
+    def checkpoint(file: int, offset: int, chars: int) -> None:
+        for w in writers.values():
+            w.flush()
+        prep.save(
+            splits={n: w.shards for n, w in writers.items()},
+            position={"file": file, "offset": offset, "chars": chars},
+            token_counts=token_counts.tolist(),
+        )
+
+    done_bytes = sum(p.stat().st_size for p in all_files[: position["file"]]) + position["offset"]
+    with _bar(sum(p.stat().st_size for p in all_files), "tokenize", progress) as bar:
+        bar.update(done_bytes)
+        chars_seen = position["chars"]
+        for f in range(position["file"], len(all_files)):
+            start = position["offset"] if f == position["file"] else 0
+            in_val_file, first = f >= len(files), start == 0
+            last = start
+            for end, text in text_chunks(all_files[f], start):
+                bar.update(end - last)
+                last = end
+                if in_val_file:
+                    val_chars += len(text)
+                    put(1, text, first)
+                else:
+                    cut = min(max(split_at - chars_seen, 0), len(text))
+                    if cut:
+                        put(0, text[:cut], first)
+                    if cut < len(text):
+                        put(1, text[cut:], first or cut > 0)
+                    chars_seen += len(text)
+                first = False
+                if max(w.buffered for w in writers.values()) >= shard_tokens:
+                    checkpoint(f, end, chars_seen)
+    return prep.finish(
+        "lm",
+        tok,
+        writers,
+        chars={"train": split_at, "val": val_chars},
+        token_counts={name: token_counts[i].tolist() for i, name in enumerate(SPLITS)},
+        **({"bpe_sample": sample} if sample else {}),
+    )
+
+
+def _residue_table() -> np.ndarray:
+    """Byte → amino-acid id (lower case accepted), 255 for anything else."""
+    tok = AminoAcidTokenizer()
+    table = np.full(256, 255, dtype=np.uint8)
+    for code in AMINO_ACIDS + RARE_CODES:
+        table[ord(code)] = table[ord(code.lower())] = tok.tokens.index(code)
+    return table
+
+
+def _fasta_records(path: Path) -> Iterator[tuple[str, str, int]]:
+    """``(id, sequence, bytes of the file read so far)`` of each record of a FASTA file (plain
+    or ``.gz``), by Biopython's parser."""
+    from Bio.SeqIO.FastaIO import SimpleFastaParser
+
+    raw = open(path, "rb")  # noqa: SIM115 (closed below; gzip reads through it)
+    try:
+        stream = gzip.open(raw) if path.suffix == ".gz" else raw
+        text = io.TextIOWrapper(stream, encoding="utf-8", newline=None)
+        try:
+            for title, seq in SimpleFastaParser(text):
+                yield (title.split(None, 1)[0] if title else ""), seq, raw.tell()
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise QkvError(f"cannot read FASTA file {path}: {' '.join(str(exc).split())}") from None
+    finally:
+        raw.close()
+
+
+def prepare_protein_mlm(
+    fastas: list[str],
+    out: str | Path,
+    *,
+    val_fraction: float = 0.02,
+    dedup: bool = True,
+    shard_tokens: int = SHARD_TOKENS,
+    progress: bool = False,
+) -> dict:
+    """Tokenize FASTA files (default: the UniProt + RefSeq corpus of ``qkv train protein-mlm``)
+    into ``out`` for ``qkv train protein-mlm data=OUT``. Returns ``meta.json``'s content.
+
+    Residues only (no ``<cls>``/``<eos>``: the recipe adds them to each window). A record goes to
+    the held-out split by a hash of its id (:func:`~qkv.data.protein.held_out`); with ``dedup``
+    a sequence seen before is dropped, so the held-out split never holds a training sequence
+    verbatim: on the default corpus both splits are the in-memory recipe's. Records that are
+    empty or hold non-protein characters are skipped and counted.
+
+    Raises:
+        QkvError: a missing or unreadable file, an ``out`` that is not empty (unless it holds
+            this very preparation unfinished), a split left empty, bad settings.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+    if shard_tokens < 1:
+        raise QkvError("shard_tokens must be >= 1")
+    files = [Path(f) for f in fastas] if fastas else pretraining_files()
+    settings = {
+        "fastas": [str(f) for f in fastas] or "uniprot+refseq",
+        "val_fraction": val_fraction,
+        "dedup": dedup,
+        "shard_tokens": shard_tokens,
+    }
+    prep = _Preparation(Path(out), settings, files)
+    tok = AminoAcidTokenizer()
+    table = _residue_table()
+    writers = prep.writers(token_dtype(tok.vocab_size), sort_train=True)
+    counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
+    stats = prep.state.get("stats", {"records": 0, "skipped": 0, "duplicates": 0})
+    position = prep.state.get("position", {"file": 0, "record": 0})
+    seen: set[bytes] = set()
+    total = sum(p.stat().st_size for p in files)
+    with _bar(total, "tokenize", progress) as bar:
+        for f, path in enumerate(files):
+            if f < position["file"] and not dedup:  # done before, and no digests to rebuild
+                bar.update(path.stat().st_size)
+                continue
+            skip = position["record"] if f == position["file"] else 0
+            last = 0
+            for n, (rec_id, seq, read) in enumerate(_fasta_records(path), 1):
+                bar.update(read - last)
+                last = read
+                residues = seq.strip().encode("ascii", "replace")
+                if residues.endswith(b"*"):
+                    residues = residues[:-1]
+                ids = table[np.frombuffer(residues, dtype=np.uint8)]
+                valid = bool(rec_id) and len(ids) > 0 and not (ids == 255).any()
+                if f < position["file"] or n <= skip:  # done before: only the digests are rebuilt
+                    if valid and dedup:
+                        seen.add(hashlib.blake2b(residues.upper(), digest_size=8).digest())
+                    continue
+                stats["records"] += 1
+                if not valid:
+                    stats["skipped"] += 1
+                    continue
+                if dedup:
+                    digest = hashlib.blake2b(residues.upper(), digest_size=8).digest()
+                    if digest in seen:
+                        stats["duplicates"] += 1
+                        continue
+                    seen.add(digest)
+                split = 1 if held_out(rec_id, val_fraction) else 0
+                counts[split] += np.bincount(ids, minlength=tok.vocab_size)
+                writers[SPLITS[split]].add(ids)
+                if writers["train"].buffered >= shard_tokens:
+                    for w in writers.values():
+                        w.flush()
+                    prep.save(
+                        splits={k: w.shards for k, w in writers.items()},
+                        position={"file": f, "record": n},
+                        token_counts=counts.tolist(),
+                        stats=stats,
+                    )
+    if stats["skipped"]:
+        logger.warning(f"skipped {stats['skipped']:,} empty or non-protein record(s)")
+    return prep.finish(
+        "protein-mlm",
+        tok,
+        writers,
+        records=stats,
+        token_counts={name: counts[i].tolist() for i, name in enumerate(SPLITS)},
+        specials=len(PROTEIN_SPECIALS),
+    )

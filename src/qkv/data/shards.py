@@ -1,0 +1,244 @@
+"""Token shards: a corpus tokenized once and read back from disk by memory map, so that what
+training holds in memory does not grow with the corpus (nanoGPT's ``train.bin``, split into
+shards, with an index of sequence boundaries).
+
+A prepared data directory (``qkv prepare``, :mod:`qkv.data.prepare`)::
+
+    meta.json                 format, kind (lm | protein-mlm), dtype, sources, settings, counts,
+                              and per split the list of shards as [tokens, sequences]
+    tokenizer.json            the tokenizer every id was made with
+    train/tokens-00000.bin    token ids, raw, in the smallest unsigned type holding the vocabulary
+    train/starts-00000.bin    int64: where each sequence of the shard starts, then the shard's end
+    val/...                   the held-out split, the same way
+    progress.json             only while a preparation is unfinished (what resuming starts from)
+
+Why raw NumPy arrays rather than Arrow (HF ``datasets``) or LitData: a window or a sequence is
+one slice of a ``numpy.memmap`` (random access in O(1), no decoding, the operating system's page
+cache does the caching), a rank under torchrun opens the same files and reads only the slices
+its rows need, and nothing beyond NumPy is required. Arrow would add a large dependency for
+columns we do not have; LitData brings its own streaming workers and shuffling, and we need
+the loop's own batch order (exact resume, the same global batch on any number of processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import QkvError
+
+FORMAT = "qkv-token-shards"
+VERSION = 1
+SPLITS = ("train", "val")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds ids ``0 .. vocab_size - 1``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise QkvError(f"a vocabulary of {vocab_size} tokens does not fit 32-bit ids")
+
+
+def _shard_paths(directory: Path, index: int) -> tuple[Path, Path]:
+    return directory / f"tokens-{index:05d}.bin", directory / f"starts-{index:05d}.bin"
+
+
+def _write_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        array.tofile(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class SplitWriter:
+    """Appends sequences of token ids to one split's shards.
+
+    The shard in progress is held in memory (at most about ``shard_tokens`` tokens) and
+    written whole by :meth:`flush`, under its final name only once complete, so an interrupted
+    preparation never leaves a partial shard behind. ``sort_by_length`` writes each shard's
+    sequences shortest first (length-bucketed batches then take neighbours).
+
+    Args:
+        shards: ``[tokens, sequences]`` of shards already written (a resumed preparation).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        dtype: np.dtype,
+        sort_by_length: bool = False,
+        shards: list[list[int]] | None = None,
+    ) -> None:
+        self.directory, self.dtype, self.sort_by_length = Path(directory), np.dtype(dtype), sort_by_length
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shards: list[list[int]] = [list(s) for s in shards or []]
+        self._pieces: list[np.ndarray] = []
+        self._starts: list[int] = []  # index into _pieces where each sequence starts
+        self.buffered = 0
+
+    def add(self, ids: np.ndarray, new_sequence: bool = True) -> None:
+        """Append ``ids`` ``(n,)`` as a new sequence, or (``new_sequence=False``) as the
+        continuation of the last one (a long text read in chunks)."""
+        if new_sequence or not self._starts:
+            self._starts.append(len(self._pieces))
+        self._pieces.append(np.asarray(ids, dtype=self.dtype))
+        self.buffered += len(ids)
+
+    def flush(self) -> None:
+        """Write the shard in progress (nothing if it is empty)."""
+        if not self._pieces:
+            return
+        bounds = [*self._starts, len(self._pieces)]
+        seqs = [
+            np.concatenate(self._pieces[a:b]) if b - a > 1 else self._pieces[a]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        if self.sort_by_length:
+            order = np.argsort([len(s) for s in seqs], kind="stable")
+            seqs = [seqs[i] for i in order]
+        starts = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in seqs], out=starts[1:])
+        tokens_path, starts_path = _shard_paths(self.directory, len(self.shards))
+        _write_atomic(tokens_path, np.concatenate(seqs) if seqs else np.zeros(0, self.dtype))
+        _write_atomic(starts_path, starts)
+        self.shards.append([int(starts[-1]), len(seqs)])
+        self._pieces, self._starts, self.buffered = [], [], 0
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a prepared directory, read by memory map: a stream of all its tokens (the
+    shards one after another) and its sequences.
+
+    Raises (on construction):
+        QkvError: a shard file missing or of the wrong size (truncated, or from another
+            preparation).
+    """
+
+    directory: Path
+    dtype: np.dtype
+    shards: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        tokens, starts = [], []
+        for i, (n_tokens, n_seqs) in enumerate(self.shards):
+            for path, count, dtype in zip(
+                _shard_paths(self.directory, i), (n_tokens, n_seqs + 1), (self.dtype, np.int64), strict=True
+            ):
+                expected = count * np.dtype(dtype).itemsize
+                size = path.stat().st_size if path.is_file() else None
+                if size != expected:
+                    found = "missing" if size is None else f"{size:,} bytes, expected {expected:,}"
+                    raise QkvError(f"shard {path} is {found}: prepare the data again (qkv prepare)")
+            t_path, s_path = _shard_paths(self.directory, i)
+            tokens.append(np.memmap(t_path, dtype=self.dtype, mode="r") if n_tokens else np.zeros(0, self.dtype))
+            starts.append(np.memmap(s_path, dtype=np.int64, mode="r"))
+        object.__setattr__(self, "_tokens", tokens)
+        object.__setattr__(self, "_starts", starts)
+        object.__setattr__(self, "token_ends", np.cumsum([0, *(s[0] for s in self.shards)]))
+        object.__setattr__(self, "sequence_ends", np.cumsum([0, *(s[1] for s in self.shards)]))
+
+    def __len__(self) -> int:
+        """Tokens in the split."""
+        return int(self.token_ends[-1])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.sequence_ends[-1])
+
+    def window(self, start: int, width: int) -> np.ndarray:
+        """Tokens ``start .. start + width - 1`` of the split's stream, across shard boundaries.
+        Shape: ``(width,)`` of the split's dtype."""
+        if start < 0 or start + width > len(self):
+            raise QkvError(f"window [{start}, {start + width}) outside a split of {len(self)} tokens")
+        shard = int(np.searchsorted(self.token_ends, start, side="right")) - 1
+        pieces, at = [], start - int(self.token_ends[shard])
+        while width > 0:
+            piece = self._tokens[shard][at : at + width]
+            pieces.append(piece)
+            width -= len(piece)
+            shard, at = shard + 1, 0
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def windows(self, offsets: torch.Tensor, width: int) -> torch.Tensor:
+        """The windows of ``width`` tokens starting at ``offsets``. Shape: ``(B,)`` long →
+        ``(B, width)`` long."""
+        rows = [self.window(int(o), width) for o in offsets.tolist()]
+        return torch.from_numpy(np.stack(rows).astype(np.int64)) if rows else torch.zeros(0, width, dtype=torch.long)
+
+    def locate(self, token: int) -> tuple[int, int]:
+        """``(shard, sequence within the shard)`` of the sequence holding token ``token``."""
+        shard = int(np.searchsorted(self.token_ends, token, side="right")) - 1
+        local = token - int(self.token_ends[shard])
+        return shard, int(np.searchsorted(self._starts[shard], local, side="right")) - 1
+
+    def shard_lengths(self, shard: int) -> np.ndarray:
+        """Lengths of the sequences of one shard, in their order. Shape: ``(n,)`` int64."""
+        return np.diff(self._starts[shard])
+
+    def shard_sequence(self, shard: int, index: int) -> np.ndarray:
+        """Sequence ``index`` of shard ``shard`` (a read-only view of the memory map)."""
+        starts = self._starts[shard]
+        return self._tokens[shard][int(starts[index]) : int(starts[index + 1])]
+
+    def sequence(self, index: int) -> np.ndarray:
+        """Sequence ``index`` of the split (over all shards, in order)."""
+        shard = int(np.searchsorted(self.sequence_ends, index, side="right")) - 1
+        return self.shard_sequence(shard, index - int(self.sequence_ends[shard]))
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A prepared data directory: ``meta`` (``meta.json``), its ``train`` and ``val``
+    :class:`Split` and the path of its tokenizer."""
+
+    path: Path
+    meta: dict
+    train: Split
+    val: Split
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    @classmethod
+    def open(cls, path: str | Path, kind: str) -> PreparedData:
+        """Open a directory written by ``qkv prepare KIND``.
+
+        Raises:
+            QkvError: not a directory, a preparation still unfinished, prepared for another
+                recipe, or a missing or truncated shard.
+        """
+        path = Path(path)
+        meta_path = path / "meta.json"
+        if not meta_path.is_file():
+            unfinished = (path / "progress.json").is_file()
+            raise QkvError(
+                f"data={path}: "
+                + (
+                    "its preparation did not finish; run the same qkv prepare command again to resume it"
+                    if unfinished
+                    else f"not a prepared data directory (no meta.json; make one with qkv prepare {kind})"
+                )
+            )
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise QkvError(f"cannot read {meta_path}: {exc}") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise QkvError(f"{meta_path} is not qkv token shards of version {VERSION}")
+        if meta.get("kind") != kind:
+            raise QkvError(f"data={path} was prepared for {meta.get('kind')}, not {kind}")
+        dtype = np.dtype(meta["dtype"])
+        splits = {
+            name: Split(path / name, dtype, tuple(tuple(s) for s in meta["splits"][name])) for name in SPLITS
+        }
+        return cls(path, meta, splits["train"], splits["val"])
