@@ -103,7 +103,7 @@ class _Preparation:
             if meta["tokens"][name] == 0:
                 raise QkvError(f"the {name} split is empty: a larger corpus or another val_fraction")
         write_json(self.out / "meta.json", meta)
-        self.progress_path.unlink()
+        self.progress_path.unlink(missing_ok=True)
         return meta
 
     def writers(self, dtype: np.dtype, sort_train: bool = False) -> dict[str, SplitWriter]:

@@ -180,9 +180,11 @@ class Split:
         local = token - int(self.token_ends[shard])
         return shard, int(np.searchsorted(self._starts[shard], local, side="right")) - 1
 
-    def shard_lengths(self, shard: int) -> np.ndarray:
-        """Lengths of the sequences of one shard, in their order. Shape: ``(n,)`` int64."""
-        return np.diff(self._starts[shard])
+    def shard_starts(self, shard: int, first: int, stop: int) -> np.ndarray:
+        """Where sequences ``first .. stop - 1`` of a shard start (the last entry may be the
+        shard's end), ``np.diff`` of which are their lengths. Shape: up to ``(stop - first,)``
+        int64."""
+        return np.asarray(self._starts[shard][first:stop])
 
     def shard_sequence(self, shard: int, index: int) -> np.ndarray:
         """Sequence ``index`` of shard ``shard`` (a read-only view of the memory map)."""

@@ -15,14 +15,18 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import overload
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..data.batching import pad_sequences, token_batches
 from ..data.masking import mask_tokens
 from ..data.protein import load_pretraining_corpus
+from ..data.shards import PreparedData, Split
 from ..data.tokenizers import PROTEIN_SPECIALS, AminoAcidTokenizer
 from ..errors import ConfigError, QkvError
 from ..explain.explainers import ProteinExplainer
@@ -39,6 +43,9 @@ from .common import fit, keep_best, prepare_run_dir, require_at_least_one, start
 logger = logging.getLogger(__name__)
 
 
+SHARD_VAL_PROTEINS = 4096  # held-out proteins validated on from token shards (a cost flat in corpus size)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProteinMLMRecipe:
     """Settings of ``qkv train protein-mlm``: ``model`` (an :class:`EncoderConfig`, qkv's
@@ -47,6 +54,12 @@ class ProteinMLMRecipe:
     AdamW, warm-up + cosine decay; training by time needs ``train.lr_decay_steps``), and the
     data fields: ``val_fraction`` held out by record id, ``mask_prob`` (residues corrupted,
     80/10/10), ``max_tokens`` (padded tokens per micro-batch), ``train_limit``/``val_limit``.
+
+    ``data``: a directory written by ``qkv prepare protein-mlm`` (token shards read from disk:
+    a corpus of any size) instead of the UniProt + RefSeq corpus held in memory; its split is
+    the one it was prepared with (``val_fraction`` is left out), batches are drawn by
+    :class:`ShardBatches`, and validation reads the first ``val_limit`` held-out proteins
+    (default :data:`SHARD_VAL_PROTEINS`).
     """
 
     model: EncoderConfig = EncoderConfig()
@@ -66,6 +79,7 @@ class ProteinMLMRecipe:
     max_tokens: int = 8192
     train_limit: int | None = None
     val_limit: int | None = None
+    data: str | None = None
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
@@ -74,6 +88,11 @@ class ProteinMLMRecipe:
             raise ConfigError(f"val_fraction ({self.val_fraction}) must be in (0, 1)")
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"mask_prob ({self.mask_prob}) must be in (0, 1)")
+        if self.data is not None and (self.train_limit is not None or self.val_fraction != 0.02):
+            raise ConfigError(
+                f"data={self.data} carries its own split: leave out train_limit and val_fraction "
+                "(a budget: train.max_steps)"
+            )
         if self.model.max_len < 3:
             raise ConfigError(
                 f"model.max_len ({self.model.max_len}) must leave room for <cls>, a residue and <eos>"
@@ -114,6 +133,58 @@ class MaskedBatches:
         )
 
 
+class ShardBatches(Sequence[list[list[int]]]):
+    """One epoch of length-bucketed protein batches from token shards, made on demand.
+
+    Batch ``i`` (a NumPy generator seeded with ``(seed, i)``) starts at a residue drawn
+    uniformly from the split, takes the protein holding it and its neighbours in the shard
+    (shards are sorted by length when prepared, so neighbours have similar lengths: little
+    padding) while the padded batch, ``<cls>`` and ``<eos>`` included, stays within
+    ``max_tokens``, and crops each protein longer than ``width`` to a random window (ESM's
+    cropping). A batch thus costs the same whatever the corpus size, nothing is held per
+    protein, and batch ``i`` is the same whenever it is asked for (exact resume; every torchrun
+    process reads only its rows). Residues are drawn uniformly, so every residue of the corpus
+    is equally likely to be trained on (a protein in proportion to its length, where the
+    in-memory recipe takes each protein once per epoch, cropped). An epoch is as many batches
+    as the split's residues fill at ``max_tokens``.
+    """
+
+    def __init__(self, split: Split, width: int, max_tokens: int, seed: int) -> None:
+        self.split, self.width, self.max_tokens, self.seed = split, width, max_tokens, seed
+        self.steps = max(1, -(-len(split) // max_tokens))
+
+    def __len__(self) -> int:
+        return self.steps
+
+    @overload
+    def __getitem__(self, i: int) -> list[list[int]]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[list[list[int]]]: ...
+    def __getitem__(self, i: int | slice) -> list[list[int]] | list[list[list[int]]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.steps))]
+        if not -self.steps <= i < self.steps:
+            raise IndexError(i)
+        rng = np.random.default_rng([self.seed, i % self.steps])
+        shard, first = self.split.locate(int(rng.integers(len(self.split))))
+        n_seqs = int(self.split.shards[shard][1])
+        most = max(1, self.max_tokens // 3)  # rows of a batch: at least <cls>, a residue, <eos> each
+        starts = self.split.shard_starts(shard, first, first + most + 1)
+        widths = np.minimum(np.diff(starts), self.width) + 2  # ascending: each new row is the widest
+        fits = (np.arange(1, len(widths) + 1) * widths) <= self.max_tokens
+        count = max(1, int(fits.argmin()) if not fits.all() else len(widths))
+        last = first + count
+        if last == n_seqs:  # the shard ran out: take shorter neighbours before it
+            room = max(1, self.max_tokens // int(widths[count - 1]))
+            first = max(0, last - room)
+        rows = []
+        for j in range(first, last):
+            seq = self.split.shard_sequence(shard, j)
+            start = int(rng.integers(len(seq) - self.width + 1)) if len(seq) > self.width else 0
+            rows.append(seq[start : start + self.width].tolist())
+        return rows
+
+
 def validation_batches(
     val_ids: list[list[int]], width: int, collate: MaskedBatches
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -140,8 +211,12 @@ def evaluate_mlm_run(run_dir: str | Path, split: str = "val", device: torch.devi
     settings = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
     model = ProteinEncoder.from_run(run_dir, device).model
     tok = AminoAcidTokenizer()
-    _, val_seqs = load_pretraining_corpus(settings["val_fraction"])
-    val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs[: settings.get("val_limit")]]
+    if settings.get("data"):
+        recipe = ProteinMLMRecipe(data=settings["data"], val_limit=settings.get("val_limit"))
+        val_ids = _corpus(recipe, tok)[1]
+    else:
+        _, val_seqs = load_pretraining_corpus(settings["val_fraction"])
+        val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs[: settings.get("val_limit")]]
     batches = validation_batches(val_ids, model.config.max_len - 2, MaskedBatches(tok, settings["mask_prob"]))
     with torch.no_grad():
         nll, n = masked_nll(model, batches)
@@ -165,17 +240,53 @@ def masked_nll(model: EncoderModel, batches: list[tuple[torch.Tensor, torch.Tens
     return total, n
 
 
-def unigram_ppl(
-    train_ids: list[list[int]], batches: list[tuple[torch.Tensor, torch.Tensor]], vocab_size: int
-) -> float:
-    """Perplexity of residue frequencies (no context at all) on the masked positions of
-    ``batches``: the bar a model must clear to show it uses context."""
-    counts = torch.ones(vocab_size, dtype=torch.float64)  # add-one smoothing
-    for ids in train_ids:
-        counts += torch.bincount(torch.tensor(ids), minlength=vocab_size)
+def token_counts(ids: list[list[int]], vocab_size: int) -> torch.Tensor:
+    """How often each token occurs in ``ids``. Shape: ``(vocab_size,)`` float64."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for row in ids:
+        counts += torch.bincount(torch.tensor(row, dtype=torch.long), minlength=vocab_size)
+    return counts
+
+
+def unigram_ppl(counts: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Perplexity of the training residues' frequencies ``counts`` ``(vocab_size,)`` (no
+    context at all) on the masked positions of ``batches``: the bar a model must clear to show
+    it uses context."""
+    counts = counts.double() + 1  # add-one smoothing
     logp = (counts / counts.sum()).log()
     nll = torch.cat([-logp[labels[labels != -100]] for _, labels in batches])
     return math.exp(float(nll.mean()))
+
+
+def _corpus(
+    recipe: ProteinMLMRecipe, tok: AminoAcidTokenizer
+) -> tuple[list[list[int]], list[list[int]], torch.Tensor, PreparedData | None]:
+    """``(training ids, held-out ids, training token counts (vocab,), prepared data)``: the
+    UniProt + RefSeq corpus in memory (``prepared`` None), or token shards (``data=``; the
+    training ids are then read batch by batch and the list is empty)."""
+    if recipe.data is not None:
+        prepared = PreparedData.open(recipe.data, "protein-mlm")
+        split = prepared.val
+        val_ids = [split.sequence(i).tolist() for i in range(min(split.num_sequences, _val_cap(recipe)))]
+        counts = torch.tensor(prepared.meta["token_counts"]["train"], dtype=torch.float64)
+        logger.info(
+            f"{recipe.data}: {prepared.train.num_sequences:,} training proteins ({len(prepared.train):,} "
+            f"residues, on disk), {len(val_ids):,} held-out proteins validated on"
+        )
+        return [], val_ids, counts, prepared
+    train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
+    train_seqs, val_seqs = train_seqs[: recipe.train_limit], val_seqs[: recipe.val_limit]
+    train_ids = [tok.encode(s, add_special_tokens=False) for s in train_seqs]
+    val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs]
+    logger.info(
+        f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
+        f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)"
+    )
+    return train_ids, val_ids, token_counts(train_ids, tok.vocab_size), None
+
+
+def _val_cap(recipe: ProteinMLMRecipe) -> int:
+    return recipe.val_limit if recipe.val_limit is not None else SHARD_VAL_PROTEINS
 
 
 def train_protein_mlm(
@@ -187,25 +298,20 @@ def train_protein_mlm(
     run = start_run(recipe.train)
     device = run.device
     tok = AminoAcidTokenizer()
-    train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
-    train_seqs, val_seqs = train_seqs[: recipe.train_limit], val_seqs[: recipe.val_limit]
-    train_ids = [tok.encode(s, add_special_tokens=False) for s in train_seqs]
-    val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs]
+    train_ids, val_ids, counts, prepared = _corpus(recipe, tok)
     model_cfg = recipe.model_config(tok)
     if not resume:
         tok.save(run_dir / "tokenizer.json")
     write_settings(run_dir, "protein-mlm", recipe, model_cfg, run, resume)
-    logger.info(
-        f"UniProt + RefSeq: {len(train_ids):,} training proteins ({sum(map(len, train_ids)):,} "
-        f"residues), {len(val_ids):,} held out ({sum(map(len, val_ids)):,} residues)"
-    )
     width = model_cfg.max_len - 2
     collate = MaskedBatches(tok, recipe.mask_prob)
     val_batches = validation_batches(val_ids, width, collate)
     model = EncoderModel(model_cfg).to(device)
     logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
 
-    def batches(epoch: int):
+    def batches(epoch: int) -> Sequence[list[list[int]]]:
+        if prepared is not None:
+            return ShardBatches(prepared.train, width, recipe.max_tokens, recipe.train.seed * 1000 + epoch)
         rng = random.Random(recipe.train.seed * 1000 + epoch)
         rows = _windows(train_ids, width, rng)
         order = token_batches(
@@ -244,7 +350,7 @@ def train_protein_mlm(
         "validation": {
             **metrics,
             "uniform_ppl": 20.0,
-            "unigram_ppl": unigram_ppl(train_ids, val_batches, tok.vocab_size),
+            "unigram_ppl": unigram_ppl(counts, val_batches),
             "masked_positions": sum(int((lab != -100).sum()) for _, lab in val_batches),
         },
         "train_minutes": round(state.elapsed_s / 60, 2),
