@@ -51,7 +51,7 @@ SETTINGS = [
 ]
 
 
-def command(out: Path, steps: int, eval_every: int, resume: bool) -> list[str]:
+def command(out: Path, steps: int, eval_every: int, resume: bool, data: Path | None = None) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -64,6 +64,7 @@ def command(out: Path, steps: int, eval_every: int, resume: bool) -> list[str]:
         f"train.max_steps={steps}",
         f"train.eval_every={eval_every}",
         *SETTINGS,
+        *([f"data={data}"] if data else []),
         *(["--resume"] if resume else []),
     ]
 
@@ -109,15 +110,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0, help="of the kill times")
     ap.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
+    ap.add_argument(
+        "--shards",
+        action="store_true",
+        help="train from token shards (qkv prepare lm, 100,000 tokens per shard: windows cross shards)",
+    )
     args = ap.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kill_resume_"))
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
+    data = None
+    if args.shards:
+        data = work / "shards"
+        shutil.rmtree(data, ignore_errors=True)
+        prepare = [sys.executable, "-m", "qkv", "prepare", "lm", "tinyshakespeare", "--out", str(data)]
+        subprocess.run([*prepare, "--quiet", "--shard-tokens", "100000"], check=True, capture_output=True)
+
+    def cmd(out: Path, resume: bool) -> list[str]:
+        return command(out, args.steps, args.eval_every, resume, data)
 
     ref = work / "reference"
     shutil.rmtree(ref, ignore_errors=True)
     code, err, wall, first = run(
-        command(ref, args.steps, args.eval_every, False), watch=ref / "train_state.pt"
+        cmd(ref, False), watch=ref / "train_state.pt"
     )
     first = wall if first is None else first
     if code != 0:
@@ -133,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"trial_{trial}"
         shutil.rmtree(out, ignore_errors=True)
         delay = rng.uniform(first, wall)
-        code = run(command(out, args.steps, args.eval_every, False), kill_after=delay)[0]
+        code = run(cmd(out, False), kill_after=delay)[0]
         killed_at = "after the end" if code == 0 else "?"
         if code != 0:
             state = out / "train_state.pt"
@@ -144,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         restarts = 0
         while code != 0:
-            code, err = run(command(out, args.steps, args.eval_every, True))[:2]
+            code, err = run(cmd(out, True))[:2]
             if code == 2 and "nothing to resume" in err:  # killed before its first checkpoint
                 restarts += 1
                 shutil.rmtree(out, ignore_errors=True)
-                code, err = run(command(out, args.steps, args.eval_every, False))[:2]
+                code, err = run(cmd(out, False))[:2]
             if code != 0:
                 print(f"trial {trial}: the resumed run failed ({code}): {err.strip()[-300:]}")
                 break

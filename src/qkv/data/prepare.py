@@ -74,8 +74,10 @@ class _Preparation:
             raise QkvError(f"--out {out} exists and is not empty; choose a new directory")
         for split in SPLITS:  # shards written after the last progress record are redone
             done = len(self.state.get("splits", {}).get(split, []))
+            keep = self.state.get("pending", {}).get(split, [None])[0]
             for path in (out / split).glob("*-*.bin") if (out / split).is_dir() else []:
-                if int(path.stem.split("-")[1]) >= done:
+                kind, number = path.stem.split("-")
+                if (kind == "pending" and path.name != keep) or (kind != "pending" and int(number) >= done):
                     path.unlink()
 
     def save(self, **state) -> None:
@@ -83,8 +85,13 @@ class _Preparation:
         write_json(self.progress_path, {"settings": self.settings, "sources": self.sources, "state": self.state})
 
     def finish(self, kind: str, tokenizer, writers: dict[str, SplitWriter], **extra) -> dict:
-        for w in writers.values():
+        for name, w in writers.items():
+            if w.buffered == 0 and not w.shards:
+                raise QkvError(f"the {name} split is empty: a larger corpus or another val_fraction")
+        for name, w in writers.items():
             w.flush()
+            for stale in (self.out / name).glob("pending-*.bin"):
+                stale.unlink()
         tokenizer.save(self.out / "tokenizer.json")
         meta = {
             "format": FORMAT,
@@ -99,19 +106,38 @@ class _Preparation:
             "sequences": {name: sum(s[1] for s in w.shards) for name, w in writers.items()},
             **extra,
         }
-        for name in SPLITS:
-            if meta["tokens"][name] == 0:
-                raise QkvError(f"the {name} split is empty: a larger corpus or another val_fraction")
         write_json(self.out / "meta.json", meta)
         self.progress_path.unlink(missing_ok=True)
         return meta
 
-    def writers(self, dtype: np.dtype, sort_train: bool = False) -> dict[str, SplitWriter]:
-        done = self.state.get("splits", {})
-        return {
-            name: SplitWriter(self.out / name, dtype, sort_train and name == "train", done.get(name))
+    def writers(self, dtype: np.dtype, shard_tokens: int, sort_train: bool = False) -> dict[str, SplitWriter]:
+        done, pending = self.state.get("splits", {}), self.state.get("pending", {})
+        writers = {
+            name: SplitWriter(self.out / name, dtype, shard_tokens, sort_train and name == "train", done.get(name))
             for name in SPLITS
         }
+        for name, (file, lengths) in pending.items():
+            writers[name].load_pending(file, lengths)
+        return writers
+
+    def checkpoint(self, writers: dict[str, SplitWriter], **state) -> None:
+        """When a shard was completed since the last record: save the shards in progress as they
+        are and record how far the input was read (``state``). Resuming starts from there, drops
+        the shards written after it and takes the shards in progress back."""
+        recorded = self.state.get("splits", {})
+        if all(len(w.shards) == len(recorded.get(n, [])) for n, w in writers.items()):
+            return
+        generation = self.state.get("generation", 0) + 1
+        pending = {n: (f"pending-{generation}.bin", w.save_pending(f"pending-{generation}.bin")) for n, w in writers.items()}
+        old = self.state.get("pending", {})
+        self.save(
+            splits={n: [list(s) for s in w.shards] for n, w in writers.items()},
+            pending=pending,
+            generation=generation,
+            **state,
+        )
+        for name, (file, _) in old.items():
+            (self.out / name / file).unlink(missing_ok=True)
 
 
 def _bar(total: int, desc: str, progress: bool):
@@ -120,15 +146,16 @@ def _bar(total: int, desc: str, progress: bool):
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not progress, leave=False)
 
 
-def text_chunks(path: Path, start: int = 0, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, str]]:
+def text_chunks(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """``(byte offset after the chunk, text)`` of a UTF-8 file from byte ``start``, in chunks of
-    about ``chunk_bytes`` that end after a line break followed by a non-space character (or at
+    about ``chunk_bytes`` (default :data:`CHUNK_BYTES`) that end after a line break followed by a non-space character (or at
     the end of the file; a text without such a place for ``4 * chunk_bytes`` is cut at a
     character boundary).
 
     Raises:
         QkvError: bytes that are not UTF-8 (naming the offset).
     """
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     with open(path, "rb") as handle:
         handle.seek(start)
         pos = start
@@ -285,25 +312,16 @@ def prepare_lm(
             pieces = [p for p in _SAFE_CUT.split(text) if p]
             return np.fromiter((i for row in tok.encode_batch(pieces) for i in row), dtype=np.int64)
 
-    writers = prep.writers(token_dtype(tok.vocab_size))
+    writers = prep.writers(token_dtype(tok.vocab_size), shard_tokens)
     token_counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
     position = prep.state.get("position", {"file": 0, "offset": 0, "chars": 0})
     all_files = files + val_files
-    val_chars = 0 if val_corpus else total - split_at
+    val_chars = sum(counts[len(files) :]) if val_corpus else total - split_at
 
     def put(split: int, text: str, new_sequence: bool) -> None:
         ids = encode(text)
         token_counts[split] += np.bincount(ids, minlength=tok.vocab_size)
         writers[SPLITS[split]].add(ids, new_sequence)
-
-    def checkpoint(file: int, offset: int, chars: int) -> None:
-        for w in writers.values():
-            w.flush()
-        prep.save(
-            splits={n: w.shards for n, w in writers.items()},
-            position={"file": file, "offset": offset, "chars": chars},
-            token_counts=token_counts.tolist(),
-        )
 
     done_bytes = sum(p.stat().st_size for p in all_files[: position["file"]]) + position["offset"]
     with _bar(sum(p.stat().st_size for p in all_files), "tokenize", progress) as bar:
@@ -317,7 +335,6 @@ def prepare_lm(
                 bar.update(end - last)
                 last = end
                 if in_val_file:
-                    val_chars += len(text)
                     put(1, text, first)
                 else:
                     cut = min(max(split_at - chars_seen, 0), len(text))
@@ -327,8 +344,11 @@ def prepare_lm(
                         put(1, text[cut:], first or cut > 0)
                     chars_seen += len(text)
                 first = False
-                if max(w.buffered for w in writers.values()) >= shard_tokens:
-                    checkpoint(f, end, chars_seen)
+                prep.checkpoint(
+                    writers,
+                    position={"file": f, "offset": end, "chars": chars_seen},
+                    token_counts=token_counts.tolist(),
+                )
     return prep.finish(
         "lm",
         tok,
@@ -402,7 +422,7 @@ def prepare_protein_mlm(
     prep = _Preparation(Path(out), settings, files)
     tok = AminoAcidTokenizer()
     table = _residue_table()
-    writers = prep.writers(token_dtype(tok.vocab_size), sort_train=True)
+    writers = prep.writers(token_dtype(tok.vocab_size), shard_tokens, sort_train=True)
     counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
     stats = prep.state.get("stats", {"records": 0, "skipped": 0, "duplicates": 0})
     position = prep.state.get("position", {"file": 0, "record": 0})
@@ -440,15 +460,9 @@ def prepare_protein_mlm(
                 split = 1 if held_out(rec_id, val_fraction) else 0
                 counts[split] += np.bincount(ids, minlength=tok.vocab_size)
                 writers[SPLITS[split]].add(ids)
-                if writers["train"].buffered >= shard_tokens:
-                    for w in writers.values():
-                        w.flush()
-                    prep.save(
-                        splits={k: w.shards for k, w in writers.items()},
-                        position={"file": f, "record": n},
-                        token_counts=counts.tolist(),
-                        stats=stats,
-                    )
+                prep.checkpoint(
+                    writers, position={"file": f, "record": n}, token_counts=counts.tolist(), stats=stats
+                )
     if stats["skipped"]:
         logger.warning(f"skipped {stats['skipped']:,} empty or non-protein record(s)")
     return prep.finish(

@@ -50,6 +50,7 @@ def _shard_paths(directory: Path, index: int) -> tuple[Path, Path]:
 
 
 def _write_atomic(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:
         array.tofile(handle)
@@ -61,10 +62,11 @@ def _write_atomic(path: Path, array: np.ndarray) -> None:
 class SplitWriter:
     """Appends sequences of token ids to one split's shards.
 
-    The shard in progress is held in memory (at most about ``shard_tokens`` tokens) and
-    written whole by :meth:`flush`, under its final name only once complete, so an interrupted
-    preparation never leaves a partial shard behind. ``sort_by_length`` writes each shard's
-    sequences shortest first (length-bucketed batches then take neighbours).
+    The shard in progress is held in memory and written whole once it holds ``shard_tokens``
+    tokens (a stream is cut exactly there; with ``sort_by_length`` a shard ends after the
+    sequence that fills it, and its sequences are written shortest first, so that length-
+    bucketed batches can take neighbours). A shard appears under its final name only once
+    complete, so an interrupted preparation never leaves a partial one behind.
 
     Args:
         shards: ``[tokens, sequences]`` of shards already written (a resumed preparation).
@@ -74,11 +76,12 @@ class SplitWriter:
         self,
         directory: Path,
         dtype: np.dtype,
+        shard_tokens: int,
         sort_by_length: bool = False,
         shards: list[list[int]] | None = None,
     ) -> None:
         self.directory, self.dtype, self.sort_by_length = Path(directory), np.dtype(dtype), sort_by_length
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard_tokens = shard_tokens
         self.shards: list[list[int]] = [list(s) for s in shards or []]
         self._pieces: list[np.ndarray] = []
         self._starts: list[int] = []  # index into _pieces where each sequence starts
@@ -87,20 +90,49 @@ class SplitWriter:
     def add(self, ids: np.ndarray, new_sequence: bool = True) -> None:
         """Append ``ids`` ``(n,)`` as a new sequence, or (``new_sequence=False``) as the
         continuation of the last one (a long text read in chunks)."""
+        ids = np.asarray(ids)
+        while not self.sort_by_length and self.buffered + len(ids) > self.shard_tokens:
+            take = self.shard_tokens - self.buffered
+            self._append(ids[:take], new_sequence)
+            self.flush()
+            ids, new_sequence = ids[take:], False
+        self._append(ids, new_sequence)
+        if self.buffered >= self.shard_tokens:
+            self.flush()
+
+    def _append(self, ids: np.ndarray, new_sequence: bool) -> None:
         if new_sequence or not self._starts:
             self._starts.append(len(self._pieces))
-        self._pieces.append(np.asarray(ids, dtype=self.dtype))
+        self._pieces.append(ids.astype(self.dtype))
         self.buffered += len(ids)
+
+    def _sequences(self) -> list[np.ndarray]:
+        bounds = [*self._starts, len(self._pieces)]
+        return [
+            np.concatenate(self._pieces[a:b]) if b - a > 1 else self._pieces[a]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+
+    def save_pending(self, name: str) -> list[int]:
+        """Write the shard in progress, unfinished, to ``name`` in the split's directory (what a
+        resumed preparation reloads with :meth:`load_pending`); returns its sequences' lengths."""
+        seqs = self._sequences()
+        _write_atomic(self.directory / name, np.concatenate(seqs) if seqs else np.zeros(0, self.dtype))
+        return [len(s) for s in seqs]
+
+    def load_pending(self, name: str, lengths: list[int]) -> None:
+        """Take back the shard in progress saved by :meth:`save_pending`."""
+        tokens = np.fromfile(self.directory / name, dtype=self.dtype)
+        if len(tokens) != sum(lengths):
+            raise QkvError(f"{self.directory / name} does not match the preparation's record: remove --out")
+        for seq in np.split(tokens, np.cumsum(lengths)[:-1]) if lengths else []:
+            self._append(seq, True)
 
     def flush(self) -> None:
         """Write the shard in progress (nothing if it is empty)."""
         if not self._pieces:
             return
-        bounds = [*self._starts, len(self._pieces)]
-        seqs = [
-            np.concatenate(self._pieces[a:b]) if b - a > 1 else self._pieces[a]
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
+        seqs = self._sequences()
         if self.sort_by_length:
             order = np.argsort([len(s) for s in seqs], kind="stable")
             seqs = [seqs[i] for i in order]

@@ -469,7 +469,8 @@ def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progre
         return {}
     trained = keep_best(model, run_dir, recipe.train.lora)
     with torch.no_grad():
-        nll, n = split_nll(model, val_data, block_size, None if recipe.data is None else recipe.eval_limit)
+        # the whole split, as far as a prepared one is not too large for it (the same cap at any size)
+        nll, n = split_nll(model, val_data, block_size, None if recipe.data is None else SHARD_EVAL_BATCHES)
     summary = {
         "validation": {**_metrics(nll, n, chars_per_token), "tokens": n},
         "train_minutes": round(state.elapsed_s / 60, 2),
