@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 LM = ["train.threads=1", "train.max_steps=300", "train.eval_every=1000", "eval_batches=10", "num_samples=1"]
-MLM = ["train.threads=1", "train.max_steps=12", "train.eval_every=1000", "val_limit=256", "train.max_minutes=null"]
+MLM = ["train.threads=1", "train.max_steps=41", "train.eval_every=1000", "val_limit=256", "train.max_minutes=null"]
 SIZES = {"100M": 100 << 20, "1G": 1 << 30, "5G": 5 << 30}
 
 

@@ -8,6 +8,7 @@ training, last 10 % for validation.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
@@ -84,7 +85,7 @@ class WindowBatches(Sequence[torch.Tensor]):
     Args:
         n_tokens: tokens of the split the windows are drawn from.
         steps: batches in the epoch.
-        seed: below 2**31 (an epoch's seed: the run's seed and the epoch number).
+        seed: an epoch's seed (from the run's seed and the epoch number).
     """
 
     def __init__(self, n_tokens: int, block_size: int, batch_size: int, steps: int, seed: int) -> None:
@@ -105,7 +106,8 @@ class WindowBatches(Sequence[torch.Tensor]):
             return [self[j] for j in range(*i.indices(self.steps))]
         if not -self.steps <= i < self.steps:
             raise IndexError(i)
-        g = torch.Generator().manual_seed(self.seed * 2**32 + i % self.steps)
+        key = hashlib.blake2b(f"{self.seed},{i % self.steps}".encode(), digest_size=8).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(key, "little"))
         return torch.randint(self.n_tokens - self.block_size, (self.batch_size,), generator=g)
 
 
