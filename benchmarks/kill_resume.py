@@ -131,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = work / "reference"
     shutil.rmtree(ref, ignore_errors=True)
-    code, err, wall, first = run(
-        cmd(ref, False), watch=ref / "train_state.pt"
-    )
+    code, err, wall, first = run(cmd(ref, False), watch=ref / "train_state.pt")
     first = wall if first is None else first
     if code != 0:
         print(f"reference run failed ({code}): {err.strip()[-500:]}", file=sys.stderr)

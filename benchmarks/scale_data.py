@@ -34,7 +34,13 @@ import time
 from pathlib import Path
 
 LM = ["train.threads=1", "train.max_steps=300", "train.eval_every=1000", "eval_batches=10", "num_samples=1"]
-MLM = ["train.threads=1", "train.max_steps=41", "train.eval_every=1000", "val_limit=256", "train.max_minutes=null"]
+MLM = [
+    "train.threads=1",
+    "train.max_steps=41",
+    "train.eval_every=1000",
+    "val_limit=256",
+    "train.max_minutes=null",
+]
 SIZES = {"100M": 100 << 20, "1G": 1 << 30, "5G": 5 << 30}
 
 
@@ -56,7 +62,12 @@ def measure(cmd: list[str], watch: Path | None = None) -> dict:
     out, err = proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-1500:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024), "start_s": seen, "stdout": out}
+    return {
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "start_s": seen,
+        "stdout": out,
+    }
 
 
 def qkv(*args: str) -> list[str]:
@@ -79,7 +90,7 @@ def write_fasta_corpus(path: Path, size: int) -> None:
 
     records = []
     for f in pretraining_files():
-        with (gzip.open(f, "rt") if f.suffix == ".gz" else open(f)) as handle:
+        with gzip.open(f, "rt") if f.suffix == ".gz" else open(f) as handle:
             records += [(t.split(None, 1)[0], s) for t, s in SimpleFastaParser(handle)]
     written, copy = 0, 0
     with open(path, "w") as out:

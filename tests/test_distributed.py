@@ -98,10 +98,7 @@ def test_resume_on_another_number_of_processes_is_refused(runs):
     assert "was trained on 2 process(es); resume it on as many" in done.stderr
 
 
-def test_the_defaults_train_under_torchrun_with_the_global_batch_of_one_process(tmp_path):
-    """With fewer micro-batches per step than processes (accum_steps 1, the default), each
-    process takes its rows of every micro-batch: the same global batch as one process."""
-    settings = [*SETTINGS, "train.accum_steps=1", "train.max_steps=20"]
+def _one_and_two_processes_agree(tmp_path: Path, settings: list[str]) -> None:
     one, two = tmp_path / "p1", tmp_path / "p2"
     for run, nproc in ((one, 1), (two, 2)):
         done = _qkv("train", "lm", "--out", str(run), "--quiet", *settings, nproc=nproc)
@@ -111,6 +108,21 @@ def test_the_defaults_train_under_torchrun_with_the_global_batch_of_one_process(
         assert [s for s, _ in a] == [s for s, _ in b] and a
         for (_, x), (_, y) in zip(a, b, strict=True):
             assert abs(x - y) < 1e-4 * abs(x), (key, x, y)
+
+
+def test_the_defaults_train_under_torchrun_with_the_global_batch_of_one_process(tmp_path):
+    """With fewer micro-batches per step than processes (accum_steps 1, the default), each
+    process takes its rows of every micro-batch: the same global batch as one process."""
+    _one_and_two_processes_agree(tmp_path, [*SETTINGS, "train.accum_steps=1", "train.max_steps=20"])
+
+
+def test_two_processes_on_token_shards_train_as_one(tmp_path):
+    """From token shards (qkv prepare lm, windows crossing 100,000-token shards) each process
+    reads only the windows of its micro-batches: the same global batch as one process."""
+    data = tmp_path / "shards"
+    done = _qkv("prepare", "lm", "tinyshakespeare", "--out", str(data), "--shard-tokens", "100000", "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    _one_and_two_processes_agree(tmp_path, [*SETTINGS, f"data={data}", "train.max_steps=20"])
 
 
 def test_lora_from_a_checkpoint_trains_under_torchrun_as_in_one_process(runs, tmp_path):

@@ -17,8 +17,10 @@ DATA = Path(os.environ.get("QKV_DATA_DIR", ROOT.parent / "shared" / "data"))
     not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"),
     reason=f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)",
 )
-def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
-    # Two kill points here (benchmarks/kill_resume.py --trials 10 is the acceptance run).
+@pytest.mark.parametrize("source", ["text", "shards"])
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, source):
+    # Two kill points here (benchmarks/kill_resume.py --trials 10 is the acceptance run); the
+    # corpus read into memory, or from token shards (qkv prepare lm) whose windows cross shards.
     env = {**os.environ, "QKV_DATA_DIR": str(DATA)}
     done = subprocess.run(
         [
@@ -34,6 +36,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
             "3",
             "--workdir",
             str(tmp_path),
+            *(["--shards"] if source == "shards" else []),
         ],
         capture_output=True,
         text=True,

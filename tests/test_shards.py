@@ -18,6 +18,7 @@ from qkv.data.protein import held_out
 from qkv.data.shards import PreparedData, Split, SplitWriter
 from qkv.data.text import load_corpus, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
+from qkv.errors import QkvError
 from qkv.recipes.lm import LMRecipe, train_lm
 from qkv.recipes.protein_mlm import ShardBatches
 from qkv.settings import resolve
@@ -94,6 +95,10 @@ def test_prepared_text_trains_bit_identically_to_the_text_in_memory(tmp_path, sm
     assert a.read_bytes() == b.read_bytes()
     record = json.loads((tmp_path / "shards" / "data.json").read_text())
     assert record["tokens"] == {"train": len(tok.encode(train_text)), "val": len(tok.encode(val_text))}
+    prepare.prepare_lm(["tinyshakespeare"], tmp_path / "again", shard_tokens=300_000)
+    recipe = resolve(LMRecipe, None, [*settings, f"data={tmp_path / 'again'}", "train.max_steps=40"])
+    with pytest.raises(QkvError, match="not the data this run started on"):
+        train_lm(recipe, tmp_path / "shards", resume=True, progress=False)
 
 
 @needs_data
@@ -147,7 +152,9 @@ def test_an_interrupted_preparation_resumes_to_the_same_files(tmp_path, small_ch
 def test_protein_shards_hold_out_by_id_drop_duplicates_and_batch_within_the_budget(tmp_path):
     fasta = tmp_path / "dup.fasta"
     fasta.write_text(">a1\nMKTAYIAKQR\n>a2\nmktayiakqr*\n>bad\nMK-TA\n>b1\nMSSHHHHHHL\n")
-    meta = prepare.prepare_protein_mlm([str(p) for p in PROTEOMES] + [str(fasta)], tmp_path / "p", shard_tokens=50_000)
+    meta = prepare.prepare_protein_mlm(
+        [str(p) for p in PROTEOMES] + [str(fasta)], tmp_path / "p", shard_tokens=50_000
+    )
     assert meta["records"]["duplicates"] == 1 and meta["records"]["skipped"] == 1
     data = PreparedData.open(tmp_path / "p", "protein-mlm")
     train = {data.train.sequence(i).tobytes() for i in range(data.train.num_sequences)}
@@ -182,7 +189,9 @@ def test_bad_data_is_refused_in_one_line_before_anything_is_written(tmp_path, ca
     data = tmp_path / "data"
     prepare.prepare_lm(["tinyshakespeare"], data, shard_tokens=200_000)
     refused("prepare", "lm", "tinyshakespeare", "--out", str(data), needle="already prepared")
-    refused("prepare", "lm", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x"), needle="missing.txt")
+    refused(
+        "prepare", "lm", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x"), needle="missing.txt"
+    )
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     refused("prepare", "lm", "tinyshakespeare", "--out", str(tmp_path / "busy"), needle="not empty")
@@ -193,10 +202,19 @@ def test_bad_data_is_refused_in_one_line_before_anything_is_written(tmp_path, ca
     refused("prepare", "protein-mlm", str(latin), "--out", str(tmp_path / "f"), needle="latin1.txt")
     assert not (tmp_path / "l").exists() and not (tmp_path / "f").exists()
     run = str(tmp_path / "run")
-    refused("train", "lm", "--out", run, f"data={data}", "corpus=other.txt", needle="leave out corpus='other.txt'")
+    refused(
+        "train", "lm", "--out", run, f"data={data}", "corpus=other.txt", needle="leave out corpus='other.txt'"
+    )
     refused("train", "protein-mlm", "--out", run, f"data={data}", needle="prepared for lm, not protein-mlm")
     refused("train", "lm", "--out", run, f"data={tmp_path}", needle="not a prepared data directory")
     shard = data / "train" / "tokens-00002.bin"
     shard.write_bytes(shard.read_bytes()[:-10])
-    refused("train", "lm", "--out", run, f"data={data}", needle="tokens-00002.bin is 199,990 bytes, expected 200,000")
+    refused(
+        "train",
+        "lm",
+        "--out",
+        run,
+        f"data={data}",
+        needle="tokens-00002.bin is 199,990 bytes, expected 200,000",
+    )
     assert not Path(run).exists()

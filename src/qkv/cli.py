@@ -168,11 +168,15 @@ def _cmd_prepare(args) -> int:
     }
     if args.kind == "lm":
         tokenizer = args.tokenizer or "char"
-        meta = prepare.prepare_lm(args.inputs, args.out, tokenizer=tokenizer, progress=not args.quiet, **given)
+        meta = prepare.prepare_lm(
+            args.inputs, args.out, tokenizer=tokenizer, progress=not args.quiet, **given
+        )
     else:
         lm_only = sorted({"vocab_size", "bpe_sample_chars", "seed", "val_corpus"} & given.keys())
         if lm_only or args.tokenizer:
-            flags = [f"--{k.replace('_', '-')}" for k in lm_only] + (["--tokenizer"] if args.tokenizer else [])
+            flags = [f"--{k.replace('_', '-')}" for k in lm_only] + (
+                ["--tokenizer"] if args.tokenizer else []
+            )
             raise QkvError(f"{', '.join(flags)}: for qkv prepare lm (proteins are read residue by residue)")
         meta = prepare.prepare_protein_mlm(
             args.inputs, args.out, dedup=not args.keep_duplicates, progress=not args.quiet, **given

@@ -33,7 +33,14 @@ from ..train.checkpoint import write_json
 from .protein import held_out, pretraining_files
 from .shards import FORMAT, SPLITS, VERSION, SplitWriter, token_dtype
 from .text import load_corpus_path
-from .tokenizers import AMINO_ACIDS, PROTEIN_SPECIALS, RARE_CODES, AminoAcidTokenizer, CharTokenizer, SubwordTokenizer
+from .tokenizers import (
+    AMINO_ACIDS,
+    PROTEIN_SPECIALS,
+    RARE_CODES,
+    AminoAcidTokenizer,
+    CharTokenizer,
+    SubwordTokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +89,9 @@ class _Preparation:
 
     def save(self, **state) -> None:
         self.state.update(state)
-        write_json(self.progress_path, {"settings": self.settings, "sources": self.sources, "state": self.state})
+        write_json(
+            self.progress_path, {"settings": self.settings, "sources": self.sources, "state": self.state}
+        )
 
     def finish(self, kind: str, tokenizer, writers: dict[str, SplitWriter], **extra) -> dict:
         for name, w in writers.items():
@@ -113,7 +122,9 @@ class _Preparation:
     def writers(self, dtype: np.dtype, shard_tokens: int, sort_train: bool = False) -> dict[str, SplitWriter]:
         done, pending = self.state.get("splits", {}), self.state.get("pending", {})
         writers = {
-            name: SplitWriter(self.out / name, dtype, shard_tokens, sort_train and name == "train", done.get(name))
+            name: SplitWriter(
+                self.out / name, dtype, shard_tokens, sort_train and name == "train", done.get(name)
+            )
             for name in SPLITS
         }
         for name, (file, lengths) in pending.items():
@@ -128,7 +139,10 @@ class _Preparation:
         if all(len(w.shards) == len(recorded.get(n, [])) for n, w in writers.items()):
             return
         generation = self.state.get("generation", 0) + 1
-        pending = {n: (f"pending-{generation}.bin", w.save_pending(f"pending-{generation}.bin")) for n, w in writers.items()}
+        pending = {
+            n: (f"pending-{generation}.bin", w.save_pending(f"pending-{generation}.bin"))
+            for n, w in writers.items()
+        }
         old = self.state.get("pending", {})
         self.save(
             splits={n: [list(s) for s in w.shards] for n, w in writers.items()},
@@ -148,9 +162,9 @@ def _bar(total: int, desc: str, progress: bool):
 
 def text_chunks(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """``(byte offset after the chunk, text)`` of a UTF-8 file from byte ``start``, in chunks of
-    about ``chunk_bytes`` (default :data:`CHUNK_BYTES`) that end after a line break followed by a non-space character (or at
-    the end of the file; a text without such a place for ``4 * chunk_bytes`` is cut at a
-    character boundary).
+    about ``chunk_bytes`` (default :data:`CHUNK_BYTES`) that end after a line break followed by
+    a non-space character (or at the end of the file; a text without such a place for
+    ``4 * chunk_bytes`` is cut at a character boundary).
 
     Raises:
         QkvError: bytes that are not UTF-8 (naming the offset).
@@ -194,7 +208,7 @@ def _char_codes(text: str) -> np.ndarray:
 
 def _scan_text(files: list[Path], progress: bool) -> tuple[list[int], list[str]]:
     """Characters per file and the sorted character set of all of them (a first pass)."""
-    counts, ascii_seen, chars = [], np.zeros(128, dtype=bool), set()
+    counts, ascii_seen, chars = [], np.zeros(128, dtype=bool), set[str]()
     with _bar(sum(p.stat().st_size for p in files), "scan", progress) as bar:
         for path in files:
             n, last = 0, 0
@@ -299,6 +313,7 @@ def prepare_lm(
     if split_at == 0 or (not val_corpus and split_at == total):
         raise QkvError(f"a corpus of {total} characters leaves a split empty at val_fraction {val_fraction}")
     sample = None
+    tok: CharTokenizer | SubwordTokenizer
     if tokenizer == "char":
         tok = CharTokenizer(chars)
         codes = np.array([ord(c) for c in chars], dtype=np.uint32)
@@ -373,17 +388,14 @@ def _fasta_records(path: Path) -> Iterator[tuple[str, str, int]]:
     or ``.gz``), by Biopython's parser."""
     from Bio.SeqIO.FastaIO import SimpleFastaParser
 
-    raw = open(path, "rb")  # noqa: SIM115 (closed below; gzip reads through it)
-    try:
-        stream = gzip.open(raw) if path.suffix == ".gz" else raw
+    with open(path, "rb") as raw:
+        stream = gzip.open(raw) if path.suffix == ".gz" else raw  # noqa: SIM115 (closed with raw)
         text = io.TextIOWrapper(stream, encoding="utf-8", newline=None)
         try:
             for title, seq in SimpleFastaParser(text):
                 yield (title.split(None, 1)[0] if title else ""), seq, raw.tell()
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise QkvError(f"cannot read FASTA file {path}: {' '.join(str(exc).split())}") from None
-    finally:
-        raw.close()
 
 
 def prepare_protein_mlm(

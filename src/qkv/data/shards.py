@@ -145,38 +145,36 @@ class SplitWriter:
         self._pieces, self._starts, self.buffered = [], [], 0
 
 
-@dataclass(frozen=True)
 class Split:
     """One split of a prepared directory, read by memory map: a stream of all its tokens (the
     shards one after another) and its sequences.
 
-    Raises (on construction):
+    Args:
+        shards: ``(tokens, sequences)`` of each shard, as ``meta.json`` lists them.
+
+    Raises:
         QkvError: a shard file missing or of the wrong size (truncated, or from another
             preparation).
     """
 
-    directory: Path
-    dtype: np.dtype
-    shards: tuple[tuple[int, int], ...]
-
-    def __post_init__(self) -> None:
-        tokens, starts = [], []
-        for i, (n_tokens, n_seqs) in enumerate(self.shards):
-            for path, count, dtype in zip(
-                _shard_paths(self.directory, i), (n_tokens, n_seqs + 1), (self.dtype, np.int64), strict=True
-            ):
-                expected = count * np.dtype(dtype).itemsize
+    def __init__(self, directory: Path, dtype: np.dtype, shards: tuple[tuple[int, int], ...]) -> None:
+        self.directory, self.dtype, self.shards = Path(directory), np.dtype(dtype), shards
+        self._tokens: list[np.ndarray] = []
+        self._starts: list[np.ndarray] = []
+        for i, (n_tokens, n_seqs) in enumerate(shards):
+            paths = _shard_paths(self.directory, i)
+            itemsizes = (self.dtype.itemsize, np.dtype(np.int64).itemsize)
+            for path, count, itemsize in zip(paths, (n_tokens, n_seqs + 1), itemsizes, strict=True):
+                expected = count * itemsize
                 size = path.stat().st_size if path.is_file() else None
                 if size != expected:
                     found = "missing" if size is None else f"{size:,} bytes, expected {expected:,}"
                     raise QkvError(f"shard {path} is {found}: prepare the data again (qkv prepare)")
-            t_path, s_path = _shard_paths(self.directory, i)
-            tokens.append(np.memmap(t_path, dtype=self.dtype, mode="r") if n_tokens else np.zeros(0, self.dtype))
-            starts.append(np.memmap(s_path, dtype=np.int64, mode="r"))
-        object.__setattr__(self, "_tokens", tokens)
-        object.__setattr__(self, "_starts", starts)
-        object.__setattr__(self, "token_ends", np.cumsum([0, *(s[0] for s in self.shards)]))
-        object.__setattr__(self, "sequence_ends", np.cumsum([0, *(s[1] for s in self.shards)]))
+            empty = np.zeros(0, self.dtype)
+            self._tokens.append(np.memmap(paths[0], dtype=self.dtype, mode="r") if n_tokens else empty)
+            self._starts.append(np.memmap(paths[1], dtype=np.int64, mode="r"))
+        self.token_ends = np.cumsum([0, *(s[0] for s in shards)])
+        self.sequence_ends = np.cumsum([0, *(s[1] for s in shards)])
 
     def __len__(self) -> int:
         """Tokens in the split."""
@@ -204,7 +202,11 @@ class Split:
         """The windows of ``width`` tokens starting at ``offsets``. Shape: ``(B,)`` long →
         ``(B, width)`` long."""
         rows = [self.window(int(o), width) for o in offsets.tolist()]
-        return torch.from_numpy(np.stack(rows).astype(np.int64)) if rows else torch.zeros(0, width, dtype=torch.long)
+        return (
+            torch.from_numpy(np.stack(rows).astype(np.int64))
+            if rows
+            else torch.zeros(0, width, dtype=torch.long)
+        )
 
     def locate(self, token: int) -> tuple[int, int]:
         """``(shard, sequence within the shard)`` of the sequence holding token ``token``."""

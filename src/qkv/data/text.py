@@ -78,8 +78,8 @@ def random_windows(
 class WindowBatches(Sequence[torch.Tensor]):
     """One epoch of random-window batches, made on demand: batch ``i`` holds the start offsets
     of ``batch_size`` windows drawn uniformly (as :func:`random_windows` draws them) by a
-    generator seeded with ``(seed, i)``. Nothing is stored, so an epoch over a corpus of any size costs nothing
-    to set up, and batch ``i`` is the same whenever it is asked for (exact resume, every
+    generator seeded with ``(seed, i)``. Nothing is stored, so an epoch over a corpus of any
+    size costs nothing to set up, and batch ``i`` is the same whenever it is asked for (exact resume, every
     torchrun process). Shape of a batch: ``(batch_size,)`` long.
 
     Args:
@@ -125,7 +125,9 @@ def windows_at(data, offsets: torch.Tensor, block_size: int) -> tuple[torch.Tens
     return chunk[:, :-1], chunk[:, 1:]
 
 
-def consecutive_windows(n_tokens: int, block_size: int, start: int = 0, count: int | None = None) -> torch.Tensor:
+def consecutive_windows(
+    n_tokens: int, block_size: int, start: int = 0, count: int | None = None
+) -> torch.Tensor:
     """Offsets of non-overlapping windows covering a split of ``n_tokens`` (every token
     predicted once, each with between 0 and ``block_size - 1`` tokens of context): a full pass
     for evaluation; ``start``/``count`` pick windows ``start .. start + count - 1`` of them.

@@ -46,7 +46,15 @@ from ..train.adapters import add_lora
 from ..train.checkpoint import write_json, write_text
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import fit, keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
+from .common import (
+    fit,
+    keep_best,
+    prepare_run_dir,
+    read_run_json,
+    require_at_least_one,
+    start_run,
+    write_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -356,14 +364,21 @@ def _load_data(recipe: LMRecipe, run_dir: Path, resume: bool):
     if recipe.data is not None:
         prepared = PreparedData.open(recipe.data, "lm")
         tok = load_tokenizer(prepared.tokenizer_path)
-        if resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
-            raise QkvError(f"data={recipe.data} was tokenized otherwise than this run: resume it on its own data")
+        record = {"path": str(prepared.path.resolve()), **_data_record(prepared.meta)}
+        if resume and (
+            tok_path.read_bytes() != prepared.tokenizer_path.read_bytes()
+            or read_run_json(run_dir, "data.json") != record
+        ):
+            raise QkvError(
+                f"data={recipe.data} is not the data this run started on (prepared again, or another "
+                "directory): resume it on its own data"
+            )
         for name, split in (("training", prepared.train), ("validation", prepared.val)):
             _check_stream(name, len(split), recipe.model.max_len)
         meta = prepared.meta
         if not resume:
             tok.save(tok_path)
-            write_json(run_dir / "data.json", {"path": str(prepared.path.resolve()), **_data_record(meta)})
+            write_json(run_dir / "data.json", record)
         return None, tok, prepared.train, prepared.val, meta["chars"]["val"] / meta["tokens"]["val"]
     if resume:
         tok = load_tokenizer(tok_path)

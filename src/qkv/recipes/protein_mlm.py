@@ -17,8 +17,8 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import overload
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import torch
