@@ -894,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "translate" and not any(x.startswith("-") for x in extra):
         args.text = list(args.text) + extra  # sentences after options: `translate RUN --beam 1 "Hallo"`
+    elif extra and args.command == "prepare" and not any(x.startswith("-") for x in extra):
+        args.inputs = list(args.inputs) + extra  # files after options: `prepare lm --tokenizer bpe a.txt`
     elif extra:
         if args.command != "train" or any(x.startswith("-") or "=" not in x for x in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -1,5 +1,5 @@
-"""Token shards: a corpus tokenized once and read back from disk by memory map, so that what
-training holds in memory does not grow with the corpus (nanoGPT's ``train.bin``, split into
+"""Token shards: a corpus tokenized once and read back from disk, so that what training holds
+in memory does not grow with the corpus (nanoGPT's ``train.bin``, split into
 shards, with an index of sequence boundaries).
 
 A prepared data directory (``qkv prepare``, :mod:`qkv.data.prepare`)::
@@ -13,16 +13,20 @@ A prepared data directory (``qkv prepare``, :mod:`qkv.data.prepare`)::
     progress.json             only while a preparation is unfinished (what resuming starts from)
 
 Why raw NumPy arrays rather than Arrow (HF ``datasets``) or LitData: a window or a sequence is
-one slice of a ``numpy.memmap`` (random access in O(1), no decoding, the operating system's page
+one read at a known offset (random access in O(1), no decoding, the operating system's page
 cache does the caching), a rank under torchrun opens the same files and reads only the slices
-its rows need, and nothing beyond NumPy is required. Arrow would add a large dependency for
+its rows need, and nothing beyond NumPy is required. Token files are read, not mapped: pages
+of a mapping stay counted in the process's memory once touched, so a long run over a large
+corpus would look as if it held the corpus; the index (8 bytes per sequence) is mapped. Arrow would add a large dependency for
 columns we do not have; LitData brings its own streaming workers and shuffling, and we need
 the loop's own batch order (exact resume, the same global batch on any number of processes).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +51,16 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def _shard_paths(directory: Path, index: int) -> tuple[Path, Path]:
     return directory / f"tokens-{index:05d}.bin", directory / f"starts-{index:05d}.bin"
+
+
+def _random_access_map(path: Path) -> np.ndarray:
+    """A read-only int64 view of a file by memory map, advised as randomly accessed (no
+    read-ahead: a lookup maps a page, not the pages around it)."""
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=np.int64)
 
 
 def _write_atomic(path: Path, array: np.ndarray) -> None:
@@ -146,7 +160,7 @@ class SplitWriter:
 
 
 class Split:
-    """One split of a prepared directory, read by memory map: a stream of all its tokens (the
+    """One split of a prepared directory, read from disk: a stream of all its tokens (the
     shards one after another) and its sequences.
 
     Args:
@@ -159,7 +173,7 @@ class Split:
 
     def __init__(self, directory: Path, dtype: np.dtype, shards: tuple[tuple[int, int], ...]) -> None:
         self.directory, self.dtype, self.shards = Path(directory), np.dtype(dtype), shards
-        self._tokens: list[np.ndarray] = []
+        self._files: list[io.FileIO] = []
         self._starts: list[np.ndarray] = []
         for i, (n_tokens, n_seqs) in enumerate(shards):
             paths = _shard_paths(self.directory, i)
@@ -170,9 +184,8 @@ class Split:
                 if size != expected:
                     found = "missing" if size is None else f"{size:,} bytes, expected {expected:,}"
                     raise QkvError(f"shard {path} is {found}: prepare the data again (qkv prepare)")
-            empty = np.zeros(0, self.dtype)
-            self._tokens.append(np.memmap(paths[0], dtype=self.dtype, mode="r") if n_tokens else empty)
-            self._starts.append(np.memmap(paths[1], dtype=np.int64, mode="r"))
+            self._files.append(open(paths[0], "rb", buffering=0))  # noqa: SIM115 (closed by close())
+            self._starts.append(_random_access_map(paths[1]))
         self.token_ends = np.cumsum([0, *(s[0] for s in shards)])
         self.sequence_ends = np.cumsum([0, *(s[1] for s in shards)])
 
@@ -192,11 +205,29 @@ class Split:
         shard = int(np.searchsorted(self.token_ends, start, side="right")) - 1
         pieces, at = [], start - int(self.token_ends[shard])
         while width > 0:
-            piece = self._tokens[shard][at : at + width]
+            piece = self._read(shard, at, min(width, int(self.shards[shard][0]) - at))
             pieces.append(piece)
             width -= len(piece)
             shard, at = shard + 1, 0
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _read(self, shard: int, start: int, count: int) -> np.ndarray:
+        """Tokens ``start .. start + count - 1`` of one shard, read from the file (not mapped:
+        what a long run has read does not stay counted in its memory)."""
+        handle, size = self._files[shard], self.dtype.itemsize
+        handle.seek(start * size)
+        data = handle.read(count * size)
+        if data is None or len(data) != count * size:
+            raise QkvError(f"shard {handle.name} ends before token {start + count}: prepare the data again")
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def close(self) -> None:
+        """Close the shard files (also done when the split is garbage-collected)."""
+        for handle in getattr(self, "_files", []):
+            handle.close()
+
+    def __del__(self) -> None:
+        self.close()
 
     def windows(self, offsets: torch.Tensor, width: int) -> torch.Tensor:
         """The windows of ``width`` tokens starting at ``offsets``. Shape: ``(B,)`` long →
@@ -221,9 +252,9 @@ class Split:
         return np.asarray(self._starts[shard][first:stop])
 
     def shard_sequence(self, shard: int, index: int) -> np.ndarray:
-        """Sequence ``index`` of shard ``shard`` (a read-only view of the memory map)."""
+        """Sequence ``index`` of shard ``shard``, read from its file. Shape: ``(length,)``."""
         starts = self._starts[shard]
-        return self._tokens[shard][int(starts[index]) : int(starts[index + 1])]
+        return self._read(shard, int(starts[index]), int(starts[index + 1] - starts[index]))
 
     def sequence(self, index: int) -> np.ndarray:
         """Sequence ``index`` of the split (over all shards, in order)."""
