@@ -15,11 +15,13 @@ A prepared data directory (``qkv prepare``, :mod:`qkv.data.prepare`)::
 Why raw NumPy arrays rather than Arrow (HF ``datasets``) or LitData: a window or a sequence is
 one read at a known offset (random access in O(1), no decoding, the operating system's page
 cache does the caching), a rank under torchrun opens the same files and reads only the slices
-its rows need, and nothing beyond NumPy is required. Token files are read, not mapped: pages
-of a mapping stay counted in the process's memory once touched, so a long run over a large
-corpus would look as if it held the corpus; the index (8 bytes per sequence) is mapped. Arrow would add a large dependency for
+its rows need, and nothing beyond NumPy is required. Arrow would add a large dependency for
 columns we do not have; LitData brings its own streaming workers and shuffling, and we need
 the loop's own batch order (exact resume, the same global batch on any number of processes).
+
+Token files are read at offsets, not memory-mapped as nanoGPT's are: the pages of a mapping
+stay counted in the process's memory once touched, so a long run over a large corpus would
+look as if it held the corpus. The index (8 bytes per sequence) is mapped, advised as random.
 """
 
 from __future__ import annotations
