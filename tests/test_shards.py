@@ -101,6 +101,23 @@ def test_prepared_text_trains_bit_identically_to_the_text_in_memory(tmp_path, sm
         train_lm(recipe, tmp_path / "shards", resume=True, progress=False)
 
 
+def test_text_is_read_in_chunks_as_python_reads_it_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare, "CHUNK_BYTES", 64)
+    path = tmp_path / "crlf.txt"
+    text = "".join(f"Zeile {i}: grüß dich\r\n  eingerückt\r\n\r\n" for i in range(40))
+    path.write_bytes(text.encode("utf-8"))
+    chunks = [chunk for _, chunk in prepare.text_chunks(path)]
+    assert len(chunks) > 10 and "".join(chunks) == path.read_text(encoding="utf-8")
+    assert all(c.endswith("\n") and not c[0].isspace() for c in chunks)  # cut before a line's text
+    meta = prepare.prepare_lm([str(path)], tmp_path / "data", val_fraction=0.25)
+    train_text, val_text = split_train_val(path.read_text(encoding="utf-8"), 0.25)
+    tok = CharTokenizer.train(train_text + val_text)
+    data = PreparedData.open(tmp_path / "data", "lm")
+    assert np.array_equal(data.train.window(0, len(data.train)), tok.encode(train_text))
+    assert np.array_equal(data.val.window(0, len(data.val)), tok.encode(val_text))
+    assert meta["chars"] == {"train": len(train_text), "val": len(val_text)}
+
+
 @needs_data
 def test_bpe_shards_hold_the_ids_of_the_whole_text_and_the_sample_is_recorded(tmp_path, small_chunks):
     meta = prepare.prepare_lm(["tinyshakespeare"], tmp_path / "all", tokenizer="bpe", vocab_size=600)

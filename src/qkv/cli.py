@@ -167,6 +167,8 @@ def _cmd_prepare(args) -> int:
         if getattr(args, k) is not None
     }
     if args.kind == "lm":
+        if args.keep_duplicates:
+            raise QkvError("--keep-duplicates: for qkv prepare protein-mlm (a text is one stream)")
         tokenizer = args.tokenizer or "char"
         meta = prepare.prepare_lm(
             args.inputs, args.out, tokenizer=tokenizer, progress=not args.quiet, **given

@@ -164,7 +164,8 @@ def text_chunks(path: Path, start: int = 0, chunk_bytes: int | None = None) -> I
     """``(byte offset after the chunk, text)`` of a UTF-8 file from byte ``start``, in chunks of
     about ``chunk_bytes`` (default :data:`CHUNK_BYTES`) that end after a line break followed by
     a non-space character (or at the end of the file; a text without such a place for
-    ``4 * chunk_bytes`` is cut at a character boundary).
+    ``4 * chunk_bytes`` is cut at a character boundary). Windows and old Mac line endings are
+    read as ``"\\n"``, as Python's text mode reads them.
 
     Raises:
         QkvError: bytes that are not UTF-8 (naming the offset).
@@ -195,6 +196,8 @@ def text_chunks(path: Path, start: int = 0, chunk_bytes: int | None = None) -> I
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise QkvError(f"{path} is not UTF-8 text (byte {pos + exc.start})") from None
+            if "\r" in text:  # line endings as Python's text mode reads them (the in-memory path)
+                text = text.replace("\r\n", "\n").replace("\r", "\n")
             pos += len(data)
             yield pos, text
 
