@@ -11,13 +11,16 @@ every copy repeats the same sequences). Then, one process at a time:
   training state is on disk, i.e. until training begins), peak RSS, and the loop's median
   tokens/s (the LM counts next-token targets, the MLM masked residues).
 
-The corpus and its shards are deleted after each measurement (disk). ``--baseline`` also trains
-on tiny-shakespeare and the UniProt + RefSeq corpus through today's in-memory path and through
-shards of the same corpus, with the same settings: the tokens/s to compare, and the validation
-loss (identical for the LM, which draws the same windows either way).
+The corpus and its shards are deleted after each measurement (disk). ``--compare-mlm`` instead
+trains a small protein encoder for 800 steps from the UniProt + RefSeq corpus in memory and from
+its shards, seeds 1 and 2: the held-out perplexity of the two samplers side by side.
+``--baseline`` also trains on tiny-shakespeare and the UniProt + RefSeq corpus through the
+in-memory path and through shards of the same corpus, with the same settings: the tokens/s to
+compare, and the validation loss (identical for the LM, which draws the same windows either way).
 
 Run from the repository root, one thread (the figures compare within one run):
     QKV_DATA_DIR=../shared/data taskset -c 0 python benchmarks/scale_data.py --out runs/scale --baseline
+    QKV_DATA_DIR=../shared/data taskset -c 1 python benchmarks/scale_data.py --out runs/mlmcmp --compare-mlm
 """
 
 from __future__ import annotations
@@ -40,6 +43,19 @@ MLM = [
     "train.eval_every=1000",
     "val_limit=256",
     "train.max_minutes=null",
+]
+SMALL_MLM = [
+    "model.d_model=128",
+    "model.n_heads=4",
+    "model.d_ff=512",
+    "model.n_layers=4",
+    "model.max_len=256",
+    "max_tokens=4096",
+    "train.max_steps=800",
+    "train.warmup_steps=100",
+    "train.eval_every=200",
+    "train.max_minutes=null",
+    "train.threads=1",
 ]
 SIZES = {"100M": 100 << 20, "1G": 1 << 30, "5G": 5 << 30}
 
@@ -114,13 +130,43 @@ def train(kind: str, run: Path, settings: list[str]) -> dict:
     return {**m, "tokens_per_s": round(loop_rate(run)), "val_loss": summary["validation"]["val_loss"]}
 
 
+def compare_mlm(out: Path) -> int:
+    """Held-out perplexity of short protein-MLM runs, the corpus in memory vs its shards."""
+    data = out / "shards"
+    if not (data / "meta.json").is_file():
+        measure(qkv("prepare", "protein-mlm", "--out", str(data), "--quiet"))
+    for seed in (1, 2):
+        for source, extra in (("memory", []), ("shards", [f"data={data}"])):
+            run = out / f"{source}-{seed}"
+            shutil.rmtree(run, ignore_errors=True)
+            done = measure(
+                qkv(
+                    "train",
+                    "protein-mlm",
+                    "--out",
+                    str(run),
+                    "--quiet",
+                    "--json",
+                    *SMALL_MLM,
+                    f"train.seed={seed}",
+                    *extra,
+                )
+            )
+            ppl = json.loads(done["stdout"])["validation"]["val_ppl"]
+            print(f"{source} seed {seed}: held-out ppl {ppl:.3f}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/scale"))
     ap.add_argument("--sizes", default="100M,1G,5G", help=f"of {', '.join(SIZES)}")
     ap.add_argument("--baseline", action="store_true", help="also compare with the in-memory path")
+    ap.add_argument("--compare-mlm", action="store_true", help="only the in-memory vs shards MLM runs")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.compare_mlm:
+        return compare_mlm(args.out)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
 
