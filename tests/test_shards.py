@@ -135,11 +135,15 @@ def test_bpe_shards_hold_the_ids_of_the_whole_text_and_the_sample_is_recorded(tm
 
 
 @needs_data
-@pytest.mark.parametrize("kind", ["lm", "protein-mlm"])
+@pytest.mark.parametrize("kind", ["lm", "lm-bpe", "protein-mlm"])
 def test_an_interrupted_preparation_resumes_to_the_same_files(tmp_path, small_chunks, monkeypatch, kind):
     def run(out):
         if kind == "lm":
             return prepare.prepare_lm(["tinyshakespeare"], out, shard_tokens=150_000)
+        if kind == "lm-bpe":  # resumed with the merges learnt before the interruption
+            return prepare.prepare_lm(
+                ["tinyshakespeare"], out, tokenizer="bpe", vocab_size=400, shard_tokens=60_000
+            )
         return prepare.prepare_protein_mlm([str(p) for p in PROTEOMES], out, shard_tokens=60_000)
 
     run(tmp_path / "whole")
@@ -156,7 +160,7 @@ def test_an_interrupted_preparation_resumes_to_the_same_files(tmp_path, small_ch
         run(tmp_path / "resumed")
     assert (tmp_path / "resumed" / "progress.json").is_file()
     with pytest.raises(Exception, match="did not finish; run the same qkv prepare command again"):
-        PreparedData.open(tmp_path / "resumed", kind)
+        PreparedData.open(tmp_path / "resumed", kind.removesuffix("-bpe"))
     monkeypatch.setattr(SplitWriter, "flush", flush)
     run(tmp_path / "resumed")
     assert _files(tmp_path / "resumed").keys() == _files(tmp_path / "whole").keys()

@@ -321,14 +321,20 @@ def prepare_lm(
         tok = CharTokenizer(chars)
         codes = np.array([ord(c) for c in chars], dtype=np.uint32)
         encode: Callable[[str], np.ndarray] = lambda text: np.searchsorted(codes, _char_codes(text))  # noqa: E731
+    elif "bpe_sample" in prep.state:  # resumed: the merges learnt before
+        tok, sample = SubwordTokenizer.load(prep.out / "tokenizer.json"), prep.state["bpe_sample"]
     else:
         paragraphs, sample = _paragraph_sample(files, split_at, bpe_sample_chars, seed, progress)
         tok = SubwordTokenizer.train(paragraphs, vocab_size, byte_level=True)
         del paragraphs
+        tok.save(prep.out / "tokenizer.json")
+        prep.save(bpe_sample=sample)
+    if isinstance(tok, SubwordTokenizer):
+        bpe = tok
 
         def encode(text: str) -> np.ndarray:
             pieces = [p for p in _SAFE_CUT.split(text) if p]
-            return np.fromiter((i for row in tok.encode_batch(pieces) for i in row), dtype=np.int64)
+            return np.fromiter((i for row in bpe.encode_batch(pieces) for i in row), dtype=np.int64)
 
     writers = prep.writers(token_dtype(tok.vocab_size), shard_tokens)
     token_counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
