@@ -48,7 +48,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def test_windows_read_across_shard_boundaries(tmp_path):
     stream = np.arange(1000) % 251
-    writer = SplitWriter(tmp_path, np.dtype(np.uint8), shard_tokens=97)
+    writer = SplitWriter(tmp_path, vocab_size=251, shard_tokens=97)
     writer.add(stream[:500])
     writer.add(stream[500:], new_sequence=False)
     writer.flush()

@@ -6,7 +6,9 @@ sentence pairs containing approximately 25000 source tokens and 25000 target tok
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
 import torch
 
@@ -103,3 +105,30 @@ def token_batches(
     if shuffle:
         rng.shuffle(batches)
     return batches
+
+
+class OnDemandBatches(Sequence[Any]):
+    """An epoch of ``steps`` batches, each made when asked for by :meth:`make` (a pure function
+    of the batch's index): nothing is stored, so an epoch over a corpus of any size costs nothing
+    to set up, and batch ``i`` is the same whenever it is asked for (exact resume, every
+    torchrun process). What :func:`qkv.train.loop.train_loop` takes as an epoch: ``len``,
+    indexing and slicing."""
+
+    steps: int
+
+    def make(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.steps
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.steps))]
+        if not -self.steps <= i < self.steps:
+            raise IndexError(i)
+        return self.make(i % self.steps)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import logging
 import random
 import re
@@ -31,7 +32,7 @@ import numpy as np
 from ..errors import QkvError
 from ..train.checkpoint import write_json
 from .protein import held_out, pretraining_files
-from .shards import FORMAT, SPLITS, VERSION, SplitWriter, token_dtype
+from .shards import FORMAT, SPLITS, VERSION, SplitWriter
 from .text import load_corpus_path
 from .tokenizers import (
     AMINO_ACIDS,
@@ -67,8 +68,6 @@ class _Preparation:
         if (out / "meta.json").is_file():
             raise QkvError(f"{out} is already prepared (meta.json); choose another --out or remove it")
         if self.progress_path.is_file():
-            import json
-
             saved = json.loads(self.progress_path.read_text(encoding="utf-8"))
             if saved.get("settings") != settings or saved.get("sources") != self.sources:
                 raise QkvError(
@@ -113,17 +112,24 @@ class _Preparation:
             "splits": {name: w.shards for name, w in writers.items()},
             "tokens": {name: sum(s[0] for s in w.shards) for name, w in writers.items()},
             "sequences": {name: sum(s[1] for s in w.shards) for name, w in writers.items()},
+            "token_counts": {name: w.counts.tolist() for name, w in writers.items()},
             **extra,
         }
         write_json(self.out / "meta.json", meta)
         self.progress_path.unlink(missing_ok=True)
         return meta
 
-    def writers(self, dtype: np.dtype, shard_tokens: int, sort_train: bool = False) -> dict[str, SplitWriter]:
+    def writers(self, vocab_size: int, shard_tokens: int, sort_train: bool = False) -> dict[str, SplitWriter]:
         done, pending = self.state.get("splits", {}), self.state.get("pending", {})
+        counts = self.state.get("counts", {})
         writers = {
             name: SplitWriter(
-                self.out / name, dtype, shard_tokens, sort_train and name == "train", done.get(name)
+                self.out / name,
+                vocab_size,
+                shard_tokens,
+                sort_train and name == "train",
+                done.get(name),
+                counts.get(name),
             )
             for name in SPLITS
         }
@@ -131,13 +137,15 @@ class _Preparation:
             writers[name].load_pending(file, lengths)
         return writers
 
-    def checkpoint(self, writers: dict[str, SplitWriter], **state) -> None:
-        """When a shard was completed since the last record: save the shards in progress as they
-        are and record how far the input was read (``state``). Resuming starts from there, drops
-        the shards written after it and takes the shards in progress back."""
+    def due(self, writers: dict[str, SplitWriter]) -> bool:
+        """Whether a shard was completed since the last progress record."""
         recorded = self.state.get("splits", {})
-        if all(len(w.shards) == len(recorded.get(n, [])) for n, w in writers.items()):
-            return
+        return any(len(w.shards) != len(recorded.get(n, [])) for n, w in writers.items())
+
+    def checkpoint(self, writers: dict[str, SplitWriter], **state) -> None:
+        """Save the shards in progress as they are and record how far the input was read
+        (``state``); called when :meth:`due`. Resuming starts from there, drops the shards
+        written after it and takes the shards in progress back."""
         generation = self.state.get("generation", 0) + 1
         pending = {
             n: (f"pending-{generation}.bin", w.save_pending(f"pending-{generation}.bin"))
@@ -146,6 +154,7 @@ class _Preparation:
         old = self.state.get("pending", {})
         self.save(
             splits={n: [list(s) for s in w.shards] for n, w in writers.items()},
+            counts={n: w.counts.tolist() for n, w in writers.items()},
             pending=pending,
             generation=generation,
             **state,
@@ -154,10 +163,27 @@ class _Preparation:
             (self.out / name / file).unlink(missing_ok=True)
 
 
-def _bar(total: int, desc: str, progress: bool):
+def _bar(files: list[Path], desc: str, progress: bool):
+    """A progress bar over the bytes of ``files``."""
     from tqdm import tqdm
 
+    total = sum(p.stat().st_size for p in files)
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not progress, leave=False)
+
+
+def _passes(
+    files: list[Path], desc: str, progress: bool, file: int = 0, offset: int = 0
+) -> Iterator[tuple[int, int, str]]:
+    """``(file index, byte offset after the chunk, text)`` of every chunk of ``files``
+    (:func:`text_chunks`) from byte ``offset`` of file ``file`` on, with a progress bar."""
+    with _bar(files, desc, progress) as bar:
+        bar.update(sum(p.stat().st_size for p in files[:file]) + offset)
+        for f in range(file, len(files)):
+            last = offset if f == file else 0
+            for end, text in text_chunks(files[f], last):
+                bar.update(end - last)
+                last = end
+                yield f, end, text
 
 
 def text_chunks(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Iterator[tuple[int, str]]:
@@ -211,19 +237,13 @@ def _char_codes(text: str) -> np.ndarray:
 
 def _scan_text(files: list[Path], progress: bool) -> tuple[list[int], list[str]]:
     """Characters per file and the sorted character set of all of them (a first pass)."""
-    counts, ascii_seen, chars = [], np.zeros(128, dtype=bool), set[str]()
-    with _bar(sum(p.stat().st_size for p in files), "scan", progress) as bar:
-        for path in files:
-            n, last = 0, 0
-            for end, text in text_chunks(path):
-                n += len(text)
-                if text.isascii():
-                    ascii_seen |= np.bincount(_char_codes(text), minlength=128).astype(bool)
-                else:
-                    chars.update(text)
-                bar.update(end - last)
-                last = end
-            counts.append(n)
+    counts, ascii_seen, chars = [0] * len(files), np.zeros(128, dtype=bool), set[str]()
+    for f, _, text in _passes(files, "scan", progress):
+        counts[f] += len(text)
+        if text.isascii():
+            ascii_seen |= np.bincount(_char_codes(text), minlength=128).astype(bool)
+        else:
+            chars.update(text)
     chars.update(chr(c) for c in np.flatnonzero(ascii_seen))
     return counts, sorted(chars)
 
@@ -242,17 +262,12 @@ def _paragraph_sample(
     def take(parts: list[str]) -> None:
         kept.extend(p for p in parts if fraction >= 1.0 or rng.random() < fraction)
 
-    with _bar(sum(p.stat().st_size for p in files), "sample", progress) as bar:
-        for path in files:
-            last = 0
-            for end, text in text_chunks(path):
-                bar.update(end - last)
-                last = end
-                text = text[: max(0, train_chars - seen)]
-                seen += len(text)
-                parts = (carry + text).split("\n\n")
-                carry = parts.pop()
-                take(parts)
+    for _, _, text in _passes(files, "sample", progress):
+        text = text[: max(0, train_chars - seen)]
+        seen += len(text)
+        parts = (carry + text).split("\n\n")
+        carry = parts.pop()
+        take(parts)
     take([carry])
     record = {"fraction": fraction, "seed": seed, "paragraphs": len(kept), "chars": sum(map(len, kept))}
     return kept, record
@@ -336,49 +351,30 @@ def prepare_lm(
             pieces = [p for p in _SAFE_CUT.split(text) if p]
             return np.fromiter((i for row in bpe.encode_batch(pieces) for i in row), dtype=np.int64)
 
-    writers = prep.writers(token_dtype(tok.vocab_size), shard_tokens)
-    token_counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
+    writers = prep.writers(tok.vocab_size, shard_tokens)
+    train, val = writers["train"], writers["val"]
     position = prep.state.get("position", {"file": 0, "offset": 0, "chars": 0})
-    all_files = files + val_files
+    file, offset, chars_seen = position["file"], position["offset"], position["chars"]
+    previous = file if offset else -1
+    for f, end, text in _passes(files + val_files, "tokenize", progress, file, offset):
+        first, previous = f != previous, f  # a file's first chunk starts a sequence
+        if f >= len(files):  # the validation corpus
+            val.add(encode(text), first)
+        else:
+            cut = min(max(split_at - chars_seen, 0), len(text))
+            if cut:
+                train.add(encode(text[:cut]), first)
+            if cut < len(text):
+                val.add(encode(text[cut:]), first or cut > 0)
+            chars_seen += len(text)
+        if prep.due(writers):
+            prep.checkpoint(writers, position={"file": f, "offset": end, "chars": chars_seen})
     val_chars = sum(counts[len(files) :]) if val_corpus else total - split_at
-
-    def put(split: int, text: str, new_sequence: bool) -> None:
-        ids = encode(text)
-        token_counts[split] += np.bincount(ids, minlength=tok.vocab_size)
-        writers[SPLITS[split]].add(ids, new_sequence)
-
-    done_bytes = sum(p.stat().st_size for p in all_files[: position["file"]]) + position["offset"]
-    with _bar(sum(p.stat().st_size for p in all_files), "tokenize", progress) as bar:
-        bar.update(done_bytes)
-        chars_seen = position["chars"]
-        for f in range(position["file"], len(all_files)):
-            start = position["offset"] if f == position["file"] else 0
-            in_val_file, first = f >= len(files), start == 0
-            last = start
-            for end, text in text_chunks(all_files[f], start):
-                bar.update(end - last)
-                last = end
-                if in_val_file:
-                    put(1, text, first)
-                else:
-                    cut = min(max(split_at - chars_seen, 0), len(text))
-                    if cut:
-                        put(0, text[:cut], first)
-                    if cut < len(text):
-                        put(1, text[cut:], first or cut > 0)
-                    chars_seen += len(text)
-                first = False
-                prep.checkpoint(
-                    writers,
-                    position={"file": f, "offset": end, "chars": chars_seen},
-                    token_counts=token_counts.tolist(),
-                )
     return prep.finish(
         "lm",
         tok,
         writers,
         chars={"train": split_at, "val": val_chars},
-        token_counts={name: token_counts[i].tolist() for i, name in enumerate(SPLITS)},
         **({"bpe_sample": sample} if sample else {}),
     )
 
@@ -443,13 +439,11 @@ def prepare_protein_mlm(
     prep = _Preparation(Path(out), settings, files)
     tok = AminoAcidTokenizer()
     table = _residue_table()
-    writers = prep.writers(token_dtype(tok.vocab_size), shard_tokens, sort_train=True)
-    counts = np.array(prep.state.get("token_counts", np.zeros((2, tok.vocab_size), np.int64).tolist()))
+    writers = prep.writers(tok.vocab_size, shard_tokens, sort_train=True)
     stats = prep.state.get("stats", {"records": 0, "skipped": 0, "duplicates": 0})
     position = prep.state.get("position", {"file": 0, "record": 0})
     seen: set[bytes] = set()
-    total = sum(p.stat().st_size for p in files)
-    with _bar(total, "tokenize", progress) as bar:
+    with _bar(files, "tokenize", progress) as bar:
         for f, path in enumerate(files):
             if f < position["file"] and not dedup:  # done before, and no digests to rebuild
                 bar.update(path.stat().st_size)
@@ -464,26 +458,23 @@ def prepare_protein_mlm(
                     residues = residues[:-1]
                 ids = table[np.frombuffer(residues, dtype=np.uint8)]
                 valid = bool(rec_id) and len(ids) > 0 and not (ids == 255).any()
+                digest = hashlib.blake2b(residues.upper(), digest_size=8).digest() if valid and dedup else b""
                 if f < position["file"] or n <= skip:  # done before: only the digests are rebuilt
-                    if valid and dedup:
-                        seen.add(hashlib.blake2b(residues.upper(), digest_size=8).digest())
+                    if digest:
+                        seen.add(digest)
                     continue
                 stats["records"] += 1
                 if not valid:
                     stats["skipped"] += 1
                     continue
-                if dedup:
-                    digest = hashlib.blake2b(residues.upper(), digest_size=8).digest()
-                    if digest in seen:
-                        stats["duplicates"] += 1
-                        continue
+                if digest in seen:
+                    stats["duplicates"] += 1
+                    continue
+                if digest:
                     seen.add(digest)
-                split = 1 if held_out(rec_id, val_fraction) else 0
-                counts[split] += np.bincount(ids, minlength=tok.vocab_size)
-                writers[SPLITS[split]].add(ids)
-                prep.checkpoint(
-                    writers, position={"file": f, "record": n}, token_counts=counts.tolist(), stats=stats
-                )
+                writers["val" if held_out(rec_id, val_fraction) else "train"].add(ids)
+                if prep.due(writers):
+                    prep.checkpoint(writers, position={"file": f, "record": n}, stats=stats)
     if stats["skipped"]:
         logger.warning(f"skipped {stats['skipped']:,} empty or non-protein record(s)")
     return prep.finish(
@@ -491,6 +482,5 @@ def prepare_protein_mlm(
         tok,
         writers,
         records=stats,
-        token_counts={name: counts[i].tolist() for i, name in enumerate(SPLITS)},
         specials=len(PROTEIN_SPECIALS),
     )

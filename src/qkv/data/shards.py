@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import json
 import mmap
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import QkvError
+from ..train.checkpoint import atomic_write
 
 FORMAT = "qkv-token-shards"
 VERSION = 1
@@ -65,16 +65,6 @@ def _random_access_map(path: Path) -> np.ndarray:
     return np.frombuffer(mapped, dtype=np.int64)
 
 
-def _write_atomic(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        array.tofile(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 class SplitWriter:
     """Appends sequences of token ids to one split's shards.
 
@@ -84,21 +74,27 @@ class SplitWriter:
     bucketed batches can take neighbours). A shard appears under its final name only once
     complete, so an interrupted preparation never leaves a partial one behind.
 
+    ``counts`` ``(vocab_size,)`` int64: how often each id occurs in the shards written, counted
+    once per shard.
+
     Args:
-        shards: ``[tokens, sequences]`` of shards already written (a resumed preparation).
+        shards: ``[tokens, sequences]`` of shards already written (a resumed preparation), and
+            ``counts`` their counts.
     """
 
     def __init__(
         self,
         directory: Path,
-        dtype: np.dtype,
+        vocab_size: int,
         shard_tokens: int,
         sort_by_length: bool = False,
         shards: list[list[int]] | None = None,
+        counts: list[int] | None = None,
     ) -> None:
-        self.directory, self.dtype, self.sort_by_length = Path(directory), np.dtype(dtype), sort_by_length
-        self.shard_tokens = shard_tokens
+        self.directory, self.sort_by_length = Path(directory), sort_by_length
+        self.dtype, self.vocab_size, self.shard_tokens = token_dtype(vocab_size), vocab_size, shard_tokens
         self.shards: list[list[int]] = [list(s) for s in shards or []]
+        self.counts = np.array(counts if counts is not None else np.zeros(vocab_size), dtype=np.int64)
         self._pieces: list[np.ndarray] = []
         self._starts: list[int] = []  # index into _pieces where each sequence starts
         self.buffered = 0
@@ -129,11 +125,14 @@ class SplitWriter:
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         ]
 
+    def _joined(self, seqs: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(seqs) if seqs else np.zeros(0, self.dtype)
+
     def save_pending(self, name: str) -> list[int]:
         """Write the shard in progress, unfinished, to ``name`` in the split's directory (what a
         resumed preparation reloads with :meth:`load_pending`); returns its sequences' lengths."""
         seqs = self._sequences()
-        _write_atomic(self.directory / name, np.concatenate(seqs) if seqs else np.zeros(0, self.dtype))
+        atomic_write(self.directory / name, self._joined(seqs).tofile)
         return [len(s) for s in seqs]
 
     def load_pending(self, name: str, lengths: list[int]) -> None:
@@ -154,10 +153,12 @@ class SplitWriter:
             seqs = [seqs[i] for i in order]
         starts = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum([len(s) for s in seqs], out=starts[1:])
+        tokens = self._joined(seqs)
         tokens_path, starts_path = _shard_paths(self.directory, len(self.shards))
-        _write_atomic(tokens_path, np.concatenate(seqs) if seqs else np.zeros(0, self.dtype))
-        _write_atomic(starts_path, starts)
+        atomic_write(tokens_path, tokens.tofile)
+        atomic_write(starts_path, starts.tofile)
         self.shards.append([int(starts[-1]), len(seqs)])
+        self.counts += np.bincount(tokens, minlength=self.vocab_size)
         self._pieces, self._starts, self.buffered = [], [], 0
 
 

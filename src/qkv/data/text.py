@@ -9,13 +9,12 @@ training, last 10 % for validation.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from pathlib import Path
-from typing import overload
 
 import torch
 
 from ..errors import QkvError
+from .batching import OnDemandBatches
 from .files import find_data_file
 
 TINY_SHAKESPEARE_URL = (
@@ -75,12 +74,11 @@ def random_windows(
     return torch.randint(len(data) - block_size, (batch_size,), generator=generator)
 
 
-class WindowBatches(Sequence[torch.Tensor]):
-    """One epoch of random-window batches, made on demand: batch ``i`` holds the start offsets
-    of ``batch_size`` windows drawn uniformly (as :func:`random_windows` draws them) by a
-    generator seeded with ``(seed, i)``. Nothing is stored, so an epoch over a corpus of any
-    size costs nothing to set up, and batch ``i`` is the same whenever it is asked for (exact resume, every
-    torchrun process). Shape of a batch: ``(batch_size,)`` long.
+class WindowBatches(OnDemandBatches):
+    """One epoch of random-window batches, made on demand (:class:`OnDemandBatches`): batch
+    ``i`` holds the start offsets of ``batch_size`` windows drawn uniformly (as
+    :func:`random_windows` draws them) by a generator seeded with ``(seed, i)``. Shape of a
+    batch: ``(batch_size,)`` long.
 
     Args:
         n_tokens: tokens of the split the windows are drawn from.
@@ -94,19 +92,8 @@ class WindowBatches(Sequence[torch.Tensor]):
         self.n_tokens, self.block_size, self.batch_size = n_tokens, block_size, batch_size
         self.steps, self.seed = steps, seed
 
-    def __len__(self) -> int:
-        return self.steps
-
-    @overload
-    def __getitem__(self, i: int) -> torch.Tensor: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[torch.Tensor]: ...
-    def __getitem__(self, i: int | slice) -> torch.Tensor | list[torch.Tensor]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.steps))]
-        if not -self.steps <= i < self.steps:
-            raise IndexError(i)
-        key = hashlib.blake2b(f"{self.seed},{i % self.steps}".encode(), digest_size=8).digest()
+    def make(self, i: int) -> torch.Tensor:
+        key = hashlib.blake2b(f"{self.seed},{i}".encode(), digest_size=8).digest()
         g = torch.Generator().manual_seed(int.from_bytes(key, "little"))
         return torch.randint(self.n_tokens - self.block_size, (self.batch_size,), generator=g)
 

@@ -18,12 +18,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import overload
 
 import numpy as np
 import torch
 
-from ..data.batching import pad_sequences, token_batches
+from ..data.batching import OnDemandBatches, pad_sequences, token_batches
 from ..data.masking import mask_tokens
 from ..data.protein import load_pretraining_corpus
 from ..data.shards import PreparedData, Split
@@ -133,8 +132,9 @@ class MaskedBatches:
         )
 
 
-class ShardBatches(Sequence[list[list[int]]]):
-    """One epoch of length-bucketed protein batches from token shards, made on demand.
+class ShardBatches(OnDemandBatches):
+    """One epoch of length-bucketed protein batches from token shards, made on demand
+    (:class:`~qkv.data.batching.OnDemandBatches`).
 
     Batch ``i`` (a NumPy generator seeded with ``(seed, i)``) starts at a residue drawn
     uniformly from the split, takes the protein holding it and its neighbours in the shard
@@ -153,19 +153,8 @@ class ShardBatches(Sequence[list[list[int]]]):
         self.split, self.width, self.max_tokens, self.seed = split, width, max_tokens, seed
         self.steps = max(1, -(-len(split) // max_tokens))
 
-    def __len__(self) -> int:
-        return self.steps
-
-    @overload
-    def __getitem__(self, i: int) -> list[list[int]]: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[list[list[int]]]: ...
-    def __getitem__(self, i: int | slice) -> list[list[int]] | list[list[list[int]]]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.steps))]
-        if not -self.steps <= i < self.steps:
-            raise IndexError(i)
-        rng = np.random.default_rng([self.seed, i % self.steps])
+    def make(self, i: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, i])
         shard, first = self.split.locate(int(rng.integers(len(self.split))))
         n_seqs = int(self.split.shards[shard][1])
         most = max(1, self.max_tokens // 3)  # rows of a batch: at least <cls>, a residue, <eos> each
