@@ -169,7 +169,7 @@ def test_resume_restores_weights_optimizer_loop_state_and_every_rng(tmp_path):
         batch_in_epoch=3,
         elapsed_s=12.5,
         best_score=0.25,
-        snapshots=["a"],
+        snapshots=["snapshots/step_5.safetensors"],
         skipped_nonfinite=1,
     )
     _reseed(11)
@@ -234,7 +234,7 @@ def test_snapshots_keep_only_the_newest_keep_snapshots(tmp_path):
         checkpoints.snapshot(state)
     names = ["step_10.safetensors", "step_15.safetensors"]
     assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == names
-    assert state.snapshots == [str(tmp_path / "snapshots" / n) for n in names]
+    assert state.snapshots == [f"snapshots/{n}" for n in names]  # relative to the run directory
     assert state.last_snapshot_s == 900.0
 
 

@@ -36,6 +36,7 @@ from ..runs import load_run
 from ..train import distributed
 from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
 from ..train.losses import label_smoothed_nll
+from ..train.run_files import run_file
 from ..train.settings import TrainSettings
 from .base import Recipe
 from .common import fit, prepare_run_dir, require_at_least_one, start_run, write_settings
@@ -273,7 +274,7 @@ def train_translation(
     # (paper §6.1); the one with the best validation score wins. Test data is not looked at.
     candidates = {"last": run_dir / "last.safetensors", "best": run_dir / "best.safetensors"}
     if len(state.snapshots) > 1:
-        average_weights([Path(p) for p in state.snapshots], run_dir / "averaged.safetensors")
+        average_weights([run_file(run_dir, p) for p in state.snapshots], run_dir / "averaged.safetensors")
         candidates["averaged"] = run_dir / "averaged.safetensors"
     choice = {}
     for name, path in candidates.items():

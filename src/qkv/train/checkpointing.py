@@ -27,6 +27,7 @@ from ..compat import upgrade_train_state
 from ..errors import QkvError
 from . import distributed
 from .checkpoint import load_state, save_state, save_weights
+from .run_files import recorded_snapshot, remove_run_file, run_file, snapshot_name
 from .settings import TrainSettings
 
 
@@ -142,17 +143,18 @@ class Checkpointer:
 
     def snapshot(self, state: LoopState) -> None:
         """Write ``snapshots/step_N.safetensors`` for averaging and delete the oldest beyond
-        ``cfg.keep_snapshots``; ``state`` records which exist (a resumed run prunes what the run
-        before it wrote) and when this one was taken."""
-        path = self.run_dir / "snapshots" / f"step_{state.step}.safetensors"
+        ``cfg.keep_snapshots``; ``state`` records which exist, by their names relative to the
+        run directory (a resumed run prunes what the run before it wrote; a copy of the run
+        prunes its own files, never the original's), and when this one was taken."""
+        name = snapshot_name(state.step)
         main = distributed.is_main()
         if main:
-            save_weights(self.model, path)
-        state.snapshots.append(str(path))
+            save_weights(self.model, run_file(self.run_dir, name))
+        state.snapshots.append(name)
         while len(state.snapshots) > self.cfg.keep_snapshots:
-            old = Path(state.snapshots.pop(0))
+            old = state.snapshots.pop(0)
             if main:
-                old.unlink(missing_ok=True)
+                remove_run_file(self.run_dir, old)
         state.last_snapshot_s = state.elapsed_s
 
     def resume(self) -> LoopState:
@@ -178,4 +180,8 @@ class Checkpointer:
             raise QkvError(f"{self.state_path} holds the weights of another model ({detail})") from None
         self.optimizer.load_state_dict(saved["optimizer"])
         set_rng_state(saved["rng"][ctx.rank])
-        return LoopState(**saved["loop"])
+        state = LoopState(**saved["loop"])
+        # earlier versions recorded snapshots as --out was given: map them into this directory
+        names = (recorded_snapshot(self.run_dir, recorded) for recorded in state.snapshots)
+        state.snapshots = [name for name in names if name is not None]
+        return state
