@@ -165,6 +165,7 @@ def write_settings(
     """
     if resume:
         _check_same_model(run_dir, model_config.to_dict())
+        _check_same_weights_trained(run_dir, to_dict(settings))
     else:
         model_config.save(run_dir / "config.json")
     tree = {**to_dict(settings), "model": model_config.to_dict()}
@@ -179,6 +180,32 @@ def write_settings(
             "torch": torch.__version__,
         },
     )
+
+
+# Settings that decide which weights a run trains: its training state holds those weights and
+# their optimizer moments, so a resume must keep them (the budget, the learning rate and the
+# like may change). A run saved before a key existed had its default.
+FIXED_ON_RESUME = ("init", "mode", "train.lora_rank", "train.lora_alpha", "train.lora_modules")
+
+
+def _check_same_weights_trained(run_dir: Path, settings: dict) -> None:
+    saved = read_run_json(run_dir, "train_config.json")
+    defaults = to_dict(TrainSettings())
+    changed = []
+    for key in FIXED_ON_RESUME:
+        section, _, field = key.rpartition(".")
+        now_tree = settings.get(section, {}) if section else settings
+        was_tree = saved.get(section, {}) if section else saved
+        if field not in now_tree:  # a key this recipe does not have
+            continue
+        was = was_tree.get(field, defaults.get(field)) if isinstance(was_tree, dict) else defaults.get(field)
+        if was != now_tree[field]:
+            changed.append(f"{key}: {was!r} saved, {now_tree[field]!r} now")
+    if changed:
+        raise QkvError(
+            f"cannot resume {run_dir} with other trained weights ({', '.join(changed)}): its training "
+            "state holds the weights those settings chose; resume with the run's own settings"
+        )
 
 
 def _check_same_model(run_dir: Path, model: dict) -> None:
