@@ -158,31 +158,21 @@ def _read_inputs(args) -> list[str]:
 
 
 def _cmd_prepare(args) -> int:
-    from .data import prepare
-
     # options left out take the library's defaults (declared once, in qkv.data.prepare)
     given = {
         k: getattr(args, k)
         for k in ("val_fraction", "shard_tokens", "vocab_size", "bpe_sample_chars", "seed", "val_corpus")
         if getattr(args, k) is not None
     }
-    if args.kind == "lm":
-        if args.keep_duplicates:
-            raise QkvError("--keep-duplicates: for qkv prepare protein-mlm (a text is one stream)")
-        tokenizer = args.tokenizer or "char"
-        meta = prepare.prepare_lm(
-            args.inputs, args.out, tokenizer=tokenizer, progress=not args.quiet, **given
-        )
-    else:
-        lm_only = sorted({"vocab_size", "bpe_sample_chars", "seed", "val_corpus"} & given.keys())
-        if lm_only or args.tokenizer:
-            flags = [f"--{k.replace('_', '-')}" for k in lm_only] + (
-                ["--tokenizer"] if args.tokenizer else []
-            )
-            raise QkvError(f"{', '.join(flags)}: for qkv prepare lm (proteins are read residue by residue)")
-        meta = prepare.prepare_protein_mlm(
-            args.inputs, args.out, dedup=not args.keep_duplicates, progress=not args.quiet, **given
-        )
+    created = not Path(args.out).exists()
+    try:
+        meta = _prepare(args, given)
+    except QkvError:  # refused: a directory this command created is left out, not half-made
+        if created:
+            import shutil
+
+            shutil.rmtree(args.out, ignore_errors=True)
+        raise
     tokens, seqs = meta["tokens"], meta["sequences"]
     _log(
         f"{tokens['train']:,} training and {tokens['val']:,} validation tokens "
@@ -191,6 +181,25 @@ def _cmd_prepare(args) -> int:
     )
     print(Path(args.out).resolve())
     return 0
+
+
+def _prepare(args, given: dict) -> dict:
+    from .data import prepare
+
+    if args.kind == "lm":
+        if args.keep_duplicates:
+            raise QkvError("--keep-duplicates: for qkv prepare protein-mlm (a text is one stream)")
+        tokenizer = args.tokenizer or "char"
+        return prepare.prepare_lm(
+            args.inputs, args.out, tokenizer=tokenizer, progress=not args.quiet, **given
+        )
+    lm_only = sorted({"vocab_size", "bpe_sample_chars", "seed", "val_corpus"} & given.keys())
+    if lm_only or args.tokenizer:
+        flags = [f"--{k.replace('_', '-')}" for k in lm_only] + (["--tokenizer"] if args.tokenizer else [])
+        raise QkvError(f"{', '.join(flags)}: for qkv prepare lm (proteins are read residue by residue)")
+    return prepare.prepare_protein_mlm(
+        args.inputs, args.out, dedup=not args.keep_duplicates, progress=not args.quiet, **given
+    )
 
 
 def _cmd_translate(args) -> int:

@@ -7,12 +7,17 @@ downloaded from its canonical URL into the cache and verified against its SHA-25
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import urllib.request
+import zlib
 from pathlib import Path
 
 from ..errors import QkvError
+
+# what reading a (possibly gzipped) text or binary input file raises when its bytes are bad
+READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError)
 
 
 def sha256sum(path: Path) -> str:
@@ -57,3 +62,15 @@ def find_data_file(dataset: str, name: str, url: str, sha256: str, download: boo
         raise QkvError(f"{dataset} file {name} not found in {', '.join(map(str, candidates))}")
     _download(url, sha256, cache, dataset)
     return cache
+
+
+def unreadable_because(exc: BaseException) -> str:
+    """Why a (possibly gzipped) input file could not be read, in a few words: a truncated gzip
+    stream (``EOFError``), a corrupt one, text that is not UTF-8."""
+    if isinstance(exc, EOFError):
+        return "truncated (the compressed stream ends early)"
+    if isinstance(exc, gzip.BadGzipFile) or "gzip" in str(exc).lower() or isinstance(exc, zlib.error):
+        return f"corrupt gzip data ({' '.join(str(exc).split())})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.start})"
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import QkvError
-from .files import find_data_file
+from .files import READ_ERRORS, find_data_file, unreadable_because
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,11 @@ def read_idx(path: Path) -> np.ndarray:
         QkvError: not an unsigned-byte IDX file, or its size disagrees with its header.
     """
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except READ_ERRORS as exc:
+        raise QkvError(f"cannot read {path}: {unreadable_because(exc)}") from None
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
         raise QkvError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]

@@ -17,9 +17,7 @@ the position in the input: running the same command again resumes there.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import logging
 import random
@@ -31,7 +29,7 @@ import numpy as np
 
 from ..errors import QkvError
 from ..train.checkpoint import write_json
-from .protein import held_out, pretraining_files
+from .protein import fasta_entries, held_out, pretraining_files
 from .shards import FORMAT, SPLITS, VERSION, SplitWriter
 from .text import load_corpus_path
 from .tokenizers import (
@@ -320,16 +318,20 @@ def prepare_lm(
         "shard_tokens": shard_tokens,
     }
     prep = _Preparation(Path(out), settings, files + val_files)
-    if "scan" not in prep.state:
+    if "scan" in prep.state:
+        counts, chars = prep.state["scan"]["chars_per_file"], prep.state["scan"]["vocabulary"]
+    else:
         counts, chars = _scan_text(files + val_files, progress)
-        prep.save(scan={"chars_per_file": counts, "vocabulary": chars})
-    counts, chars = prep.state["scan"]["chars_per_file"], prep.state["scan"]["vocabulary"]
     total = sum(counts[: len(files)])
     if total == 0:
         raise QkvError(f"corpus {', '.join(corpora)} is empty")
     split_at = total if val_corpus else int(total * (1 - val_fraction))  # split_train_val's cut
     if split_at == 0 or (not val_corpus and split_at == total):
         raise QkvError(f"a corpus of {total} characters leaves a split empty at val_fraction {val_fraction}")
+    if val_corpus and sum(counts[len(files) :]) == 0:
+        raise QkvError(f"validation corpus {val_corpus} is empty")
+    if "scan" not in prep.state:  # the first write: every refusal above left nothing behind
+        prep.save(scan={"chars_per_file": counts, "vocabulary": chars})
     sample = None
     tok: CharTokenizer | SubwordTokenizer
     if tokenizer == "char":
@@ -390,17 +392,9 @@ def _residue_table() -> np.ndarray:
 
 def _fasta_records(path: Path) -> Iterator[tuple[str, str, int]]:
     """``(id, sequence, bytes of the file read so far)`` of each record of a FASTA file (plain
-    or ``.gz``), by Biopython's parser."""
-    from Bio.SeqIO.FastaIO import SimpleFastaParser
-
-    with open(path, "rb") as raw:
-        stream = gzip.open(raw) if path.suffix == ".gz" else raw  # noqa: SIM115 (closed with raw)
-        text = io.TextIOWrapper(stream, encoding="utf-8", newline=None)
-        try:
-            for title, seq in SimpleFastaParser(text):
-                yield (title.split(None, 1)[0] if title else ""), seq, raw.tell()
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise QkvError(f"cannot read FASTA file {path}: {' '.join(str(exc).split())}") from None
+    or ``.gz``), read by :func:`qkv.data.protein.fasta_entries` (the one FASTA rule)."""
+    for title, seq, read in fasta_entries(path):
+        yield (title.split(None, 1)[0] if title else ""), seq, read
 
 
 def prepare_protein_mlm(

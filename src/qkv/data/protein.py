@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import find_data_file
+from .files import READ_ERRORS, find_data_file, unreadable_because
 from .tokenizers import AminoAcidTokenizer
 
 logger = logging.getLogger(__name__)
@@ -54,10 +56,52 @@ class ProteinRecord:
     sequence: str
 
 
+def fasta_entries(path: str | Path) -> Iterator[tuple[str, str, int]]:
+    """``(header, sequence text, bytes of the file read so far)`` of each record of a FASTA file
+    (plain or gzipped), in file order: the one FASTA reader of qkv, Biopython's
+    ``SimpleFastaParser`` under one rule. The first line that is not blank must be a ``>``
+    header (text before it is refused, as ``Bio.SeqIO.parse(..., "fasta")`` refuses it), and the
+    sequence text is the record's lines joined (spaces and ``\r`` removed); nothing is checked
+    about the residues. The byte count is of the file on disk (compressed bytes of a ``.gz``),
+    for a progress bar.
+
+    Raises:
+        QkvError: a missing file, text before the first header, or a file that cannot be read
+            (truncated or corrupt gzip, not UTF-8), in one line naming the file.
+    """
+    from Bio.SeqIO.FastaIO import SimpleFastaParser
+
+    path = Path(path)
+    if not path.is_file():
+        raise QkvError(f"FASTA file not found: {path}")
+    with open(path, "rb") as raw:
+        stream = gzip.open(raw) if path.suffix == ".gz" else raw  # noqa: SIM115 (closed with raw)
+        text = io.TextIOWrapper(stream, encoding="utf-8", newline=None)
+        try:
+            for title, seq in SimpleFastaParser(_headed(text, path)):
+                yield title, seq, raw.tell()
+        except (*READ_ERRORS, ValueError) as exc:
+            raise QkvError(f"cannot read FASTA file {path}: {unreadable_because(exc)}") from None
+
+
+def _headed(lines: Iterable[str], path: Path) -> Iterator[str]:
+    """``lines``, refusing text before the first ``>`` header (SimpleFastaParser skips it)."""
+    headed = False
+    for line in lines:
+        if not headed and line.strip():
+            if not line.startswith(">"):
+                raise QkvError(
+                    f"cannot read FASTA file {path}: text before the first '>' header (is it a FASTA file?)"
+                )
+            headed = True
+        yield line
+
+
 def read_fasta(
     path: str | Path, tokenizer: AminoAcidTokenizer | None = None, skip_invalid: bool = False
 ) -> list[ProteinRecord]:
-    """Records of a FASTA file (plain or ``.gz``), in file order, parsed by ``Bio.SeqIO``.
+    """Records of a FASTA file (plain or ``.gz``), in file order, read by :func:`fasta_entries`
+    (Biopython's parser; text before the first header is refused).
 
     Windows line endings and lowercase residues are accepted; one trailing ``*`` is stripped.
 
@@ -67,45 +111,34 @@ def read_fasta(
             large pretraining corpora.
 
     Raises:
-        QkvError: missing/unreadable file, no records, an empty sequence, a duplicate id, or a
-            non-protein character (naming record id, position and character).
+        QkvError: missing/unreadable file (truncated or corrupt gzip too), no records, text
+            before the first header, an empty sequence, a duplicate id, or a non-protein
+            character (naming record id, position and character).
     """
-    from Bio import SeqIO
-
     path = Path(path)
-    if not path.is_file():
-        raise QkvError(f"FASTA file not found: {path}")
     tokenizer = tokenizer or AminoAcidTokenizer()
-    opener = gzip.open if path.suffix == ".gz" else open
     records, seen, skipped = [], set(), 0
-    try:
-        with opener(path, "rt", encoding="utf-8", newline=None) as handle:
-            for rec in SeqIO.parse(handle, "fasta"):
-                try:
-                    if not rec.id:
-                        raise QkvError(f"{path}: a record has an empty header")
-                    if len(rec.seq) == 0:
-                        raise QkvError(f"{path}: record {rec.id} has an empty sequence")
-                    seq = tokenizer.clean(str(rec.seq), f"{path.name}: {rec.id}")
-                    if not seq:
-                        raise QkvError(f"{path}: record {rec.id} has an empty sequence")
-                except QkvError:
-                    if not skip_invalid:
-                        raise
-                    skipped += 1
-                    continue
-                if rec.id in seen and not skip_invalid:
-                    raise QkvError(
-                        f"{path}: duplicate record id {rec.id!r} (ids must be unique "
-                        "so results can be matched back)"
-                    )
-                seen.add(rec.id)
-                records.append(ProteinRecord(rec.id, rec.description, seq))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        reason = " ".join(str(exc).split())
-        if "comments at the beginning" in reason:
-            reason = "text before the first '>' header (is it a FASTA file?)"
-        raise QkvError(f"cannot read FASTA file {path}: {reason}") from None
+    for title, text, _ in fasta_entries(path):
+        rec_id = title.split(None, 1)[0] if title else ""
+        try:
+            if not rec_id:
+                raise QkvError(f"{path}: a record has an empty header")
+            if len(text) == 0:
+                raise QkvError(f"{path}: record {rec_id} has an empty sequence")
+            seq = tokenizer.clean(text, f"{path.name}: {rec_id}")
+            if not seq:
+                raise QkvError(f"{path}: record {rec_id} has an empty sequence")
+        except QkvError:
+            if not skip_invalid:
+                raise
+            skipped += 1
+            continue
+        if rec_id in seen and not skip_invalid:
+            raise QkvError(
+                f"{path}: duplicate record id {rec_id!r} (ids must be unique so results can be matched back)"
+            )
+        seen.add(rec_id)
+        records.append(ProteinRecord(rec_id, title, seq))
     if skipped:
         logger.warning("%s: skipped %d empty or non-protein record(s)", path.name, skipped)
     if not records:

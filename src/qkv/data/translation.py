@@ -11,7 +11,7 @@ import gzip
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import find_data_file
+from .files import READ_ERRORS, find_data_file, unreadable_because
 
 LANGUAGES = ("en", "de", "fr", "cs")
 SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
@@ -44,8 +44,8 @@ def read_lines(path: Path) -> list[str]:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return [line.rstrip("\r\n") for line in f]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise QkvError(f"cannot read {path}: {exc}") from None
+    except READ_ERRORS as exc:
+        raise QkvError(f"cannot read {path}: {unreadable_because(exc)}") from None
 
 
 def load_multi30k(split: str, src_lang: str = "de", tgt_lang: str = "en") -> tuple[list[str], list[str]]:

@@ -32,7 +32,7 @@ from ..models.encoder import EncoderModel
 from ..models.model_types import for_config
 from ..models.transformer import Transformer
 from ..models.vit import VisionTransformer
-from ..train.checkpoint import atomic_write, save_weights, write_json
+from ..train.checkpoint import atomic_write, save_weights, torch_load_refusal, write_json
 from . import keymap
 from .families import Family, family_for, family_of
 
@@ -101,10 +101,7 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise QkvError(
-            f"refused {pt}: not a plain state dict of tensors (loaded with weights_only=True; {first})"
-        ) from None
+        raise QkvError(f"refused {pt}: it {torch_load_refusal(exc)}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise QkvError(f"refused {pt}: not a plain state dict of tensors")
     return state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -152,16 +153,19 @@ def save_state(state: dict, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def _unreadable_because(exc: Exception) -> str:
-    """Why ``torch.load(weights_only=True)`` refused a file, in words that never suggest loading
-    it unsafely (PyTorch's own message advises ``weights_only=False``)."""
+def torch_load_refusal(exc: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, as the end of a sentence whose
+    subject is the file ("is truncated", "holds a pickled ``module.Class``, ..."), in words that
+    never suggest loading it unsafely (PyTorch's own message advises ``weights_only=False``)."""
     text = str(exc)
     if "central directory" in text or isinstance(exc, EOFError):
         return "is truncated"
     if "mmap can only be used" in text or "zip archive" in text:
         return "is not a PyTorch checkpoint"
     if "Weights only load failed" in text or type(exc).__name__ == "UnpicklingError":
-        return "holds objects other than tensors and plain values, which qkv does not unpickle"
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        what = f"a pickled {found.group(1)}" if found else "objects other than tensors and plain values"
+        return f"holds {what}, and qkv never unpickles code (save the tensors alone, e.g. as safetensors)"
     line = (text.strip().splitlines() or [type(exc).__name__])[0]
     return "cannot be read: " + line.split(" Re-running")[0][:200]
 
@@ -179,7 +183,7 @@ def _read_state(path: Path, mmap: bool) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
-        raise QkvError(_unreadable_because(exc)) from None
+        raise QkvError(torch_load_refusal(exc)) from None
     if not isinstance(state, dict) or any(k not in state for k in _STATE_KEYS):
         raise QkvError(f"is not a qkv training state (it lacks {', '.join(_STATE_KEYS)})")
     return state
