@@ -8,66 +8,15 @@ disguised as a user error: it says so and exits with status 1.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import DATA, TINY_LM, digest, qkv, refused
 from pretrained_marks import needs_minilm
 
 from qkv.cli import main
-
-DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
-
-TINY_LM = [
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.d_ff=64",
-    "model.n_layers=1",
-    "model.max_len=32",
-    "batch_size=4",
-    "eval_batches=1",
-    "num_samples=1",
-    "sample_tokens=4",
-    "train.eval_every=3",
-    "train.precision=fp32",
-]
-
-
-def _qkv(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "QKV_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "qkv", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def _digest(run: Path) -> dict[str, str]:
-    """Every file under ``run`` (hidden ones too) → SHA-256 of its bytes."""
-    return {
-        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(run.rglob("*"))
-        if p.is_file()
-    }
-
-
-def _refused(done: subprocess.CompletedProcess, *needles: str) -> str:
-    """Assert a clean refusal: exit 2, one line on stderr starting ``error:``, no traceback,
-    nothing on stdout; return the line."""
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
-    assert "Traceback" not in done.stderr and not done.stdout
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +25,7 @@ def lm_run(tmp_path_factory) -> Path:
     if not (DATA / "tinyshakespeare" / "input.txt").is_file() and not os.environ.get("CI"):
         pytest.skip(f"tiny-shakespeare not found under {DATA} (set QKV_DATA_DIR)")  # in CI: fail
     run = tmp_path_factory.mktemp("refusals") / "lm"
-    done = _qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=6", *TINY_LM)
+    done = qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=6", *TINY_LM)
     assert done.returncode == 0, done.stderr[-2000:]
     return run
 
@@ -89,11 +38,11 @@ def lm_copy(lm_run, tmp_path) -> Path:
 
 
 def test_resuming_with_another_recipe_is_refused_and_changes_nothing(lm_copy):
-    before = _digest(lm_copy)
-    done = _qkv("train", "protein-mlm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
-    _refused(done, "is a 'lm' run, not 'protein-mlm'", f"qkv train lm --out {lm_copy} --resume")
-    assert _digest(lm_copy) == before
-    assert _qkv("generate", str(lm_copy), "--max-new-tokens", "3", "--seed", "1").returncode == 0
+    before = digest(lm_copy)
+    done = qkv("train", "protein-mlm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
+    refused(done, "is a 'lm' run, not 'protein-mlm'", f"qkv train lm --out {lm_copy} --resume")
+    assert digest(lm_copy) == before
+    assert qkv("generate", str(lm_copy), "--max-new-tokens", "3", "--seed", "1").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -109,33 +58,33 @@ def test_resuming_a_damaged_state_is_refused_changes_nothing_and_offers_the_prev
 ):
     state = lm_copy / "train_state.pt"
     state.write_bytes(damage(state.read_bytes()))
-    before = _digest(lm_copy)
-    line = _refused(
-        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8", *TINY_LM),
+    before = digest(lm_copy)
+    line = refused(
+        qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8", *TINY_LM),
         reason,
         "train_state.prev.pt (step 6) is readable: mv ",
     )
     assert "weights_only" not in line  # never a hint to load it unsafely
-    assert _digest(lm_copy) == before
+    assert digest(lm_copy) == before
 
 
 def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
     import pickle
 
     (lm_copy / "train_state.pt").write_bytes(pickle.dumps({"loop": os.system}))
-    before = _digest(lm_copy)
-    line = _refused(
-        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM), "train_state.pt"
+    before = digest(lm_copy)
+    line = refused(
+        qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM), "train_state.pt"
     )
     assert "weights_only" not in line
-    assert _digest(lm_copy) == before
+    assert digest(lm_copy) == before
 
 
 def test_resume_alone_continues_with_the_runs_own_settings(lm_copy):
     """`--resume` starts from the settings in train_config.json; key=value still overrides."""
     import json
 
-    done = _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
+    done = qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8")
     assert done.returncode == 0, done.stderr[-2000:]
     saved = json.loads((lm_copy / "train_config.json").read_text())
     assert saved["model"]["d_model"] == 32 and saved["batch_size"] == 4 and saved["train"]["max_steps"] == 8
@@ -143,40 +92,38 @@ def test_resume_alone_continues_with_the_runs_own_settings(lm_copy):
 
 
 def test_resuming_with_another_model_is_refused_and_changes_nothing(lm_copy):
-    before = _digest(lm_copy)
+    before = digest(lm_copy)
     settings = [s for s in TINY_LM if not s.startswith("model.d_model")] + ["model.d_model=64"]
-    _refused(
-        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *settings),
+    refused(
+        qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *settings),
         "cannot resume",
         "model.d_model: 32 saved, 64 now",
     )
-    assert _digest(lm_copy) == before
+    assert digest(lm_copy) == before
 
 
 def test_resuming_with_unreadable_settings_is_refused_and_changes_nothing(lm_copy):
     (lm_copy / "train_config.json").write_text("{ not json")
-    before = _digest(lm_copy)
-    _refused(
-        _qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM),
+    before = digest(lm_copy)
+    refused(
+        qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", *TINY_LM),
         "train_config.json is missing or unreadable",
     )
-    assert _digest(lm_copy) == before
+    assert digest(lm_copy) == before
 
 
 def test_a_new_run_into_a_used_directory_is_refused_and_changes_nothing(lm_copy):
-    before = _digest(lm_copy)
-    _refused(_qkv("train", "lm", "--out", str(lm_copy), "--quiet", *TINY_LM), "is not empty; use --resume")
-    assert _digest(lm_copy) == before
+    before = digest(lm_copy)
+    refused(qkv("train", "lm", "--out", str(lm_copy), "--quiet", *TINY_LM), "is not empty; use --resume")
+    assert digest(lm_copy) == before
 
 
 def test_a_refused_new_run_leaves_no_directory(lm_run, tmp_path):
     run = tmp_path / "new"
-    _refused(
-        _qkv("train", "lm", "--out", str(run), "--quiet", f"corpus={tmp_path / 'missing.txt'}", *TINY_LM)
-    )
+    refused(qkv("train", "lm", "--out", str(run), "--quiet", f"corpus={tmp_path / 'missing.txt'}", *TINY_LM))
     assert not run.exists()
-    _refused(
-        _qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=0"), "max_steps (0) must be >= 1"
+    refused(
+        qkv("train", "lm", "--out", str(run), "--quiet", "train.max_steps=0"), "max_steps (0) must be >= 1"
     )
     assert not run.exists()
 
@@ -194,7 +141,7 @@ def test_a_refused_new_run_leaves_no_directory(lm_run, tmp_path):
 )
 def test_sizes_that_mean_nothing_are_refused_before_a_run_exists(tmp_path, recipe, setting):
     run = tmp_path / "r"
-    _refused(_qkv("train", recipe, "--out", str(run), "--quiet", setting), setting.split("=")[0])
+    refused(qkv("train", recipe, "--out", str(run), "--quiet", setting), setting.split("=")[0])
     assert not run.exists()
 
 
@@ -230,9 +177,9 @@ def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A dog runs.\nA cat sleeps.\n")
     for query in ("", "   "):
-        _refused(_qkv("search", query, "--corpus", str(corpus), "--device", "cpu"), "query is empty")
-    _refused(_qkv("similarity", "", "A dog.", "--device", "cpu"), "input 1 is empty")
-    _refused(_qkv("similarity", "A dog.", " \t", "--device", "cpu"), "input 2 is empty (only white space)")
+        refused(qkv("search", query, "--corpus", str(corpus), "--device", "cpu"), "query is empty")
+    refused(qkv("similarity", "", "A dog.", "--device", "cpu"), "input 1 is empty")
+    refused(qkv("similarity", "A dog.", " \t", "--device", "cpu"), "input 2 is empty (only white space)")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,63 @@
+"""Running qkv as a user does, for the refusal and run-directory tests: ``python -m qkv`` in a
+subprocess, a directory's files hashed, a refusal checked to be one clean line."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+# a language model small enough for a run of a few steps in seconds
+TINY_LM = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.n_layers=1",
+    "model.max_len=32",
+    "batch_size=4",
+    "eval_batches=1",
+    "num_samples=1",
+    "sample_tokens=4",
+    "train.eval_every=3",
+    "train.precision=fp32",
+]
+
+
+def qkv(*args: str, cwd: Path | None = None, data: Path = DATA) -> subprocess.CompletedProcess:
+    """``python -m qkv ARGS`` (one thread, no stdin) from ``cwd``, with ``data`` as the data
+    directory."""
+    env = {**os.environ, "QKV_DATA_DIR": str(Path(data).resolve()), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+
+
+def digest(run: Path) -> dict[str, str]:
+    """Every file under ``run`` (hidden ones too) → SHA-256 of its bytes."""
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.rglob("*"))
+        if p.is_file()
+    }
+
+
+def refused(done: subprocess.CompletedProcess, *needles: str) -> str:
+    """Assert a clean refusal: exit 2, one line on stderr starting ``error:``, no traceback,
+    nothing on stdout; return the line."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not done.stdout
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
