@@ -487,3 +487,19 @@ def test_the_same_seed_trains_the_same_classifier(tmp_path, toy_csv):
     first, second = (load_file(run / "model.safetensors") for run in runs)
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_inputs_given_as_relative_paths_are_found_again_by_a_resume_from_elsewhere(
+    tmp_path, toy_csv, pretrained_run, monkeypatch
+):
+    """--task and --init relative to where the run started: train_config.json records them
+    absolute, so --resume from another working directory finds them."""
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "protein-cls", "--task", toy_csv.name, "--init", pretrained_run.name, "--quiet"]
+    assert main([*args, "--out", "cls", "max_tokens=512", "eval_every=5", "threads=1", "train.max_steps=5"]) == 0
+    saved = json.loads((tmp_path / "cls" / "train_config.json").read_text())
+    assert saved["task"] == str(toy_csv.resolve()) and saved["init"] == str(pretrained_run.resolve())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", "protein-cls", "--out", "../cls", "--resume", "--quiet", "train.max_steps=8"]) == 0
+    assert json.loads((tmp_path / "cls" / "summary.json").read_text())["steps"] == 8

@@ -155,20 +155,27 @@ def write_settings(
     (the recipe name, the settings tree as given with the same model config, what ``run``
     resolved them to on this machine under ``"resolved"``, the git commit and torch version).
 
+    Inputs given as paths (:data:`INPUT_PATHS`: a corpus, a prepared directory, an ``init``
+    run) are recorded absolute, so ``--resume`` finds them from any working directory.
+
     ``resume``: the model must be the one saved in ``config.json`` (its training state holds
-    that model's weights); only ``train_config.json`` is rewritten, with today's settings
+    that model's weights), and so must the settings that choose which weights train
+    (:data:`FIXED_ON_RESUME`); only ``train_config.json`` is rewritten, with today's settings
     (a longer budget, say).
 
     Raises:
-        QkvError: ``resume`` with a model config that differs from the saved one (the keys
-            named), before anything is written.
+        QkvError: ``resume`` with a model config or one of :data:`FIXED_ON_RESUME` that differs
+            from the saved one (the keys named), before anything is written.
     """
+    tree = {**to_dict(settings), "model": model_config.to_dict()}
+    for key in INPUT_PATHS:
+        if isinstance(tree.get(key), str):
+            tree[key] = recorded_input(tree[key])
     if resume:
         _check_same_model(run_dir, model_config.to_dict())
-        _check_same_weights_trained(run_dir, to_dict(settings))
+        _check_same_weights_trained(run_dir, tree)
     else:
         model_config.save(run_dir / "config.json")
-    tree = {**to_dict(settings), "model": model_config.to_dict()}
     resolved = {"resolved": run.to_dict()} if run is not None else {}
     write_json(
         run_dir / "train_config.json",
@@ -180,6 +187,17 @@ def write_settings(
             "torch": torch.__version__,
         },
     )
+
+
+# Recipe settings that name an input, either by a name qkv knows (a data set, a pretrained
+# model) or by a path; a path is recorded absolute (a run is resumed from anywhere).
+INPUT_PATHS = ("corpus", "val_corpus", "data", "init", "task", "labels")
+
+
+def recorded_input(value: str) -> str:
+    """How ``train_config.json`` records an input setting: an existing path made absolute (where
+    it points does not depend on the working directory), anything else (a name) as given."""
+    return str(Path(value).resolve()) if value and Path(value).exists() else value
 
 
 # Settings that decide which weights a run trains: its training state holds those weights and
@@ -199,6 +217,8 @@ def _check_same_weights_trained(run_dir: Path, settings: dict) -> None:
         if field not in now_tree:  # a key this recipe does not have
             continue
         was = was_tree.get(field, defaults.get(field)) if isinstance(was_tree, dict) else defaults.get(field)
+        if key in INPUT_PATHS and isinstance(was, str):  # a run of an earlier version: as given
+            was = recorded_input(was)
         if was != now_tree[field]:
             changed.append(f"{key}: {was!r} saved, {now_tree[field]!r} now")
     if changed:
