@@ -495,8 +495,8 @@ def test_inputs_given_as_relative_paths_are_found_again_by_a_resume_from_elsewhe
     """--task and --init relative to where the run started: train_config.json records them
     absolute, so --resume from another working directory finds them."""
     monkeypatch.chdir(tmp_path)
-    args = ["train", "protein-cls", "--task", toy_csv.name, "--init", pretrained_run.name, "--quiet"]
-    assert main([*args, "--out", "cls", "max_tokens=512", "eval_every=5", "threads=1", "train.max_steps=5"]) == 0
+    args = ["train", "protein-cls", "--task", toy_csv.name, "--init", pretrained_run.name, "--out", "cls"]
+    assert main([*args, "--quiet", "max_tokens=512", "eval_every=5", "threads=1", "train.max_steps=5"]) == 0
     saved = json.loads((tmp_path / "cls" / "train_config.json").read_text())
     assert saved["task"] == str(toy_csv.resolve()) and saved["init"] == str(pretrained_run.resolve())
     (tmp_path / "elsewhere").mkdir()
