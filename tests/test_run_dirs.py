@@ -281,6 +281,39 @@ def test_a_copied_run_on_token_shards_resumes_on_the_copied_shards(tmp_path):
     assert digest(project) == before and _snapshots(copy / "run") == ["step_9.safetensors"]
 
 
+@pytest.mark.skipif(
+    not (DATA / "refseq_proteomes" / "mgenitalium_proteins.faa").is_file() and not os.environ.get("CI"),
+    reason=f"RefSeq proteomes not found under {DATA} (set QKV_DATA_DIR)",
+)
+def test_a_protein_mlm_run_resumes_on_its_own_shards_only(tmp_path):
+    proteome = str(DATA / "refseq_proteomes" / "mgenitalium_proteins.faa")
+    for name, fraction in (("data", "0.05"), ("other", "0.1")):
+        prepare = ("prepare", "protein-mlm", proteome, "--out", str(tmp_path / name), "--quiet")
+        _ok(qkv(*prepare, "--val-fraction", fraction))
+    tiny = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=64"]
+    tiny += ["max_tokens=1024", "train.eval_every=2", "train.warmup_steps=1", "train.precision=fp32"]
+    run = tmp_path / "run"
+    _ok(
+        qkv(
+            "train",
+            "protein-mlm",
+            "--out",
+            str(run),
+            "--quiet",
+            f"data={tmp_path / 'data'}",
+            "train.max_steps=2",
+            *tiny,
+        )
+    )
+    assert json.loads((run / "data.json").read_text())["settings"]["val_fraction"] == 0.05
+    before = digest(run)
+    resume = ("train", "protein-mlm", "--out", str(run), "--resume", "--quiet", "train.max_steps=4")
+    refused(qkv(*resume, f"data={tmp_path / 'other'}"), "is not the data this run started on")
+    assert digest(run) == before
+    (tmp_path / "data").rename(tmp_path / "moved")  # the same data elsewhere: resumed
+    _ok(qkv(*resume, f"data={tmp_path / 'moved'}"))
+
+
 @pytest.fixture(scope="module")
 def lora_run(lm_run, tmp_path_factory) -> Path:
     """A 6-step LoRA run (rank 4) on the LM run, and a full-weight run from the same init."""

@@ -23,9 +23,11 @@ from ..train.adapters import LoraSettings, add_lora, merge_lora, save_adapters
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
 from ..train.loop import LoopState, train_loop
 from ..train.optim import make_optimizer
+from ..train.run_files import relative_to_run
 from ..train.settings import TrainSettings
 
 if TYPE_CHECKING:
+    from ..data.shards import PreparedData
     from ..data.tokenizers import Tokenizer
     from ..models.encoder import EncoderModel
     from ..models.rnn import RNNSeq2Seq
@@ -91,6 +93,39 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
         )
     check_state(run_dir / "train_state.pt")
     return run_dir
+
+
+NOT_THE_RUNS_DATA = (
+    "is not the data this run started on (prepared again, or other inputs): resume it on its own data"
+)
+
+
+def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, given: str) -> dict:
+    """What a run trained on token shards keeps as ``data.json``: where they are (relative to the
+    run when inside it, else absolute), and what the prepared directory's ``meta.json`` says of
+    its sources, settings, counts and BPE sample (not its per-token counts or shard list).
+
+    ``resume``: the run's own ``data.json`` must describe the same data; they are compared
+    without the path, so a moved run or a moved prepared directory resumes (a run saved without
+    ``data.json`` is not compared). The caller writes the record when a new run starts.
+
+    Raises:
+        QkvError: ``resume`` on other data (``given``: the ``data=`` value, named), before
+            anything is written.
+    """
+    record = {
+        "path": relative_to_run(run_dir, prepared.path) or str(prepared.path.resolve()),
+        **{k: v for k, v in prepared.meta.items() if k not in ("token_counts", "splits")},
+    }
+    if resume and (run_dir / "data.json").is_file():
+        saved = read_run_json(run_dir, "data.json")
+        if _what_data(saved) != _what_data(record):
+            raise QkvError(f"data={given} {NOT_THE_RUNS_DATA}")
+    return record
+
+
+def _what_data(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "path"}
 
 
 # what train_config.json records beside the settings (provenance, not settings)

@@ -44,14 +44,14 @@ from ..models.model_types import DECODER_LM
 from ..train import distributed
 from ..train.adapters import add_lora
 from ..train.checkpoint import write_json, write_text
-from ..train.run_files import relative_to_run
 from ..train.settings import TrainSettings
 from .base import Recipe
 from .common import (
+    NOT_THE_RUNS_DATA,
     fit,
     keep_best,
     prepare_run_dir,
-    read_run_json,
+    prepared_data_record,
     require_at_least_one,
     start_run,
     write_settings,
@@ -365,17 +365,9 @@ def _load_data(recipe: LMRecipe, run_dir: Path, resume: bool):
     if recipe.data is not None:
         prepared = PreparedData.open(recipe.data, "lm")
         tok = load_tokenizer(prepared.tokenizer_path)
-        # a prepared directory inside the run is recorded relative to it (the run moves with it)
-        where = relative_to_run(run_dir, prepared.path) or str(prepared.path.resolve())
-        record = {"path": where, **_data_record(prepared.meta)}
-        if resume and (
-            tok_path.read_bytes() != prepared.tokenizer_path.read_bytes()
-            or _without_path(read_run_json(run_dir, "data.json")) != _without_path(record)
-        ):
-            raise QkvError(
-                f"data={recipe.data} is not the data this run started on (prepared again, or another "
-                "directory): resume it on its own data"
-            )
+        record = prepared_data_record(run_dir, prepared, resume, recipe.data)
+        if resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
+            raise QkvError(f"data={recipe.data} {NOT_THE_RUNS_DATA}")
         for name, split in (("training", prepared.train), ("validation", prepared.val)):
             _check_stream(name, len(split), recipe.model.max_len)
         meta = prepared.meta
@@ -415,19 +407,6 @@ def _check_stream(name: str, n_tokens: int, max_len: int) -> None:
             f"the {name} split has {n_tokens} tokens, too few for windows of model.max_len "
             f"{max_len} (a longer corpus, or a smaller model.max_len)"
         )
-
-
-def _without_path(record: dict) -> dict:
-    """A ``data.json`` record without where the data was: a resume compares what the data is
-    (its tokenizer, sources, settings and counts), so a moved run or a moved prepared directory
-    resumes on the same data."""
-    return {k: v for k, v in record.items() if k != "path"}
-
-
-def _data_record(meta: dict) -> dict:
-    """What a run keeps of a prepared directory's ``meta.json``: sources, settings, counts and
-    the BPE sample (its fraction and seed), not the per-token counts."""
-    return {k: v for k, v in meta.items() if k not in ("token_counts", "splits")}
 
 
 def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:

@@ -37,7 +37,15 @@ from ..train import distributed
 from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import fit, keep_best, prepare_run_dir, require_at_least_one, start_run, write_settings
+from .common import (
+    fit,
+    keep_best,
+    prepare_run_dir,
+    prepared_data_record,
+    require_at_least_one,
+    start_run,
+    write_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -288,9 +296,12 @@ def train_protein_mlm(
     device = run.device
     tok = AminoAcidTokenizer()
     train_ids, val_ids, counts, prepared = _corpus(recipe, tok)
+    record = None if prepared is None else prepared_data_record(run_dir, prepared, resume, str(recipe.data))
     model_cfg = recipe.model_config(tok)
     if not resume:
         tok.save(run_dir / "tokenizer.json")
+        if record is not None:
+            write_json(run_dir / "data.json", record)
     write_settings(run_dir, "protein-mlm", recipe, model_cfg, run, resume)
     width = model_cfg.max_len - 2
     collate = MaskedBatches(tok, recipe.mask_prob)
