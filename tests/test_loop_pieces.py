@@ -226,6 +226,17 @@ def test_resume_on_another_number_of_processes_is_refused(tmp_path):
         checkpoints.resume()
 
 
+def test_resume_with_other_trained_weights_is_refused_in_one_line(tmp_path):
+    """The same model, but an optimizer over fewer parameters (some frozen, as a probe or LoRA
+    freezes them): the saved moments belong to other weights."""
+    _, _, checkpoints = _trained(tmp_path)
+    checkpoints.save(LoopState())
+    model = _Net()
+    frozen = torch.optim.Adam([next(model.parameters())], lr=0.1)
+    with pytest.raises(QkvError, match="holds the optimizer state of other trained weights"):
+        Checkpointer(model, frozen, tmp_path, TrainSettings()).resume()
+
+
 def test_snapshots_keep_only_the_newest_keep_snapshots(tmp_path):
     _, _, checkpoints = _trained(tmp_path)  # keep_snapshots=2
     state = LoopState()

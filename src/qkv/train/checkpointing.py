@@ -164,7 +164,7 @@ class Checkpointer:
         Raises:
             QkvError: the state is missing, truncated or corrupt, was written by a run on
                 another number of processes (each has its own random streams), or holds the
-                weights of another model.
+                weights of another model or the optimizer state of other trained weights.
         """
         saved = upgrade_train_state(load_state(self.state_path), self.run_dir, self.model)
         ctx = distributed.context()
@@ -178,7 +178,12 @@ class Checkpointer:
         except RuntimeError as exc:  # a state of another model (shapes or names differ)
             detail = [line.strip() for line in str(exc).splitlines() if line.strip()][-1]
             raise QkvError(f"{self.state_path} holds the weights of another model ({detail})") from None
-        self.optimizer.load_state_dict(saved["optimizer"])
+        try:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        except (ValueError, KeyError) as exc:  # other parameter groups: other weights trained
+            raise QkvError(
+                f"{self.state_path} holds the optimizer state of other trained weights ({exc})"
+            ) from None
         set_rng_state(saved["rng"][ctx.rank])
         state = LoopState(**saved["loop"])
         # earlier versions recorded snapshots as --out was given: map them into this directory
