@@ -169,6 +169,22 @@ def test_resuming_a_copied_lm_run_leaves_the_original_byte_identical(tmp_path, o
 
 
 @needs_shakespeare
+def test_a_copy_whose_snapshots_link_to_the_original_is_refused_before_anything_is_written(lm_run, tmp_path):
+    """`cp -r` keeps a symbolic link as a link: a copy whose snapshots/ is the original's would
+    prune the original's files, so its resume is refused and both stay as they were."""
+    original = tmp_path / "original"
+    shutil.copytree(lm_run, original)
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy, ignore=shutil.ignore_patterns("snapshots"))
+    (copy / "snapshots").symlink_to(original / "snapshots")
+    before, before_copy = digest(original), digest(copy)
+    refused(
+        qkv("train", "lm", "--out", str(copy), "--resume", "--quiet", "train.max_steps=9"), "leads outside"
+    )
+    assert digest(original) == before and digest(copy) == before_copy
+
+
+@needs_shakespeare
 def test_a_moved_run_resumes_from_another_working_directory(lm_run, tmp_path):
     moved = tmp_path / "elsewhere" / "renamed"
     moved.parent.mkdir()

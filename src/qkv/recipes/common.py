@@ -23,7 +23,7 @@ from ..train.adapters import LoraSettings, add_lora, merge_lora, save_adapters
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
 from ..train.loop import LoopState, train_loop
 from ..train.optim import make_optimizer
-from ..train.run_files import relative_to_run
+from ..train.run_files import SNAPSHOTS, relative_to_run, run_file
 from ..train.settings import TrainSettings
 
 if TYPE_CHECKING:
@@ -60,7 +60,9 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
 
     Raises:
         QkvError: a non-empty directory without ``resume``; with it: nothing to resume, a run
-            of another recipe or number of processes, a truncated or corrupt training state.
+            of another recipe or number of processes, a truncated or corrupt training state, a
+            ``snapshots`` folder that links outside the run (pruning would delete another
+            directory's files).
     """
     run_dir = Path(run_dir)
     if not distributed.is_main():
@@ -92,6 +94,7 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str) -> Path:
             f"random streams are per process), not {now}"
         )
     check_state(run_dir / "train_state.pt")
+    run_file(run_dir, SNAPSHOTS)  # a link out (a copy sharing the original's): refused, not pruned
     return run_dir
 
 
