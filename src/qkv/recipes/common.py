@@ -23,7 +23,7 @@ from ..train.adapters import LoraSettings, add_lora, merge_lora, save_adapters
 from ..train.checkpoint import check_state, load_weights, save_weights, write_json
 from ..train.loop import LoopState, train_loop
 from ..train.optim import make_optimizer
-from ..train.run_files import SNAPSHOTS, relative_to_run, run_file
+from ..train.run_files import SNAPSHOTS, run_file
 from ..train.settings import TrainSettings
 
 if TYPE_CHECKING:
@@ -104,9 +104,10 @@ NOT_THE_RUNS_DATA = (
 
 
 def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, given: str) -> dict:
-    """What a run trained on token shards keeps as ``data.json``: where they are (relative to the
-    run when inside it, else absolute), and what the prepared directory's ``meta.json`` says of
-    its sources, settings, counts and BPE sample (not its per-token counts or shard list).
+    """What a run trained on token shards keeps as ``data.json``: where they are (absolute: a new
+    run's directory is empty, so they are never inside it), and what the prepared directory's
+    ``meta.json`` says of its sources, settings, counts and BPE sample (not its per-token counts
+    or shard list).
 
     ``resume``: the run's own ``data.json`` must describe the same data; they are compared
     without the path, so a moved run or a moved prepared directory resumes (a run saved without
@@ -117,7 +118,7 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
             anything is written.
     """
     record = {
-        "path": relative_to_run(run_dir, prepared.path) or str(prepared.path.resolve()),
+        "path": str(prepared.path.resolve()),
         **{k: v for k, v in prepared.meta.items() if k not in ("token_counts", "splits")},
     }
     if resume and (run_dir / "data.json").is_file():

@@ -1,7 +1,7 @@
 """Paths inside a run directory: the one place that turns what a run records into a file.
 
-A run directory is self-contained: every path it records (the snapshots listed in
-``train_state.pt``, a prepared corpus kept inside it) is relative to the directory itself, so
+A run directory is self-contained: every path it records into itself (the snapshots listed in
+``train_state.pt``) is relative to the directory itself, so
 the directory can be copied, moved or renamed and resumed from any working directory, and a
 resumed copy touches only its own files. Every file the training loop removes, and every
 recorded path it writes or reads, goes through :func:`run_file`, which refuses a path that
@@ -49,15 +49,6 @@ def remove_run_file(run_dir: Path, name: str | PurePath) -> None:
     """Delete the file ``name`` of the run directory if it exists (:func:`run_file` checks
     that it is inside; a missing file is not an error)."""
     run_file(run_dir, name).unlink(missing_ok=True)
-
-
-def relative_to_run(run_dir: Path, path: Path) -> str | None:
-    """``path`` as a POSIX path relative to ``run_dir`` when it lies inside it (after resolving
-    both), else ``None``: how a run records a reference that may point into itself."""
-    try:
-        return Path(path).resolve().relative_to(Path(run_dir).resolve()).as_posix()
-    except ValueError:
-        return None
 
 
 def snapshot_name(step: int) -> str:
