@@ -12,8 +12,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,17 +85,19 @@ def fasta_entries(path: str | Path) -> Iterator[tuple[str, str, int]]:
             raise QkvError(f"cannot read FASTA file {path}: {unreadable_because(exc)}") from None
 
 
-def _headed(lines: Iterable[str], path: Path) -> Iterator[str]:
-    """``lines``, refusing text before the first ``>`` header (SimpleFastaParser skips it)."""
-    headed = False
+def _headed(lines: Iterator[str], path: Path) -> Iterator[str]:
+    """``lines``, once the first line that is not blank is checked to be a ``>`` header
+    (SimpleFastaParser would skip text before it); the rest pass through untouched."""
+    head = []
     for line in lines:
-        if not headed and line.strip():
+        head.append(line)
+        if line.strip():
             if not line.startswith(">"):
                 raise QkvError(
                     f"cannot read FASTA file {path}: text before the first '>' header (is it a FASTA file?)"
                 )
-            headed = True
-        yield line
+            break
+    return itertools.chain(head, lines)
 
 
 def read_fasta(
