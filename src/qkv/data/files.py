@@ -69,7 +69,7 @@ def unreadable_because(exc: BaseException) -> str:
     stream (``EOFError``), a corrupt one, text that is not UTF-8."""
     if isinstance(exc, EOFError):
         return "truncated (the compressed stream ends early)"
-    if isinstance(exc, gzip.BadGzipFile) or "gzip" in str(exc).lower() or isinstance(exc, zlib.error):
+    if isinstance(exc, (gzip.BadGzipFile, zlib.error)):
         return f"corrupt gzip data ({' '.join(str(exc).split())})"
     if isinstance(exc, UnicodeDecodeError):
         return f"not UTF-8 text (byte {exc.start})"
