@@ -130,13 +130,14 @@ def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:
     return {k: v for k, v in saved.items() if k not in PROVENANCE}
 
 
-def _remove_unstarted(run_dir: Path) -> None:
-    """Remove a run directory this command created if it was refused before its first training
-    state (a refused command leaves nothing behind); a run with a checkpoint is kept."""
+def _remove_unstarted(out: Path, started_by: str | None = "train_state.pt") -> None:
+    """Remove a directory this command created if it was refused before the file
+    ``started_by`` was written (a refused command leaves nothing behind); a run with a training
+    state is kept. ``None``: removed whatever it holds."""
     import shutil
 
-    if run_dir.is_dir() and not (run_dir / "train_state.pt").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if out.is_dir() and not (started_by and (out / started_by).exists()):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _read_inputs(args) -> list[str]:
@@ -169,9 +170,7 @@ def _cmd_prepare(args) -> int:
         meta = _prepare(args, given)
     except QkvError:  # refused: a directory this command created is left out, not half-made
         if created:
-            import shutil
-
-            shutil.rmtree(args.out, ignore_errors=True)
+            _remove_unstarted(Path(args.out), started_by=None)
         raise
     tokens, seqs = meta["tokens"], meta["sequences"]
     _log(
