@@ -252,10 +252,10 @@ def _check_same_weights_trained(run_dir: Path, settings: dict) -> None:
     for key in FIXED_ON_RESUME:
         section, _, field = key.rpartition(".")
         now_tree = settings.get(section, {}) if section else settings
-        was_tree = saved.get(section, {}) if section else saved
+        was_tree = saved.get(section) if section else saved
         if field not in now_tree:  # a key this recipe does not have
             continue
-        was = was_tree.get(field, defaults.get(field)) if isinstance(was_tree, dict) else defaults.get(field)
+        was = (was_tree if isinstance(was_tree, dict) else {}).get(field, defaults.get(field))
         if key in INPUT_PATHS and isinstance(was, str):  # a run of an earlier version: as given
             was = recorded_input(was)
         if was != now_tree[field]:
