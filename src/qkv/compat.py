@@ -6,8 +6,10 @@ today's format; whatever an older run directory holds is brought up to it here, 
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -15,6 +17,9 @@ import torch
 from .errors import ConfigError
 from .nn.attention import MultiHeadAttention
 from .train.checkpoint import load_weights
+from .train.run_files import SNAPSHOTS, run_file
+
+logger = logging.getLogger(__name__)
 
 # Written into config.json and train_config.json as "format_version"; a file without it is
 # version 1 (everything before this key existed).
@@ -33,9 +38,13 @@ def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> d
         run_dir: its run directory (an old state's weights are in ``last.safetensors``).
         model: the model being resumed (an old state's weights are read into it, ties and all).
 
+    Older states also list snapshots as ``--out`` was given (absolute, or relative to where the
+    command ran): each entry is mapped into ``run_dir`` by :func:`recorded_snapshot`.
+
     Returns:
         ``saved`` with ``"model"``, ``"rng"`` (a list, one entry per process: Python, torch,
-        NumPy (``None`` where the old state had none) and CUDA states) and ``"world_size"``.
+        NumPy (``None`` where the old state had none) and CUDA states), ``"world_size"`` and the
+        loop state's ``"snapshots"`` named relative to ``run_dir``.
 
     Raises:
         QkvError: an old state whose ``last.safetensors`` is missing or does not fit ``model``.
@@ -49,7 +58,38 @@ def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> d
             {"python": saved.pop("py_rng"), "torch": saved.pop("torch_rng"), "numpy": None, "cuda": []}
         ]
     saved.setdefault("world_size", 1)
+    recorded = saved.get("loop", {}).get("snapshots", [])
+    names = [name for entry in recorded if (name := recorded_snapshot(run_dir, entry)) is not None]
+    if names != recorded:  # snapshots recorded as --out was given
+        saved["loop"] = {**saved["loop"], "snapshots": names}
     return saved
+
+
+_SNAPSHOT_FILE = re.compile(r"step_\d+\.safetensors")
+
+
+def recorded_snapshot(run_dir: Path, recorded: str) -> str | None:
+    """A snapshot entry of any version's training state as today's name (:func:`snapshot_name`).
+
+    Today's entries (``snapshots/step_N.safetensors``) are returned as they are. An earlier
+    version's entry (absolute, or relative to another working directory) becomes
+    ``snapshots/<its file name>`` when that file is in this run's ``snapshots/``; otherwise
+    ``None``: the entry is dropped, and the file it named is never read or removed.
+    """
+    path = PurePath(recorded)
+    if not _SNAPSHOT_FILE.fullmatch(path.name) or path.parent.name != SNAPSHOTS:
+        logger.warning(f"{run_dir}: ignoring the snapshot entry {recorded!r} (not a snapshot of a run)")
+        return None
+    name = f"{SNAPSHOTS}/{path.name}"
+    if recorded == name:
+        return name
+    if run_file(run_dir, name).is_file():
+        return name
+    logger.warning(
+        f"{run_dir}: the snapshot {recorded} recorded by an earlier qkv is not in this run directory; "
+        "it is left out of averaging and never touched"
+    )
+    return None
 
 
 # --------------------------------------------------------------------------- format version

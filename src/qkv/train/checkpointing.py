@@ -27,7 +27,7 @@ from ..compat import upgrade_train_state
 from ..errors import QkvError
 from . import distributed
 from .checkpoint import load_state, save_state, save_weights
-from .run_files import recorded_snapshot, remove_run_file, run_file, snapshot_name
+from .run_files import remove_run_file, run_file, snapshot_name
 from .settings import TrainSettings
 
 
@@ -185,8 +185,4 @@ class Checkpointer:
                 f"{self.state_path} holds the optimizer state of other trained weights ({exc})"
             ) from None
         set_rng_state(saved["rng"][ctx.rank])
-        state = LoopState(**saved["loop"])
-        # earlier versions recorded snapshots as --out was given: map them into this directory
-        names = (recorded_snapshot(self.run_dir, recorded) for recorded in state.snapshots)
-        state.snapshots = [name for name in names if name is not None]
-        return state
+        return LoopState(**saved["loop"])

@@ -9,23 +9,17 @@ leaves the run directory: deleting or overwriting a file outside it is impossibl
 construction, whatever a (possibly old, copied or edited) training state says.
 
 Runs written before this rule recorded snapshots as ``--out`` was given (absolute, or relative
-to the directory the command ran in); :func:`recorded_snapshot` maps such an entry to the file
-of the same name in this run's ``snapshots/`` when it is there, and drops it otherwise (the
-file it named, in another directory, is never touched).
+to the directory the command ran in); :func:`qkv.compat.recorded_snapshot` maps such an entry
+into the run as it is read.
 """
 
 from __future__ import annotations
 
-import logging
-import re
 from pathlib import Path, PurePath
 
 from ..errors import QkvError
 
-logger = logging.getLogger(__name__)
-
 SNAPSHOTS = "snapshots"
-_SNAPSHOT_NAME = re.compile(r"step_\d+\.safetensors")
 
 
 def run_file(run_dir: Path, name: str | PurePath) -> Path:
@@ -39,8 +33,8 @@ def run_file(run_dir: Path, name: str | PurePath) -> Path:
     if PurePath(name).is_absolute():
         raise QkvError(f"{name} is an absolute path; a run directory records paths relative to itself")
     path = run_dir / name
-    root = run_dir.resolve()
-    if not path.resolve().is_relative_to(root) or path.resolve() == root:
+    root, resolved = run_dir.resolve(), path.resolve()
+    if resolved == root or not resolved.is_relative_to(root):
         raise QkvError(f"{name} leads outside the run directory {run_dir}; qkv never touches it")
     return path
 
@@ -55,27 +49,3 @@ def snapshot_name(step: int) -> str:
     """What a run records for the snapshot of optimizer step ``step``:
     ``snapshots/step_<step>.safetensors``, relative to the run directory."""
     return f"{SNAPSHOTS}/step_{step}.safetensors"
-
-
-def recorded_snapshot(run_dir: Path, recorded: str) -> str | None:
-    """A snapshot entry of any version's training state as today's name (:func:`snapshot_name`).
-
-    Today's entries (``snapshots/step_N.safetensors``) are returned as they are. An earlier
-    version's entry (absolute, or relative to another working directory) becomes
-    ``snapshots/<its file name>`` when that file is in this run's ``snapshots/``; otherwise
-    ``None``: the entry is dropped, and the file it named is never read or removed.
-    """
-    path = PurePath(recorded)
-    if not _SNAPSHOT_NAME.fullmatch(path.name) or path.parent.name != SNAPSHOTS:
-        logger.warning(f"{run_dir}: ignoring the snapshot entry {recorded!r} (not a snapshot of a run)")
-        return None
-    name = f"{SNAPSHOTS}/{path.name}"
-    if recorded == name:
-        return name
-    if run_file(run_dir, name).is_file():
-        return name
-    logger.warning(
-        f"{run_dir}: the snapshot {recorded} recorded by an earlier qkv is not in this run directory; "
-        "it is left out of averaging and never touched"
-    )
-    return None
