@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     passed = 0
-    (work / "copies").mkdir(exist_ok=True)
+    if args.copy:
+        (work / "copies").mkdir(exist_ok=True)
     for trial in range(args.trials):
         # with --copy, run from `work` with a relative --out, as the README's commands do
         name = Path(f"trial_{trial}")
