@@ -1,4 +1,4 @@
-"""Behaviour unchanged: short seeded runs of five recipes, their ``metrics.jsonl`` compared
+"""Behaviour unchanged: short seeded runs of every trainable recipe, their ``metrics.jsonl`` compared
 with another checkout's.
 
 A refactoring that keeps behaviour must leave every logged number of a seeded run identical:
@@ -41,8 +41,34 @@ RUNS = {
         "beam_size=2",
         "train.max_steps=40",
     ],
+    "translation-rnn": [
+        "translation-rnn",
+        "train_limit=3000",
+        "val_limit=40",
+        "model.d_model=32",
+        "vocab_size=1000",
+        "max_tokens=2048",
+        "train.eval_every=20",
+        "train.warmup_steps=20",
+        "beam_size=2",
+        "train.max_steps=40",
+    ],
     # the SIGKILL benchmark's small LM, with dropout (so the RNG streams matter)
     "lm": ["lm", *KILL_RESUME_LM, "train.eval_every=20", "train.max_steps=60"],
+    "protein-mlm": [
+        "protein-mlm",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "model.n_layers=1",
+        "model.max_len=64",
+        "max_tokens=2048",
+        "train_limit=2000",
+        "train.eval_every=10",
+        "train.warmup_steps=5",
+        "train.lr_decay_steps=30",
+        "train.max_steps=30",
+    ],
     "protein-cls": [
         "protein-cls",
         "--task",
@@ -54,6 +80,21 @@ RUNS = {
         "train.eval_every=10",
         "train.max_steps=30",
         "train.warmup_steps=5",
+    ],
+    "protein-residue": [
+        "protein-residue",
+        "--task",
+        "secondary-structure",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "model.n_layers=1",
+        "model.max_len=64",
+        "max_tokens=4096",
+        "train.eval_every=10",
+        "train.max_steps=20",
+        "train.warmup_steps=5",
+        "baseline=false",
     ],
     "vit": [
         "vit",
