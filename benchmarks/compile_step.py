@@ -30,14 +30,14 @@ from qkv.data.text import load_corpus, random_windows, split_train_val, windows_
 from qkv.data.tokenizers import CharTokenizer, SubwordTokenizer
 from qkv.data.translation import load_multi30k
 from qkv.models import DecoderLM, Transformer
-from qkv.recipes.lm import LMRecipe
-from qkv.recipes.translation import TranslationRecipe
+from qkv.recipes.lm import LMSettings
+from qkv.recipes.translation import TranslationSettings
 from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_optimizer
 
 
 def lm_workload(steps: int):
-    recipe = LMRecipe()
+    recipe = LMSettings()
     text = load_corpus("tinyshakespeare")
     tok = CharTokenizer.train(text)
     data = torch.tensor(tok.encode(split_train_val(text, 0.1)[0]))
@@ -55,7 +55,7 @@ def lm_workload(steps: int):
 def translation_workload(steps: int, tokens: int, **model_overrides):
     """The translation recipe's model (with ``model_overrides`` of its config) and ``steps``
     real Multi30k batches of ~``tokens`` padded tokens."""
-    recipe = TranslationRecipe()
+    recipe = TranslationSettings()
     src, tgt = load_multi30k("train")
     src, tgt = src[:20000], tgt[:20000]
     tok = SubwordTokenizer.train(src + tgt, 8000)

@@ -84,9 +84,10 @@ def chain_perplexity(run_dir: Path, weights: str, corpus: Path) -> float:
 
     import torch
 
+    from qkv.data.lm import encode_corpus
     from qkv.data.text import load_corpus
     from qkv.hub.pretrained import load
-    from qkv.recipes.lm import encode_corpus, split_nll
+    from qkv.recipes.lm import split_nll
     from qkv.runs import load_run
 
     model, tok = load("iglm") if weights == "init" else load_run(run_dir, weights, "cpu", family="lm")

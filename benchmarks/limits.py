@@ -412,9 +412,9 @@ def workload_d(args, peak: dict) -> dict:
     from qkv.generate.protein import ProteinEncoder
     from qkv.models.config import EncoderConfig
     from qkv.models.encoder import EncoderModel
-    from qkv.recipes.protein_tasks import ProteinTaskRecipe
+    from qkv.recipes.protein_tasks import ProteinTaskSettings
 
-    cfg = ProteinTaskRecipe().model
+    cfg = ProteinTaskSettings().model
     torch.manual_seed(0)
     model = EncoderModel(
         EncoderConfig(**{**cfg.__dict__, "vocab_size": 33, "num_labels": 3, "dropout": 0.0})

@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from qkv.device import cpu_has_native_bf16
 from qkv.models import DecoderLM
 from qkv.models.config import LMConfig
-from qkv.recipes.lm import LMRecipe
+from qkv.recipes.lm import LMSettings
 from qkv.train.optim import make_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -78,7 +78,7 @@ def gpt2_small_workload(steps: int, batch: int):
     def loss_fn(m, tokens):
         return F.cross_entropy(m(tokens[:, :-1]).logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
-    return model, LMRecipe().train, batches, loss_fn
+    return model, LMSettings().train, batches, loss_fn
 
 
 def step_flops(model, loss_fn, batch) -> int:

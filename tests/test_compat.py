@@ -15,13 +15,13 @@ from torch import nn
 
 from qkv import compat
 from qkv.errors import ConfigError, QkvError
+from qkv.files import load_weights, save_weights
 from qkv.models import DecoderLM, LMConfig, Transformer, TransformerConfig
 from qkv.models.config import EncoderConfig, ModelConfig, ViTConfig
 from qkv.models.encoder import EncoderModel
 from qkv.models.vit import VisionTransformer
 from qkv.nn import MultiHeadAttention
 from qkv.settings import resolve
-from qkv.train.checkpoint import load_weights, save_weights
 from qkv.train.settings import TrainSettings
 
 # --------------------------------------------------------------------------- settings keys
@@ -322,3 +322,40 @@ def test_today_s_train_state_passes_unchanged(tmp_path):
     }
     new = compat.upgrade_train_state(state, tmp_path, _lm())
     assert new.keys() == state.keys() and all(new[k] is state[k] for k in state)
+
+
+@pytest.mark.parametrize(
+    "module, old, new",
+    [
+        ("qkv.recipes.translation", "TranslationRecipe", "qkv.recipes.translation:TranslationSettings"),
+        ("qkv.recipes.translation", "RNNTranslationRecipe", "qkv.recipes.translation:RNNTranslationSettings"),
+        ("qkv.recipes.lm", "LMRecipe", "qkv.recipes.lm:LMSettings"),
+        ("qkv.recipes.lm", "evaluate_lm_run", "qkv.recipes.lm:evaluate_run"),
+        ("qkv.recipes.protein_mlm", "ProteinMLMRecipe", "qkv.recipes.protein_mlm:ProteinMLMSettings"),
+        ("qkv.recipes.protein_tasks", "ProteinTaskRecipe", "qkv.recipes.protein_tasks:ProteinTaskSettings"),
+        ("qkv.recipes.text_cls", "TextClsRecipe", "qkv.recipes.text_cls:TextClsSettings"),
+        ("qkv.recipes.vit", "ViTRecipe", "qkv.recipes.vit:ViTSettings"),
+        ("qkv.train.checkpoint", "write_json", "qkv.files:write_json"),
+        ("qkv.train.checkpoint", "save_weights", "qkv.files:save_weights"),
+    ],
+)
+def test_an_old_name_still_imports_for_one_release_with_a_deprecation_warning(module, old, new):
+    import importlib
+
+    target, _, name = new.partition(":")
+    with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated.*use {target}\.{name}"):
+        got = getattr(importlib.import_module(module), old)
+    assert got is getattr(importlib.import_module(target), name)
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(module), old + "_never_existed")
+
+
+def test_the_atomic_writers_write_on_any_rank(tmp_path, monkeypatch):
+    """A library caller on torchrun rank 1 gets its file: which process writes a training run's
+    files is the run's decision (rank 0), not the writer's."""
+    from qkv.files import write_json
+    from qkv.train import distributed
+
+    monkeypatch.setattr(distributed, "is_main", lambda: False)
+    write_json(tmp_path / "a.json", {"x": 1})
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}

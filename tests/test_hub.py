@@ -414,11 +414,11 @@ def test_sinusoidal_halves_are_the_papers_values_reordered():
 
 def test_protein_recipes_start_from_a_converted_encoder_with_its_own_tokenizer(tmp_path):
     from qkv.data.tokenizers import PretrainedProteinTokenizer
-    from qkv.recipes.protein_tasks import ProteinTaskRecipe, build_model
+    from qkv.recipes.protein_tasks import ProteinTaskSettings, build_model
 
     hf, vocab = _esm()
     import_hf(_save(hf, vocab, tmp_path / "hf"), tmp_path / "esm")
-    model, tok = build_model(ProteinTaskRecipe(init=str(tmp_path / "esm")), num_labels=2)
+    model, tok = build_model(ProteinTaskSettings(init=str(tmp_path / "esm")), num_labels=2)
     assert isinstance(tok, PretrainedProteinTokenizer)
     assert tok.encode("mkv*") == [0, 20, 15, 7, 2]  # <cls> M K V <eos>, cleaned as qkv's own tokenizer
     with pytest.raises(QkvError, match="character '-' at position 2"):

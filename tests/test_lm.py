@@ -346,8 +346,8 @@ def test_inference_layout_assigns_new_parameters(tmp_path):
     alone. bfloat16 weights keep the default layout; a second call changes nothing."""
     from safetensors.torch import load_file
 
+    from qkv.files import load_weights, save_weights
     from qkv.generate.layout import prepare_for_inference
-    from qkv.train.checkpoint import load_weights, save_weights
 
     model = _lm(tie_embeddings=True)
     x = torch.tensor([_prompt(9, 3)])

@@ -18,8 +18,8 @@ from qkv.cli import main
 from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, resolve_precision
 from qkv.errors import QkvError
 from qkv.generate.lm import TextGenerator
-from qkv.recipes.lm import LMRecipe, train_lm
-from qkv.recipes.translation import TranslationRecipe
+from qkv.recipes.lm import LMSettings, train_lm
+from qkv.recipes.translation import TranslationSettings
 from qkv.settings import field_names, resolve
 from qkv.train.loop import train_loop
 from qkv.train.settings import TrainSettings
@@ -152,7 +152,7 @@ def test_precision_replaces_amp_bf16_in_train_settings():
     ],
 )
 def test_amp_bf16_override_is_read_as_precision_with_a_deprecation_warning(override, expected, qkv_logs):
-    assert resolve(LMRecipe, None, [override]).train.precision == expected
+    assert resolve(LMSettings, None, [override]).train.precision == expected
     [warning] = _warnings(qkv_logs)
     assert warning == f"{override.split('=')[0]} is deprecated: read as train.precision={expected}"
 
@@ -161,8 +161,8 @@ def test_amp_bf16_override_is_read_as_precision_with_a_deprecation_warning(overr
 def test_amp_bf16_in_a_config_file_is_read_as_precision(tmp_path, data, qkv_logs):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    assert resolve(LMRecipe, path).train.precision == "bf16"
-    assert resolve(LMRecipe, path, ["train.precision=auto"]).train.precision == "auto", (
+    assert resolve(LMSettings, path).train.precision == "bf16"
+    assert resolve(LMSettings, path, ["train.precision=auto"]).train.precision == "auto", (
         "a later key wins, as for any key"
     )
     assert any("amp_bf16 is deprecated" in w for w in _warnings(qkv_logs))
@@ -170,7 +170,7 @@ def test_amp_bf16_in_a_config_file_is_read_as_precision(tmp_path, data, qkv_logs
 
 def test_amp_bf16_bad_value_and_wrong_section_are_refused():
     with pytest.raises(QkvError) as err:
-        resolve(LMRecipe, None, ["amp_bf16=maybe", "model.amp_bf16=true"])
+        resolve(LMSettings, None, ["amp_bf16=maybe", "model.amp_bf16=true"])
     msg = str(err.value)
     assert "amp_bf16 must be bool (true or false), got 'maybe'" in msg
     assert "unknown key model.amp_bf16" in msg
@@ -180,10 +180,10 @@ def test_old_run_settings_with_amp_bf16_resolve(tmp_path):
     """An old run's settings (flat, ``amp_bf16: false``), less its provenance keys, resolve."""
     old = json.loads((OLD_RUNS / "translation" / "train_config.json").read_text())
     assert old["amp_bf16"] is False
-    names = {n.rsplit(".", 1)[-1] for n in field_names(TranslationRecipe)}
+    names = {n.rsplit(".", 1)[-1] for n in field_names(TranslationSettings)}
     path = tmp_path / "old.json"
     path.write_text(json.dumps({k: v for k, v in old.items() if k in names or k == "amp_bf16"}))
-    assert resolve(TranslationRecipe, path).train.precision == "fp32"
+    assert resolve(TranslationSettings, path).train.precision == "fp32"
 
 
 # ---------------------------------------------------------------- the loop and the recipes
@@ -231,7 +231,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     _cpu(monkeypatch, False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto must mean this CPU
-    import qkv.recipes.common as common
+    import qkv.recipes.skeleton as skeleton
 
     passed = []
 
@@ -239,9 +239,9 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
         passed.append(kwargs.get("precision"))
         return train_loop(*args, **kwargs)
 
-    monkeypatch.setattr(common, "train_loop", recording_loop)  # what recipes.common.fit calls
+    monkeypatch.setattr(skeleton, "train_loop", recording_loop)  # what every recipe's run calls
     recipe = resolve(
-        LMRecipe,
+        LMSettings,
         None,
         [
             "train.max_steps=2",
@@ -327,31 +327,20 @@ def test_generate_explicit_bfloat16_on_a_cpu_without_native_bf16_warns(monkeypat
 
 
 def test_every_recipe_passes_its_resolved_precision_to_the_loop():
-    """Each recipe calls ``fit(..., precision=run.precision)`` (or the classification recipes'
-    ``fit_classifier(..., run.precision)``), which pass it on to ``train_loop``, and records
-    ``run``."""
+    """The one recipe skeleton calls ``train_loop(..., precision=self.context.precision)`` and
+    records ``self.context`` with the settings; no recipe calls the loop or writes its settings
+    itself (so none can forget either)."""
     recipes = Path(__file__).resolve().parents[1] / "src" / "qkv" / "recipes"
-    common = ast.parse((recipes / "common.py").read_text(encoding="utf-8"))
-    fit = next(
-        c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "train_loop"
-    )
-    assert {k.arg: ast.unparse(k.value) for k in fit.keywords}["precision"] == "precision"
-    to_fit = next(
-        c for c in ast.walk(common) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "fit"
-    )
-    assert {k.arg: ast.unparse(k.value) for k in to_fit.keywords}["precision"] == "precision"
-    for name in ("translation", "lm", "protein_mlm", "protein_tasks", "text_cls", "vit"):
+
+    def calls(name: str) -> dict[str, ast.Call]:
         tree = ast.parse((recipes / f"{name}.py").read_text(encoding="utf-8"))
-        calls = {
-            c.func.id: c
-            for c in ast.walk(tree)
-            if isinstance(c, ast.Call)
-            and isinstance(c.func, ast.Name)
-            and c.func.id in ("fit", "fit_classifier", "write_settings")
+        return {
+            c.func.id: c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
         }
-        if "fit_classifier" in calls:
-            assert ast.unparse(calls["fit_classifier"].args[-1]) == "run.precision", name
-        else:
-            loop_kwargs = {k.arg: ast.unparse(k.value) for k in calls["fit"].keywords}
-            assert loop_kwargs.get("precision") == "run.precision", name
-        assert "run" in [ast.unparse(a) for a in calls["write_settings"].args], name
+
+    skeleton = calls("skeleton")
+    loop_kwargs = {k.arg: ast.unparse(k.value) for k in skeleton["train_loop"].keywords}
+    assert loop_kwargs["precision"] == "self.context.precision"
+    assert "self.context" in [ast.unparse(a) for a in skeleton["write_settings"].args]
+    for name in ("translation", "lm", "protein_mlm", "protein_tasks", "text_cls", "vit"):
+        assert not {"train_loop", "write_settings", "start_run"} & set(calls(name)), name

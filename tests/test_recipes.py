@@ -12,6 +12,7 @@ import pytest
 from qkv.cli import build_parser, main
 from qkv.models.model_types import MODEL_TYPES
 from qkv.recipes.registry import RECIPES, get, kind_of, trainable
+from qkv.recipes.skeleton import TrainingRun
 from qkv.runs import model_type_of
 
 TRAINED = [r for r in RECIPES.values() if r.train is not None]
@@ -29,11 +30,15 @@ def test_a_trained_recipe_has_settings_train_evaluate_and_a_summary(recipe):
     assert dataclasses.is_dataclass(settings) and recipe.settings.__dataclass_params__.frozen
     if hasattr(settings, "model"):  # text-cls takes its architecture from the pretrained encoder
         assert isinstance(settings.model, recipe.model_type.config), "its runs hold the model it names"
-    assert list(inspect.signature(recipe.train).parameters)[:2] == ["recipe", "run_dir"]
-    assert {"resume", "progress"} <= set(inspect.signature(recipe.train).parameters)
+    # every recipe's run is the one skeleton's flow, with its own parts
+    assert issubclass(recipe.train.__self__, TrainingRun) and recipe.train.__name__ == "train"
+    assert list(inspect.signature(recipe.train).parameters) == ["settings", "run_dir", "resume", "progress"]
+    # one name and signature: evaluate_run(run_dir, split, device, *, options)
+    assert recipe.evaluate.__name__ == "evaluate_run"
     params = inspect.signature(recipe.evaluate).parameters
-    assert list(params)[:2] == ["run_dir", "split"] and "device" in params
-    assert set(recipe.evaluate_options) <= set(params)
+    assert list(params)[:3] == ["run_dir", "split", "device"]
+    options = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert options == list(recipe.evaluate_options) == list(params)[3:]
     assert recipe.splits and recipe.summary is not None and callable(recipe.explainer)
 
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from qkv.cli import main
 from qkv.errors import ConfigError, QkvError
 from qkv.models.config import EncoderConfig, LMConfig, TransformerConfig
-from qkv.recipes.lm import LMRecipe
-from qkv.recipes.protein_mlm import ProteinMLMRecipe
-from qkv.recipes.protein_tasks import ProteinTaskRecipe
-from qkv.recipes.translation import RNNTranslationRecipe, TranslationRecipe
+from qkv.recipes.lm import LMSettings
+from qkv.recipes.protein_mlm import ProteinMLMSettings
+from qkv.recipes.protein_tasks import ProteinTaskSettings
+from qkv.recipes.translation import RNNTranslationSettings, TranslationSettings
 from qkv.settings import dotted_key, field_names, resolve, to_dict
 from qkv.train.settings import TrainSettings
 
@@ -39,7 +39,7 @@ from qkv.train.settings import TrainSettings
 )
 def test_a_value_of_the_wrong_type_names_key_type_and_value(override, key, expected):
     with pytest.raises(QkvError) as info:
-        resolve(LMRecipe, None, [override])
+        resolve(LMSettings, None, [override])
     msg = str(info.value)
     assert f"{key} must be {expected}, got {override.split('=', 1)[1]!r}" in msg, msg
     assert "\n" not in msg
@@ -47,7 +47,7 @@ def test_a_value_of_the_wrong_type_names_key_type_and_value(override, key, expec
 
 def test_values_are_converted_to_the_field_types():
     s = resolve(
-        LMRecipe,
+        LMSettings,
         None,
         [
             "model.d_model=64",
@@ -69,14 +69,14 @@ def test_values_are_converted_to_the_field_types():
 
 def test_flat_keys_of_one_section_are_accepted_and_ambiguous_ones_refused():
     s = resolve(
-        TranslationRecipe, None, ["d_model=64", "n_heads=2", "max_minutes=1.5", "seed=7", "src_lang=fr"]
+        TranslationSettings, None, ["d_model=64", "n_heads=2", "max_minutes=1.5", "seed=7", "src_lang=fr"]
     )
     assert (s.model.d_model, s.model.n_heads, s.train.max_minutes, s.train.seed) == (64, 2, 1.5, 7)
     assert s.src_lang == "fr"
     # the LM has vocab_size at the top (the BPE size) and in model: the top-level field wins
-    assert dotted_key(LMRecipe, "vocab_size") == "vocab_size"
+    assert dotted_key(LMSettings, "vocab_size") == "vocab_size"
     with pytest.raises(KeyError, match="unknown key d_modle .*did you mean.*d_model"):
-        dotted_key(LMRecipe, "d_modle")
+        dotted_key(LMSettings, "d_modle")
     with pytest.raises(KeyError, match="ambiguous: use model.dropout or train.dropout"):
         dotted_key(_TwoSections, "dropout")
 
@@ -97,7 +97,7 @@ class _TwoSections:
 
 def test_every_problem_is_listed_at_once():
     with pytest.raises(QkvError) as info:
-        resolve(LMRecipe, None, ["n_layers=2.0", "d_model=abc", "bogus=1", "train.seed=x", "nokeyvalue"])
+        resolve(LMSettings, None, ["n_layers=2.0", "d_model=abc", "bogus=1", "train.seed=x", "nokeyvalue"])
     msg = str(info.value)
     for part in (
         "model.n_layers must be int",
@@ -111,27 +111,27 @@ def test_every_problem_is_listed_at_once():
 
 def test_range_errors_of_sections_and_recipes_are_reported():
     with pytest.raises(QkvError, match=r"max_steps \(-3\) must be >= 1"):
-        resolve(LMRecipe, None, ["train.max_steps=-3"])
+        resolve(LMSettings, None, ["train.max_steps=-3"])
     with pytest.raises(QkvError, match="divisible by n_heads"):
-        resolve(LMRecipe, None, ["model.d_model=10", "model.n_heads=4"])
+        resolve(LMSettings, None, ["model.d_model=10", "model.n_heads=4"])
     with pytest.raises(QkvError, match="needs init=RUN_DIR"):
-        resolve(ProteinTaskRecipe, None, ["freeze=true"])
+        resolve(ProteinTaskSettings, None, ["freeze=true"])
     with pytest.raises(QkvError, match="needs an end"):
-        resolve(LMRecipe, None, ["train.max_steps=null"])
+        resolve(LMSettings, None, ["train.max_steps=null"])
 
 
 def test_config_file_nested_or_flat_then_overrides(tmp_path):
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps({"model": {"d_model": 96, "n_heads": 3}, "train": {"lr": 5e-4}}))
-    s = resolve(LMRecipe, nested, ["train.lr=1e-4"])
+    s = resolve(LMSettings, nested, ["train.lr=1e-4"])
     assert s.model.d_model == 96 and s.model.n_heads == 3 and s.train.lr == 1e-4
     flat = tmp_path / "flat.json"
     flat.write_text(json.dumps({"d_model": 96, "n_heads": 3, "max_steps": 7}))
-    assert resolve(LMRecipe, flat).train.max_steps == 7
+    assert resolve(LMSettings, flat).train.max_steps == 7
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": {"n_layers": 2.0}}))
     with pytest.raises(QkvError, match=r"model.n_layers must be int, got 2.0"):
-        resolve(LMRecipe, bad)
+        resolve(LMSettings, bad)
 
 
 @pytest.mark.parametrize("recipe", ["translation", "lm", "protein-mlm", "protein-cls", "protein-residue"])
@@ -157,7 +157,7 @@ def test_bad_settings_exit_2_with_one_line_and_no_run_directory(override, tmp_pa
 
 def test_every_model_option_is_settable_from_every_recipe_whose_model_has_it():
     """norm, activation, bias, attention_backend, norm_first reach each family's model section."""
-    for recipe in (TranslationRecipe, LMRecipe, ProteinTaskRecipe):
+    for recipe in (TranslationSettings, LMSettings, ProteinTaskSettings):
         s = resolve(
             recipe,
             None,
@@ -176,7 +176,7 @@ def test_every_model_option_is_settable_from_every_recipe_whose_model_has_it():
             s.model.attention_backend,
             s.model.norm_first,
         ) == ("dyt", "gelu", False, "eager", True)
-    assert resolve(TranslationRecipe, None, ["model.tie_output=false"]).model.tie_output is False
+    assert resolve(TranslationSettings, None, ["model.tie_output=false"]).model.tie_output is False
 
 
 def test_configs_check_types_when_built_in_python_too():
@@ -245,7 +245,7 @@ def test_dropped_and_renamed_keys_live_in_compat_not_on_the_config_classes():
 )
 def test_a_dropped_key_of_another_value_is_refused_in_one_line(override):
     with pytest.raises(QkvError) as info:
-        resolve(ProteinMLMRecipe, None, [override])
+        resolve(ProteinMLMSettings, None, [override])
     msg = str(info.value)
     name = override.split("=")[0].rsplit(".", 1)[-1]
     assert f"model.{name} is no longer a setting (EncoderConfig dropped it" in msg, msg
@@ -264,8 +264,8 @@ def test_dropped_key_on_the_command_line_exits_2_with_one_line_and_no_run_direct
 
 
 def test_a_dropped_key_at_its_old_value_is_ignored_with_a_warning(tmp_path, qkv_logs):
-    s = resolve(ProteinMLMRecipe, None, ["model.tie_embeddings=true", "bos_id=null", "model.eos_id=none"])
-    assert s == ProteinMLMRecipe()
+    s = resolve(ProteinMLMSettings, None, ["model.tie_embeddings=true", "bos_id=null", "model.eos_id=none"])
+    assert s == ProteinMLMSettings()
     warnings = [r.getMessage() for r in qkv_logs.records if r.levelname == "WARNING"]
     assert (
         "model.tie_embeddings is no longer a setting: ignored (EncoderConfig always has "
@@ -278,17 +278,17 @@ def test_a_dropped_key_at_its_old_value_is_ignored_with_a_warning(tmp_path, qkv_
             {"model": {**to_dict(EncoderConfig()), "tie_embeddings": True, "bos_id": None, "eos_id": None}}
         )
     )
-    assert resolve(ProteinMLMRecipe, path) == ProteinMLMRecipe()
+    assert resolve(ProteinMLMSettings, path) == ProteinMLMSettings()
 
 
 def test_the_lm_keeps_the_fields_the_encoder_dropped():
-    s = resolve(LMRecipe, None, ["model.tie_embeddings=false", "bos_id=3"])
+    s = resolve(LMSettings, None, ["model.tie_embeddings=false", "bos_id=3"])
     assert s.model.tie_embeddings is False and s.model.bos_id == 3
-    assert resolve(LMRecipe, None, ["model.tie_embeddings=true"]).model.tie_embeddings is True
+    assert resolve(LMSettings, None, ["model.tie_embeddings=true"]).model.tie_embeddings is True
 
 
 def test_a_renamed_key_is_still_read_with_a_warning(qkv_logs):
-    assert resolve(LMRecipe, None, ["amp_bf16=true"]).train.precision == "bf16"
+    assert resolve(LMSettings, None, ["amp_bf16=true"]).train.precision == "bf16"
     warnings = [r.getMessage() for r in qkv_logs.records if r.levelname == "WARNING"]
     assert warnings == ["amp_bf16 is deprecated: read as train.precision=bf16"]
 
@@ -308,7 +308,7 @@ def test_a_renamed_key_is_still_read_with_a_warning(qkv_logs):
 )
 def test_non_finite_floats_are_refused(override, key):
     with pytest.raises(QkvError) as info:
-        resolve(LMRecipe, None, [override])
+        resolve(LMSettings, None, [override])
     value = repr(override.split("=", 1)[1])
     shown = value if len(value) <= 60 else f"{value[:40]}... ({len(value)} characters)"  # long values cut
     assert str(info.value) == f"invalid settings: {key} must be a finite number, got {shown}"
@@ -323,11 +323,11 @@ def test_non_finite_floats_in_python_and_in_config_files_are_refused(tmp_path):
     path = tmp_path / "nan.json"
     path.write_text('{"train": {"lr": NaN, "weight_decay": Infinity}, "model": {"dropout": 1e400}}')
     with pytest.raises(QkvError) as info:
-        resolve(LMRecipe, path)
+        resolve(LMSettings, path)
     for key in ("train.lr", "train.weight_decay", "model.dropout"):
         assert f"{key} must be a finite number" in str(info.value)
     with pytest.raises(QkvError, match="train.lr must be a finite number"):
-        resolve(LMRecipe, None, ["train.lr=" + "1" * 400])
+        resolve(LMSettings, None, ["train.lr=" + "1" * 400])
 
 
 def test_check_raises_config_error_which_is_a_value_error():
@@ -367,7 +367,7 @@ def test_model_config_load_refuses_a_bad_file_in_one_line_naming_it(text, expect
 
 # ---------------------------------------------------------------- property tests of the parser
 
-RECIPES = [LMRecipe, TranslationRecipe, RNNTranslationRecipe, ProteinMLMRecipe, ProteinTaskRecipe]
+RECIPES = [LMSettings, TranslationSettings, RNNTranslationSettings, ProteinMLMSettings, ProteinTaskSettings]
 _NAMES = sorted({n for cls in RECIPES for n in field_names(cls)})
 KEYS = st.one_of(
     st.sampled_from(_NAMES),  # dotted, real
@@ -569,7 +569,7 @@ def test_paper_translation_config_keeps_the_paper_recipe_while_the_defaults_are_
     paper's recipe file must still say post-LN + Eq. 3 itself, and never ask for bf16 outright;
     the 2-hour recipe is the demo's model given 2 hours and its regularisation back."""
     configs = Path(__file__).resolve().parents[1] / "configs"
-    full = resolve(TranslationRecipe, configs / "paper_base.json", [])
+    full = resolve(TranslationSettings, configs / "paper_base.json", [])
     assert (full.model.norm_first, full.train.schedule, full.model.d_model, full.max_tokens) == (
         False,
         "noam",
@@ -577,7 +577,7 @@ def test_paper_translation_config_keeps_the_paper_recipe_while_the_defaults_are_
         4096,
     )
     assert full.train.lr_factor == 0.55 and full.train.warmup_steps == 800 and full.train.precision == "auto"
-    demo = resolve(TranslationRecipe, None, [])
+    demo = resolve(TranslationSettings, None, [])
     assert (demo.model.norm_first, demo.train.schedule, demo.train.max_minutes, demo.train.max_steps) == (
         True,
         "linear",
@@ -586,6 +586,6 @@ def test_paper_translation_config_keeps_the_paper_recipe_while_the_defaults_are_
     )
     demo.train.lr_schedule(demo.model.d_model)  # decays over the time budget: no step count needed
     assert (demo.model.dropout, demo.model.attention_dropout, demo.label_smoothing) == (0.0, 0.0, 0.0)
-    long = resolve(TranslationRecipe, configs / "multi30k_de_en.json", [])
+    long = resolve(TranslationSettings, configs / "multi30k_de_en.json", [])
     assert (long.model.d_model, long.train.schedule, long.train.max_minutes) == (192, "linear", 120.0)
     assert long.label_smoothing == 0.1 and long.model.norm_first and long.train.precision == "auto"

@@ -15,12 +15,12 @@ import torch
 from qkv.cli import main
 from qkv.data import prepare
 from qkv.data.protein import held_out
+from qkv.data.protein_mlm import ShardBatches
 from qkv.data.shards import PreparedData, Split, SplitWriter
 from qkv.data.text import load_corpus, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from qkv.errors import QkvError
-from qkv.recipes.lm import LMRecipe, train_lm
-from qkv.recipes.protein_mlm import ShardBatches
+from qkv.recipes.lm import LMSettings, train_lm
 from qkv.settings import resolve
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -88,7 +88,7 @@ def test_prepared_text_trains_bit_identically_to_the_text_in_memory(tmp_path, sm
     ]
     runs = {}
     for name, extra in (("text", []), ("shards", [f"data={tmp_path / 'data'}"])):
-        recipe = resolve(LMRecipe, None, settings + extra)
+        recipe = resolve(LMSettings, None, settings + extra)
         runs[name] = train_lm(recipe, tmp_path / name, progress=False)
     assert runs["text"]["validation"] == runs["shards"]["validation"]
     a, b = (tmp_path / n / "model.safetensors" for n in ("text", "shards"))
@@ -96,7 +96,7 @@ def test_prepared_text_trains_bit_identically_to_the_text_in_memory(tmp_path, sm
     record = json.loads((tmp_path / "shards" / "data.json").read_text())
     assert record["tokens"] == {"train": len(tok.encode(train_text)), "val": len(tok.encode(val_text))}
     prepare.prepare_lm(["tinyshakespeare"], tmp_path / "again", shard_tokens=300_000)
-    recipe = resolve(LMRecipe, None, [*settings, f"data={tmp_path / 'again'}", "train.max_steps=40"])
+    recipe = resolve(LMSettings, None, [*settings, f"data={tmp_path / 'again'}", "train.max_steps=40"])
     with pytest.raises(QkvError, match="not the data this run started on"):
         train_lm(recipe, tmp_path / "shards", resume=True, progress=False)
 

@@ -44,18 +44,18 @@ def test_labelled_file_errors_name_the_line(tmp_path):
 @needs_minilm
 def test_probe_trains_only_the_head_and_scratch_starts_from_random_weights():
     from qkv.hub.pretrained import load
-    from qkv.recipes.text_cls import TextClsRecipe, build_model
+    from qkv.recipes.text_cls import TextClsSettings, build_model
 
-    probe, _ = build_model(TextClsRecipe(freeze=True), 2)
+    probe, _ = build_model(TextClsSettings(freeze=True), 2)
     trainable = {n for n, p in probe.named_parameters() if p.requires_grad}
     assert trainable == {"sequence_head.weight", "sequence_head.bias"}
     assert probe.config.dropout == 0.0 and probe.config.pooling == "mean"
     pretrained, _ = load("minilm")
     assert torch.equal(probe.embed.weight, pretrained.embed.weight)
-    scratch, _ = build_model(TextClsRecipe(scratch=True), 2)
+    scratch, _ = build_model(TextClsSettings(scratch=True), 2)
     assert not torch.equal(scratch.embed.weight, pretrained.embed.weight)
     with pytest.raises(ValueError, match="exclude each other"):
-        TextClsRecipe(freeze=True, scratch=True)
+        TextClsSettings(freeze=True, scratch=True)
 
 
 @needs_minilm
@@ -63,9 +63,9 @@ def test_lora_trains_adapters_and_the_head_on_the_frozen_encoder():
     from dataclasses import replace
 
     from qkv.hub.pretrained import load
-    from qkv.recipes.text_cls import TextClsRecipe, build_model
+    from qkv.recipes.text_cls import TextClsSettings, build_model
 
-    recipe = TextClsRecipe(train=replace(TextClsRecipe().train, lora_rank=8))
+    recipe = TextClsSettings(train=replace(TextClsSettings().train, lora_rank=8))
     assert recipe.mode == "lora" and recipe.peak_lr == 5e-4
     model, _ = build_model(recipe, 2)
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
@@ -75,7 +75,7 @@ def test_lora_trains_adapters_and_the_head_on_the_frozen_encoder():
     pretrained, _ = load("minilm")
     assert torch.equal(model.embed.weight, pretrained.embed.weight)
     with pytest.raises(ValueError, match="lora_rank"):
-        TextClsRecipe(freeze=True, train=recipe.train)
+        TextClsSettings(freeze=True, train=recipe.train)
 
 
 @needs_minilm
@@ -135,7 +135,7 @@ def test_cli_embed_similarity_and_search(tmp_path, capsys):
 def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, monkeypatch, mode):
     from qkv.cli import main
     from qkv.generate.text import TextEncoder
-    from qkv.recipes.text_cls import evaluate_text_run
+    from qkv.recipes.text_cls import evaluate_run
 
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     out = tmp_path / "run"
@@ -161,7 +161,7 @@ def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, m
     assert summary["mode"] == mode and summary["steps"] == 4
     assert (out / "adapter_model.safetensors").is_file() == (mode == "lora")
     assert summary["test"]["n"] == 1821 and summary["validation"]["n"] == 872
-    again = evaluate_text_run(out, "test")
+    again = evaluate_run(out, "test")
     assert again["accuracy"] == summary["test"]["accuracy"]
     encoder = TextEncoder.load(out)
     assert encoder.classes == ("negative", "positive")

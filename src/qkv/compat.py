@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
+from .files import load_weights
 from .nn.attention import MultiHeadAttention
-from .train.checkpoint import load_weights
 from .train.run_files import SNAPSHOTS, run_file
 
 logger = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from ..files import atomic_write, write_text
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from ..train.checkpoint import atomic_write, write_text
 
 if TYPE_CHECKING:
     from .explainers import DecodingOptions, Explainer

@@ -45,7 +45,7 @@ class ImageClassifier:
     def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier:
         """Load a ``qkv train vit`` run directory; ``hflip_tta`` is on when its
         ``train_config.json`` has both ``hflip`` and ``tta_hflip`` (see
-        :class:`~qkv.recipes.vit.ViTRecipe`; off for runs that do not record it).
+        :class:`~qkv.recipes.vit.ViTSettings`; off for runs that do not record it).
 
         Raises:
             QkvError: a missing or incomplete run directory, or a run of another kind.

@@ -20,10 +20,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from ..compat import check_format_version, dropped_keys, with_format_version
 from ..errors import ConfigError
+from ..files import write_json
 from ..nn.feedforward import Activation
 from ..nn.layers import LayerConfig
 from ..settings import check, dropped_value_matches, show_key
-from ..train.checkpoint import write_json
 
 _Config = TypeVar("_Config", bound="SavedConfig")
 

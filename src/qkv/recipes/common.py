@@ -13,27 +13,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..compat import check_format_version
-from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
 from ..errors import ConfigError, QkvError
+from ..files import load_weights, save_weights, write_json
 from ..runs import run_header
 from ..settings import to_dict
 from ..train import distributed
 from ..train.adapters import LoraSettings, add_lora, merge_lora, save_adapters
-from ..train.checkpoint import check_state, load_weights, save_weights, write_json
-from ..train.loop import LoopState, train_loop
-from ..train.optim import make_optimizer
+from ..train.checkpoint import check_state
 from ..train.run_files import SNAPSHOTS, run_file
 from ..train.settings import TrainSettings
 
 if TYPE_CHECKING:
     from ..data.shards import PreparedData
-    from ..data.tokenizers import Tokenizer
     from ..models.encoder import EncoderModel
-    from ..models.rnn import RNNSeq2Seq
-    from ..models.stack import TransformerStack
-    from ..models.transformer import Transformer
-    from ..models.vit import VisionTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -316,117 +309,6 @@ def keep_best(model: torch.nn.Module, run_dir: Path, lora: LoraSettings | None =
     save_weights(model, run_dir / "model.safetensors")
     model.eval()
     return trained
-
-
-def fit_classifier(
-    model: EncoderModel,
-    train: TrainSettings,
-    lengths: list[tuple[int, int]],
-    max_tokens: int,
-    loss_fn,
-    validate,
-    run_dir: Path,
-    progress: bool,
-    score_key: str,
-    peak_lr: float,
-    resume: bool,
-    precision: str,
-) -> LoopState:
-    """The training of the classification recipes (proteins, text): batches of examples of
-    similar length, at most ``max_tokens`` padded tokens each, reshuffled every epoch (a
-    function of ``train.seed`` and the epoch, so a resumed run repeats them); AdamW; the
-    schedule over ``train.max_steps``, else ``train.max_epochs`` epochs; the weights best on
-    ``score_key`` (higher is better) kept. ``lengths``: ``(tokens, 0)`` per example."""
-    per_epoch = len(token_batches(lengths, max_tokens))
-    total = train.max_steps or per_epoch * (train.max_epochs or 1) // train.accum_steps
-
-    def batches(epoch: int):
-        return token_batches(lengths, max_tokens, shuffle=True, seed=train.seed * 1000 + epoch)
-
-    return fit(
-        model,
-        train,
-        batches,
-        loss_fn,
-        validate,
-        run_dir,
-        progress,
-        total_steps=total,
-        peak_lr=peak_lr,
-        score_key=score_key,
-        higher_is_better=True,
-        resume=resume,
-        precision=precision,
-    )
-
-
-def fit(
-    model: Transformer | TransformerStack | VisionTransformer | RNNSeq2Seq,
-    train: TrainSettings,
-    batches,
-    loss_fn,
-    validate,
-    run_dir: Path,
-    progress: bool,
-    *,
-    resume: bool,
-    precision: str,
-    total_steps: int | None = None,
-    peak_lr: float | None = None,
-    score_key: str = "val_loss",
-    higher_is_better: bool = False,
-) -> LoopState:
-    """:func:`~qkv.train.loop.train_loop` with what every recipe trains with: AdamW
-    (:func:`~qkv.train.optim.make_optimizer`) and ``train``'s learning-rate schedule for the
-    model's ``d_model`` (Eq. 3 scales by it). ``total_steps``: where the schedule ends, and the
-    loop's step budget (``train.max_steps`` replaced); ``peak_lr``: the recipe's choice when
-    ``train.lr`` is unset."""
-    if total_steps is not None:
-        train = replace(train, max_steps=total_steps)
-    return train_loop(
-        model,
-        make_optimizer(model, train),
-        train.lr_schedule(model.config.d_model, total_steps=total_steps, peak_lr=peak_lr),
-        batches,
-        loss_fn,
-        validate,
-        run_dir,
-        train,
-        progress,
-        score_key=score_key,
-        higher_is_better=higher_is_better,
-        resume=resume,
-        precision=precision,
-    )
-
-
-def training_figures(state: LoopState, model: EncoderModel, started: float, trained: int) -> dict:
-    """What every classification summary reports about its training: minutes, steps, epochs,
-    parameters (all, and the ``trained`` ones: :func:`keep_best`'s count), and the total
-    minutes since ``started`` (``time.perf_counter()``)."""
-    import time
-
-    return {
-        "train_minutes": round(state.elapsed_s / 60, 2),
-        "steps": state.step,
-        "epochs": state.epoch,
-        "parameters": model.num_parameters(),
-        "trainable_parameters": trained,
-        "total_minutes": round((time.perf_counter() - started) / 60, 2),
-    }
-
-
-def open_run(
-    run_dir: str | Path, resume: bool, recipe: str, train: TrainSettings, tokenizer: Tokenizer
-) -> tuple[Path, RunContext]:
-    """Check the run directory (:func:`prepare_run_dir`), start the run (:func:`start_run`) and
-    save the ``tokenizer`` there (a new run; a resumed one keeps its own): the first write of a
-    recipe, after its inputs are checked."""
-    run_dir = prepare_run_dir(run_dir, resume, recipe)
-    run = start_run(train)
-    if not resume:
-        tokenizer.save(run_dir / "tokenizer.json")
-    return run_dir, run
 
 
 TASK_HEADS = ("sequence_head", "residue_head")

@@ -13,49 +13,45 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from .. import runs
-from ..data.shards import PreparedData, Split
-from ..data.text import (
-    IGNORE_INDEX,
-    WindowBatches,
-    consecutive_windows,
-    load_corpus,
-    num_windows,
-    sequence_batch,
-    split_train_val,
-    windows_at,
+from .._deprecated import moved
+from ..data.lm import (
+    LMData,
+    build_tokenizer,
+    check_stream,
+    corpus_splits,
+    encode_corpus,
+    encode_splits,
+    eval_batches,
+    lm_batch,
+    num_tokens,
+    reads_lines,
+    train_batches,
 )
-from ..data.tokenizers import CharTokenizer, SubwordTokenizer, Tokenizer, load_tokenizer
+from ..data.shards import PreparedData
+from ..data.text import IGNORE_INDEX
+from ..data.tokenizers import Tokenizer, load_tokenizer
 from ..errors import ConfigError, QkvError
 from ..explain.explainers import LMExplainer
+from ..files import write_text
 from ..generate.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.model_types import DECODER_LM
-from ..train import distributed
 from ..train.adapters import add_lora
-from ..train.checkpoint import write_json, write_text
+from ..train.loop import LoopState
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import (
-    NOT_THE_RUNS_DATA,
-    fit,
-    keep_best,
-    prepare_run_dir,
-    prepared_data_record,
-    require_at_least_one,
-    start_run,
-    write_settings,
-)
+from .common import NOT_THE_RUNS_DATA, prepared_data_record, require_at_least_one
+from .skeleton import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +62,7 @@ SHARD_EVAL_BATCHES = 100
 
 
 @dataclass(frozen=True, kw_only=True)
-class LMRecipe:
+class LMSettings:
     """Settings of ``qkv train lm``: ``model`` (an :class:`LMConfig`; ``model.max_len`` is the
     context, nanoGPT's ``block_size``), ``train`` (:class:`TrainSettings`: AdamW, warm-up +
     cosine decay), and the data fields.
@@ -135,7 +131,7 @@ class LMRecipe:
                 "train.lora_rank adapts a pretrained model: set init (--init RUN|HF_FOLDER|NAME)"
             )
         if self.data is not None:
-            default = LMRecipe()
+            default = LMSettings()
             clash = [k for k in DATA_KEYS if getattr(self, k) != getattr(default, k)]
             if clash:
                 raise ConfigError(
@@ -161,105 +157,11 @@ class LMRecipe:
         return replace(self.model, vocab_size=tok.vocab_size, bos_id=start_token(tok))
 
 
-def _build_tokenizer(recipe: LMRecipe, text: str, train_text: str):
-    if recipe.tokenizer == "char":
-        return CharTokenizer.train(text)  # nanoGPT's vocabulary: every character of the corpus
-    # Byte-level BPE keeps newlines and spacing; it sees paragraphs, so merges stay within them.
-    return SubwordTokenizer.train(train_text.split("\n\n"), recipe.vocab_size, byte_level=True)
-
-
-def corpus_splits(
-    corpus: str, val_corpus: str | None, val_fraction: float, by_line: bool = False
-) -> tuple[str, str]:
-    """``(training text, validation text)``: ``val_corpus`` when given, else the last
-    ``val_fraction`` of ``corpus``'s characters (nanoGPT's split), moved to the next line break
-    when the corpus is read ``by_line`` (one sequence per line: no sequence is cut in two).
-    Raises :class:`QkvError` for a missing, unreadable or empty file."""
-    text = load_corpus(corpus)
-    if val_corpus is not None:
-        return text, load_corpus(val_corpus)
-    train_text, val_text = split_train_val(text, val_fraction)
-    if by_line and "\n" in val_text:
-        cut = len(train_text) + val_text.index("\n") + 1
-        train_text, val_text = text[:cut], text[cut:]
-    return train_text, val_text
-
-
-def reads_lines(tok) -> bool:
-    """Whether :func:`encode_corpus` reads a corpus one sequence per line with ``tok``: a
-    protein vocabulary's (IgLM's)."""
-    return bool(getattr(tok, "is_residue_vocabulary", False))
-
-
-# a corpus as token ids: one stream ``(n,)`` in memory or on disk, or one tensor ``(L_i,)`` per sequence
-LMData: TypeAlias = torch.Tensor | Split | list[torch.Tensor]
-
-
-def encode_corpus(tok, text: str) -> LMData:
-    """Token ids (int64) of a corpus. With a protein vocabulary (IgLM's) every line is one
-    sequence, tags included (``[HEAVY] [HUMAN] EVQLV...``), followed by the vocabulary's end
-    token (``[SEP]``: how IgLM scores a whole sequence), and the result is one tensor per
-    sequence: such a model was trained on one sequence per row from position 0, and is trained
-    and scored so (:func:`~qkv.data.text.sequence_batch`). Other tokenizers read the text as
-    one stream ``(n,)``, newlines included, cut into windows.
-
-    Raises:
-        QkvError: characters the tokenizer does not know: a character vocabulary names them; a
-            pretrained vocabulary's unknown token is refused too (the model would learn from a
-            token that stands for anything).
-    """
-    rows = None
-    if reads_lines(tok):
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        end = tok.sep_id if tok.sep_id is not None else tok.eos_id
-        rows = [[*row, end] for row in tok.encode_batch(lines, add_special_tokens=False)]
-        ids = [i for row in rows for i in row]
-    else:
-        ids = tok.encode(text, add_special_tokens=False)
-    unk = getattr(tok, "unk_id", None)
-    if unk is not None and unk in ids:
-        raise QkvError(
-            f"{ids.count(unk)} token(s) are unknown to the tokenizer ({tok.id_to_token(unk)}), the "
-            f"first at token {ids.index(unk)}"
-        )
-    if rows is not None:
-        return [torch.tensor(row, dtype=torch.long) for row in rows]
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def num_tokens(data: LMData) -> int:
-    """Tokens in an encoded corpus (:func:`encode_corpus`), end tokens included."""
-    return sum(len(s) for s in data) if isinstance(data, list) else len(data)
-
-
-def lm_batch(data: LMData, item: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x, y)`` ``(B, T)`` of one batch: ``item`` holds window offsets into a stream
-    (:func:`~qkv.data.text.windows_at`, ``T = block_size``) or indices of sequences
-    (:func:`~qkv.data.text.sequence_batch`, ``T`` up to ``block_size``, padding targets
-    :data:`~qkv.data.text.IGNORE_INDEX`)."""
-    if isinstance(data, list):
-        return sequence_batch([data[i] for i in item.tolist()], block_size)
-    return windows_at(data, item, block_size)
-
-
-def eval_batches(data: LMData, block_size: int, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(x, y)`` batches that predict every token of a split once: consecutive windows of a
-    stream (made batch by batch: a split on disk is never held whole), or whole sequences
-    (shortest first, little padding), ``batch`` at a time."""
-    if isinstance(data, list):
-        order = torch.tensor(sorted(range(len(data)), key=lambda i: len(data[i])), dtype=torch.long)
-        for start in range(0, len(order), batch):
-            yield lm_batch(data, order[start : start + batch], block_size)
-        return
-    for start in range(0, num_windows(len(data), block_size), batch):
-        yield lm_batch(data, consecutive_windows(len(data), block_size, start, batch), block_size)
-
-
 # the model keys a run started from a checkpoint may set (the rest is the checkpoint's)
 INIT_KEYS = ("max_len", "dropout", "attention_dropout", "activation_dropout")
 
 
-def init_model(recipe: LMRecipe) -> tuple[DecoderLM, Tokenizer]:
+def init_model(recipe: LMSettings) -> tuple[DecoderLM, Tokenizer]:
     """``(model, tokenizer)`` of ``recipe.init``: the pretrained decoder with the recipe's window
     (``model.max_len``) and dropouts, its weights loaded (a learned position table cut to the
     window), in training mode, on the CPU.
@@ -356,139 +258,126 @@ def _metrics(nll: float, n_tokens: int, chars_per_token: float, prefix: str = "v
     }
 
 
-def _load_data(recipe: LMRecipe, run_dir: Path, resume: bool):
-    """``(pretrained model or None, tokenizer, training data, validation data, characters per
-    validation token)``, checked before anything is written; the tokenizer is saved in a new
-    run (and a prepared directory's record as ``data.json``)."""
-    tok_path = run_dir / "tokenizer.json"
-    pretrained, tok = None, None
-    if recipe.data is not None:
-        prepared = PreparedData.open(recipe.data, "lm")
-        tok = load_tokenizer(prepared.tokenizer_path)
-        record = prepared_data_record(run_dir, prepared, resume, recipe.data)
-        if resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
-            raise QkvError(f"data={recipe.data} {NOT_THE_RUNS_DATA}")
-        for name, split in (("training", prepared.train), ("validation", prepared.val)):
-            _check_stream(name, len(split), recipe.model.max_len)
-        meta = prepared.meta
-        if not resume:
-            tok.save(tok_path)
-            write_json(run_dir / "data.json", record)
-        return None, tok, prepared.train, prepared.val, meta["chars"]["val"] / meta["tokens"]["val"]
-    if resume:
-        tok = load_tokenizer(tok_path)
-    elif recipe.init is not None:
-        pretrained, tok = init_model(recipe)
-    train_text, val_text = corpus_splits(
-        recipe.corpus, recipe.val_corpus, recipe.val_fraction, reads_lines(tok)
-    )
-    if tok is None:
-        tok = _build_tokenizer(recipe, train_text + val_text, train_text)
-    try:
-        train_data, val_data = encode_corpus(tok, train_text), encode_corpus(tok, val_text)
-    except QkvError as exc:
-        if recipe.init is None:
-            raise
-        raise QkvError(f"the corpus does not fit init={recipe.init}'s tokenizer: {exc}") from None
-    for name, data in (("training", train_data), ("validation", val_data)):  # checked before any write
-        if isinstance(data, list):
-            if not data:
-                raise QkvError(f"the {name} split has no sequences (one per line)")
+class LMRun(TrainingRun):
+    """``qkv train lm``: a corpus (or token shards, ``data=``) in random windows or whole
+    sequences, next-token cross-entropy; the best validation loss kept; samples written to
+    ``samples.txt``. With ``init``: a pretrained model continued (its validation scores before
+    training kept in ``init.json``), optionally through LoRA adapters."""
+
+    name = "lm"
+
+    def setup(self) -> LMConfig:
+        s = self.settings
+        self.pretrained: DecoderLM | None = None
+        if s.data is not None:
+            self.train_data, self.val_data, self.chars_per_token = self._prepared(s.data)
         else:
-            _check_stream(name, len(data), recipe.model.max_len)
-    if not resume:
-        tok.save(tok_path)
-    return pretrained, tok, train_data, val_data, len(val_text) / num_tokens(val_data)
-
-
-def _check_stream(name: str, n_tokens: int, max_len: int) -> None:
-    if n_tokens <= max_len:
-        raise QkvError(
-            f"the {name} split has {n_tokens} tokens, too few for windows of model.max_len "
-            f"{max_len} (a longer corpus, or a smaller model.max_len)"
+            self.train_data, self.val_data, self.chars_per_token = self._corpus()
+        tok = self.tokenizer
+        logger.info(
+            f"{s.corpus}: {num_tokens(self.train_data):,} training and {num_tokens(self.val_data):,} "
+            f"validation tokens, {tok.kind} vocabulary of {tok.vocab_size}"
         )
+        if self.pretrained is not None:
+            return self.pretrained.config
+        if s.init is not None:  # resumed: the weights come from the training state
+            return LMConfig.load(self.run_dir / "config.json")
+        return s.model_config(tok)
 
+    def _prepared(self, data: str) -> tuple[LMData, LMData, float]:
+        """Token shards (``qkv prepare lm``): their tokenizer, splits and ``data.json`` record."""
+        prepared = PreparedData.open(data, "lm")
+        self.tokenizer = load_tokenizer(prepared.tokenizer_path)
+        self.record = prepared_data_record(self.run_dir, prepared, self.resume, data)
+        tok_path = self.run_dir / "tokenizer.json"
+        if self.resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
+            raise QkvError(f"data={data} {NOT_THE_RUNS_DATA}")
+        for name, split in (("training", prepared.train), ("validation", prepared.val)):
+            check_stream(name, len(split), self.settings.model.max_len)
+        meta = prepared.meta
+        return prepared.train, prepared.val, meta["chars"]["val"] / meta["tokens"]["val"]
 
-def train_lm(recipe: LMRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train, keep the best-on-validation weights, write samples. Returns a summary dict.
+    def _corpus(self) -> tuple[LMData, LMData, float]:
+        """The corpus in memory, with the run's tokenizer (a resumed run's), the init's, or a new one."""
+        s, tok = self.settings, None
+        if self.resume:
+            tok = load_tokenizer(self.run_dir / "tokenizer.json")
+        elif s.init is not None:
+            self.pretrained, tok = init_model(s)
+        train_text, val_text = corpus_splits(s.corpus, s.val_corpus, s.val_fraction, reads_lines(tok))
+        if tok is None:
+            tok = build_tokenizer(s.tokenizer, s.vocab_size, train_text + val_text, train_text)
+        self.tokenizer = tok
+        try:
+            train_data, val_data = encode_splits(tok, train_text, val_text, s.model.max_len)
+        except QkvError as exc:
+            if s.init is None:
+                raise
+            raise QkvError(f"the corpus does not fit init={s.init}'s tokenizer: {exc}") from None
+        return train_data, val_data, len(val_text) / num_tokens(val_data)
 
-    Raises:
-        QkvError: bad corpus, an existing run directory without ``resume``, etc.
-    """
-    t_start = time.perf_counter()
-    run_dir = prepare_run_dir(run_dir, resume, "lm")
-    run = start_run(recipe.train)
-    device = run.device
-    pretrained, tok, train_data, val_data, chars_per_token = _load_data(recipe, run_dir, resume)
-    if pretrained is not None:
-        model_cfg = pretrained.config
-    elif recipe.init is not None:  # resumed: the weights come from the training state
-        model_cfg = LMConfig.load(run_dir / "config.json")
-    else:
-        model_cfg = recipe.model_config(tok)
-    write_settings(run_dir, "lm", recipe, model_cfg, run, resume)
-    logger.info(
-        f"{recipe.corpus}: {num_tokens(train_data):,} training and {num_tokens(val_data):,} "
-        f"validation tokens, {tok.kind} vocabulary of {tok.vocab_size}"
-    )
-    model = (pretrained or DecoderLM(model_cfg)).to(device)
-    block_size = model_cfg.max_len
-    if isinstance(train_data, list) and isinstance(val_data, list):
-        _warn_cut(train_data + val_data, block_size)
-    zero_shot = _zero_shot(model, val_data, chars_per_token, recipe, run_dir, resume)
-    if recipe.train.lora is not None:
-        add_lora(model, recipe.train.lora)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters ({trainable:,} trained) on {device}")
+    def new_run_files(self) -> dict[str, dict]:
+        return {"data.json": self.record} if self.settings.data is not None else {}
 
-    def batches(epoch: int) -> Sequence[torch.Tensor]:
-        # Fixed per epoch so a resumed run sees the same batches. Sequences: each once, shuffled;
-        # a stream: as many random windows as the split has tokens.
-        seed = recipe.train.seed * 1000 + epoch
-        if isinstance(train_data, list):
-            g = torch.Generator().manual_seed(seed)
-            return list(torch.randperm(len(train_data), generator=g).split(recipe.batch_size))
-        steps = max(1, len(train_data) // (recipe.batch_size * block_size))
-        return WindowBatches(len(train_data), block_size, recipe.batch_size, steps, seed)
+    def build_model(self, config: LMConfig) -> DecoderLM:
+        s = self.settings
+        model = (self.pretrained or DecoderLM(config)).to(self.device)
+        if isinstance(self.train_data, list) and isinstance(self.val_data, list):
+            _warn_cut(self.train_data + self.val_data, config.max_len)
+        self.zero_shot = self._zero_shot(model)
+        if s.train.lora is not None:
+            add_lora(model, s.train.lora)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info(
+            f"model: {model.num_parameters() / 1e6:.2f} M parameters ({trainable:,} trained) on {self.device}"
+        )
+        self.block_size = config.max_len
+        return model
 
-    def loss_fn(model, item):
-        return next_token_nll(model, *lm_batch(train_data, item, block_size))
+    def batches(self, epoch: int) -> Sequence[torch.Tensor]:
+        seed = self.settings.train.seed * 1000 + epoch
+        return train_batches(self.train_data, self.settings.batch_size, self.block_size, seed)
 
-    def validate(model) -> dict:
-        nll, n = split_nll(model, val_data, block_size, recipe.eval_limit)
-        return _metrics(nll, n, chars_per_token)
+    def loss(self, model, item) -> tuple[torch.Tensor, int]:
+        return next_token_nll(model, *lm_batch(self.train_data, item, self.block_size))
 
-    state = fit(
-        model,
-        recipe.train,
-        batches,
-        loss_fn,
-        validate,
-        run_dir,
-        progress,
-        resume=resume,
-        precision=run.precision,
-    )
-    if not distributed.is_main():  # torchrun: the other processes only helped train
-        return {}
-    trained = keep_best(model, run_dir, recipe.train.lora)
-    with torch.no_grad():
-        # the whole split, as far as a prepared one is not too large for it (the same cap at any size)
-        nll, n = split_nll(model, val_data, block_size, None if recipe.data is None else SHARD_EVAL_BATCHES)
-    summary = {
-        "validation": {**_metrics(nll, n, chars_per_token), "tokens": n},
-        "train_minutes": round(state.elapsed_s / 60, 2),
-        "steps": state.step,
-        "parameters": model.num_parameters(),
-        "trainable_parameters": trained,
-    }
-    if zero_shot is not None:
-        summary.update(init=recipe.init, init_validation=zero_shot)
-    samples = write_samples(TextGenerator(model, tok), run_dir / "samples.txt", recipe)
-    summary["samples"] = samples
-    summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
-    write_json(run_dir / "summary.json", summary)
-    return summary
+    def validate(self, model) -> dict:
+        nll, n = split_nll(model, self.val_data, self.block_size, self.settings.eval_limit)
+        return _metrics(nll, n, self.chars_per_token)
+
+    def summarize(self, model, state: LoopState) -> dict:
+        s = self.settings
+        with torch.no_grad():
+            # the whole split, as far as a prepared one is not too large for it (the same cap at any size)
+            cap = None if s.data is None else SHARD_EVAL_BATCHES
+            nll, n = split_nll(model, self.val_data, self.block_size, cap)
+        summary: dict = {"validation": {**_metrics(nll, n, self.chars_per_token), "tokens": n}}
+        if self.zero_shot is not None:
+            summary.update(init=s.init, init_validation=self.zero_shot)
+        generator = TextGenerator(model, self.tokenizer)
+        summary["samples"] = write_samples(generator, self.run_dir / "samples.txt", s)
+        return summary
+
+    def _zero_shot(self, model: DecoderLM) -> dict | None:
+        """The validation scores of the starting checkpoint (``init``), before any training
+        step: measured when the run starts and kept in ``init.json`` (a resumed run reads them
+        back); ``None`` for a run from random weights."""
+        s = self.settings
+        if s.init is None:
+            return None
+        path = self.run_dir / "init.json"
+        if self.resume and path.is_file():
+            return json.loads(path.read_text(encoding="utf-8"))["validation"]
+        model.eval()
+        with torch.no_grad():
+            nll, n = split_nll(model, self.val_data, model.config.max_len, s.eval_limit)
+        scores = _metrics(nll, n, self.chars_per_token)
+        self.save_json("init.json", {"init": s.init, "validation": scores})
+        logger.info(
+            f"init={s.init} before training: validation loss {scores['val_loss']:.4f} "
+            f"(ppl {scores['val_ppl']:.2f})"
+        )
+        return scores
 
 
 def _warn_cut(sequences: list[torch.Tensor], block_size: int) -> None:
@@ -502,35 +391,7 @@ def _warn_cut(sequences: list[torch.Tensor], block_size: int) -> None:
         )
 
 
-def _zero_shot(
-    model: DecoderLM,
-    val_data: LMData,
-    chars_per_token: float,
-    recipe: LMRecipe,
-    run_dir: Path,
-    resume: bool,
-) -> dict | None:
-    """The validation scores of the starting checkpoint (``init``), before any training step:
-    measured when the run starts and kept in ``init.json`` (a resumed run reads them back);
-    ``None`` for a run from random weights."""
-    if recipe.init is None:
-        return None
-    path = run_dir / "init.json"
-    if resume and path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))["validation"]
-    model.eval()
-    with torch.no_grad():
-        nll, n = split_nll(model, val_data, model.config.max_len, recipe.eval_limit)
-    scores = _metrics(nll, n, chars_per_token)
-    write_json(path, {"init": recipe.init, "validation": scores})
-    logger.info(
-        f"init={recipe.init} before training: validation loss {scores['val_loss']:.4f} "
-        f"(ppl {scores['val_ppl']:.2f})"
-    )
-    return scores
-
-
-def write_samples(generator: TextGenerator, path: Path, recipe: LMRecipe) -> list[str]:
+def write_samples(generator: TextGenerator, path: Path, recipe: LMSettings) -> list[str]:
     """``num_samples`` samples from the start token, written to ``path`` (nanoGPT's sample.py
     settings by default: temperature 0.8, top-k 200)."""
     texts = generator.generate(
@@ -548,17 +409,16 @@ def write_samples(generator: TextGenerator, path: Path, recipe: LMRecipe) -> lis
     return texts
 
 
-def evaluate_lm_run(
+def evaluate_run(
     run_dir: str | Path,
     split: str = "val",
     device: torch.device | str = "cpu",
-    weights: str = "model.safetensors",
 ) -> dict:
     """Loss, perplexity, bits per token and per character of a run on its corpus split
     (``"val"`` or ``"train"``), every token predicted once (consecutive windows, or whole
-    sequences for a protein corpus: :func:`eval_batches`)."""
+    sequences for a protein corpus: :func:`~qkv.data.lm.eval_batches`)."""
     run_dir = Path(run_dir)
-    model, tok = runs.load_run(run_dir, weights, device, family="lm")
+    model, tok = runs.load_run(run_dir, device=device, family="lm")
     meta = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     if split not in ("val", "train"):
         raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
@@ -600,13 +460,20 @@ def summary_text(summary: dict, run_dir: Path) -> str:
 
 RECIPE = Recipe(
     name="lm",
-    settings=LMRecipe,
-    train=train_lm,
-    evaluate=evaluate_lm_run,
+    settings=LMSettings,
+    train=LMRun.train,
+    evaluate=evaluate_run,
     splits=("val", "train"),
     summary=summary_text,
     model_type=DECODER_LM,
     explainer=LMExplainer,
     inputs="text",
     adapters=True,
+)
+
+# the old names (issue 42): importable for one more release
+train_lm = LMRun.train
+__getattr__ = moved(
+    __name__,
+    {"LMRecipe": f"{__name__}:LMSettings", "evaluate_lm_run": f"{__name__}:evaluate_run"},
 )

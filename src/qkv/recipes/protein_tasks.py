@@ -20,39 +20,28 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._deprecated import moved
 from ..data.batching import pad_sequences
 from ..data.protein_tasks import ProteinTask, load_task
 from ..data.tokenizers import AminoAcidTokenizer, PretrainedProteinTokenizer, protein_tokenizer
 from ..errors import ConfigError, QkvError
-from ..evaluate.classification import classification_metrics, per_group_binary_mcc, plot_confusion
+from ..evaluate.classification import classification_metrics, per_group_binary_mcc
 from ..explain.explainers import ProteinExplainer
 from ..generate.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..models.model_types import ENCODER
-from ..train import distributed
-from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import (
-    TASK_SPLITS,
-    encoder_with_head,
-    fit_classifier,
-    keep_best,
-    open_run,
-    require_at_least_one,
-    training_figures,
-    write_settings,
-)
+from .common import TASK_SPLITS, encoder_with_head, require_at_least_one
+from .skeleton import SequenceClassifierRun
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +49,7 @@ IGNORE = -100
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProteinTaskRecipe:
+class ProteinTaskSettings:
     """Settings of ``qkv train protein-cls`` / ``protein-residue``: ``model`` (an
     :class:`EncoderConfig`: the same network as ``protein-mlm``'s, with dropout 0.1 and the
     head's ``pooling``), ``train`` (:class:`TrainSettings`; ``train.lr=None`` picks 1e-3 from
@@ -127,7 +116,7 @@ class ProteinTaskRecipe:
 
 
 def build_model(
-    recipe: ProteinTaskRecipe, num_labels: int, level: str = "sequence"
+    recipe: ProteinTaskSettings, num_labels: int, level: str = "sequence"
 ) -> tuple[EncoderModel, AminoAcidTokenizer | PretrainedProteinTokenizer]:
     """``(model, tokenizer)``: from scratch, qkv's amino-acid tokenizer and the recipe's
     ``model`` fields; with ``init``, the pretrained encoder's architecture (this recipe's
@@ -185,101 +174,98 @@ def evaluate_split(encoder: ProteinEncoder, task: ProteinTask, split: str) -> di
     return metrics
 
 
-def train_protein_task(
-    recipe: ProteinTaskRecipe, run_dir: str | Path, level: str, resume: bool = False, progress: bool = True
-) -> dict:
-    """Train a sequence (``level="sequence"``) or residue classifier; evaluate on the test
-    split; write the run directory. Returns the summary dict."""
-    t_start = time.perf_counter()
-    task = load_task(recipe.task, level, recipe.fold, recipe.labels, recipe.split_seed)
-    # The head's (and a model from scratch's) initial weights follow the seed: torch seeds
-    # itself differently in every process, and the model is built before start_run seeds it.
-    torch.manual_seed(recipe.train.seed)
-    model, tok = build_model(recipe, len(task.classes), level)  # checked before anything is written
-    cfg = model.config
-    name = f"protein-{'cls' if level == 'sequence' else 'residue'}"
-    run_dir, run = open_run(run_dir, resume, name, recipe.train, tok)
-    device = run.device
-    mode = recipe.mode
-    write_settings(run_dir, name, recipe, cfg, run, resume)
-    if not resume:  # a resumed run keeps its own
-        write_json(
-            run_dir / "task.json",
-            {
-                "task": task.name,
-                "level": level,
-                "classes": list(task.classes),
-                "mode": mode,
-                "citation": task.citation,
-            },
-        )
-    counts = {s: len(task.split(s)) for s in ("train", "val", "test")}
-    logger.info(
-        f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
-        f"records, classes {', '.join(task.classes)}; {mode}. {task.citation}"
-    )
-    model.to(device)
-    encoder = ProteinEncoder(model, task.classes, level, device, tokenizer=tok)
-    train = task.split("train")
-    # over-long training sequences are cut silently here; prediction warns about them
-    rows, owner = encoder.rows([r.sequence for r in train], [r.id for r in train], warn=False)
-    labels = _row_labels(task, train, rows, owner, encoder.width)
+class ProteinTaskRun(SequenceClassifierRun):
+    """``qkv train protein-cls`` (``level = "sequence"``) or ``protein-residue``: the task's
+    records as ``<cls> residues <eos>`` rows (windows of a long chain for residue tasks), the
+    head's cross-entropy; the best validation MCC (sequence) or Q3 (residue) kept."""
 
-    def loss_fn(model, idx):
-        tokens = pad_sequences([rows[i] for i in idx], tok.pad_id).to(device)
-        target = pad_sequences([labels[i] for i in idx], IGNORE).to(device)
+    level = "sequence"
+
+    def before_start(self) -> None:
+        s = self.settings
+        self.task = load_task(s.task, self.level, s.fold, s.labels, s.split_seed)
+        # The head's (and a model from scratch's) initial weights follow the seed: torch seeds
+        # itself differently in every process, and the model is built before start_run seeds it.
+        torch.manual_seed(s.train.seed)
+        self.model, self.tokenizer = build_model(s, len(self.task.classes), self.level)
+        score = self.task.score or ("mcc" if self.level == "sequence" else "q3")
+        self.score, self.score_key, self.confusion_title = score, f"val_{score}", s.mode
+
+    def setup(self) -> EncoderConfig:
+        task = self.task
+        counts = {s: len(task.split(s)) for s in ("train", "val", "test")}
+        logger.info(
+            f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
+            f"records, classes {', '.join(task.classes)}; {self.settings.mode}. {task.citation}"
+        )
+        self.model.to(self.device)
+        self.encoder = ProteinEncoder(
+            self.model, task.classes, self.level, self.device, tokenizer=self.tokenizer
+        )
+        train = task.split("train")
+        # over-long training sequences are cut silently here; prediction warns about them
+        self.rows, owner = self.encoder.rows([r.sequence for r in train], [r.id for r in train], warn=False)
+        self.labels = _row_labels(task, train, self.rows, owner, self.encoder.width)
+        self.lengths = [(len(r), 0) for r in self.rows]
+        return self.model.config
+
+    def new_run_files(self) -> dict[str, dict]:
+        task = self.task
+        return {
+            "task.json": {
+                "task": task.name,
+                "level": self.level,
+                "classes": list(task.classes),
+                "mode": self.settings.mode,
+                "citation": task.citation,
+            }
+        }
+
+    def build_model(self, config: EncoderConfig) -> EncoderModel:
+        return self.model
+
+    def loss(self, model, idx) -> tuple[torch.Tensor, int]:
+        tokens = pad_sequences([self.rows[i] for i in idx], self.tokenizer.pad_id).to(self.device)
+        target = pad_sequences([self.labels[i] for i in idx], IGNORE).to(self.device)
         # A probe needs no special path: with the encoder's weights frozen autograd records
         # nothing through it, and build_model sets its dropouts to 0.
-        logits = model(tokens, head=level).logits  # the compiled model with train.compile=true
-        if level == "sequence":
+        logits = model(tokens, head=self.level).logits  # the compiled model with train.compile=true
+        if self.level == "sequence":
             target = target[:, 0]
         loss = F.cross_entropy(
             logits.flatten(0, -2).float(), target.flatten(), ignore_index=IGNORE, reduction="sum"
         )
         return loss, int((target != IGNORE).sum())
 
-    score = task.score or ("mcc" if level == "sequence" else "q3")
-    score_key = f"val_{score}"
+    def validate(self, model) -> dict:
+        m = evaluate_split(self.encoder, self.task, "val")
+        return {self.score_key: m[self.score], "val_accuracy": m["accuracy"]}
 
-    def validate(model) -> dict:
-        m = evaluate_split(encoder, task, "val")
-        return {score_key: m[score], "val_accuracy": m["accuracy"]}
+    def split_metrics(self, split: str) -> dict:
+        return evaluate_split(self.encoder, self.task, split)
 
-    state = fit_classifier(
-        model,
-        recipe.train,
-        [(len(r), 0) for r in rows],
-        recipe.max_tokens,
-        loss_fn,
-        validate,
-        run_dir,
-        progress,
-        score_key,
-        recipe.peak_lr,
-        resume,
-        run.precision,
-    )
-    if not distributed.is_main():  # torchrun: the other processes only helped train
-        return {}
-    trained = keep_best(model, run_dir, recipe.train.lora)
-    summary: dict[str, Any] = {
-        "task": task.name,
-        "mode": mode,
-        "init": recipe.init,
-        "score": score,
-        "validation": evaluate_split(encoder, task, "val"),
-        "test": evaluate_split(encoder, task, "test"),
-    }
-    plot_confusion(
-        summary["test"]["confusion"], task.classes, run_dir / "confusion.png", f"{task.name} test ({mode})"
-    )
-    if recipe.baseline:
+    def head_keys(self) -> dict:
+        s = self.settings
+        return {"task": self.task.name, "mode": s.mode, "init": s.init, "score": self.score}
+
+    def baseline(self) -> dict | None:
+        if not self.settings.baseline:
+            return None
         from ..evaluate.baselines import baseline_metrics
 
-        summary["baseline_test"] = baseline_metrics(task, "test")
-    summary.update(training_figures(state, model, t_start, trained))
-    write_json(run_dir / "summary.json", summary)
-    return summary
+        return baseline_metrics(self.task, "test")
+
+
+class ProteinCLSRun(ProteinTaskRun):
+    """``qkv train protein-cls``: one label per sequence."""
+
+    name, level = "protein-cls", "sequence"
+
+
+class ProteinResidueRun(ProteinTaskRun):
+    """``qkv train protein-residue``: one label per residue."""
+
+    name, level = "protein-residue", "residue"
 
 
 def _row_labels(task: ProteinTask, records, rows, owner, width: int) -> list[list[int]]:
@@ -299,23 +285,7 @@ def _row_labels(task: ProteinTask, records, rows, owner, width: int) -> list[lis
     return out
 
 
-def train_protein_cls(
-    recipe: ProteinTaskRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
-) -> dict:
-    """``qkv train protein-cls``: one label per sequence."""
-    return train_protein_task(recipe, run_dir, "sequence", resume, progress)
-
-
-def train_protein_residue(
-    recipe: ProteinTaskRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
-) -> dict:
-    """``qkv train protein-residue``: one label per residue."""
-    return train_protein_task(recipe, run_dir, "residue", resume, progress)
-
-
-def evaluate_protein_run(
-    run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu"
-) -> dict:
+def evaluate_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``protein-cls``/``protein-residue`` run on ``split`` (its own task
     and settings, from ``train_config.json``)."""
     run_dir = Path(run_dir)
@@ -355,9 +325,9 @@ def summary_text(summary: dict, run_dir: Path) -> str:
 def _protein_recipe(name: str, train) -> Recipe:
     return Recipe(
         name=name,
-        settings=ProteinTaskRecipe,
+        settings=ProteinTaskSettings,
         train=train,
-        evaluate=evaluate_protein_run,
+        evaluate=evaluate_run,
         splits=TASK_SPLITS,
         summary=summary_text,
         model_type=ENCODER,
@@ -369,5 +339,15 @@ def _protein_recipe(name: str, train) -> Recipe:
 
 
 # One module, two recipes: a label per sequence, or per residue.
-CLS_RECIPE = _protein_recipe("protein-cls", train_protein_cls)
-RESIDUE_RECIPE = _protein_recipe("protein-residue", train_protein_residue)
+CLS_RECIPE = _protein_recipe("protein-cls", ProteinCLSRun.train)
+RESIDUE_RECIPE = _protein_recipe("protein-residue", ProteinResidueRun.train)
+
+# the old names (issue 42): importable for one more release
+train_protein_cls, train_protein_residue = ProteinCLSRun.train, ProteinResidueRun.train
+__getattr__ = moved(
+    __name__,
+    {
+        "ProteinTaskRecipe": f"{__name__}:ProteinTaskSettings",
+        "evaluate_protein_run": f"{__name__}:evaluate_run",
+    },
+)

@@ -22,44 +22,35 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from .._deprecated import moved
 from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
 from ..data.tokenizers import HFTokenizer
 from ..errors import ConfigError, QkvError
-from ..evaluate.classification import classification_metrics, plot_confusion
+from ..evaluate.classification import classification_metrics
 from ..explain.explainers import TextExplainer
 from ..generate.text import TextEncoder
 from ..hub.pretrained import load
+from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..models.model_types import ENCODER
-from ..train import distributed
-from ..train.checkpoint import write_json
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import (
-    TASK_SPLITS,
-    encoder_with_head,
-    fit_classifier,
-    keep_best,
-    open_run,
-    require_at_least_one,
-    training_figures,
-    write_settings,
-)
+from .common import TASK_SPLITS, encoder_with_head, require_at_least_one
+from .skeleton import SequenceClassifierRun
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TextClsRecipe:
+class TextClsSettings:
     """Settings of ``qkv train text-cls``.
 
     ``task``: ``sst2`` or a TSV/CSV file (``sentence``/``text`` and ``label`` columns; split
@@ -126,7 +117,7 @@ class TextClsRecipe:
         return {"probe": 3e-3, "scratch": 5e-4, "fine-tune": 1e-4, "lora": 5e-4}[self.mode]
 
 
-def build_model(recipe: TextClsRecipe, num_labels: int) -> tuple[EncoderModel, HFTokenizer]:
+def build_model(recipe: TextClsSettings, num_labels: int) -> tuple[EncoderModel, HFTokenizer]:
     """``(model, tokenizer)``: the init's architecture with a ``num_labels`` head, the recipe's
     dropout and pooling, and (unless ``scratch``) the pretrained weights but for the heads."""
     pretrained, tokenizer = load(recipe.init)
@@ -150,96 +141,79 @@ def evaluate_split(encoder: TextEncoder, task: TextTask, split: str) -> dict:
     return classification_metrics(task.labels[split], probs.argmax(1), probs, task.classes)
 
 
-def train_text_cls(
-    recipe: TextClsRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
-) -> dict:
-    """Train, keep the best-on-validation weights, evaluate on the test split, write the run
-    directory. Returns the summary dict."""
-    t_start = time.perf_counter()
-    task = load_text_task(recipe.task, recipe.split_seed)
-    # The head's (and a model from scratch's) initial weights follow the seed: torch seeds
-    # itself differently in every process, and the model is built before start_run seeds it.
-    torch.manual_seed(recipe.train.seed)
-    model, tok = build_model(recipe, len(task.classes))  # checked before anything is written
-    cfg = model.config
-    run_dir, run = open_run(run_dir, resume, "text-cls", recipe.train, tok)
-    device = run.device
-    write_settings(run_dir, "text-cls", recipe, cfg, run, resume)
-    if not resume:  # a resumed run keeps its own
-        write_json(
-            run_dir / "task.json",
-            {
+class TextClsRun(SequenceClassifierRun):
+    """``qkv train text-cls``: the task's texts through the init's tokenizer (cut at
+    ``max_len``), the head's cross-entropy; the best validation accuracy kept; test metrics
+    beside a TF-IDF baseline's."""
+
+    name, score_key = "text-cls", "val_accuracy"
+
+    def before_start(self) -> None:
+        s = self.settings
+        self.task = load_text_task(s.task, s.split_seed)
+        # The head's (and a model from scratch's) initial weights follow the seed: torch seeds
+        # itself differently in every process, and the model is built before start_run seeds it.
+        torch.manual_seed(s.train.seed)
+        self.model, self.tokenizer = build_model(s, len(self.task.classes))
+        self.confusion_title = s.mode
+
+    def setup(self) -> EncoderConfig:
+        s, task = self.settings, self.task
+        counts = {k: len(task.texts[k]) for k in ("train", "val", "test")}
+        logger.info(
+            f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
+            f"texts, classes {', '.join(task.classes)}; {s.mode} of {s.init}. {task.citation}"
+        )
+        self.model.to(self.device)
+        self.encoder = TextEncoder(self.model, self.tokenizer, self.device, task.classes)
+        self.rows = self.encoder.rows(task.texts["train"], s.max_len, warn=False)  # cut silently
+        self.lengths = [(len(r), 0) for r in self.rows]
+        return self.model.config
+
+    def new_run_files(self) -> dict[str, dict]:
+        s, task = self.settings, self.task
+        return {
+            "task.json": {
                 "task": task.name,
                 "classes": list(task.classes),
-                "mode": recipe.mode,
-                "init": recipe.init,
+                "mode": s.mode,
+                "init": s.init,
                 "citation": task.citation,
-            },
-        )
-    counts = {s: len(task.texts[s]) for s in ("train", "val", "test")}
-    logger.info(
-        f"{task.name}: {counts['train']:,} train / {counts['val']:,} val / {counts['test']:,} test "
-        f"texts, classes {', '.join(task.classes)}; {recipe.mode} of {recipe.init}. {task.citation}"
-    )
-    model.to(device)
-    encoder = TextEncoder(model, tok, device, task.classes)
-    rows = encoder.rows(task.texts["train"], recipe.max_len, warn=False)  # cut silently, as protein tasks
-    labels = task.labels["train"]
-    pad_id = tok.pad_id
-    assert pad_id is not None  # TextEncoder (above) refuses a tokenizer without one
+            }
+        }
 
-    def loss_fn(model, idx):
-        tokens = pad_sequences([rows[i] for i in idx], pad_id).to(device)
-        target = pad_sequences([[labels[i]] for i in idx], -100)[:, 0].to(device)
+    def build_model(self, config: EncoderConfig) -> EncoderModel:
+        return self.model
+
+    def loss(self, model, idx) -> tuple[torch.Tensor, int]:
+        pad_id, labels = self.tokenizer.pad_id, self.task.labels["train"]  # TextEncoder needs a pad
+        tokens = pad_sequences([self.rows[i] for i in idx], pad_id).to(self.device)
+        target = pad_sequences([[labels[i]] for i in idx], -100)[:, 0].to(self.device)
         logits = model(tokens, head="sequence").logits  # (B, num_labels)
         return F.cross_entropy(logits.float(), target, reduction="sum"), len(idx)
 
-    def validate(model) -> dict:
-        m = evaluate_split(encoder, task, "val")
+    def validate(self, model) -> dict:
+        m = evaluate_split(self.encoder, self.task, "val")
         return {"val_accuracy": m["accuracy"], "val_mcc": m["mcc"]}
 
-    state = fit_classifier(
-        model,
-        recipe.train,
-        [(len(r), 0) for r in rows],
-        recipe.max_tokens,
-        loss_fn,
-        validate,
-        run_dir,
-        progress,
-        "val_accuracy",
-        recipe.peak_lr,
-        resume,
-        run.precision,
-    )
-    if not distributed.is_main():
-        return {}
-    trained = keep_best(model, run_dir, recipe.train.lora)
-    summary: dict[str, Any] = {
-        "task": task.name,
-        "mode": recipe.mode,
-        "init": recipe.init,
-        "validation": evaluate_split(encoder, task, "val"),
-        "test": evaluate_split(encoder, task, "test"),
-    }
-    plot_confusion(
-        summary["test"]["confusion"],
-        task.classes,
-        run_dir / "confusion.png",
-        f"{task.name} test ({recipe.mode})",
-    )
-    if recipe.baseline:
+    def split_metrics(self, split: str) -> dict:
+        return evaluate_split(self.encoder, self.task, split)
+
+    def head_keys(self) -> dict:
+        return {"task": self.task.name, "mode": self.settings.mode, "init": self.settings.init}
+
+    def baseline(self) -> dict | None:
+        if not self.settings.baseline:
+            return None
         from ..evaluate.baselines import tfidf_baseline_metrics
 
-        summary["baseline_test"] = tfidf_baseline_metrics(
-            task.texts["train"], task.labels["train"], task.texts["test"], task.labels["test"], task.classes
+        texts, labels = self.task.texts, self.task.labels
+        return tfidf_baseline_metrics(
+            texts["train"], labels["train"], texts["test"], labels["test"], self.task.classes
         )
-    summary.update(training_figures(state, model, t_start, trained))
-    write_json(run_dir / "summary.json", summary)
-    return summary
 
 
-def evaluate_text_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
+def evaluate_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``text-cls`` run on ``split`` of its own task."""
     run_dir = Path(run_dir)
     settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
@@ -266,9 +240,9 @@ def summary_text(summary: dict, run_dir: Path) -> str:
 
 RECIPE = Recipe(
     name="text-cls",
-    settings=TextClsRecipe,
-    train=train_text_cls,
-    evaluate=evaluate_text_run,
+    settings=TextClsSettings,
+    train=TextClsRun.train,
+    evaluate=evaluate_run,
     splits=TASK_SPLITS,
     summary=summary_text,
     model_type=ENCODER,
@@ -276,4 +250,11 @@ RECIPE = Recipe(
     inputs="text",
     classifier=True,
     adapters=True,
+)
+
+# the old names (issue 42): importable for one more release
+train_text_cls = TextClsRun.train
+__getattr__ = moved(
+    __name__,
+    {"TextClsRecipe": f"{__name__}:TextClsSettings", "evaluate_text_run": f"{__name__}:evaluate_run"},
 )

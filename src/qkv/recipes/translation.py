@@ -21,25 +21,28 @@ from typing import ClassVar, cast
 
 import torch
 
+from .._deprecated import moved
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import SPLITS, load_multi30k
 from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import translation_scores
 from ..explain.explainers import RNNTranslationExplainer, TranslationExplainer
+from ..files import load_weights, save_weights
 from ..generate.translator import SEQ2SEQ_RECIPES, Translator
 from ..models.config import RNNConfig, TransformerConfig
 from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
 from ..models.rnn import RNNSeq2Seq
 from ..models.transformer import Transformer
 from ..runs import load_run
-from ..train import distributed
-from ..train.checkpoint import average_weights, load_weights, save_weights, write_json
+from ..train.checkpoint import average_weights
+from ..train.loop import LoopState
 from ..train.losses import label_smoothed_nll
 from ..train.run_files import run_file
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import fit, prepare_run_dir, require_at_least_one, start_run, write_settings
+from .common import require_at_least_one
+from .skeleton import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ DEMO_TRAIN = TrainSettings(
 
 
 @dataclass(frozen=True, kw_only=True)
-class TranslationRecipe:
+class TranslationSettings:
     """Settings of ``qkv train translation``: ``model`` (a :class:`TransformerConfig`; its
     vocabulary is the joint BPE's, set at run time), ``train`` (:class:`TrainSettings`), and the
     data fields: ``src_lang``/``tgt_lang``, ``vocab_size`` (joint BPE pieces),
@@ -133,8 +136,8 @@ class TranslationRecipe:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RNNTranslationRecipe(TranslationRecipe):
-    """Settings of ``qkv train translation-rnn``: :class:`TranslationRecipe`'s, around a
+class RNNTranslationSettings(TranslationSettings):
+    """Settings of ``qkv train translation-rnn``: :class:`TranslationSettings`'s, around a
     recurrent model (``model``: an :class:`~qkv.models.config.RNNConfig`; ``model.attention``
     ``"additive"`` or ``"none"``, the bottleneck). The defaults are the attention GRU chosen for
     the same 10-minute budget as the demo by a sweep on validation BLEU
@@ -180,139 +183,125 @@ def _fitting(pairs: list, max_len: int) -> list:
     return [(s, t) for s, t in pairs if len(s) < max_len and len(t) < max_len]
 
 
-def _validation_fn(recipe: TranslationRecipe, tok, val_src, val_tgt, val_pairs):
-    """Validation: NLL / ppl on teacher-forced batches, and greedy BLEU if asked."""
-    batches = _eval_batches(tok, val_pairs)
+class TranslationRun(TrainingRun):
+    """``qkv train translation`` and ``translation-rnn``: Multi30k pairs, the joint BPE, batches
+    of similar-length pairs, the label-smoothed loss (§5.4); validation loss and greedy BLEU;
+    the final weights chosen on validation among the last, best and averaged (§6.1); test2016
+    scored with beam search."""
 
-    def validate(model: Transformer | RNNSeq2Seq) -> dict:
-        nll, n = _teacher_forced_nll(model, batches, tok.pad_id)
-        out = {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
-        if recipe.val_bleu:
-            hyps = Translator(model, tok, beam_size=1, batch_size=128).translate(val_src)
-            out["val_bleu"] = translation_scores(hyps, val_tgt)["bleu"]
-        return out
+    def __init__(self, settings: TranslationSettings, *args, **kwargs) -> None:
+        super().__init__(settings, *args, **kwargs)
+        self.name = settings.name
+        self.score_key = "val_bleu" if settings.val_bleu else "val_loss"
+        self.higher_is_better = settings.val_bleu
 
-    return validate
-
-
-def train_translation(
-    recipe: TranslationRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True
-) -> dict:
-    """Train, pick the final weights on validation BLEU, and score test2016. Returns a summary.
-
-    Raises:
-        QkvError: bad data files, an existing run directory without ``resume``, etc.
-    """
-    run_dir = prepare_run_dir(run_dir, resume, recipe.name)
-    run = start_run(recipe.train)
-    device = run.device
-    t_start = time.perf_counter()
-    train_src, train_tgt = load_multi30k("train", recipe.src_lang, recipe.tgt_lang)
-    val_src, val_tgt = load_multi30k("val", recipe.src_lang, recipe.tgt_lang)
-    if recipe.train_limit:
-        train_src, train_tgt = train_src[: recipe.train_limit], train_tgt[: recipe.train_limit]
-    if recipe.val_limit:
-        val_src, val_tgt = val_src[: recipe.val_limit], val_tgt[: recipe.val_limit]
-    tok_path = run_dir / "tokenizer.json"
-    if resume and tok_path.is_file():
-        tok = SubwordTokenizer.load(tok_path)
-    else:
-        tok = SubwordTokenizer.train(train_src + train_tgt, recipe.vocab_size)
-    model_cfg = recipe.model_config(tok)
-    if not resume:
-        tok.save(tok_path)
-    write_settings(run_dir, recipe.name, recipe, model_cfg, run, resume)
-    # a pair fits the model when each side plus eos (source) or bos (target) is within max_len
-    longest = min(recipe.max_train_tokens, model_cfg.max_len - 1)
-    pairs = [
-        (s, t)
-        for s, t in _encode_pairs(tok, train_src, train_tgt)
-        if 0 < len(s) <= longest and 0 < len(t) <= longest
-    ]
-    if not pairs:
-        raise QkvError(
-            f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)"
+    def setup(self) -> TransformerConfig | RNNConfig:
+        s = self.settings
+        train_src, train_tgt = load_multi30k("train", s.src_lang, s.tgt_lang)
+        val_src, val_tgt = load_multi30k("val", s.src_lang, s.tgt_lang)
+        if s.train_limit:
+            train_src, train_tgt = train_src[: s.train_limit], train_tgt[: s.train_limit]
+        if s.val_limit:
+            val_src, val_tgt = val_src[: s.val_limit], val_tgt[: s.val_limit]
+        tok_path = self.run_dir / "tokenizer.json"
+        if self.resume and tok_path.is_file():
+            self.tokenizer = SubwordTokenizer.load(tok_path)
+        else:
+            self.tokenizer = SubwordTokenizer.train(train_src + train_tgt, s.vocab_size)
+        tok = self.tokenizer
+        config = s.model_config(tok)
+        # a pair fits the model when each side plus eos (source) or bos (target) is within max_len
+        longest = min(s.max_train_tokens, config.max_len - 1)
+        self.pairs = [
+            (a, b)
+            for a, b in _encode_pairs(tok, train_src, train_tgt)
+            if 0 < len(a) <= longest and 0 < len(b) <= longest
+        ]
+        if not self.pairs:
+            raise QkvError(
+                f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)"
+            )
+        val_pairs = _fitting(_encode_pairs(tok, val_src, val_tgt), config.max_len)
+        self.lengths = [(len(a), len(b)) for a, b in self.pairs]
+        logger.info(
+            f"Multi30k {s.src_lang}->{s.tgt_lang}: {len(self.pairs)} training pairs, "
+            f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}"
         )
-    val_pairs = _fitting(_encode_pairs(tok, val_src, val_tgt), model_cfg.max_len)
-    lengths = [(len(s), len(t)) for s, t in pairs]
-    logger.info(
-        f"Multi30k {recipe.src_lang}->{recipe.tgt_lang}: {len(pairs)} training pairs, "
-        f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}"
-    )
+        self.val_batches, self.val_src, self.val_tgt = _eval_batches(tok, val_pairs), val_src, val_tgt
+        return config
 
-    def batches(epoch: int):
-        order = token_batches(lengths, recipe.max_tokens, shuffle=True, seed=recipe.train.seed * 1000 + epoch)
-        return [make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order]
+    def build_model(self, config: TransformerConfig | RNNConfig) -> torch.nn.Module:
+        random.seed(self.settings.train.seed)
+        model = cast(Transformer | RNNSeq2Seq, for_config(config).model(config)).to(self.device)
+        logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {self.device}")
+        return model
 
-    def loss_fn(model, batch):
-        logits = model(batch.src.to(device), batch.tgt_in.to(device)).logits
-        loss, _ = label_smoothed_nll(logits, batch.tgt_out.to(device), recipe.label_smoothing, tok.pad_id)
+    def batches(self, epoch: int) -> list:
+        tok, seed = self.tokenizer, self.settings.train.seed * 1000 + epoch
+        order = token_batches(self.lengths, self.settings.max_tokens, shuffle=True, seed=seed)
+        return [
+            make_batch([self.pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id) for idx in order
+        ]
+
+    def loss(self, model, batch) -> tuple[torch.Tensor, int]:
+        logits = model(batch.src.to(self.device), batch.tgt_in.to(self.device)).logits
+        loss, _ = label_smoothed_nll(
+            logits, batch.tgt_out.to(self.device), self.settings.label_smoothing, self.tokenizer.pad_id
+        )
         return loss, batch.n_tgt_tokens
 
-    random.seed(recipe.train.seed)
-    model = cast(Transformer | RNNSeq2Seq, for_config(model_cfg).model(model_cfg)).to(device)
-    logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {device}")
-    validate = _validation_fn(recipe, tok, val_src, val_tgt, val_pairs)
-    state = fit(
-        model,
-        recipe.train,
-        batches,
-        loss_fn,
-        validate,
-        run_dir,
-        progress,
-        score_key="val_bleu" if recipe.val_bleu else "val_loss",
-        higher_is_better=recipe.val_bleu,
-        resume=resume,
-        precision=run.precision,
-    )
-    if not distributed.is_main():  # torchrun: the other processes only helped train
-        return {}
-    train_minutes = state.elapsed_s / 60
+    def validate(self, model) -> dict:
+        """NLL / ppl on teacher-forced batches, and greedy BLEU if asked."""
+        nll, n = _teacher_forced_nll(model, self.val_batches, self.tokenizer.pad_id)
+        out = {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
+        if self.settings.val_bleu:
+            hyps = Translator(model, self.tokenizer, beam_size=1, batch_size=128).translate(self.val_src)
+            out["val_bleu"] = translation_scores(hyps, self.val_tgt)["bleu"]
+        return out
 
-    # Final weights: the last, the best-on-validation, and the average of the last snapshots
-    # (paper §6.1); the one with the best validation score wins. Test data is not looked at.
-    candidates = {"last": run_dir / "last.safetensors", "best": run_dir / "best.safetensors"}
-    if len(state.snapshots) > 1:
-        average_weights([run_file(run_dir, p) for p in state.snapshots], run_dir / "averaged.safetensors")
-        candidates["averaged"] = run_dir / "averaged.safetensors"
-    choice = {}
-    for name, path in candidates.items():
-        if path.is_file():
-            load_weights(model, path)
-            model.eval()
-            with torch.no_grad():
-                choice[name] = validate(model)
-            logger.info(
-                f"validation with {name} weights: "
-                + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items())
+    def final_weights(self, model, state: LoopState) -> int:
+        """The last, the best-on-validation, and the average of the last snapshots (§6.1): the
+        one with the best validation score wins. Test data is not looked at."""
+        run_dir = self.run_dir
+        candidates = {"last": run_dir / "last.safetensors", "best": run_dir / "best.safetensors"}
+        if len(state.snapshots) > 1:
+            average_weights([run_file(run_dir, p) for p in state.snapshots], run_dir / "averaged.safetensors")
+            candidates["averaged"] = run_dir / "averaged.safetensors"
+        choice = {}
+        for name, path in candidates.items():
+            if path.is_file():
+                load_weights(model, path)
+                model.eval()
+                with torch.no_grad():
+                    choice[name] = self.validate(model)
+                logger.info(
+                    f"validation with {name} weights: "
+                    + ", ".join(f"{k} {v:.4g}" for k, v in choice[name].items())
+                )
+        pick = (max if self.higher_is_better else min)(choice, key=lambda n: choice[n][self.score_key])
+        load_weights(model, candidates[pick])
+        save_weights(model, run_dir / "model.safetensors")
+        self.selected = {"selected_weights": pick, "validation": choice[pick]}
+        return model.num_parameters()
+
+    def summarize(self, model, state: LoopState) -> dict:
+        s = self.settings
+        summary = dict(self.selected)
+        if s.test:
+            summary["test2016"] = evaluate_run(
+                self.run_dir, "test2016", device=self.device, beam_size=s.beam_size, alpha=s.alpha
             )
-    key = "val_bleu" if recipe.val_bleu else "val_loss"
-    pick = (max if recipe.val_bleu else min)(choice, key=lambda n: choice[n][key])
-    load_weights(model, candidates[pick])
-    save_weights(model, run_dir / "model.safetensors")
-    summary = {
-        "selected_weights": pick,
-        "validation": choice[pick],
-        "train_minutes": round(train_minutes, 2),
-        "steps": state.step,
-        "epochs": state.epoch,
-        "parameters": model.num_parameters(),
-    }
-    if recipe.test:
-        summary["test2016"] = evaluate_run(run_dir, "test2016", recipe.beam_size, recipe.alpha, device=device)
-    summary["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
-    write_json(run_dir / "summary.json", summary)
-    return summary
+        return summary
 
 
 def evaluate_run(
     run_dir: str | Path,
     split: str = "test2016",
+    device: torch.device | str = "cpu",
+    *,
     beam_size: int = 4,
     alpha: float = 0.6,
     limit: int | None = None,
-    device: torch.device | str = "cpu",
 ) -> dict:
     """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
     run_dir = Path(run_dir)
@@ -374,9 +363,9 @@ def summary_text(summary: dict, run_dir: Path) -> str:
 
 
 RECIPE = Recipe(
-    name=TranslationRecipe.name,
-    settings=TranslationRecipe,
-    train=train_translation,
+    name=TranslationSettings.name,
+    settings=TranslationSettings,
+    train=TranslationRun.train,
     evaluate=evaluate_run,
     splits=("test2016", *(s for s in SPLITS if s != "test2016")),
     evaluate_options=("beam_size", "alpha", "limit"),
@@ -388,8 +377,18 @@ RECIPE = Recipe(
 
 RNN_RECIPE = replace(
     RECIPE,
-    name=RNNTranslationRecipe.name,
-    settings=RNNTranslationRecipe,
+    name=RNNTranslationSettings.name,
+    settings=RNNTranslationSettings,
     model_type=RNN_SEQ2SEQ,
     explainer=RNNTranslationExplainer,
+)
+
+# the old names (issue 42): importable for one more release
+train_translation = TranslationRun.train
+__getattr__ = moved(
+    __name__,
+    {
+        "TranslationRecipe": f"{__name__}:TranslationSettings",
+        "RNNTranslationRecipe": f"{__name__}:RNNTranslationSettings",
+    },
 )

@@ -18,11 +18,11 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .._deprecated import moved
 from ..data.images import ImageSet, ImageTask, augment, load_image_task, to_model_input
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
@@ -31,17 +31,17 @@ from ..generate.vision import ImageClassifier
 from ..models.config import ViTConfig
 from ..models.model_types import VIT
 from ..models.vit import VisionTransformer
-from ..train import distributed
-from ..train.checkpoint import write_json
+from ..train.loop import LoopState
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import TASK_SPLITS, fit, keep_best, prepare_run_dir, start_run, write_settings
+from .common import TASK_SPLITS
+from .skeleton import ClassifierRun
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ViTRecipe:
+class ViTSettings:
     """Settings of ``qkv train vit``: ``model`` (a :class:`ViTConfig`; ``image_size``,
     ``channels`` and ``num_labels`` are set from the data for the built-in tasks, and
     ``num_labels`` from the class folders for a folder), ``train`` (:class:`TrainSettings`:
@@ -93,14 +93,14 @@ class ViTRecipe:
             raise ConfigError("; ".join(problems))
 
 
-def load_task(recipe: ViTRecipe) -> ImageTask:
+def load_task(recipe: ViTSettings) -> ImageTask:
     """The recipe's :class:`~qkv.data.images.ImageTask` (see :func:`load_image_task`)."""
     return load_image_task(
         recipe.task, recipe.model.image_size, recipe.model.channels, recipe.val_fraction, recipe.split_seed
     )
 
 
-def model_config(recipe: ViTRecipe, task: ImageTask) -> ViTConfig:
+def model_config(recipe: ViTSettings, task: ImageTask) -> ViTConfig:
     """The recipe's ViT with the image size, channels and class count of the task's data."""
     _, h, w, c = task.train.images.shape
     if h != w:
@@ -135,127 +135,111 @@ class ImageBatch:
         return replace(self, rows=self.rows[rank::world_size], part=rank + 1)
 
 
-def train_vit(recipe: ViTRecipe, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train a ViT on ``recipe.task``; evaluate on its test split; write the run directory
-    (``config.json``, ``model.safetensors``, ``task.json``, ``summary.json``,
-    ``confusion.png``, the loop's files). Returns the summary dict.
+class ViTRun(ClassifierRun):
+    """``qkv train vit``: the task's images in shuffled mini-batches (the last partial batch
+    dropped), randomly cropped and mirrored; cross-entropy; the best validation accuracy kept;
+    test metrics (with and without the mirrored view) beside logistic regression on the pixels.
+    Writes ``task.json`` and ``confusion.png`` beside the usual files."""
 
-    Raises:
-        QkvError: bad data, a non-empty ``run_dir`` without ``resume``.
-    """
-    t_start = time.perf_counter()
-    task = load_task(recipe)
-    cfg = model_config(recipe, task)
-    run_dir = prepare_run_dir(run_dir, resume, "vit")
-    run = start_run(recipe.train)
-    device = run.device
-    write_settings(run_dir, "vit", recipe, cfg, run, resume)
-    if not resume:  # a resumed run keeps its own
-        write_json(
-            run_dir / "task.json",
-            {
+    name, score_key, confusion_title = "vit", "val_accuracy", "ViT"
+
+    def before_start(self) -> None:
+        self.task = load_task(self.settings)
+        self.config = model_config(self.settings, self.task)
+
+    def setup(self) -> ViTConfig:
+        task, cfg = self.task, self.config
+        sizes = {s: len(task.split(s).labels) for s in ("train", "val", "test")}
+        logger.info(
+            f"{task.name}: {sizes['train']:,} train / {sizes['val']:,} val / {sizes['test']:,} "
+            f"test images of {cfg.image_size}x{cfg.image_size}x{cfg.channels}, "
+            f"{len(task.classes)} classes; {cfg.n_patches} patches of {cfg.patch_size}x"
+            f"{cfg.patch_size} + the class token. {task.citation}"
+        )
+        self.x_train = to_model_input(task.train.images)  # (N, C, H, W) float32, kept on the host
+        self.y_train = torch.from_numpy(task.train.labels)
+        return cfg
+
+    def new_run_files(self) -> dict[str, dict]:
+        task = self.task
+        return {
+            "task.json": {
                 "task": task.name,
                 "classes": list(task.classes),
                 "input": "pixel / 127.5 - 1, see qkv.data.images.read_image",
                 "citation": task.citation,
-            },
+            }
+        }
+
+    def build_model(self, config: ViTConfig) -> VisionTransformer:
+        s = self.settings
+        model = VisionTransformer(config).to(self.device)
+        logger.info(f"ViT: {model.num_parameters():,} parameters")
+        self.classifier = ImageClassifier(
+            model, self.task.classes, self.device, hflip_tta=s.hflip and s.tta_hflip
         )
-    sizes = {s: len(task.split(s).labels) for s in ("train", "val", "test")}
-    logger.info(
-        f"{task.name}: {sizes['train']:,} train / {sizes['val']:,} val / {sizes['test']:,} "
-        f"test images of {cfg.image_size}x{cfg.image_size}x{cfg.channels}, "
-        f"{len(task.classes)} classes; {cfg.n_patches} patches of {cfg.patch_size}x"
-        f"{cfg.patch_size} + the class token. {task.citation}"
-    )
-    model = VisionTransformer(cfg).to(device)
-    logger.info(f"ViT: {model.num_parameters():,} parameters")
-    classifier = ImageClassifier(model, task.classes, device, hflip_tta=recipe.hflip and recipe.tta_hflip)
-    x_train = to_model_input(task.train.images)  # (N, C, H, W) float32, kept on the host
-    y_train = torch.from_numpy(task.train.labels)
-    train_cfg, n = recipe.train, len(y_train)
-    per_epoch = max(n // recipe.batch_size, 1)  # the last partial batch is dropped
-    total = train_cfg.max_steps or (
-        per_epoch * train_cfg.max_epochs // train_cfg.accum_steps if train_cfg.max_epochs else None
-    )
+        return model
 
-    def batches(epoch: int):
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(train_cfg.seed * 1000 + epoch))
-        return [
-            ImageBatch(epoch, i, order[i * recipe.batch_size : (i + 1) * recipe.batch_size])
-            for i in range(per_epoch)
-        ]
+    def _per_epoch(self) -> int:
+        return max(len(self.y_train) // self.settings.batch_size, 1)  # the last partial batch is dropped
 
-    def loss_fn(model, batch):
-        epoch, i, idx = batch.epoch, batch.number, batch.rows
+    def total_steps(self) -> int | None:
+        train = self.settings.train
+        if train.max_steps or not train.max_epochs:
+            return train.max_steps
+        return self._per_epoch() * train.max_epochs // train.accum_steps
+
+    def batches(self, epoch: int) -> list[ImageBatch]:
+        size, seed = self.settings.batch_size, self.settings.train.seed * 1000 + epoch
+        order = torch.randperm(len(self.y_train), generator=torch.Generator().manual_seed(seed))
+        return [ImageBatch(epoch, i, order[i * size : (i + 1) * size]) for i in range(self._per_epoch())]
+
+    def loss(self, model, batch: ImageBatch) -> tuple[torch.Tensor, int]:
+        s, idx = self.settings, batch.rows
         # augmentation drawn from (seed, epoch, batch): a resumed run sees the same images
-        seed = (train_cfg.seed * 1000 + epoch) * 100_000 + i
+        seed = (s.train.seed * 1000 + batch.epoch) * 100_000 + batch.number
         if batch.part:  # one process's share of the batch: a stream of its own
             seed = seed * 64 + batch.part
         gen = torch.Generator().manual_seed(seed)
-        images = augment(x_train[idx], recipe.crop_padding, recipe.hflip, gen).to(device)
+        images = augment(self.x_train[idx], s.crop_padding, s.hflip, gen).to(self.device)
         logits = model(images).logits
-        loss = F.cross_entropy(
-            logits.float(), y_train[idx].to(device), reduction="sum", label_smoothing=recipe.label_smoothing
-        )
+        target = self.y_train[idx].to(self.device)
+        loss = F.cross_entropy(logits.float(), target, reduction="sum", label_smoothing=s.label_smoothing)
         return loss, len(idx)
 
-    def validate(model) -> dict:
-        m = evaluate_images(classifier, task.val)
+    def validate(self, model) -> dict:
+        m = evaluate_images(self.classifier, self.task.val)
         return {"val_accuracy": m["accuracy"], "val_macro_f1": m["macro_f1"]}
 
-    state = fit(
-        model,
-        train_cfg,
-        batches,
-        loss_fn,
-        validate,
-        run_dir,
-        progress,
-        total_steps=total,
-        score_key="val_accuracy",
-        higher_is_better=True,
-        resume=resume,
-        precision=run.precision,
-    )
-    if not distributed.is_main():  # torchrun: the other processes only helped train
-        return {}
-    keep_best(model, run_dir)
-    summary: dict[str, Any] = {
-        "task": task.name,
-        "validation": evaluate_images(classifier, task.val),
-        "test": evaluate_images(classifier, task.test),
-        "tta": classifier.hflip_tta,
-    }
-    if classifier.hflip_tta:  # what one view of each image scores, so the gain is visible
-        single = ImageClassifier(model, task.classes, device)
-        summary["test_single_view"] = {
-            k: evaluate_images(single, task.test)[k] for k in ("accuracy", "macro_f1")
-        }
-    plot_confusion(
-        summary["test"]["confusion"], task.classes, run_dir / "confusion.png", f"{task.name} test (ViT)"
-    )
-    if recipe.baseline:
+    def split_metrics(self, split: str) -> dict:
+        return evaluate_images(self.classifier, self.task.split(split))
+
+    def head_keys(self) -> dict:
+        return {"task": self.task.name}
+
+    def summarize(self, model, state: LoopState) -> dict:
+        summary = super().summarize(model, state)
+        summary["tta"] = self.classifier.hflip_tta
+        if self.classifier.hflip_tta:  # what one view of each image scores, so the gain is visible
+            single = evaluate_images(ImageClassifier(model, self.task.classes, self.device), self.task.test)
+            summary["test_single_view"] = {k: single[k] for k in ("accuracy", "macro_f1")}
+        summary["epochs"] = round(state.step * self.settings.batch_size / len(self.y_train), 2)
+        return summary
+
+    def baseline(self) -> dict | None:
+        if not self.settings.baseline:
+            return None
         from ..evaluate.baselines import pixel_baseline_metrics
 
-        t = time.perf_counter()
-        summary["baseline_test"] = pixel_baseline_metrics(
-            task.train.images, task.train.labels, task.test.images, task.test.labels, task.classes
+        t, train, test = time.perf_counter(), self.task.train, self.task.test
+        scores = pixel_baseline_metrics(
+            train.images, train.labels, test.images, test.labels, self.task.classes
         )
-        summary["baseline_test"]["fit_minutes"] = round((time.perf_counter() - t) / 60, 2)
-    summary.update(
-        {
-            "train_minutes": round(state.elapsed_s / 60, 2),
-            "steps": state.step,
-            "epochs": round(state.step * recipe.batch_size / n, 2),
-            "parameters": model.num_parameters(),
-            "total_minutes": round((time.perf_counter() - t_start) / 60, 2),
-        }
-    )
-    write_json(run_dir / "summary.json", summary)
-    return summary
+        scores["fit_minutes"] = round((time.perf_counter() - t) / 60, 2)
+        return scores
 
 
-def evaluate_vit_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
+def split_scores(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``qkv train vit`` run on ``split`` of its own task (as recorded in
     ``train_config.json``).
 
@@ -268,7 +252,7 @@ def evaluate_vit_run(run_dir: str | Path, split: str = "test", device: torch.dev
     classifier = ImageClassifier.from_run(run_dir, device)
     saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     keys = ("task", "val_fraction", "split_seed")
-    recipe = resolve(ViTRecipe, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
+    recipe = resolve(ViTSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     recipe = replace(recipe, model=classifier.config)
     data = load_task(recipe).split(split)
     return {
@@ -279,12 +263,10 @@ def evaluate_vit_run(run_dir: str | Path, split: str = "test", device: torch.dev
     }
 
 
-def evaluate_with_confusion(
-    run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu"
-) -> dict:
-    """:func:`evaluate_vit_run`, and its confusion matrix drawn to ``confusion_SPLIT.png`` in
+def evaluate_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
+    """:func:`split_scores`, and its confusion matrix drawn to ``confusion_SPLIT.png`` in
     the run directory (``qkv evaluate``)."""
-    result = evaluate_vit_run(run_dir, split, device)
+    result = split_scores(run_dir, split, device)
     path = Path(run_dir) / f"confusion_{split}.png"
     plot_confusion(result["confusion"], list(result["per_class"]), path, f"{result['task']} {split}")
     logger.info(f"confusion matrix: {path}")
@@ -318,13 +300,24 @@ def summary_text(summary: dict, run_dir: Path) -> str:
 
 RECIPE = Recipe(
     name="vit",
-    settings=ViTRecipe,
-    train=train_vit,
-    evaluate=evaluate_with_confusion,
+    settings=ViTSettings,
+    train=ViTRun.train,
+    evaluate=evaluate_run,
     splits=TASK_SPLITS,
     summary=summary_text,
     model_type=VIT,
     explainer=ImageExplainer,
     inputs="image",
     classifier=True,
+)
+
+# the old names (issue 42): importable for one more release
+train_vit = ViTRun.train
+__getattr__ = moved(
+    __name__,
+    {
+        "ViTRecipe": f"{__name__}:ViTSettings",
+        "evaluate_vit_run": f"{__name__}:split_scores",
+        "evaluate_with_confusion": f"{__name__}:evaluate_run",
+    },
 )

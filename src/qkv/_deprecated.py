@@ -1,0 +1,32 @@
+"""Old import paths that keep working for one release, with a ``DeprecationWarning``."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+def moved(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) for names that moved: ``new_homes`` maps each old
+    name to ``"new.module"`` or ``"new.module:new_name"``. Getting one warns
+    (``DeprecationWarning``, naming the new path) and returns the object from its new home;
+    any other name raises ``AttributeError`` as usual.
+
+    The new module is imported by name when the old one is used, not when this module is
+    imported: a shim in a low layer never imports a higher one at import time."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in new_homes:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        target, _, new_name = new_homes[name].partition(":")
+        new_name = new_name or name
+        warnings.warn(
+            f"{module}.{name} is deprecated and will be removed in the next release: use {target}.{new_name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(target), new_name)
+
+    return __getattr__
