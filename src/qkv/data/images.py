@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -286,6 +286,24 @@ def load_image_task(
     return ImageTask(
         root.name, *_three_way(load_image_folder(root, image_size, channels), frac, seed), str(root)
     )
+
+
+@dataclass(frozen=True)
+class ImageBatch:
+    """One training micro-batch: the ``number``-th of ``epoch``, image ``rows`` (indices into the
+    training split); ``part`` > 0 is one process's share of it under torchrun (its augmentation
+    draws from a stream of its own)."""
+
+    epoch: int
+    number: int
+    rows: torch.Tensor
+    part: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def shard(self, rank: int, world_size: int) -> ImageBatch:
+        return replace(self, rows=self.rows[rank::world_size], part=rank + 1)
 
 
 def to_model_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:

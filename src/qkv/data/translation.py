@@ -11,7 +11,9 @@ import gzip
 from pathlib import Path
 
 from ..errors import QkvError
+from .batching import TranslationBatch, make_batch, token_batches
 from .files import READ_ERRORS, find_data_file, unreadable_because
+from .tokenizers import SubwordTokenizer
 
 LANGUAGES = ("en", "de", "fr", "cs")
 SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
@@ -64,3 +66,22 @@ def load_multi30k(split: str, src_lang: str = "de", tgt_lang: str = "en") -> tup
     if len(src) != len(tgt):
         raise QkvError(f"Multi30k {split}: {len(src)} {src_lang} lines but {len(tgt)} {tgt_lang} lines")
     return src, tgt
+
+
+def encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]) -> list[tuple[list[int], list[int]]]:
+    """``(source ids, target ids)`` per sentence pair, without special tokens."""
+    return list(zip(tok.encode_batch(src), tok.encode_batch(tgt), strict=True))
+
+
+def eval_batches(tok: SubwordTokenizer, pairs) -> list[TranslationBatch]:
+    """Length-sorted batches of ~8000 padded tokens for scoring, in a fixed order."""
+    return [
+        make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
+        for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False)
+    ]
+
+
+def fitting_pairs(pairs: list, max_len: int) -> list:
+    """The pairs whose source + eos and bos + target fit in ``max_len`` positions: those the
+    teacher-forced loss can score (decoding cuts over-long sources instead)."""
+    return [(s, t) for s, t in pairs if len(s) < max_len and len(t) < max_len]

@@ -24,7 +24,7 @@ import torch
 from .._deprecated import moved
 from ..data.batching import make_batch, token_batches
 from ..data.tokenizers import SubwordTokenizer
-from ..data.translation import SPLITS, load_multi30k
+from ..data.translation import SPLITS, encode_pairs, eval_batches, fitting_pairs, load_multi30k
 from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import translation_scores
 from ..explain.explainers import RNNTranslationExplainer, TranslationExplainer
@@ -154,10 +154,6 @@ class RNNTranslationSettings(TranslationSettings):
     name: ClassVar[str] = "translation-rnn"
 
 
-def _encode_pairs(tok: SubwordTokenizer, src: list[str], tgt: list[str]):
-    return list(zip(tok.encode_batch(src), tok.encode_batch(tgt), strict=True))
-
-
 def _teacher_forced_nll(model: Transformer | RNNSeq2Seq, batches, pad_id: int) -> tuple[float, int]:
     """Summed NLL (nats) and target-token count of ``model`` over ``batches``."""
     device = next(model.parameters()).device
@@ -167,20 +163,6 @@ def _teacher_forced_nll(model: Transformer | RNNSeq2Seq, batches, pad_id: int) -
         nll += float(label_smoothed_nll(logits, batch.tgt_out.to(device), 0.0, pad_id)[1])
         n += batch.n_tgt_tokens
     return nll, n
-
-
-def _eval_batches(tok: SubwordTokenizer, pairs) -> list:
-    """Length-sorted batches of ~8000 padded tokens for scoring, in a fixed order."""
-    return [
-        make_batch([pairs[i] for i in idx], idx, tok.pad_id, tok.bos_id, tok.eos_id)
-        for idx in token_batches([(len(s), len(t)) for s, t in pairs], 8000, shuffle=False)
-    ]
-
-
-def _fitting(pairs: list, max_len: int) -> list:
-    """The pairs whose source + eos and bos + target fit in ``max_len`` positions: those the
-    teacher-forced loss can score (decoding cuts over-long sources instead)."""
-    return [(s, t) for s, t in pairs if len(s) < max_len and len(t) < max_len]
 
 
 class TranslationRun(TrainingRun):
@@ -214,20 +196,20 @@ class TranslationRun(TrainingRun):
         longest = min(s.max_train_tokens, config.max_len - 1)
         self.pairs = [
             (a, b)
-            for a, b in _encode_pairs(tok, train_src, train_tgt)
+            for a, b in encode_pairs(tok, train_src, train_tgt)
             if 0 < len(a) <= longest and 0 < len(b) <= longest
         ]
         if not self.pairs:
             raise QkvError(
                 f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)"
             )
-        val_pairs = _fitting(_encode_pairs(tok, val_src, val_tgt), config.max_len)
+        val_pairs = fitting_pairs(encode_pairs(tok, val_src, val_tgt), config.max_len)
         self.lengths = [(len(a), len(b)) for a, b in self.pairs]
         logger.info(
             f"Multi30k {s.src_lang}->{s.tgt_lang}: {len(self.pairs)} training pairs, "
             f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}"
         )
-        self.val_batches, self.val_src, self.val_tgt = _eval_batches(tok, val_pairs), val_src, val_tgt
+        self.val_batches, self.val_src, self.val_tgt = eval_batches(tok, val_pairs), val_src, val_tgt
         return config
 
     def build_model(self, config: TransformerConfig | RNNConfig) -> torch.nn.Module:
@@ -318,8 +300,8 @@ def evaluate_run(
     hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha).translate(src)
     decode_s = time.perf_counter() - t0
     with torch.no_grad():
-        pairs = _fitting(_encode_pairs(tok, src, ref), model.config.max_len)
-        nll, n = _teacher_forced_nll(model, _eval_batches(tok, pairs), tok.pad_id)
+        pairs = fitting_pairs(encode_pairs(tok, src, ref), model.config.max_len)
+        nll, n = _teacher_forced_nll(model, eval_batches(tok, pairs), tok.pad_id)
     scores = translation_scores(hyps, ref)
     return {
         "split": split,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .._deprecated import moved
-from ..data.images import ImageSet, ImageTask, augment, load_image_task, to_model_input
+from ..data.images import ImageBatch, ImageSet, ImageTask, augment, load_image_task, to_model_input
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
 from ..explain.vision import ImageExplainer
@@ -115,24 +115,6 @@ def evaluate_images(classifier: ImageClassifier, data: ImageSet) -> dict:
     metrics = classification_metrics(data.labels, probs.argmax(1), probs, data.classes)
     metrics["per_class_accuracy"] = {c: m["recall"] for c, m in metrics["per_class"].items()}
     return metrics
-
-
-@dataclass(frozen=True)
-class ImageBatch:
-    """One training micro-batch: the ``number``-th of ``epoch``, image ``rows`` (indices into the
-    training split); ``part`` > 0 is one process's share of it under torchrun (its augmentation
-    draws from a stream of its own)."""
-
-    epoch: int
-    number: int
-    rows: torch.Tensor
-    part: int = 0
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def shard(self, rank: int, world_size: int) -> ImageBatch:
-        return replace(self, rows=self.rows[rank::world_size], part=rank + 1)
 
 
 class ViTRun(ClassifierRun):
