@@ -9,7 +9,9 @@ same bit for bit however the queries are batched. A decoding step is one query a
 forward over ``Tq`` queries makes ``Tq`` calls, which is why this is meant for inference and is
 switched on by :func:`qkv.generate.layout.prepare_for_inference`, not by training.
 
-Importing this module registers the backend (:func:`qkv.nn.attention.register_backend`).
+:func:`register` adds it to the attention backends (:func:`qkv.nn.attention.register_backend`);
+:func:`~qkv.generate.layout.prepare_for_inference` calls it before it switches a model to it.
+Importing this module registers nothing.
 """
 
 from __future__ import annotations
@@ -53,4 +55,8 @@ def per_query_attention(
     return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
 
 
-register_backend("invariant", per_query_attention)
+
+def register() -> None:
+    """Make :func:`per_query_attention` available as ``backend="invariant"`` (registering it
+    again replaces it with itself)."""
+    register_backend("invariant", per_query_attention)

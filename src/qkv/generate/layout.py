@@ -42,7 +42,7 @@ from torch import nn
 from ..device import cpu_has_native_bf16
 from ..nn.attention import MultiHeadAttention
 from ..nn.feedforward import PositionwiseFeedForward
-from .invariant import per_query_attention  # noqa: F401  (importing it registers "invariant")
+from .invariant import register as register_invariant_backend
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -222,6 +222,8 @@ def prepare_for_inference(
         torch.float32: batch_rows is not None and onednn_available() and not model.training,
     }
     invariant = batch_rows is None if batch_invariant is None else batch_invariant
+    if invariant:
+        register_invariant_backend()
     relaid: dict[int, torch.Tensor] = {}
     for parent in model.modules():
         if (

@@ -9,8 +9,9 @@ Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broad
 
 Backends: one computation of Eq. 1 is a function registered under a name
 (:func:`register_backend`, :data:`BACKENDS`). This module registers ``"sdpa"`` and
-``"eager"``; :mod:`qkv.generate.invariant` registers ``"invariant"`` (inference only) when it
-is imported.
+``"eager"``; ``"invariant"`` (inference only) is registered by an explicit call,
+:func:`qkv.generate.invariant.register`, which
+:func:`~qkv.generate.layout.prepare_for_inference` makes before it uses it.
 """
 
 from __future__ import annotations
