@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import QkvError
+from ..errors import QkvError
 
 
 def _log(msg: str) -> None:
@@ -59,8 +59,8 @@ SETTING_FLAGS = {
 
 
 def _cmd_train(args) -> int:
-    from .recipes.registry import get
-    from .settings import resolve, to_dict
+    from ..recipes.registry import get
+    from ..settings import resolve, to_dict
 
     recipe_kind = get(args.recipe)
     if recipe_kind.train is None or recipe_kind.settings is None:
@@ -85,7 +85,7 @@ def _cmd_train(args) -> int:
         )
     if args.out is None:
         raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
-    from .train import distributed
+    from ..train import distributed
 
     ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
     created = not Path(args.out).exists()
@@ -119,7 +119,7 @@ def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:
     """The settings a run of ``recipe`` saved in ``train_config.json``: what ``--resume``
     starts from (``--config`` and ``key=value`` still override them). ``None`` where there is
     none to read; the recipe's checks then say what is wrong with the directory."""
-    from .recipes.common import PROVENANCE, read_run_json
+    from ..recipes.common import PROVENANCE, read_run_json
 
     try:
         saved = read_run_json(Path(run_dir or ""), "train_config.json")
@@ -183,7 +183,7 @@ def _cmd_prepare(args) -> int:
 
 
 def _prepare(args, given: dict) -> dict:
-    from .data import prepare
+    from ..data import prepare
 
     if args.kind == "lm":
         if args.keep_duplicates:
@@ -202,8 +202,8 @@ def _prepare(args, given: dict) -> dict:
 
 
 def _cmd_translate(args) -> int:
-    from .device import resolve_device
-    from .generate.translator import Translator
+    from ..device import resolve_device
+    from ..generate.translator import Translator
 
     translator = Translator.from_run(
         args.run_dir, device=resolve_device(args.device), beam_size=args.beam, alpha=args.alpha
@@ -218,8 +218,8 @@ def _cmd_translate(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from .device import resolve_device
-    from .recipes.registry import kind_of
+    from ..device import resolve_device
+    from ..recipes.registry import kind_of
 
     kind = kind_of(args.run_dir)
     if kind.evaluate is None:
@@ -261,8 +261,8 @@ class _PromptEcho:
 def _cmd_generate(args) -> int:
     import torch
 
-    from .device import resolve_device, resolve_precision
-    from .generate.lm import TextGenerator
+    from ..device import resolve_device, resolve_precision
+    from ..generate.lm import TextGenerator
 
     device = resolve_device(args.device)
     quantize = "int8" if args.dtype == "int8" else None
@@ -313,15 +313,15 @@ def _cmd_generate(args) -> int:
 
 
 def _read_protein_file(path: str):
-    from .data.protein import read_fasta
+    from ..data.protein import read_fasta
 
     records = read_fasta(path)
     return [r.id for r in records], [r.sequence for r in records]
 
 
 def _classify_images(args) -> int:
-    from .device import resolve_device
-    from .generate.vision import ImageClassifier
+    from ..device import resolve_device
+    from ..generate.vision import ImageClassifier
 
     classifier = ImageClassifier.from_run(args.run_dir, resolve_device(args.device))
     probs = classifier.predict(classifier.read(args.inputs))  # every file read before any output
@@ -348,9 +348,9 @@ def _classify_texts(args) -> int:
 
 
 def _cmd_classify(args) -> int:
-    from .device import resolve_device
-    from .generate.protein import ProteinEncoder
-    from .recipes.registry import RECIPES, kind_of
+    from ..device import resolve_device
+    from ..generate.protein import ProteinEncoder
+    from ..recipes.registry import RECIPES, kind_of
 
     kind = kind_of(args.run_dir)
     if not kind.classifier:
@@ -402,8 +402,8 @@ def _read_lines(path: str) -> list[str]:
 
 
 def _text_encoder(source: str, device: str):
-    from .device import resolve_device
-    from .generate.text import TextEncoder
+    from ..device import resolve_device
+    from ..generate.text import TextEncoder
 
     return TextEncoder.load(source, resolve_device(device))
 
@@ -412,7 +412,7 @@ def _save_embeddings(out: str, vectors, ids: list[str], source: str, extra: dict
     import torch
     from safetensors.torch import save_file
 
-    from .train.checkpoint import atomic_write
+    from ..train.checkpoint import atomic_write
 
     tensors = {"mean": torch.from_numpy(vectors).contiguous(), **(extra or {})}
     metadata = {"ids": json.dumps(ids, ensure_ascii=False), "model": source}
@@ -422,7 +422,7 @@ def _save_embeddings(out: str, vectors, ids: list[str], source: str, extra: dict
 def _cmd_embed(args) -> int:
     import torch
 
-    from .device import resolve_device
+    from ..device import resolve_device
 
     if args.model is not None:  # a pretrained text encoder: one text per line
         if len(args.inputs) != 1:
@@ -437,7 +437,7 @@ def _cmd_embed(args) -> int:
         return 0
     if len(args.inputs) != 2:
         raise QkvError("give RUN_DIR FASTA (a protein encoder), or --model NAME TEXT_FILE")
-    from .generate.protein import ProteinEncoder
+    from ..generate.protein import ProteinEncoder
 
     run_dir, fasta = args.inputs
     encoder = ProteinEncoder.from_run(run_dir, resolve_device(args.device))
@@ -466,7 +466,7 @@ def _cmd_search(args) -> int:
 
 
 def _cmd_convert(args) -> int:
-    from .hub.convert import export_hf, import_hf
+    from ..hub.convert import export_hf, import_hf
 
     if args.to == "hf":
         if len(args.paths) != 2:
@@ -479,7 +479,7 @@ def _cmd_convert(args) -> int:
         return 0
     if len(args.paths) != 3 or args.paths[0] != "hf":
         raise QkvError("usage: qkv convert hf HF_DIR|NAME RUN_DIR  (or: qkv convert --to hf RUN_DIR HF_DIR)")
-    from .hub.pretrained import is_short_name, locate
+    from ..hub.pretrained import is_short_name, locate
 
     source, run_dir = args.paths[1:]
     folder, tokenizer, settings = locate(source) if is_short_name(source) else (source, None, {})
@@ -493,7 +493,7 @@ def _cmd_convert(args) -> int:
 
 
 def _decoding_options(args):
-    from .explain.explainers import DecodingOptions
+    from ..explain.explainers import DecodingOptions
 
     return DecodingOptions(
         beam_size=args.beam,
@@ -526,8 +526,8 @@ def _check_explain_options(args, info: dict) -> None:
 
 
 def _cmd_explain(args) -> int:
-    from .device import resolve_device
-    from .explain.loader import load_explainer
+    from ..device import resolve_device
+    from ..explain.loader import load_explainer
 
     if args.max_chars is not None and args.max_chars < 1:
         raise QkvError(f"--max-chars must be >= 1 (got {args.max_chars})")
@@ -542,21 +542,21 @@ def _cmd_explain(args) -> int:
         raise QkvError("--html writes the page of one --input; --serve serves the interactive page")
     if not args.serve and args.out is None and args.html is None:
         raise QkvError("--input needs --out DIR (PNG pictures) or --html FILE (a standalone page), or both")
-    from .explain.explainers import DEFAULT_MAX_CHARS
-    from .explain.standalone import UNCAPPED_CHARS
+    from ..explain.explainers import DEFAULT_MAX_CHARS
+    from ..explain.standalone import UNCAPPED_CHARS
 
     # A standalone page cuts its input to --max-tokens (and says so): no character cap by default.
     max_chars = args.max_chars or (UNCAPPED_CHARS if args.html else DEFAULT_MAX_CHARS)
     explainer = load_explainer(args.run_dir, resolve_device(args.device), max_chars=max_chars)
     if args.serve:
-        from .explain.server import serve
+        from ..explain.server import serve
 
         return serve(explainer, host=args.host, port=args.port)
     _check_explain_options(args, explainer.info())
     if args.pair is not None and explainer.family != "text":
         raise QkvError(f"--pair is for sentence encoders (text runs); this is a {explainer.family} model")
     if args.html is not None:
-        from .explain.standalone import show
+        from ..explain.standalone import show
 
         page = show(
             explainer,
@@ -570,7 +570,7 @@ def _cmd_explain(args) -> int:
             _log(f"note: {note}")
         print(page.save(args.html))
     if args.out is not None:
-        from .explain.plots import write_pictures
+        from ..explain.plots import write_pictures
 
         text = args.input if args.pair is None else f"{args.input} ||| {args.pair}"
         for path in write_pictures(
@@ -630,8 +630,8 @@ def _sampling_options(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .explain.standalone import MAX_TOKENS
-    from .recipes.registry import RECIPES, trainable
+    from ..explain.standalone import MAX_TOKENS
+    from ..recipes.registry import RECIPES, trainable
 
     parser = _Parser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show debug messages and tracebacks")
@@ -936,7 +936,3 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         return _bug(exc)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
