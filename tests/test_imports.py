@@ -148,7 +148,9 @@ def test_the_library_never_prints():
     """Only the CLI writes to the terminal; the library logs to ``logging.getLogger("qkv...")``.
     Any use of the builtin ``print`` counts: a call, or a ``log=print`` default."""
     cli = PKG / "cli"  # the command line: the package and its verb modules
-    found = [hit for path in sorted(PKG.rglob("*.py")) if cli not in path.parents for hit in _print_uses(path)]
+    found = [
+        hit for path in sorted(PKG.rglob("*.py")) if cli not in path.parents for hit in _print_uses(path)
+    ]
     assert not found, "print used in the library (log instead):\n" + "\n".join(found)
 
 
