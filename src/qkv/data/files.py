@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import sys
 import urllib.request
 import zlib
 from pathlib import Path
@@ -74,3 +75,24 @@ def unreadable_because(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"not UTF-8 text (byte {exc.start})"
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The non-empty lines of a UTF-8 text file, stripped: one text per line (``-``: standard
+    input, for a pipe).
+
+    Raises:
+        QkvError: the file cannot be read, is not UTF-8, or holds no text.
+    """
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise QkvError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        lines = [line.strip() for line in data.decode("utf-8").splitlines()]
+    except UnicodeDecodeError as exc:
+        raise QkvError(f"{path} is not valid UTF-8 (byte {exc.start})") from None
+    lines = [line for line in lines if line]
+    if not lines:
+        raise QkvError(f"{path} holds no text")
+    return lines

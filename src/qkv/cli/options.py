@@ -1,0 +1,83 @@
+"""The options several verbs share, each declared once, and the parser they are added to."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (``error: ...``, exit 2) instead of a usage
+    block; ``--help`` still shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def debug_option(p: argparse.ArgumentParser) -> None:
+    """``--debug``: debug messages, and the traceback of an error instead of its one line."""
+    p.add_argument("--debug", action="store_true", help="show debug messages and tracebacks")
+
+
+def quiet_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--quiet``, for a verb that shows a progress bar (the library then logs warnings only)."""
+    p.add_argument("--quiet", action="store_true", help=help)
+
+
+def device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    """``--device``, as every command that runs a model takes it."""
+    where = (
+        "auto (CUDA, MPS, else CPU), cpu, cuda, ..."
+        if default == "auto"
+        else f"{default} (default), cuda, ..."
+    )
+    p.add_argument("--device", default=default, help=where)
+
+
+def search_options(
+    p: argparse.ArgumentParser, beam: int | None, alpha: float | None = None, length_penalty: bool = True
+) -> None:
+    """``--beam`` and (with ``length_penalty``) ``--alpha``: translation's beam search (§6.1),
+    with these defaults (``None``: the option's absence can be told apart)."""
+    p.add_argument("--beam", type=int, default=beam, help="translation: beam size (1 = greedy; default 4)")
+    if length_penalty:
+        p.add_argument("--alpha", type=float, default=alpha, help="translation: length penalty (default 0.6)")
+
+
+def sampling_options(
+    p: argparse.ArgumentParser, max_new_tokens: int, temperature: float | None, seed: int | None
+) -> None:
+    """How a language model samples its continuation, with these defaults."""
+    p.add_argument(
+        "--max-new-tokens", type=int, default=max_new_tokens, help="LM: length of the continuation"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=temperature, help="LM: sampling temperature (default 1.0)"
+    )
+    p.add_argument("--top-k", type=int, help="LM: sample only among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="LM: sample only in the nucleus of probability p, 0 < p <= 1")
+    p.add_argument("--seed", type=int, default=seed, help="LM: random seed for reproducible samples")
+
+
+def words_after_options(
+    p: argparse.ArgumentParser, dest: str, accept: Callable[[str], bool] = lambda word: True
+) -> None:
+    """Let words given after the options still fill the ``nargs="*"`` positional ``dest``:
+    argparse stops filling it at the first option and leaves the rest unrecognized
+    (``translate RUN --beam 1 "Hallo"``). :func:`take_late_words` hands them back, if none
+    looks like an option and each passes ``accept``."""
+
+    def take(args: argparse.Namespace, words: list[str]) -> bool:
+        if any(word.startswith("-") or not accept(word) for word in words):
+            return False
+        setattr(args, dest, [*getattr(args, dest), *words])
+        return True
+
+    p.set_defaults(take_late_words=take)
+
+
+def take_late_words(args: argparse.Namespace, words: list[str]) -> bool:
+    """Whether the verb of ``args`` took the words its parser left unrecognized (see
+    :func:`words_after_options`); a verb that declared none takes none."""
+    take = getattr(args, "take_late_words", None)
+    return take is not None and take(args, words)

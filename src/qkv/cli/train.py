@@ -1,0 +1,157 @@
+"""``qkv train``: train a model with a recipe, its settings resolved from defaults, a config
+file and ``key=value`` overrides."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import QkvError
+from .console import log
+from .options import quiet_option, words_after_options
+from .output import write_json
+
+# train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
+SETTING_FLAGS = {
+    "max_steps": "train.max_steps",
+    "max_minutes": "train.max_minutes",
+    "task": "task",
+    "init": "init",
+    "labels": "labels",
+}
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register ``train``."""
+    from ..recipes.registry import trainable
+
+    p = sub.add_parser("train", help="train a model with a recipe")
+    p.add_argument("recipe", help="recipe name: " + ", ".join(trainable()))
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="settings as dotted key=value (model.d_model=256 train.lr=3e-4 src_lang=fr); "
+        "a key of one section may be given flat (d_model=256)",
+    )
+    # key=value overrides may come anywhere after the recipe, also after options
+    words_after_options(p, "overrides", accept=lambda word: "=" in word)
+    p.add_argument("--config", help="JSON file of settings (overridden by key=value)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved settings as JSON (what --config reads) and exit",
+    )
+    p.add_argument("--out", help="run directory to create (or continue with --resume)")
+    p.add_argument("--resume", action="store_true", help="continue training in --out")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
+    quiet_option(p, "no progress bar, only warnings from the library")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's summary (scores, steps, times; the content of summary.json) as one "
+        "JSON object on stdout instead of the run directory",
+    )
+    p.add_argument(
+        "--task",
+        help="protein-cls: signalp, amp-scanner, developability; protein-residue: "
+        "secondary-structure, paratope; or a CSV/TSV (sequence,label) or FASTA "
+        "file (with --labels); text-cls: sst2 or a TSV/CSV (sentence,label); "
+        "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>",
+    )
+    p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
+    p.add_argument(
+        "--init",
+        metavar="MODEL",
+        help="start from a pretrained model: protein-*: a protein-mlm run directory or antiberty; "
+        "text-cls: minilm, an HF folder or a converted run; lm: an lm run, a GPT-2 HF folder or "
+        "iglm (with train.lora_rank=R: LoRA adapters instead of every weight)",
+    )
+    p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args) -> int:
+    from ..recipes.registry import get
+    from ..settings import resolve, to_dict
+
+    recipe_kind = get(args.recipe)
+    if recipe_kind.train is None or recipe_kind.settings is None:
+        raise QkvError(f"{args.recipe!r} runs are converted (qkv convert hf), not trained")
+    overrides = list(args.overrides)
+    for flag, key in SETTING_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.freeze:
+        overrides.append("freeze=true")
+    base = _saved_settings(args.out, args.recipe) if args.resume else None
+    # The named recipe's settings dataclass (Recipe.settings is typed `type`: any recipe's).
+    recipe: Any = resolve(recipe_kind.settings, args.config, overrides, base=base)
+    if args.print_config:
+        write_json(to_dict(recipe), indent=2)
+        return 0
+    if recipe.train.lora_rank and not recipe_kind.adapters:
+        raise QkvError(
+            f"train.lora_rank adapts a pretrained model; {args.recipe!r} runs train from random weights "
+            "(LoRA: lm, text-cls, protein-cls, protein-residue with --init)"
+        )
+    if args.out is None:
+        raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
+    from ..train import distributed
+
+    ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
+    created = not Path(args.out).exists()
+    finished = False
+    try:
+        summary = recipe_kind.train(recipe, args.out, resume=args.resume, progress=not args.quiet)
+        finished = True
+    except Exception:  # refused (or failed) before its first checkpoint: leave nothing behind
+        if created and ctx.is_main:
+            remove_unstarted(Path(args.out))
+        raise
+    except KeyboardInterrupt:
+        if ctx.is_main:
+            log(
+                f"interrupted: the last checkpoint is in {args.out}; continue with the same command "
+                "plus --resume"
+            )
+        return 130
+    finally:
+        distributed.shutdown(finished=finished)
+    if ctx.is_main:
+        if recipe_kind.summary is not None:
+            log("\n" + recipe_kind.summary(summary, Path(args.out)))
+        # stdout holds the result alone, so it pipes: the scores as JSON on request (the same
+        # object as summary.json), else the run directory, what every next command takes.
+        if args.json:
+            write_json(summary)
+        else:
+            print(Path(args.out).resolve())
+    return 0
+
+
+def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:
+    """The settings a run of ``recipe`` saved in ``train_config.json``: what ``--resume``
+    starts from (``--config`` and ``key=value`` still override them). ``None`` where there is
+    none to read; the recipe's checks then say what is wrong with the directory."""
+    from ..recipes.common import PROVENANCE, read_run_json
+
+    try:
+        saved = read_run_json(Path(run_dir or ""), "train_config.json")
+    except QkvError:
+        return None
+    if saved.get("recipe") != recipe:
+        return None
+    return {k: v for k, v in saved.items() if k not in PROVENANCE}
+
+
+def remove_unstarted(out: Path, started_by: str | None = "train_state.pt") -> None:
+    """Remove a directory this command created if it was refused before the file
+    ``started_by`` was written (a refused command leaves nothing behind); a run with a training
+    state is kept. ``None``: removed whatever it holds."""
+    import shutil
+
+    if out.is_dir() and not (started_by and (out / started_by).exists()):
+        shutil.rmtree(out, ignore_errors=True)

@@ -1,0 +1,57 @@
+"""``qkv translate``: translate sentences with a trained run, one per line in and out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import QkvError
+from .options import device_option, search_options, words_after_options
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register ``translate``."""
+    p = sub.add_parser("translate", help="translate text with a trained run")
+    p.add_argument("run_dir")
+    p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
+    words_after_options(p, "text")  # sentences after options: `translate RUN --beam 1 "Hallo"`
+    search_options(p, beam=4, alpha=0.6)
+    device_option(p)
+    p.add_argument("--verbose", action="store_true", help="print sentences/s on stderr at the end")
+    p.set_defaults(func=_cmd_translate)
+
+
+def _cmd_translate(args) -> int:
+    from ..device import resolve_device
+    from ..generate.translator import Translator
+
+    translator = Translator.from_run(
+        args.run_dir, device=resolve_device(args.device), beam_size=args.beam, alpha=args.alpha
+    )
+    for line in translator.translate(_read_inputs(args.text)):
+        print(line, flush=False)
+    if args.verbose:
+        sys.stdout.flush()
+        assert translator.last_stats is not None  # translate() sets it
+        print(translator.last_stats.summary("sentences"), file=sys.stderr)
+    return 0
+
+
+def _read_inputs(texts: list[str]) -> list[str]:
+    """The sentences given as arguments, else the lines of standard input; either must be
+    UTF-8."""
+    if texts:
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # bytes the shell passed that are not UTF-8
+                raise QkvError(f"argument {i + 1} is not valid UTF-8 (character {exc.start})") from None
+        return list(texts)
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise QkvError(
+            f"standard input is not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r})"
+        ) from None
+    return text.splitlines()
