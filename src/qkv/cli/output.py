@@ -56,7 +56,7 @@ def save_embeddings(
     import torch
     from safetensors.torch import save_file
 
-    from ..train.checkpoint import atomic_write
+    from ..files import atomic_write
 
     tensors = {"mean": torch.from_numpy(vectors).contiguous(), **(extra or {})}
     metadata = {"ids": json.dumps(ids, ensure_ascii=False), "model": source}

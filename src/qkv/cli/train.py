@@ -76,8 +76,8 @@ def _cmd_train(args) -> int:
     from ..recipes.registry import get
     from ..settings import resolve, to_dict
 
-    recipe_kind = get(args.recipe)
-    if recipe_kind.train is None or recipe_kind.settings is None:
+    recipe = get(args.recipe)
+    if recipe.train is None or recipe.settings is None:
         raise QkvError(f"{args.recipe!r} runs are converted (qkv convert hf), not trained")
     overrides = list(args.overrides)
     for flag, key in SETTING_FLAGS.items():
@@ -88,11 +88,11 @@ def _cmd_train(args) -> int:
         overrides.append("freeze=true")
     base = _saved_settings(args.out, args.recipe) if args.resume else None
     # The named recipe's settings dataclass (Recipe.settings is typed `type`: any recipe's).
-    recipe: Any = resolve(recipe_kind.settings, args.config, overrides, base=base)
+    settings: Any = resolve(recipe.settings, args.config, overrides, base=base)
     if args.print_config:
-        write_json(to_dict(recipe), indent=2)
+        write_json(to_dict(settings), indent=2)
         return 0
-    if recipe.train.lora_rank and not recipe_kind.adapters:
+    if settings.train.lora_rank and not recipe.adapters:
         raise QkvError(
             f"train.lora_rank adapts a pretrained model; {args.recipe!r} runs train from random weights "
             "(LoRA: lm, text-cls, protein-cls, protein-residue with --init)"
@@ -101,11 +101,11 @@ def _cmd_train(args) -> int:
         raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
     from ..train import distributed
 
-    ctx = distributed.init(recipe.train.device)  # under torchrun: join its processes
+    ctx = distributed.init(settings.train.device)  # under torchrun: join its processes
     created = not Path(args.out).exists()
     finished = False
     try:
-        summary = recipe_kind.train(recipe, args.out, resume=args.resume, progress=not args.quiet)
+        summary = recipe.train(settings, args.out, resume=args.resume, progress=not args.quiet)
         finished = True
     except Exception:  # refused (or failed) before its first checkpoint: leave nothing behind
         if created and ctx.is_main:
@@ -121,8 +121,8 @@ def _cmd_train(args) -> int:
     finally:
         distributed.shutdown(finished=finished)
     if ctx.is_main:
-        if recipe_kind.summary is not None:
-            log("\n" + recipe_kind.summary(summary, Path(args.out)))
+        if recipe.summary is not None:
+            log("\n" + recipe.summary(summary, Path(args.out)))
         # stdout holds the result alone, so it pipes: the scores as JSON on request (the same
         # object as summary.json), else the run directory, what every next command takes.
         if args.json:
