@@ -12,53 +12,24 @@ micro-batches ``r, r + N, ...``), so an optimizer step consumes the same global 
 N. With fewer micro-batches than processes (``accum_steps < N``, the defaults under torchrun),
 every rank takes its share of the rows of every micro-batch instead (:func:`share`): the same
 global batch again. Only rank 0 logs, validates and writes files; the others wait for it at the
-checkpoints.
+checkpoints. Which rank this process is lives in :mod:`qkv.process` (the file writers below
+the training loop ask it too); :func:`init` and :func:`shutdown` set it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..errors import QkvError
+from ..process import Context, context, set_context
+from ..process import is_main as is_main  # callers ask distributed.is_main(), as they ask context()
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Context:
-    """This process's place: ``rank`` of ``world_size`` processes, ``local_rank`` on its
-    machine (its GPU index under CUDA)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-_context = Context()
-
-
-def context() -> Context:
-    """The process's :class:`Context` (rank 0 of 1 until :func:`init` finds torchrun's)."""
-    return _context
-
-
-def is_main() -> bool:
-    """Whether this process writes files and logs (rank 0, or the only process)."""
-    return _context.is_main
 
 
 def _env_int(name: str, default: int) -> int:
@@ -79,10 +50,9 @@ def init(device: str = "auto") -> Context:
         QkvError: a malformed torchrun environment, or more processes on this machine than it
             has GPUs when the run uses CUDA (each process needs its own GPU).
     """
-    global _context
     ctx = Context(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
     if not ctx.enabled:
-        return _context
+        return context()
     cuda = torch.cuda.is_available() and (device == "auto" or device.startswith("cuda"))
     if cuda and ctx.local_rank >= torch.cuda.device_count():
         # Checked before joining: a rank that cannot get a GPU would die in set_device with a
@@ -96,7 +66,7 @@ def init(device: str = "auto") -> Context:
         if cuda:
             torch.cuda.set_device(ctx.local_rank)
         dist.init_process_group("nccl" if cuda else "gloo")
-    _context = ctx
+    set_context(ctx)
     if not ctx.is_main:
         logging.getLogger("qkv").setLevel(logging.WARNING)
     logger.info(f"data parallel: {ctx.world_size} processes ({dist.get_backend()})")
@@ -132,27 +102,27 @@ def shutdown(*, finished: bool = True) -> None:
     in gloo's teardown (SIGABRT). A worker that failed leaves at once (its peers may never
     reach the barrier; torchrun stops them).
     """
-    global _context
     if dist.is_initialized():
         if finished:
             dist.barrier()
         dist.destroy_process_group()
-    _context = Context()
+    set_context(Context())
 
 
 def all_reduce_(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over all processes, in place (one collective, no host sync; nothing in a
     single process). The tensor must be on the process group's device: CPU for gloo, the
     process's GPU for nccl."""
-    if _context.enabled:
+    if context().enabled:
         dist.all_reduce(tensor)
     return tensor
 
 
 def gather_objects(obj: object) -> list:
     """Every rank's ``obj`` in rank order (``[obj]`` in a single process)."""
-    if not _context.enabled:
+    ctx = context()
+    if not ctx.enabled:
         return [obj]
-    out = [None] * _context.world_size
+    out = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
