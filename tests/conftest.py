@@ -38,7 +38,7 @@ def no_torch_fastpath():
 
 
 def _write_run(run, model, config, recipe: str, tokenizer, extra: dict | None = None):
-    from qkv.train.checkpoint import save_weights, write_json
+    from qkv.storage import save_weights, write_json
 
     run.mkdir(parents=True)
     save_weights(model, run / "model.safetensors")

@@ -21,7 +21,7 @@ from qkv.models.encoder import EncoderModel
 from qkv.models.vit import VisionTransformer
 from qkv.nn import MultiHeadAttention
 from qkv.settings import resolve
-from qkv.train.checkpoint import load_weights, save_weights
+from qkv.storage import load_weights, save_weights
 from qkv.train.settings import TrainSettings
 
 # --------------------------------------------------------------------------- settings keys

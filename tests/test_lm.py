@@ -347,7 +347,7 @@ def test_inference_layout_assigns_new_parameters(tmp_path):
     from safetensors.torch import load_file
 
     from qkv.generate.layout import prepare_for_inference
-    from qkv.train.checkpoint import load_weights, save_weights
+    from qkv.storage import load_weights, save_weights
 
     model = _lm(tie_embeddings=True)
     x = torch.tensor([_prompt(9, 3)])

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from qkv.errors import QkvError
-from qkv.train.checkpoint import save_weights
+from qkv.storage import save_weights
 from qkv.train.checkpointing import Checkpointer, LoopState
 from qkv.train.metrics import TrainMetrics
 from qkv.train.settings import TrainSettings

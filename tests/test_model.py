@@ -19,7 +19,7 @@ from qkv.data.batching import make_batch
 from qkv.errors import QkvError
 from qkv.generate.search import beam_search, greedy_decode
 from qkv.models import Transformer, TransformerConfig
-from qkv.train.checkpoint import load_weights, save_weights
+from qkv.storage import load_weights, save_weights
 from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_adam, noam_lr
 

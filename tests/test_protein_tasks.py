@@ -28,7 +28,7 @@ from qkv.evaluate.classification import classification_metrics, per_group_binary
 from qkv.generate.protein import ProteinEncoder
 from qkv.models.config import EncoderConfig
 from qkv.models.encoder import EncoderModel
-from qkv.train.checkpoint import save_weights, write_json
+from qkv.storage import save_weights, write_json
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TINY = ["d_model=32", "n_heads=2", "d_ff=64", "n_layers=1", "max_len=64", "threads=1"]

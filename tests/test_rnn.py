@@ -178,7 +178,7 @@ def test_the_explainer_shows_the_alignment_and_refuses_the_bottleneck(tiny_runs,
     for name in ("tokenizer.json", "train_config.json"):
         (bottleneck / name).write_bytes((tiny_runs["translation-rnn"] / name).read_bytes())
     cfg = json.loads((tiny_runs["translation-rnn"] / "config.json").read_text())
-    from qkv.train.checkpoint import save_weights
+    from qkv.storage import save_weights
 
     model = RNNSeq2Seq(RNNConfig(**{**cfg, "attention": "none"}))
     save_weights(model, bottleneck / "model.safetensors")

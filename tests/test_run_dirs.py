@@ -23,9 +23,10 @@ from qkv.data.images import read_idx
 from qkv.data.protein import read_fasta
 from qkv.data.translation import read_lines
 from qkv.errors import QkvError
-from qkv.train.checkpoint import average_weights, save_weights
+from qkv.run_files import remove_run_file, run_file
+from qkv.storage import save_weights
+from qkv.train.checkpoint import average_weights
 from qkv.train.checkpointing import Checkpointer, LoopState
-from qkv.train.run_files import remove_run_file, run_file
 from qkv.train.settings import TrainSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"

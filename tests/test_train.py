@@ -18,7 +18,8 @@ from qkv.data.batching import make_batch, token_batches
 from qkv.data.tokenizers import SubwordTokenizer
 from qkv.errors import QkvError
 from qkv.models import Transformer, TransformerConfig
-from qkv.train.checkpoint import average_weights, save_weights
+from qkv.storage import save_weights
+from qkv.train.checkpoint import average_weights
 from qkv.train.loop import train_loop
 from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_adam, noam_lr

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePath
 
-from ..errors import QkvError
+from .errors import QkvError
 
 SNAPSHOTS = "snapshots"
 

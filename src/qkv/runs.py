@@ -18,7 +18,7 @@ from .data.tokenizers import load_tokenizer
 from .errors import QkvError
 from .models.config import ModelConfig
 from .models.model_types import MODEL_TYPES, ModelType, for_config
-from .train.checkpoint import load_weights
+from .storage import load_weights
 
 
 def run_header(recipe: str, config: ModelConfig) -> dict[str, Any]:

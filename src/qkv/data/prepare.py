@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
-from ..train.checkpoint import write_json
+from ..storage import write_json
 from .protein import fasta_entries, held_out, pretraining_files
 from .shards import FORMAT, SPLITS, VERSION, SplitWriter
 from .text import load_corpus_path

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import QkvError
-from ..train.checkpoint import atomic_write
+from ..storage import atomic_write
 
 FORMAT = "qkv-token-shards"
 VERSION = 1

@@ -139,7 +139,7 @@ class SubwordTokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write the HF ``tokenizers`` JSON to ``path`` (atomically)."""
-        from ..train.checkpoint import atomic_write
+        from ..storage import atomic_write
 
         atomic_write(Path(path), lambda tmp: self._tok.save(str(tmp)))
 
@@ -227,7 +227,7 @@ class CharTokenizer:
         return self.chars[i]
 
     def save(self, path: str | Path) -> None:
-        from ..train.checkpoint import write_json
+        from ..storage import write_json
 
         write_json(Path(path), {"type": "char", "chars": self.chars})
 
@@ -319,7 +319,7 @@ class HFTokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write the HF ``tokenizers`` JSON to ``path`` (atomically)."""
-        from ..train.checkpoint import atomic_write
+        from ..storage import atomic_write
 
         atomic_write(Path(path), lambda tmp: self._tok.save(str(tmp)))
 
@@ -455,7 +455,7 @@ class AminoAcidTokenizer:
         return self.tokens[i]
 
     def save(self, path: str | Path) -> None:
-        from ..train.checkpoint import write_json
+        from ..storage import write_json
 
         write_json(Path(path), {"type": "amino-acid", "tokens": self.tokens})
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ..train.checkpoint import atomic_write
+from ..storage import atomic_write
 
 
 def classification_metrics(

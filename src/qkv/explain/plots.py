@@ -31,7 +31,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from ..train.checkpoint import atomic_write, write_text
+from ..storage import atomic_write, write_text
 
 if TYPE_CHECKING:
     from .explainers import DecodingOptions, Explainer

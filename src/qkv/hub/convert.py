@@ -32,7 +32,7 @@ from ..models.encoder import EncoderModel
 from ..models.model_types import for_config
 from ..models.transformer import Transformer
 from ..models.vit import VisionTransformer
-from ..train.checkpoint import atomic_write, save_weights, torch_load_refusal, write_json
+from ..storage import atomic_write, save_weights, torch_load_refusal, write_json
 from . import keymap
 from .families import Family, family_for, family_of
 

@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..nn.feedforward import Activation
 from ..nn.layers import LayerConfig
 from ..settings import check, dropped_value_matches, show_key
-from ..train.checkpoint import write_json
+from ..storage import write_json
 
 _Config = TypeVar("_Config", bound="SavedConfig")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, QkvError
-from .checkpoint import atomic_write, write_json
+from ..storage import atomic_write, write_json
 
 # what ``train.lora_modules`` names → the qkv module names PEFT matches (suffixes of
 # module paths): self-attention's packed Q/K/V, cross-attention's Q and packed K/V, the

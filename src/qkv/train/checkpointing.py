@@ -25,9 +25,10 @@ import torch
 
 from ..compat import upgrade_train_state
 from ..errors import QkvError
+from ..run_files import remove_run_file, run_file, snapshot_name
+from ..storage import save_weights
 from . import distributed
-from .checkpoint import load_state, save_state, save_weights
-from .run_files import remove_run_file, run_file, snapshot_name
+from .checkpoint import load_state, save_state
 from .settings import TrainSettings
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..storage import atomic_write, write_text
 from . import distributed
-from .checkpoint import atomic_write, write_text
 from .checkpointing import LoopState
 from .settings import TrainSettings
 from .step import StepStats
