@@ -261,9 +261,9 @@ def _global_state():
 
 @pytest.mark.parametrize("family", ["translation", "lm", "protein"])
 def test_pictures_print_nothing_and_leave_matplotlib_alone(tiny_runs, tmp_path, capsys, family):
-    from qkv.explain import load_explainer
     from qkv.explain.explainers import DecodingOptions
     from qkv.explain.plots import write_pictures
+    from qkv.recipes.loading import load_explainer
 
     explainer = load_explainer(tiny_runs[family])
     before = _global_state()
@@ -290,8 +290,8 @@ def test_confusion_plot_prints_nothing_and_leaves_matplotlib_alone(tmp_path, cap
 def test_server_prints_nothing(tiny_runs, capsys):
     import httpx
 
-    from qkv.explain import load_explainer
     from qkv.explain.server import create_app, serve_in_thread
+    from qkv.recipes.loading import load_explainer
 
     before = _global_state()
     capsys.readouterr()
@@ -323,8 +323,8 @@ def test_serve_logs_its_status_lines_instead_of_printing(tiny_runs, capsys, capl
 
     import uvicorn
 
-    from qkv.explain import load_explainer
     from qkv.explain.server import serve
+    from qkv.recipes.loading import load_explainer
 
     calls = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
