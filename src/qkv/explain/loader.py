@@ -12,20 +12,21 @@ import importlib
 import warnings
 from typing import Any
 
-MOVED = {"load_explainer": "qkv.recipes.loading"}
-"""Name → the module it moved to."""
+MOVED = {"load_explainer"}
+"""The names that moved to :mod:`qkv.recipes.loading`."""
 
 
 def moved(name: str, old: str, stacklevel: int = 3) -> Any:
-    """The object ``name`` from the module it moved to, with a ``DeprecationWarning`` naming
-    ``old`` (the spelling the caller used) and the new one.
+    """The object ``name`` from :mod:`qkv.recipes.loading`, with a ``DeprecationWarning``
+    naming ``old`` (the spelling the caller used) and the new one.
 
     The module is imported by name when asked for (``importlib``, not an import statement):
     this package sits below the recipes, and this deprecated forward is the one way up, listed
     in ``tests/test_imports.py`` until it is removed."""
-    new = f"{MOVED[name]}.{name}"
-    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel)
-    return getattr(importlib.import_module(MOVED[name]), name)
+    warnings.warn(
+        f"{old} is deprecated: use qkv.recipes.loading.{name}", DeprecationWarning, stacklevel=stacklevel
+    )
+    return getattr(importlib.import_module("qkv.recipes.loading"), name)
 
 
 def __getattr__(name: str) -> Any:
