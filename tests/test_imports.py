@@ -148,7 +148,7 @@ def test_no_import_cycles():
 # --- layers ----------------------------------------------------------------------------------
 
 # The package's top-level modules and folders in layers, lowest first (docs/architecture.md,
-# "Layers"). A module may import modules of its own layer and of the layers below, never of a
+# "Layer order"). A module may import modules of its own layer and of the layers below, never of a
 # layer above: data flows forward and nothing reaches back (model code never imports hub/,
 # train/ or explain/; nothing but the registry and the command line imports a recipe). Every
 # import counts: at module level, inside functions, under ``if TYPE_CHECKING:`` (an annotation
