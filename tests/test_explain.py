@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain import capture_steps, load_explainer, merge_attention, piece_labels, word_groups
+from qkv.explain import capture_steps, merge_attention, piece_labels, word_groups
 from qkv.explain.explainers import DecodingOptions, InputTooLong
 from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.masks import causal_mask
+from qkv.recipes.loading import load_explainer
 
 INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from qkv.explain import load_explainer
 from qkv.explain.server import create_app, serve_in_thread
+from qkv.recipes.loading import load_explainer
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -26,8 +26,9 @@ from pretrained_marks import needs_minilm
 
 from qkv.cli import main
 from qkv.errors import QkvError
-from qkv.explain import ExplainerPage, load_explainer, show
+from qkv.explain import ExplainerPage
 from qkv.explain.standalone import longest_prefix, render_page
+from qkv.recipes.loading import load_explainer, show
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 INPUTS = {
@@ -318,6 +319,30 @@ def test_bad_inputs_are_one_line_errors_before_anything_is_written(tiny_runs, ti
         show(tiny_runs["lm"], "   ")
 
 
+def test_the_explain_package_still_answers_for_run_directories_with_a_deprecation_warning(tiny_runs):
+    """``qkv.explain.show(run_dir)``, ``qkv.explain.load_explainer`` and
+    ``qkv.explain.loader.load_explainer`` forward to :mod:`qkv.recipes.loading` (a run's
+    explainer is its recipe's) for one release, warning at the caller's line."""
+    import importlib
+
+    import qkv.explain
+    from qkv.recipes import loading
+
+    with pytest.warns(DeprecationWarning, match=r"call qkv\.recipes\.loading\.show") as record:
+        old = qkv.explain.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
+    assert [w.filename for w in record] == [__file__]
+    new = loading.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
+    assert old.explanation.output == new.explanation.output and old.notes == new.notes
+    with pytest.warns(DeprecationWarning), pytest.raises(QkvError, match="max_tokens must be >= 1"):
+        qkv.explain.show(tiny_runs["lm"], "ROMEO", max_tokens=0)  # checked before the model loads
+    for module in ("qkv.explain", "qkv.explain.loader"):
+        with pytest.warns(DeprecationWarning, match=rf"{module}\.load_explainer is deprecated") as record:
+            assert importlib.import_module(module).load_explainer is loading.load_explainer
+        assert {w.filename for w in record} == {__file__}
+    with pytest.raises(AttributeError):
+        qkv.explain.no_such_name  # noqa: B018
+
+
 def test_image_inputs_pil_array_and_file_give_the_same_page(tiny_vit_run, tmp_path):
     explainer = load_explainer(tiny_vit_run)
     pixels = (np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).astype(np.uint8)
@@ -406,7 +431,8 @@ def test_notebook_renders_show_as_html(tiny_runs, tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
-            f"import qkv.explain\nqkv.explain.show({str(tiny_runs['lm'])!r}, 'ROMEO', temperature=0)"
+            "import qkv.recipes.loading\n"
+            f"qkv.recipes.loading.show({str(tiny_runs['lm'])!r}, 'ROMEO', temperature=0)"
         )
     ]
     nbclient.NotebookClient(

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from qkv.explain import load_explainer
 from qkv.explain.server import MAX_BODY_BYTES, MAX_IMAGE_BYTES, create_app, serve_in_thread
+from qkv.recipes.loading import load_explainer
 
 INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
 

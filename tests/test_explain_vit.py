@@ -12,9 +12,9 @@ from PIL import Image
 from qkv.cli import main
 from qkv.data.images import read_image
 from qkv.errors import QkvError
-from qkv.explain import load_explainer
 from qkv.explain.rollout import attention_rollout
 from qkv.explain.vision import ImageExplainer
+from qkv.recipes.loading import load_explainer
 
 
 def _png_bytes(size=(20, 12), mode="L", color=200) -> bytes:

@@ -194,7 +194,7 @@ def test_lm_init_with_lora_stores_adapters_merges_and_resumes(gpt2_folder, corpu
     # and the explainer reads them.
     transformers = pytest.importorskip("transformers")
     from qkv.explain.explainers import DecodingOptions
-    from qkv.explain.loader import load_explainer
+    from qkv.recipes.loading import load_explainer
     from qkv.runs import load_run
 
     assert main(["convert", "--to", "hf", str(out), str(tmp_path / "hf")]) == 0

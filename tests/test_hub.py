@@ -437,7 +437,7 @@ def test_explain_works_on_converted_checkpoints(tmp_path):
     """The explainer reads converted BERT (text, sentence pairs), ESM (residues) and GPT-2
     runs: every layer and head, rows summing to 1."""
     from qkv.explain.explainers import DecodingOptions, ProteinExplainer, TextExplainer
-    from qkv.explain.loader import load_explainer
+    from qkv.recipes.loading import load_explainer
 
     words = [
         "[PAD]",

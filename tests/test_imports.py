@@ -1,6 +1,7 @@
-"""The package's shape, read from its source: no import cycle between qkv modules, no ``print``
-in the library (only ``qkv.cli`` writes to the terminal), and importing any qkv module changes
-no global state (DESIGN.md: "Importing qkv changes no global state")."""
+"""The package's shape, read from its source: its layers (no module imports one of a higher
+layer), no import cycle between qkv modules or between its top-level folders, no ``print`` in
+the library (only ``qkv.cli`` writes to the terminal), and importing any qkv module changes no
+global state (DESIGN.md: "Importing qkv changes no global state")."""
 
 from __future__ import annotations
 
@@ -29,11 +30,27 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 
+def _is_import_by_name(node: ast.AST) -> bool:
+    """``importlib.import_module("qkv....")`` (or ``import_module``) with a literal name."""
+    return (
+        isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+            or (isinstance(node.func, ast.Name) and node.func.id == "import_module")
+        )
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+        and node.args[0].value.split(".")[0] == "qkv"
+    )
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The qkv modules ``name`` imports anywhere in its file (module level, functions,
-    conditionals). ``from pkg import x`` names module ``pkg.x`` when that is a module, else
-    ``pkg`` (its ``__init__``). Edges to the module's own enclosing packages are left out: a
-    submodule importing from its package's ``__init__`` is how packages are built."""
+    conditionals, ``if TYPE_CHECKING:`` blocks, and ``importlib.import_module`` of a literal
+    qkv name). ``from pkg import x`` names module ``pkg.x`` when that is a module, else ``pkg``
+    (its ``__init__``). Edges to the module's own enclosing packages are left out: a submodule
+    importing from its package's ``__init__`` is how packages are built."""
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     targets = set()
@@ -50,6 +67,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 sub = f"{module}.{alias.name}"
                 targets.add(sub if sub in modules else module)
+        elif _is_import_by_name(node):
+            targets.add(node.args[0].value)
     ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     return {t for t in targets if t in modules and t != name and t not in ancestors}
 
@@ -120,8 +139,123 @@ def test_import_graph_resolves_relative_and_function_level_imports():
 
 
 def test_no_import_cycles():
-    cycles = find_cycles(import_graph())
+    cycles = find_cycles(layered_graph())
     assert not cycles, "import cycles between qkv modules (one per tangle; break each):\n" + "\n".join(
+        " -> ".join(c) for c in cycles
+    )
+
+
+# --- layers ----------------------------------------------------------------------------------
+
+# The package's top-level modules and folders in layers, lowest first (docs/architecture.md,
+# "Layer order"). A module may import modules of its own layer and of the layers below, never of a
+# layer above: data flows forward and nothing reaches back (model code never imports hub/,
+# train/ or explain/; nothing but the registry and the command line imports a recipe). Every
+# import counts: at module level, inside functions, under ``if TYPE_CHECKING:`` (an annotation
+# that names a higher layer is a dependency on it all the same, and none is needed today) and
+# ``importlib.import_module`` of a literal qkv name. Within a layer, the folder-level cycle
+# test below keeps the peers apart. "qkv" is the package's own ``__init__`` (``qkv.load``).
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "_deprecated"),  # what a user can act on; old names forwarded for one release
+    ("files", "run_files"),  # atomic file writes and weights files; paths inside a run directory
+    ("nn",),  # the paper's equations
+    ("compat",),  # reading what earlier qkv versions wrote (old weights name nn's modules)
+    ("settings", "device"),  # typed settings trees (their renamed keys are compat's); device, precision
+    ("models",),  # the model families
+    ("data",),  # data sets, tokenizers, batches, shards
+    ("train",),  # the training loop and its pieces
+    ("runs",),  # run directories: the model and tokenizer a run holds
+    ("hub",),  # Hugging Face checkpoints in and out, pretrained short names
+    ("generate",),  # inference (pretrained short names come from hub/)
+    ("evaluate",),  # metrics and baselines
+    ("explain",),  # attention weights, pictures, the page
+    ("recipes",),  # one module per task, the registry, a run's explainer
+    ("cli", "__main__", "qkv"),  # the entry points
+]
+
+# Deprecated names that still answer for one release by importing their new, higher home by
+# name when called (importlib, so that importing the old module imports nothing above it):
+# (importer, imported). Delete each entry with its shim.
+DEPRECATED_FORWARDS: set[tuple[str, str]] = {
+    ("qkv.explain.loader", "qkv.recipes.loading"),  # qkv.explain(.loader).load_explainer
+    ("qkv.explain.standalone", "qkv.recipes.loading"),  # qkv.explain.show(run_dir)
+}
+
+
+def _top(module: str) -> str:
+    """The top-level module or folder a qkv module belongs to (``"qkv"`` for the package's own
+    ``__init__``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer_of() -> dict[str, int]:
+    return {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def layered_graph() -> dict[str, set[str]]:
+    """The import graph without the deprecated forwards (they import at call time, by name)."""
+    return {a: {b for b in bs if (a, b) not in DEPRECATED_FORWARDS} for a, bs in import_graph().items()}
+
+
+def upward_imports(graph: dict[str, set[str]], layer_of: dict[str, int]) -> list[tuple[str, str]]:
+    """Every edge ``(a, b)`` of ``graph`` whose ``b`` is in a higher layer than ``a``."""
+    return sorted((a, b) for a, bs in graph.items() for b in bs if layer_of[_top(a)] < layer_of[_top(b)])
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` collapsed to top-level modules and folders."""
+    folders: dict[str, set[str]] = {_top(a): set() for a in graph}
+    for a, bs in graph.items():
+        folders[_top(a)] |= {_top(b) for b in bs} - {_top(a)}
+    return folders
+
+
+def test_the_layer_checks_find_what_they_look_for():
+    graph = import_graph()
+    assert "qkv.explain.explainers" in graph["qkv.recipes.base"]  # under `if TYPE_CHECKING:`
+    assert "qkv.recipes.loading" in graph["qkv.explain.loader"]  # importlib.import_module("qkv...")
+    assert "qkv.recipes.loading" not in layered_graph()["qkv.explain.loader"]  # a deprecated forward
+    toy = {"qkv.a.x": {"qkv.b", "qkv.a.y"}, "qkv.a.y": set(), "qkv.b": {"qkv.a.y"}, "qkv": {"qkv.b"}}
+    assert upward_imports(toy, {"a": 0, "b": 1, "qkv": 2}) == [("qkv.a.x", "qkv.b")]
+    assert folder_graph(toy) == {"a": {"b"}, "b": {"a"}, "qkv": {"b"}}
+    assert find_cycles(folder_graph(toy)) == [["a", "b", "a"]]
+
+
+def test_every_top_level_module_and_folder_has_one_layer():
+    named = [name for layer in LAYERS for name in layer]
+    assert len(named) == len(set(named)), "a name is in two layers"
+    found = {_top(m) for m in _modules()}
+    assert found == set(named), (
+        f"put each in LAYERS: {sorted(found - set(named))}; no longer in the package: "
+        f"{sorted(set(named) - found)}"
+    )
+
+
+def test_no_module_imports_a_higher_layer():
+    layer_of = _layer_of()
+    found = upward_imports(layered_graph(), layer_of)
+    assert not found, (
+        "imports of a higher layer (see LAYERS; move the code to the layer it belongs to):\n"
+        + "\n".join(
+            f"{a} ({_top(a)}, layer {layer_of[_top(a)]}) -> {b} ({_top(b)}, layer {layer_of[_top(b)]})"
+            for a, b in found
+        )
+    )
+
+
+def test_every_deprecated_forward_still_exists():
+    """Each listed forward is still in its shim, so that the list shrinks as the shims go."""
+    graph = import_graph()
+    gone = sorted((a, b) for a, b in DEPRECATED_FORWARDS if b not in graph[a])
+    assert not gone, f"these forwards are gone, drop them: {gone}"
+
+
+def test_no_import_cycles_between_folders():
+    """The graph collapsed to top-level modules and folders has no cycle either: a folder
+    never imports, however indirectly, a folder that imports it."""
+    cycles = find_cycles(folder_graph(layered_graph()))
+    assert not cycles, "import cycles between qkv's top-level modules and folders:\n" + "\n".join(
         " -> ".join(c) for c in cycles
     )
 
@@ -264,9 +398,9 @@ def _global_state():
 
 @pytest.mark.parametrize("family", ["translation", "lm", "protein"])
 def test_pictures_print_nothing_and_leave_matplotlib_alone(tiny_runs, tmp_path, capsys, family):
-    from qkv.explain import load_explainer
     from qkv.explain.explainers import DecodingOptions
     from qkv.explain.plots import write_pictures
+    from qkv.recipes.loading import load_explainer
 
     explainer = load_explainer(tiny_runs[family])
     before = _global_state()
@@ -293,8 +427,8 @@ def test_confusion_plot_prints_nothing_and_leaves_matplotlib_alone(tmp_path, cap
 def test_server_prints_nothing(tiny_runs, capsys):
     import httpx
 
-    from qkv.explain import load_explainer
     from qkv.explain.server import create_app, serve_in_thread
+    from qkv.recipes.loading import load_explainer
 
     before = _global_state()
     capsys.readouterr()
@@ -326,8 +460,8 @@ def test_serve_logs_its_status_lines_instead_of_printing(tiny_runs, capsys, capl
 
     import uvicorn
 
-    from qkv.explain import load_explainer
     from qkv.explain.server import serve
+    from qkv.recipes.loading import load_explainer
 
     calls = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from qkv.errors import ConfigError, QkvError
-from qkv.explain.loader import load_explainer
 from qkv.generate.search import beam_search, greedy_decode
 from qkv.generate.translator import Translator
 from qkv.models.config import RNNConfig, TransformerConfig
 from qkv.models.rnn import RNNSeq2Seq, final_states
 from qkv.models.transformer import Transformer
 from qkv.nn.recurrent import AdditiveAttention, elman_step, gru_step
+from qkv.recipes.loading import load_explainer
 from qkv.runs import load_run
 
 PAD, BOS, EOS = 0, 1, 2

@@ -24,9 +24,9 @@ from qkv.data.protein import read_fasta
 from qkv.data.translation import read_lines
 from qkv.errors import QkvError
 from qkv.files import save_weights
+from qkv.run_files import remove_run_file, run_file
 from qkv.train.checkpoint import average_weights
 from qkv.train.checkpointing import Checkpointer, LoopState
-from qkv.train.run_files import remove_run_file, run_file
 from qkv.train.settings import TrainSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"

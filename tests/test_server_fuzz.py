@@ -37,8 +37,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from qkv.explain import load_explainer
 from qkv.explain.server import create_app
+from qkv.recipes.loading import load_explainer
 
 MAX_EXAMPLES = 60
 CHECKS = [

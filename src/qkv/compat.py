@@ -17,7 +17,7 @@ import torch
 from .errors import ConfigError
 from .files import load_weights
 from .nn.attention import MultiHeadAttention
-from .train.run_files import SNAPSHOTS, run_file
+from .run_files import SNAPSHOTS, run_file
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def _upgrade_on_load(module: torch.nn.Module, state_dict: dict, prefix: str, *ar
 
 
 def read_old_weights(model: torch.nn.Module) -> None:
-    """Make ``model.load_state_dict`` (and so :func:`~qkv.train.checkpoint.load_weights` and a
+    """Make ``model.load_state_dict`` (and so :func:`~qkv.files.load_weights` and a
     resumed ``train_state.pt``) accept what earlier versions saved: a load-state-dict pre-hook
     applies :func:`upgrade_state_dict` before anything is matched. The model families call it
     on themselves once, when built."""

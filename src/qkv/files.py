@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -122,3 +123,20 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise QkvError(
             f"cannot read {path}: truncated or corrupt ({str(exc).splitlines()[0][:200]})"
         ) from None
+
+
+def torch_load_refusal(exc: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, as the end of a sentence whose
+    subject is the file ("is truncated", "holds a pickled ``module.Class``, ..."), in words that
+    never suggest loading it unsafely (PyTorch's own message advises ``weights_only=False``)."""
+    text = str(exc)
+    if "central directory" in text or isinstance(exc, EOFError):
+        return "is truncated"
+    if "mmap can only be used" in text or "zip archive" in text:
+        return "is not a PyTorch checkpoint"
+    if "Weights only load failed" in text or type(exc).__name__ == "UnpicklingError":
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        what = f"a pickled {found.group(1)}" if found else "objects other than tensors and plain values"
+        return f"holds {what}, and qkv never unpickles code (save the tensors alone, e.g. as safetensors)"
+    line = (text.strip().splitlines() or [type(exc).__name__])[0]
+    return "cannot be read: " + line.split(" Re-running")[0][:200]

@@ -73,8 +73,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def _cmd_explain(args) -> int:
     from ..device import resolve_device
     from ..explain.explainers import DEFAULT_MAX_CHARS
-    from ..explain.loader import load_explainer
     from ..explain.standalone import UNCAPPED_CHARS
+    from ..recipes.loading import load_explainer
 
     _check_what_to_write(args)
     # A standalone page cuts its input to --max-tokens (and says so): no character cap by default.

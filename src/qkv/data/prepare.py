@@ -271,6 +271,18 @@ def _paragraph_sample(
     return kept, record
 
 
+def _check_val_fraction(val_fraction: float) -> None:
+    if not 0.0 < val_fraction < 1.0:
+        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+
+
+def _check_sizes(**sizes: int) -> None:
+    """Refuse a size below 1, naming the sizes checked (``"a, b and c must be >= 1"``)."""
+    if any(size < 1 for size in sizes.values()):
+        *rest, last = sizes
+        raise QkvError(f"{', '.join(rest)} and {last} must be >= 1" if rest else f"{last} must be >= 1")
+
+
 def prepare_lm(
     corpora: list[str],
     out: str | Path,
@@ -299,12 +311,10 @@ def prepare_lm(
     """
     if tokenizer not in ("char", "bpe"):
         raise QkvError(f"tokenizer must be char or bpe, not {tokenizer!r}")
-    if not 0.0 < val_fraction < 1.0:
-        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+    _check_val_fraction(val_fraction)
     if not corpora:
         raise QkvError("qkv prepare lm needs at least one corpus file")
-    if shard_tokens < 1 or bpe_sample_chars < 1 or vocab_size < 1:
-        raise QkvError("shard_tokens, bpe_sample_chars and vocab_size must be >= 1")
+    _check_sizes(shard_tokens=shard_tokens, bpe_sample_chars=bpe_sample_chars, vocab_size=vocab_size)
     files = [load_corpus_path(c) for c in corpora]
     val_files = [load_corpus_path(val_corpus)] if val_corpus else []
     settings = {
@@ -322,30 +332,74 @@ def prepare_lm(
         counts, chars = prep.state["scan"]["chars_per_file"], prep.state["scan"]["vocabulary"]
     else:
         counts, chars = _scan_text(files + val_files, progress)
-    total = sum(counts[: len(files)])
+    train_chars, val_chars = sum(counts[: len(files)]), sum(counts[len(files) :])
+    split_at = _split_at(train_chars, val_chars, corpora, val_corpus, val_fraction)
+    if "scan" not in prep.state:  # the first write: every refusal above left nothing behind
+        prep.save(scan={"chars_per_file": counts, "vocabulary": chars})
+    tok, sample = _text_tokenizer(
+        prep, tokenizer, chars, files, split_at, vocab_size, bpe_sample_chars, seed, progress
+    )
+    writers = prep.writers(tok.vocab_size, shard_tokens)
+    _tokenize_text(prep, writers, files, val_files, split_at, _text_encoder(tok, chars), progress)
+    return prep.finish(
+        "lm",
+        tok,
+        writers,
+        chars={"train": split_at, "val": val_chars if val_corpus else train_chars - split_at},
+        **({"bpe_sample": sample} if sample else {}),
+    )
+
+
+def _split_at(
+    total: int, val_total: int, corpora: list[str], val_corpus: str | None, val_fraction: float
+) -> int:
+    """How many of the corpora's ``total`` characters train: all of them with a validation
+    corpus (of ``val_total`` characters), else all but the last ``val_fraction`` (the cut of
+    :func:`~qkv.data.text.split_train_val`).
+
+    Raises:
+        QkvError: a split left empty.
+    """
     if total == 0:
         raise QkvError(f"corpus {', '.join(corpora)} is empty")
     split_at = total if val_corpus else int(total * (1 - val_fraction))  # split_train_val's cut
     if split_at == 0 or (not val_corpus and split_at == total):
         raise QkvError(f"a corpus of {total} characters leaves a split empty at val_fraction {val_fraction}")
-    if val_corpus and sum(counts[len(files) :]) == 0:
+    if val_corpus and val_total == 0:
         raise QkvError(f"validation corpus {val_corpus} is empty")
-    if "scan" not in prep.state:  # the first write: every refusal above left nothing behind
-        prep.save(scan={"chars_per_file": counts, "vocabulary": chars})
-    sample = None
-    tok: CharTokenizer | SubwordTokenizer
-    if tokenizer == "char":
-        tok = CharTokenizer(chars)
-        codes = np.array([ord(c) for c in chars], dtype=np.uint32)
-        encode: Callable[[str], np.ndarray] = lambda text: np.searchsorted(codes, _char_codes(text))  # noqa: E731
-    elif "bpe_sample" in prep.state:  # resumed: the merges learnt before
-        tok, sample = SubwordTokenizer.load(prep.out / "tokenizer.json"), prep.state["bpe_sample"]
-    else:
-        paragraphs, sample = _paragraph_sample(files, split_at, bpe_sample_chars, seed, progress)
-        tok = SubwordTokenizer.train(paragraphs, vocab_size, byte_level=True)
-        del paragraphs
-        tok.save(prep.out / "tokenizer.json")
-        prep.save(bpe_sample=sample)
+    return split_at
+
+
+def _text_tokenizer(
+    prep: _Preparation,
+    kind: str,
+    chars: list[str],
+    files: list[Path],
+    split_at: int,
+    vocab_size: int,
+    sample_chars: int,
+    seed: int,
+    progress: bool,
+) -> tuple[CharTokenizer | SubwordTokenizer, dict | None]:
+    """The tokenizer of a text preparation and, for BPE, the record of the sample its merges
+    were learnt from (``None`` for characters). BPE is trained once, on the first
+    ``split_at`` characters' paragraphs (:func:`_paragraph_sample`), and saved with the record
+    before anything is tokenized; a resumed preparation loads it back."""
+    if kind == "char":
+        return CharTokenizer(chars), None
+    if "bpe_sample" in prep.state:  # resumed: the merges learnt before
+        return SubwordTokenizer.load(prep.out / "tokenizer.json"), prep.state["bpe_sample"]
+    paragraphs, sample = _paragraph_sample(files, split_at, sample_chars, seed, progress)
+    tok = SubwordTokenizer.train(paragraphs, vocab_size, byte_level=True)
+    del paragraphs
+    tok.save(prep.out / "tokenizer.json")
+    prep.save(bpe_sample=sample)
+    return tok, sample
+
+
+def _text_encoder(tok: CharTokenizer | SubwordTokenizer, chars: list[str]) -> Callable[[str], np.ndarray]:
+    """Text → the ids ``tok`` gives it, for a chunk at a time: characters by their place among
+    the sorted code points of ``chars``; BPE on the pieces between safe cuts, in one batch."""
     if isinstance(tok, SubwordTokenizer):
         bpe = tok
 
@@ -353,7 +407,24 @@ def prepare_lm(
             pieces = [p for p in _SAFE_CUT.split(text) if p]
             return np.fromiter((i for row in bpe.encode_batch(pieces) for i in row), dtype=np.int64)
 
-    writers = prep.writers(tok.vocab_size, shard_tokens)
+        return encode
+    codes = np.array([ord(c) for c in chars], dtype=np.uint32)
+    return lambda text: np.searchsorted(codes, _char_codes(text))
+
+
+def _tokenize_text(
+    prep: _Preparation,
+    writers: dict[str, SplitWriter],
+    files: list[Path],
+    val_files: list[Path],
+    split_at: int,
+    encode: Callable[[str], np.ndarray],
+    progress: bool,
+) -> None:
+    """The second pass: every chunk from where the preparation stands, encoded into the
+    training split up to character ``split_at`` and into the validation split after it (or
+    from ``val_files``); each file starts a new sequence. Records the position whenever a
+    shard is completed."""
     train, val = writers["train"], writers["val"]
     position = prep.state.get("position", {"file": 0, "offset": 0, "chars": 0})
     file, offset, chars_seen = position["file"], position["offset"], position["chars"]
@@ -371,14 +442,6 @@ def prepare_lm(
             chars_seen += len(text)
         if prep.due(writers):
             prep.checkpoint(writers, position={"file": f, "offset": end, "chars": chars_seen})
-    val_chars = sum(counts[len(files) :]) if val_corpus else total - split_at
-    return prep.finish(
-        "lm",
-        tok,
-        writers,
-        chars={"train": split_at, "val": val_chars},
-        **({"bpe_sample": sample} if sample else {}),
-    )
 
 
 def _residue_table() -> np.ndarray:
@@ -419,10 +482,8 @@ def prepare_protein_mlm(
         QkvError: a missing or unreadable file, an ``out`` that is not empty (unless it holds
             this very preparation unfinished), a split left empty, bad settings.
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
-    if shard_tokens < 1:
-        raise QkvError("shard_tokens must be >= 1")
+    _check_val_fraction(val_fraction)
+    _check_sizes(shard_tokens=shard_tokens)
     files = [Path(f) for f in fastas] if fastas else pretraining_files()
     settings = {
         "fastas": [str(f) for f in fastas] or "uniprot+refseq",
@@ -432,8 +493,33 @@ def prepare_protein_mlm(
     }
     prep = _Preparation(Path(out), settings, files)
     tok = AminoAcidTokenizer()
-    table = _residue_table()
     writers = prep.writers(tok.vocab_size, shard_tokens, sort_train=True)
+    stats = _tokenize_fasta(prep, writers, files, val_fraction, dedup, progress)
+    if stats["skipped"]:
+        logger.warning(f"skipped {stats['skipped']:,} empty or non-protein record(s)")
+    return prep.finish(
+        "protein-mlm",
+        tok,
+        writers,
+        records=stats,
+        specials=len(PROTEIN_SPECIALS),
+    )
+
+
+def _tokenize_fasta(
+    prep: _Preparation,
+    writers: dict[str, SplitWriter],
+    files: list[Path],
+    val_fraction: float,
+    dedup: bool,
+    progress: bool,
+) -> dict[str, int]:
+    """Every record from where the preparation stands into its split (by :func:`held_out`),
+    unusable records and (``dedup``) repeated sequences counted and left out; records read
+    before are read again only to rebuild the digests of the sequences seen. Records the
+    position whenever a shard is completed. Returns the counts of records read, skipped and
+    duplicated."""
+    table = _residue_table()
     stats = prep.state.get("stats", {"records": 0, "skipped": 0, "duplicates": 0})
     position = prep.state.get("position", {"file": 0, "record": 0})
     seen: set[bytes] = set()
@@ -447,12 +533,7 @@ def prepare_protein_mlm(
             for n, (rec_id, seq, read) in enumerate(_fasta_records(path), 1):
                 bar.update(read - last)
                 last = read
-                residues = seq.strip().encode("ascii", "replace")
-                if residues.endswith(b"*"):
-                    residues = residues[:-1]
-                ids = table[np.frombuffer(residues, dtype=np.uint8)]
-                valid = bool(rec_id) and len(ids) > 0 and not (ids == 255).any()
-                digest = hashlib.blake2b(residues.upper(), digest_size=8).digest() if valid and dedup else b""
+                ids, valid, digest = _residues(rec_id, seq, table, dedup)
                 if f < position["file"] or n <= skip:  # done before: only the digests are rebuilt
                     if digest:
                         seen.add(digest)
@@ -469,12 +550,17 @@ def prepare_protein_mlm(
                 writers["val" if held_out(rec_id, val_fraction) else "train"].add(ids)
                 if prep.due(writers):
                     prep.checkpoint(writers, position={"file": f, "record": n}, stats=stats)
-    if stats["skipped"]:
-        logger.warning(f"skipped {stats['skipped']:,} empty or non-protein record(s)")
-    return prep.finish(
-        "protein-mlm",
-        tok,
-        writers,
-        records=stats,
-        specials=len(PROTEIN_SPECIALS),
-    )
+    return stats
+
+
+def _residues(rec_id: str, seq: str, table: np.ndarray, dedup: bool) -> tuple[np.ndarray, bool, bytes]:
+    """A record's residue ids (a final ``*`` dropped), whether it is usable (an id, at least one
+    residue, only amino acids) and, for a usable record when ``dedup``, its sequence's digest
+    (upper case; ``b""`` otherwise)."""
+    residues = seq.strip().encode("ascii", "replace")
+    if residues.endswith(b"*"):
+        residues = residues[:-1]
+    ids = table[np.frombuffer(residues, dtype=np.uint8)]
+    valid = bool(rec_id) and len(ids) > 0 and not (ids == 255).any()
+    digest = hashlib.blake2b(residues.upper(), digest_size=8).digest() if valid and dedup else b""
+    return ids, valid, digest

@@ -2,13 +2,17 @@
 and the same page standalone (:func:`show`: inline in Jupyter, or one HTML file).
 
 Model code never imports this package; it imports the models, so inspection can change
-without touching the paper's modules.
+without touching the paper's modules. The explainer of a run directory is its recipe's:
+:func:`qkv.recipes.loading.load_explainer` loads it (``qkv.explain.load_explainer`` still
+answers, deprecated, see :mod:`qkv.explain.loader`).
 """
+
+from typing import Any
 
 from .capture import capture_steps
 from .explainers import AttentionMap, DecodingOptions, Explanation
 from .labels import merge_attention, piece_labels, word_groups
-from .loader import load_explainer
+from .loader import MOVED, moved
 from .rollout import attention_rollout
 from .standalone import ExplainerPage, show
 
@@ -19,9 +23,14 @@ __all__ = [
     "DecodingOptions",
     "ExplainerPage",
     "Explanation",
-    "load_explainer",
     "merge_attention",
     "piece_labels",
     "show",
     "word_groups",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in MOVED:  # qkv.explain.load_explainer, deprecated
+        return moved(name, f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

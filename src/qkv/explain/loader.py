@@ -1,30 +1,35 @@
-"""Which explainer a run directory gets: the one its recipe names
-(:attr:`qkv.recipes.base.Recipe.explainer`)."""
+"""Deprecated: ``load_explainer`` moved to :mod:`qkv.recipes.loading`.
+
+The explainer of a run directory is the one its recipe names, and this package sits below the
+recipes (they import its explainers), so picking one is the recipes' layer's job. Until it is
+removed, ``qkv.explain.loader.load_explainer`` and ``qkv.explain.load_explainer`` still answer,
+with a ``DeprecationWarning``.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+import warnings
+from typing import Any
 
-import torch
-
-from ..errors import QkvError
-from .explainers import DEFAULT_MAX_CHARS, Explainer
+MOVED = {"load_explainer"}
+"""The names that moved to :mod:`qkv.recipes.loading`."""
 
 
-def load_explainer(
-    run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
-) -> Explainer:
-    """The explainer for a run directory of any qkv model family (a ``vit`` run gets an
-    :class:`~qkv.explain.vision.ImageExplainer`, which takes images instead of text).
+def moved(name: str, old: str, stacklevel: int = 3) -> Any:
+    """The object ``name`` from :mod:`qkv.recipes.loading`, with a ``DeprecationWarning``
+    naming ``old`` (the spelling the caller used) and the new one.
 
-    Raises:
-        QkvError: a missing or incomplete run directory, or one of a kind this version does
-            not know.
-    """
-    if not Path(run_dir).is_dir():
-        raise QkvError(f"run directory not found: {run_dir}")
-    # Imported here: the recipes import this package's explainers, and this package's
-    # __init__ imports this module.
-    from ..recipes.registry import kind_of
+    The module is imported by name when asked for (``importlib``, not an import statement):
+    this package sits below the recipes, and this deprecated forward is the one way up, listed
+    in ``tests/test_imports.py`` until it is removed."""
+    warnings.warn(
+        f"{old} is deprecated: use qkv.recipes.loading.{name}", DeprecationWarning, stacklevel=stacklevel
+    )
+    return getattr(importlib.import_module("qkv.recipes.loading"), name)
 
-    return kind_of(run_dir).explainer(run_dir, device=device, max_chars=max_chars)
+
+def __getattr__(name: str) -> Any:
+    if name in MOVED:
+        return moved(name, f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

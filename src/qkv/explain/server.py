@@ -180,19 +180,32 @@ def create_app(explainer: Explainer) -> FastAPI:
         openapi_url="/openapi.json",
         default_response_class=SafeJSONResponse,
     )
-    lock = threading.Lock()
+    lock = threading.Lock()  # one request at a time: see the module docstring
+    _add_guards(app)
+    _add_page(app, explainer)
+    _add_text_api(app, explainer, lock)
+    _add_image_api(app, explainer, lock)
+    # StaticFiles resolves paths inside STATIC_DIR only: "..", encoded or not, gets a 404.
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
 
-    def too_large(size: str, cap: int) -> JSONResponse:
-        return SafeJSONResponse(
-            {"detail": f"request body too large: {size} bytes, the cap is {cap}"}, status_code=413
-        )
+
+def _too_large(size: str, cap: int) -> JSONResponse:
+    return SafeJSONResponse(
+        {"detail": f"request body too large: {size} bytes, the cap is {cap}"}, status_code=413
+    )
+
+
+def _add_guards(app: FastAPI) -> None:
+    """What every request goes through: the body cap (by Content-Length, before the body is
+    read), the security headers, and errors turned into one-line JSON answers."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         length = request.headers.get("content-length")
         cap = MAX_IMAGE_BYTES if request.url.path.startswith(IMAGE_API) else MAX_BODY_BYTES
         if length is not None and length.isdigit() and int(length) > cap:
-            return too_large(length, cap)
+            return _too_large(length, cap)
         response = await call_next(request)
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
@@ -208,37 +221,52 @@ def create_app(explainer: Explainer) -> FastAPI:
     async def invalid_request(request: Request, exc: RequestValidationError):
         return SafeJSONResponse({"detail": validation_message(exc.errors())}, status_code=422)
 
+
+def _check_input_kind(explainer: Explainer, want: str) -> None:
+    """Refuse a request for the other kind of input, saying where this model's input goes."""
+    if explainer.input_kind != want:
+        images = explainer.input_kind == "image"
+        where = "POST the image file to /api/image/explain" if images else "POST JSON to /api/explain"
+        raise QkvError(f"this {explainer.family} model takes {explainer.input_kind} input: {where}")
+
+
+def _add_page(app: FastAPI, explainer: Explainer) -> None:
+    """``GET /`` (the page) and ``GET /api/info`` (the model, for the page's controls)."""
+    images = explainer.input_kind == "image"
+
     @app.get("/", response_class=HTMLResponse)
     def index():
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
-
-    images = explainer.input_kind == "image"
-
-    def check_input_kind(want: str) -> None:
-        if explainer.input_kind != want:
-            where = "POST the image file to /api/image/explain" if images else "POST JSON to /api/explain"
-            raise QkvError(f"this {explainer.family} model takes {explainer.input_kind} input: {where}")
 
     @app.get("/api/info")
     def info():
         return {**explainer.info(), "max_upload_bytes": MAX_IMAGE_BYTES} if images else explainer.info()
 
+
+def _add_text_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> None:
+    """``POST /api/explain`` and ``POST /api/steps``: text input, JSON bodies."""
+
     @app.post("/api/explain", responses=ERROR_RESPONSES)
     def explain(body: ExplainRequest):
-        check_input_kind("text")
+        _check_input_kind(explainer, "text")
         with lock:
             return explainer.explain(body.text, body.options(), body.merge_words).to_dict()
 
     @app.post("/api/steps", responses=ERROR_RESPONSES)
     def steps(body: StepsRequest):
-        check_input_kind("text")
+        _check_input_kind(explainer, "text")
         with lock:
             return explainer.steps(body.text, body.kind, body.layer, body.head, body.options())
+
+
+def _add_image_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> None:
+    """The ``/api/image/`` endpoints of a ViT run: test-set examples, and explain and steps on
+    an uploaded image (the raw body) or an example."""
 
     async def image_input(request: Request, example: int | None) -> bytes | int:
         """The uploaded bytes (read up to the cap, whatever Content-Length said), or the
         index of a test image."""
-        check_input_kind("image")
+        _check_input_kind(explainer, "image")
         data, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -260,9 +288,9 @@ def create_app(explainer: Explainer) -> FastAPI:
 
     @app.get(IMAGE_API + "examples", responses={422: ERROR_RESPONSES[422]})
     def image_examples():  # a plain def: FastAPI runs it on a worker thread
-        check_input_kind("image")
+        _check_input_kind(explainer, "image")
         with lock:
-            # check_input_kind passed: only an ImageExplainer takes image input.
+            # _check_input_kind passed: only an ImageExplainer takes image input.
             return {"examples": cast("ImageExplainer", explainer).examples()}
 
     @app.post(IMAGE_API + "explain", responses=IMAGE_ERRORS, openapi_extra=IMAGE_BODY)
@@ -279,10 +307,6 @@ def create_app(explainer: Explainer) -> FastAPI:
     ):
         image = await image_input(request, example)
         return await locked(explainer.steps, image, "encoder", layer, head)
-
-    # StaticFiles resolves paths inside STATIC_DIR only: "..", encoded or not, gets a 404.
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    return app
 
 
 def serve(

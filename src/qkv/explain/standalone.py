@@ -19,9 +19,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import importlib
 import io
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +91,7 @@ class ExplainerPage:
 
 
 def show(
-    run_or_model: str | Path | Explainer,
+    run_or_model: Explainer | str | Path,
     input: Any = None,
     *,
     pair: str | None = None,
@@ -100,12 +102,14 @@ def show(
     device: torch.device | str = "cpu",
     **decoding: Any,
 ) -> ExplainerPage:
-    """The explainer page of one input, self-contained: ``show(run_dir, "Ein Mann liest.")``
+    """The explainer page of one input, self-contained: ``show(explainer, "Ein Mann liest.")``
     as the last line of a notebook cell draws it; ``.save("page.html")`` writes it.
 
     Args:
-        run_or_model: a run directory of any qkv model (trained or converted), or an explainer
-            already loaded with :func:`~qkv.explain.load_explainer` (faster for many inputs).
+        run_or_model: an explainer (:func:`qkv.recipes.loading.load_explainer` loads the one of
+            a run directory, trained or converted). A run directory itself is deprecated here:
+            :func:`qkv.recipes.loading.show` takes one (this function still forwards it there,
+            with a ``DeprecationWarning``).
         input: what the model reads. Text runs: a string (a sentence to translate, a prompt,
             a protein sequence, a sentence). A sentence encoder (a converted MiniLM or BERT, a
             ``text-cls`` run) also takes a pair, as ``pair=`` (below), as a tuple
@@ -118,40 +122,71 @@ def show(
             attention across both (BERT's ``[CLS] first [SEP] second [SEP]``).
         options: decoding of translation and LM runs (beam size; temperature, top-k, top-p,
             seed, max_new_tokens); ``**decoding``: the same fields as keywords
-            (``show(run, "ROMEO:", temperature=0)``), overriding ``options``.
+            (``show(explainer, "ROMEO:", temperature=0)``), overriding ``options``.
         max_tokens: text inputs longer than this many tokens (special tokens included) are
             cut to fit before the model runs, and the page says so. A ViT reads its whole
             image (``1 + grid²`` tokens).
         merge_words: subword models: attention between words rather than pieces (the
             step-through is always on pieces, as the model computes it).
         height: the notebook iframe's height in pixels.
-        device: where a run directory's model is loaded.
+        device: where a (deprecated) run directory's model is loaded.
 
     Returns:
         an :class:`ExplainerPage` (``_repr_html_`` for Jupyter, ``.save(path)``, ``.html``).
 
     Raises:
-        QkvError: a missing or unknown run, an empty input, an input of the wrong kind (an
-            image for a text run, a pair for a model that is not a sentence encoder), an
-            unknown decoding keyword, ``max_tokens`` < 1 or ``height`` < 100; as the
-            explainer for an input the model cannot read.
+        QkvError: an empty input, an input of the wrong kind (an image for a text run, a pair
+            for a model that is not a sentence encoder), an unknown decoding keyword,
+            ``max_tokens`` < 1 or ``height`` < 100; as the explainer for an input the model
+            cannot read.
+    """
+    if not isinstance(run_or_model, Explainer):
+        return _show_run(
+            run_or_model,
+            input,
+            pair=pair,
+            options=options,
+            max_tokens=max_tokens,
+            merge_words=merge_words,
+            height=height,
+            device=device,
+            **decoding,
+        )
+    options = page_settings(options, max_tokens, height, decoding)
+    data = page_data(
+        run_or_model, input, pair=pair, options=options, max_tokens=max_tokens, merge_words=merge_words
+    )
+    return ExplainerPage(render_page(data), data["explanation_object"], data["notes"], height)
+
+
+def page_settings(
+    options: DecodingOptions | None, max_tokens: int, height: int, decoding: dict[str, Any]
+) -> DecodingOptions:
+    """The decoding options of a page (``options`` with the keywords ``decoding`` applied),
+    after checking the page's settings.
+
+    Raises:
+        QkvError: ``max_tokens`` < 1, ``height`` < 100 or an unknown decoding keyword.
     """
     if max_tokens < 1:
         raise QkvError(f"max_tokens must be >= 1 (got {max_tokens})")
     if height < 100:
         raise QkvError(f"height must be >= 100 pixels (got {height})")
-    options = _decoding(options, decoding)
-    if isinstance(run_or_model, Explainer):
-        explainer = run_or_model
-    else:
-        from .loader import load_explainer
+    return _decoding(options, decoding)
 
-        # max_tokens caps the input; a character cap on top would only cut it twice
-        explainer = load_explainer(run_or_model, device, max_chars=UNCAPPED_CHARS)
-    data = page_data(
-        explainer, input, pair=pair, options=options, max_tokens=max_tokens, merge_words=merge_words
+
+def _show_run(run_dir: str | Path, input: Any, **kwargs: Any) -> ExplainerPage:
+    """Deprecated: :func:`show` of a run directory, forwarded to
+    :func:`qkv.recipes.loading.show` (the recipe of a run picks its explainer, and this package
+    sits below the recipes). Imported by name when called, so that the one reach upwards is
+    this deprecated forward, listed in ``tests/test_imports.py`` until it is removed."""
+    warnings.warn(
+        "qkv.explain.show(run_dir, ...) is deprecated: call qkv.recipes.loading.show(run_dir, ...), "
+        "or pass show an explainer (qkv.recipes.loading.load_explainer(run_dir))",
+        DeprecationWarning,
+        stacklevel=3,  # show's caller
     )
-    return ExplainerPage(render_page(data), data["explanation_object"], data["notes"], height)
+    return importlib.import_module("qkv.recipes.loading").show(run_dir, input, **kwargs)
 
 
 def _decoding(options: DecodingOptions | None, decoding: dict[str, Any]) -> DecodingOptions:

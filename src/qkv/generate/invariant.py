@@ -55,7 +55,6 @@ def per_query_attention(
     return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
 
 
-
 def register() -> None:
     """Make :func:`per_query_attention` available as ``backend="invariant"`` (registering it
     again replaces it with itself)."""

@@ -76,6 +76,33 @@ def generate_tokens(
         QkvError: ``max_new_tokens`` < 1, an empty prompt, or meaningless sampling settings.
         ValueError: a token id outside the model's vocabulary.
     """
+    _check_request(model, prompts, max_new_tokens, do_sample, temperature, top_k, top_p)
+    max_len = model.config.max_len
+    keep = max(1, (3 * max_len) // 4)  # window kept when the context is full
+    rows = _Rows(model, prompts, set(stop_tokens), stop)
+    logits = rows.prefill(max_len)
+    for step in range(max_new_tokens):
+        next_ids = choose_next(logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
+        emitted = rows.append(next_ids.tolist())
+        if on_tokens is not None:
+            on_tokens(emitted)
+        if rows.finished or step == max_new_tokens - 1:
+            break
+        # prefill is called from here only: its warning's stacklevel counts this frame
+        logits = rows.prefill(keep) if rows.cache_full else rows.feed(next_ids)
+    return rows.new
+
+
+def _check_request(
+    model: DecoderLM,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+) -> None:
+    """Refuse what :func:`generate_tokens` cannot do, before the model runs."""
     if max_new_tokens < 1:
         raise QkvError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -85,18 +112,31 @@ def generate_tokens(
     # The model's forward does not check ids (no host syncs there): check the user's once here.
     assert model.config.vocab_size is not None  # DecoderLM.__init__ required it
     check_token_ids(torch.tensor([i for p in prompts for i in p]), model.config.vocab_size)
-    device = next(model.parameters()).device
-    max_len = model.config.max_len
-    keep = max(1, (3 * max_len) // 4)  # window kept when the context is full
-    seqs = [list(p) for p in prompts]
-    new: list[list[int]] = [[] for _ in seqs]
-    done = [False] * len(seqs)
-    stop_set = set(stop_tokens)
-    warned = False
 
-    def prefill(window: int):
-        nonlocal warned
-        if not warned and any(len(s) > window for s in seqs):
+
+class _Rows:
+    """The rows :func:`generate_tokens` continues: each one's ids so far (prompt and new), its
+    new ids and whether it has ended, and the model's key/value caches and padding mask."""
+
+    def __init__(
+        self,
+        model: DecoderLM,
+        prompts: Sequence[Sequence[int]],
+        stop_tokens: set[int],
+        stop: Callable[[int, list[int]], bool] | None,
+    ) -> None:
+        self.model, self.stop_tokens, self.stop = model, stop_tokens, stop
+        self.device = next(model.parameters()).device
+        self.seqs = [list(p) for p in prompts]
+        self.new: list[list[int]] = [[] for _ in self.seqs]
+        self.done = [False] * len(self.seqs)
+        self.warned = False
+
+    def prefill(self, window: int) -> torch.Tensor:
+        """Run the last ``window`` ids of every row (left-padded) through the model into new
+        caches, warning once when a row is longer; the next-token logits ``(B, V)``."""
+        max_len = self.model.config.max_len
+        if not self.warned and any(len(s) > window for s in self.seqs):
             warnings.warn(
                 f"context longer than the model's max_len ({max_len} tokens): using a "
                 f"sliding window of the last {window} tokens",
@@ -104,37 +144,42 @@ def generate_tokens(
                 # its @torch.inference_mode() wrapper
                 stacklevel=4,
             )
-            warned = True
-        tokens, mask = _left_pad([s[-window:] for s in seqs], device)
-        caches = model.new_caches()
-        logits = model(tokens, attention_mask=mask, caches=caches, last_only=True).logits[:, -1]
-        return logits, caches, mask
+            self.warned = True
+        tokens, self.mask = _left_pad([s[-window:] for s in self.seqs], self.device)
+        self.caches = self.model.new_caches()
+        return self.model(tokens, attention_mask=self.mask, caches=self.caches, last_only=True).logits[:, -1]
 
-    logits, caches, mask = prefill(max_len)
-    for step in range(max_new_tokens):
-        next_ids = choose_next(logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
-        ids = next_ids.tolist()
+    def append(self, ids: list[int]) -> list[int | None]:
+        """Add one id to each row still going, ending a row at a stop token or when ``stop``
+        says so; the ids added (``None`` for rows that had ended)."""
         emitted: list[int | None] = []
         for i, tok in enumerate(ids):
-            if done[i]:
+            if self.done[i]:
                 emitted.append(None)
                 continue
-            seqs[i].append(tok)
-            new[i].append(tok)
+            self.seqs[i].append(tok)
+            self.new[i].append(tok)
             emitted.append(tok)
-            if tok in stop_set or (stop is not None and stop(i, new[i])):
-                done[i] = True
-        if on_tokens is not None:
-            on_tokens(emitted)
-        if all(done) or step == max_new_tokens - 1:
-            break
-        if caches[0].length >= max_len:
-            logits, caches, mask = prefill(keep)
-            continue
-        if mask is not None:
-            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)  # (B, L + 1)
-        logits = model(next_ids[:, None], attention_mask=mask, caches=caches, last_only=True).logits[:, -1]
-    return new
+            if tok in self.stop_tokens or (self.stop is not None and self.stop(i, self.new[i])):
+                self.done[i] = True
+        return emitted
+
+    @property
+    def finished(self) -> bool:
+        return all(self.done)
+
+    @property
+    def cache_full(self) -> bool:
+        return self.caches[0].length >= self.model.config.max_len
+
+    def feed(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """One new id per row ``(B,)`` through the model, reusing the caches; the next-token
+        logits ``(B, V)``."""
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.size(0), 1)], dim=1)  # (B, L + 1)
+        return self.model(
+            next_ids[:, None], attention_mask=self.mask, caches=self.caches, last_only=True
+        ).logits[:, -1]
 
 
 class TextGenerator:
@@ -239,39 +284,20 @@ class TextGenerator:
             QkvError: as :func:`generate_tokens` and :meth:`encode_prompt`, or a seed outside
                 that range.
         """
-        tok = self.tokenizer
         if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
             raise QkvError(f"seed must be an integer in [-2**63, 2**64) (got {seed})")
         ids = [self.encode_prompt(p) for p in prompts]
         generator = None
         if seed is not None:
             generator = torch.Generator(device=next(self.model.parameters()).device).manual_seed(seed)
-        texts = ["" for _ in prompts]
-        shown = [0] * len(prompts)
-        hold = max((len(s) for s in stop), default=1) - 1
         eos = [] if self.model.config.eos_id is None else [self.model.config.eos_id]
-
-        def cut(i: int, new_ids: list[int]) -> bool:
-            texts[i] = tok.decode(new_ids)
-            hits = [texts[i].find(s) for s in stop if s and s in texts[i]]
-            if hits:
-                texts[i] = texts[i][: min(hits)]
-                return True
-            return False
-
+        texts = _StopAndStream(self.tokenizer, len(prompts), stop, stream, eos)
         stats = DecodeStats(items=len(prompts))
 
         def on_tokens(emitted):
             stats.first_token()
-            if stream is None:
-                return
-            for i, t in enumerate(emitted):
-                if t is None and shown[i] >= len(texts[i]):
-                    continue
-                end = len(texts[i]) if t is None or t in eos else max(shown[i], len(texts[i]) - hold)
-                if end > shown[i]:
-                    stream(i, texts[i][shown[i] : end])
-                    shown[i] = end
+            if stream is not None:
+                texts.show(emitted)
 
         # Decoding every step is needed only to find stop strings or to stream text.
         per_step = bool(stop) or stream is not None
@@ -284,19 +310,17 @@ class TextGenerator:
             top_k,
             top_p,
             stop_tokens=eos,
-            stop=cut if per_step else None,
+            stop=texts.cut if per_step else None,
             generator=generator,
             on_tokens=on_tokens,
         )
         stats.new_tokens = sum(map(len, new))
         self.last_stats = stats.stop()
         if not per_step:
-            return [tok.decode(n) for n in new]
+            return [self.tokenizer.decode(n) for n in new]
         if stream is not None:
-            for i, text in enumerate(texts):
-                if len(text) > shown[i]:
-                    stream(i, text[shown[i] :])
-        return texts
+            texts.show_rest()
+        return texts.texts
 
     @torch.no_grad()
     def next_token_probs(
@@ -322,3 +346,52 @@ class TextGenerator:
             (self.tokenizer.id_to_token(i), p)
             for i, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
         ]
+
+
+class _StopAndStream:
+    """What :meth:`TextGenerator.generate` does with each row's new ids as they come: decode
+    them to find the stop strings (the text is cut before the first), and pass the new text to
+    ``stream``, holding back the end that could still be the start of a stop string."""
+
+    def __init__(
+        self,
+        tokenizer,
+        rows: int,
+        stop: Sequence[str],
+        stream: Callable[[int, str], None] | None,
+        eos: list[int],
+    ) -> None:
+        self.tokenizer, self.stop, self.stream, self.eos = tokenizer, stop, stream, eos
+        self.texts = ["" for _ in range(rows)]
+        self.shown = [0] * rows
+        self.hold = max((len(s) for s in stop), default=1) - 1
+
+    def cut(self, i: int, new_ids: list[int]) -> bool:
+        """Decode row ``i``'s new ids; whether they hold a stop string (the text is then cut)."""
+        texts = self.texts
+        texts[i] = self.tokenizer.decode(new_ids)
+        hits = [texts[i].find(s) for s in self.stop if s and s in texts[i]]
+        if hits:
+            texts[i] = texts[i][: min(hits)]
+            return True
+        return False
+
+    def show(self, emitted: list[int | None]) -> None:
+        """Stream what each row has gained since it was last shown (all of it once the row has
+        ended)."""
+        assert self.stream is not None
+        texts, shown = self.texts, self.shown
+        for i, t in enumerate(emitted):
+            if t is None and shown[i] >= len(texts[i]):
+                continue
+            end = len(texts[i]) if t is None or t in self.eos else max(shown[i], len(texts[i]) - self.hold)
+            if end > shown[i]:
+                self.stream(i, texts[i][shown[i] : end])
+                shown[i] = end
+
+    def show_rest(self) -> None:
+        """At the end: stream what each row held back."""
+        assert self.stream is not None
+        for i, text in enumerate(self.texts):
+            if len(text) > self.shown[i]:
+                self.stream(i, text[self.shown[i] :])

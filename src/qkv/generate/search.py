@@ -145,26 +145,10 @@ def beam_search(
         is_eos = tok == cfg.eos_id
         # The host reads the step's results at most twice (finished hypotheses, then the best
         # live scores that decide when a sentence is done), not once per sentence and beam.
-        hits = is_eos[:, :k].nonzero().tolist()
-        if hits:
-            hit_scores, hit_rows = top_scores.tolist(), (base + beam_idx).tolist()
-            for bi, ci in hits:
-                if not done[bi] and hit_scores[bi][ci] > float("-inf"):
-                    hyp = seqs[hit_rows[bi][ci]].tolist()
-                    finished[bi].append((hit_scores[bi][ci] / length_penalty(len(hyp) + 1, alpha), hyp))
+        _keep_finished(finished, done, is_eos[:, :k], top_scores, base, beam_idx, seqs, alpha)
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         scores, pick = live_scores.topk(k, dim=-1)  # (B, K)
-        best_live = scores[:, 0].tolist()
-        for bi in range(b):
-            # Done only when no live beam beats the worst kept finished hypothesis: stopping at
-            # beam_size finished ones would let junk beams end the search before the best one.
-            finished[bi] = sorted(finished[bi], key=lambda x: x[0], reverse=True)[:k]
-            if (
-                not done[bi]
-                and len(finished[bi]) >= k
-                and best_live[bi] / length_penalty(t + 1, alpha) <= finished[bi][-1][0]
-            ):
-                done[bi] = True
+        _mark_done(finished, done, scores[:, 0].tolist(), k, t, alpha)
         if all(done):
             break
         rows = (base + beam_idx.gather(1, pick)).view(-1)  # (B*K,) rows of the previous step
@@ -172,14 +156,68 @@ def beam_search(
         seqs = torch.cat([seqs.index_select(0, rows), token], dim=1)
         for self_cache, _cross_cache in caches:  # a sentence's beams share one source: no reorder
             self_cache.reorder(rows)
+    return [_strip(best, cfg.eos_id, cfg.pad_id) for best in _winners(finished, scores, seqs, alpha)]
+
+
+def _keep_finished(
+    finished: list[list[tuple[float, list[int]]]],
+    done: list[bool],
+    is_eos: torch.Tensor,
+    top_scores: torch.Tensor,
+    base: torch.Tensor,
+    beam_idx: torch.Tensor,
+    seqs: torch.Tensor,
+    alpha: float,
+) -> None:
+    """Add to ``finished`` each candidate among a sentence's top ``K`` that ends in ``eos``
+    (``is_eos (B, K)``), scored ``log p / lp``, unless its sentence is done or it is impossible.
+
+    Shape: ``top_scores (B, 2K)``, ``beam_idx (B, 2K)`` (each candidate's beam), ``base (B, 1)``
+    (each sentence's first row), ``seqs (B*K, T)``."""
+    hits = is_eos.nonzero().tolist()
+    if hits:
+        hit_scores, hit_rows = top_scores.tolist(), (base + beam_idx).tolist()
+        for bi, ci in hits:
+            if not done[bi] and hit_scores[bi][ci] > float("-inf"):
+                hyp = seqs[hit_rows[bi][ci]].tolist()
+                finished[bi].append((hit_scores[bi][ci] / length_penalty(len(hyp) + 1, alpha), hyp))
+
+
+def _mark_done(
+    finished: list[list[tuple[float, list[int]]]],
+    done: list[bool],
+    best_live: list[float],
+    k: int,
+    t: int,
+    alpha: float,
+) -> None:
+    """Keep each sentence's ``k`` best finished hypotheses, and mark it done once it holds
+    ``k`` and its best live score ``best_live`` (at step ``t``'s length) beats none of them."""
+    for bi in range(len(finished)):
+        # Done only when no live beam beats the worst kept finished hypothesis: stopping at
+        # beam_size finished ones would let junk beams end the search before the best one.
+        finished[bi] = sorted(finished[bi], key=lambda x: x[0], reverse=True)[:k]
+        if (
+            not done[bi]
+            and len(finished[bi]) >= k
+            and best_live[bi] / length_penalty(t + 1, alpha) <= finished[bi][-1][0]
+        ):
+            done[bi] = True
+
+
+def _winners(
+    finished: list[list[tuple[float, list[int]]]], scores: torch.Tensor, seqs: torch.Tensor, alpha: float
+) -> list[list[int]]:
+    """Each sentence's best finished hypothesis, or, for one that hit the length limit
+    unfinished, its best live beam (``scores (B, K)``, ``seqs (B*K, T)``)."""
+    k = scores.size(1)
     results = []
-    for bi in range(b):
+    for bi in range(len(finished)):
         pool = finished[bi]
         if not pool:  # hit the length limit: fall back to live beams
             pool = [
                 (float(scores[bi, j]) / length_penalty(seqs.size(1), alpha), seqs[bi * k + j].tolist())
                 for j in range(k)
             ]
-        best = max(pool, key=lambda x: x[0])[1]
-        results.append(_strip(best, cfg.eos_id, cfg.pad_id))
+        results.append(max(pool, key=lambda x: x[0])[1])
     return results

@@ -26,14 +26,13 @@ from safetensors.torch import load_file, save_file
 from .. import runs
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..files import atomic_write, save_weights, write_json
+from ..files import atomic_write, save_weights, torch_load_refusal, write_json
 from ..models.config import EncoderConfig, LMConfig, ModelConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
 from ..models.model_types import for_config
 from ..models.transformer import Transformer
 from ..models.vit import VisionTransformer
-from ..train.checkpoint import torch_load_refusal
 from . import keymap
 from .families import Family, family_for, family_of
 

@@ -5,7 +5,7 @@ A recipe module (``qkv.recipes.translation``, ``qkv.recipes.lm``, ...) defines i
 class, its ``train`` and ``evaluate`` functions and its summary text, and exports one
 :class:`Recipe` that names them; :mod:`qkv.recipes.registry` collects those objects from real
 imports. The command line, :mod:`qkv.runs` (loading a run for inference) and
-:mod:`qkv.explain.loader` ask the registry, so adding a model family means writing its model
+:mod:`qkv.recipes.loading` ask the registry, so adding a model family means writing its model
 module and its recipe module and adding one line to the registry.
 """
 

@@ -16,12 +16,12 @@ from ..compat import check_format_version
 from ..device import resolve_device, resolve_precision
 from ..errors import ConfigError, QkvError
 from ..files import load_weights, save_weights, write_json
+from ..run_files import SNAPSHOTS, run_file
 from ..runs import run_header
 from ..settings import to_dict
 from ..train import distributed
 from ..train.adapters import LoraSettings, add_lora, merge_lora, save_adapters
 from ..train.checkpoint import check_state
-from ..train.run_files import SNAPSHOTS, run_file
 from ..train.settings import TrainSettings
 
 if TYPE_CHECKING:

@@ -34,11 +34,11 @@ from ..models.config import RNNConfig, TransformerConfig
 from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
 from ..models.rnn import RNNSeq2Seq
 from ..models.transformer import Transformer
+from ..run_files import run_file
 from ..runs import load_run
 from ..train.checkpoint import average_weights
 from ..train.loop import LoopState
 from ..train.losses import label_smoothed_nll
-from ..train.run_files import run_file
 from ..train.settings import TrainSettings
 from .base import Recipe
 from .common import require_at_least_one

@@ -8,7 +8,6 @@ The atomic writers of weights, JSON and text live in :mod:`qkv.files`; their old
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from safetensors.torch import save_file
 
 from .._deprecated import moved
 from ..errors import QkvError
-from ..files import atomic_write, read_safetensors
+from ..files import atomic_write, read_safetensors, torch_load_refusal
 
 
 def previous_state_path(path: Path) -> Path:
@@ -44,23 +43,6 @@ def save_state(state: dict, path: Path) -> None:
             shutil.copyfile(path, tmp)
         os.replace(tmp, prev)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
-
-
-def torch_load_refusal(exc: Exception) -> str:
-    """Why ``torch.load(weights_only=True)`` refused a file, as the end of a sentence whose
-    subject is the file ("is truncated", "holds a pickled ``module.Class``, ..."), in words that
-    never suggest loading it unsafely (PyTorch's own message advises ``weights_only=False``)."""
-    text = str(exc)
-    if "central directory" in text or isinstance(exc, EOFError):
-        return "is truncated"
-    if "mmap can only be used" in text or "zip archive" in text:
-        return "is not a PyTorch checkpoint"
-    if "Weights only load failed" in text or type(exc).__name__ == "UnpicklingError":
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-        what = f"a pickled {found.group(1)}" if found else "objects other than tensors and plain values"
-        return f"holds {what}, and qkv never unpickles code (save the tensors alone, e.g. as safetensors)"
-    line = (text.strip().splitlines() or [type(exc).__name__])[0]
-    return "cannot be read: " + line.split(" Re-running")[0][:200]
 
 
 _STATE_KEYS = ("optimizer", "loop")
@@ -141,5 +123,15 @@ def average_weights(paths: list[Path], out: Path) -> None:
 # names that moved to qkv.files (issue 42): importable from here for one more release
 __getattr__ = moved(
     __name__,
-    {n: "qkv.files" for n in ("atomic_write", "write_text", "write_json", "save_weights", "load_weights")},
+    {
+        n: "qkv.files"
+        for n in (
+            "atomic_write",
+            "write_text",
+            "write_json",
+            "save_weights",
+            "load_weights",
+            "torch_load_refusal",
+        )
+    },
 )

@@ -26,9 +26,9 @@ import torch
 from ..compat import upgrade_train_state
 from ..errors import QkvError
 from ..files import save_weights
+from ..run_files import remove_run_file, run_file, snapshot_name
 from . import distributed
 from .checkpoint import load_state, save_state
-from .run_files import remove_run_file, run_file, snapshot_name
 from .settings import TrainSettings
 
 

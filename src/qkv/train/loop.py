@@ -112,18 +112,7 @@ def train_loop(
     """
     run_dir = Path(run_dir)
     ctx = distributed.context()
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = Checkpointer(model, optimizer, run_dir, cfg, score_key, higher_is_better)
-    if resume:
-        state = checkpoints.resume()
-        logger.info(f"resumed at step {state.step} (epoch {state.epoch}, batch {state.batch_in_epoch})")
-    else:
-        state = LoopState()
-        # Rank r draws dropout from seed + r; the weights are rank 0's (DDP broadcasts them).
-        torch.manual_seed(cfg.seed + ctx.rank)
-        random.seed(cfg.seed + ctx.rank)
-        np.random.seed(cfg.seed + ctx.rank)
+    checkpoints, state = _start(model, optimizer, run_dir, cfg, score_key, higher_is_better, resume)
     if precision is None:
         precision = resolve_precision(cfg.precision, next(model.parameters()).device)[0]
     model.train()
@@ -139,63 +128,144 @@ def train_loop(
         elapsed_s=state.elapsed_s,
         stop_requested=lambda: stop.requested,
     )
-
-    in_step = stopping = False
     with stop, TrainMetrics(run_dir, cfg, state, resumed=resume, progress=progress) as metrics:
-        try:
-            if not resume:
-                checkpoints.save(state)  # from here on, a killed run can always be resumed
-            while not _out_of_budget(state, cfg):
-                epoch_batches = batches(state.epoch)
-                while state.batch_in_epoch < len(epoch_batches) and not _out_of_budget(state, cfg):
-                    group = epoch_batches[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps]
-                    if not step.takes(group):  # an epoch's short last group
-                        state.batch_in_epoch += len(group)
-                        continue
-                    in_step = True
-                    stats = step(group, state)
-                    state.batch_in_epoch += len(group)
-                    if stats.skipped:
-                        state.skipped_nonfinite += 1
-                        metrics.log({"step": state.step, "skipped_nonfinite": state.skipped_nonfinite})
-                        in_step = False
-                        continue
-                    state.step += 1
-                    state.elapsed_s = stats.elapsed
-                    in_step = False
-                    metrics.train_step(state, stats)
-                    if state.step % cfg.eval_every == 0:
-                        _validate(model, validate, state, metrics, checkpoints)
-                        checkpoints.save(state)
-                    if state.elapsed_s - state.last_snapshot_s >= cfg.snapshot_minutes * 60:
-                        checkpoints.snapshot(state)
-                        checkpoints.save(state)
-                    if stats.stop_requested:
-                        stopping = True
-                        checkpoints.save(state)
-                        logger.warning(f"stopped at step {state.step}; checkpoint saved in {run_dir}")
-                        raise KeyboardInterrupt(f"stopped by a signal at step {state.step}")
-                if state.batch_in_epoch >= len(epoch_batches):
-                    state.epoch += 1
-                    state.batch_in_epoch = 0
-            if state.step % cfg.eval_every != 0:
-                _validate(model, validate, state, metrics, checkpoints)
-            if not state.snapshots or not state.snapshots[-1].endswith(f"step_{state.step}.safetensors"):
-                checkpoints.snapshot(state)
-            checkpoints.save(state)
-        except KeyboardInterrupt:
-            # Between steps the state is whole and can be saved; within a step (a second
-            # signal) it is not, and with several processes they may be at different points:
-            # then the last checkpoint stands.
-            if not stopping and not in_step and not ctx.enabled:
-                logger.warning(f"interrupted at step {state.step}; saving {checkpoints.state_path}")
-                checkpoints.save(state)
-            elif in_step:
-                logger.warning(f"stopped within step {state.step + 1}; the last checkpoint stands")
-            raise
+        run = _Run(model, step, validate, cfg, run_dir, state, metrics, checkpoints, several=ctx.enabled)
+        run.until_out_of_budget(batches, resume)
     if not math.isfinite(sum(p.detach().float().sum().item() for p in model.parameters())):
         raise NonFiniteLoss(f"training diverged: parameters contain NaN/inf after step {state.step}")
     return state
+
+
+def _start(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    run_dir: Path,
+    cfg: TrainSettings,
+    score_key: str,
+    higher_is_better: bool,
+    resume: bool,
+) -> tuple[Checkpointer, LoopState]:
+    """The run's :class:`Checkpointer` and the state the loop starts from: the saved one
+    (``resume``), or a fresh one with every RNG seeded."""
+    ctx = distributed.context()
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoints = Checkpointer(model, optimizer, run_dir, cfg, score_key, higher_is_better)
+    if resume:
+        state = checkpoints.resume()
+        logger.info(f"resumed at step {state.step} (epoch {state.epoch}, batch {state.batch_in_epoch})")
+    else:
+        state = LoopState()
+        # Rank r draws dropout from seed + r; the weights are rank 0's (DDP broadcasts them).
+        torch.manual_seed(cfg.seed + ctx.rank)
+        random.seed(cfg.seed + ctx.rank)
+        np.random.seed(cfg.seed + ctx.rank)
+    return checkpoints, state
+
+
+class _Run:
+    """One call of :func:`train_loop` from its first checkpoint to its last: the epochs, each
+    optimizer step and what follows it (validation, snapshots, checkpoints, a requested stop),
+    and what an interruption keeps."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        step: Stepper,
+        validate: Callable[[torch.nn.Module], dict] | None,
+        cfg: TrainSettings,
+        run_dir: Path,
+        state: LoopState,
+        metrics: TrainMetrics,
+        checkpoints: Checkpointer,
+        several: bool,
+    ) -> None:
+        self.model, self.step, self.validate, self.cfg, self.run_dir = model, step, validate, cfg, run_dir
+        self.state, self.metrics, self.checkpoints = state, metrics, checkpoints
+        self.several = several  # torchrun's processes: an interrupted one cannot save alone
+        self.in_step = self.stopping = False
+
+    def until_out_of_budget(self, batches: Callable[[int], Sequence], resume: bool) -> None:
+        """Train epoch after epoch until a budget runs out, then validate, snapshot and save
+        the last step; on Ctrl-C or SIGTERM save what can be saved and re-raise."""
+        state = self.state
+        try:
+            if not resume:
+                self.checkpoints.save(state)  # from here on, a killed run can always be resumed
+            while not _out_of_budget(state, self.cfg):
+                self._epoch(batches(state.epoch))
+            self._finish()
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
+
+    def _epoch(self, epoch_batches: Sequence) -> None:
+        """The rest of one epoch's batches (from where a resumed run left off), a group of
+        ``accum_steps`` micro-batches per optimizer step, while the budget lasts."""
+        state, cfg = self.state, self.cfg
+        while state.batch_in_epoch < len(epoch_batches) and not _out_of_budget(state, cfg):
+            self._group(epoch_batches[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps])
+        if state.batch_in_epoch >= len(epoch_batches):
+            state.epoch += 1
+            state.batch_in_epoch = 0
+
+    def _group(self, group: Sequence) -> None:
+        """One optimizer step on ``group``; a step skipped for a non-finite loss is counted and
+        logged instead, and an epoch's short last group is passed over."""
+        state = self.state
+        if not self.step.takes(group):  # an epoch's short last group
+            state.batch_in_epoch += len(group)
+            return
+        self.in_step = True
+        stats = self.step(group, state)
+        state.batch_in_epoch += len(group)
+        if stats.skipped:
+            state.skipped_nonfinite += 1
+            self.metrics.log({"step": state.step, "skipped_nonfinite": state.skipped_nonfinite})
+            self.in_step = False
+            return
+        state.step += 1
+        state.elapsed_s = stats.elapsed
+        self.in_step = False
+        self.metrics.train_step(state, stats)
+        self._after_step(stop_requested=stats.stop_requested)
+
+    def _after_step(self, stop_requested: bool) -> None:
+        """What is due after a step: validation and a checkpoint every ``eval_every`` steps, a
+        snapshot every ``snapshot_minutes``, and a checkpoint and stop when a signal asked."""
+        state, cfg, checkpoints = self.state, self.cfg, self.checkpoints
+        if state.step % cfg.eval_every == 0:
+            _validate(self.model, self.validate, state, self.metrics, checkpoints)
+            checkpoints.save(state)
+        if state.elapsed_s - state.last_snapshot_s >= cfg.snapshot_minutes * 60:
+            checkpoints.snapshot(state)
+            checkpoints.save(state)
+        if stop_requested:
+            self.stopping = True
+            checkpoints.save(state)
+            logger.warning(f"stopped at step {state.step}; checkpoint saved in {self.run_dir}")
+            raise KeyboardInterrupt(f"stopped by a signal at step {state.step}")
+
+    def _finish(self) -> None:
+        """The end of the budget: validate the last step (unless it just was), snapshot it for
+        averaging and save the final checkpoint."""
+        state, checkpoints = self.state, self.checkpoints
+        if state.step % self.cfg.eval_every != 0:
+            _validate(self.model, self.validate, state, self.metrics, checkpoints)
+        if not state.snapshots or not state.snapshots[-1].endswith(f"step_{state.step}.safetensors"):
+            checkpoints.snapshot(state)
+        checkpoints.save(state)
+
+    def _interrupted(self) -> None:
+        """Between steps the state is whole and can be saved; within a step (a second signal)
+        it is not, and with several processes they may be at different points: then the last
+        checkpoint stands."""
+        state = self.state
+        if not self.stopping and not self.in_step and not self.several:
+            logger.warning(f"interrupted at step {state.step}; saving {self.checkpoints.state_path}")
+            self.checkpoints.save(state)
+        elif self.in_step:
+            logger.warning(f"stopped within step {state.step + 1}; the last checkpoint stands")
 
 
 def _out_of_budget(state: LoopState, cfg: TrainSettings) -> bool:
