@@ -15,7 +15,7 @@ repeat; medians over ``--repeats``; ratios are ours / reference)
     the ratio is ours / reference, so < 1 means ours is faster).
 (b) Generation, GPT-2 small shape: 12 layers, 12 heads, d_model 768, d_ff 3072, vocabulary
     50257, context 1024, biases, random weights. Batch 1, a 32-token prompt, 128 new tokens,
-    greedy. Ours: ``qkv.generate.lm.generate_tokens`` (KV cache) on the model as
+    greedy. Ours: ``qkv.inference.lm.generate_tokens`` (KV cache) on the model as
     ``TextGenerator.from_run`` prepares it (``prepare_for_inference``: float32 weights stored
     (in, out); bfloat16 ones reordered by oneDNN where the CPU has native bfloat16; same
     values). Reference: HF
@@ -49,8 +49,8 @@ from common import alternate, machine, publish, row  # noqa: E402  (benchmarks/c
 
 from qkv.data.text import load_corpus, random_windows, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer
-from qkv.generate.layout import prepare_for_inference
-from qkv.generate.lm import generate_tokens
+from qkv.inference.layout import prepare_for_inference
+from qkv.inference.lm import generate_tokens
 from qkv.models import DecoderLM, LMConfig
 
 try:

@@ -33,7 +33,7 @@ order flips each repeat — and the figures are medians over ``--repeats``):
       ``torch.optim.Adam`` step (tutorial settings: lr 1e-4, betas (0.9, 0.98), eps 1e-9), over
       all batches; throughput = non-pad target tokens / second.
   (b) greedy decoding, eval mode, no grad, the same batches' sources: ours with
-      ``qkv.generate.search.greedy_decode`` (encoder once, KV cache, one new token per step);
+      ``qkv.inference.search.greedy_decode`` (encoder once, KV cache, one new token per step);
       the reference with the tutorial's greedy decode, batched (encoder once, the decoder re-run
       over the whole prefix every step, generator on the last position). Throughput =
       sentences / second. Equal work: both run exactly ``--decode-steps`` steps. Random
@@ -77,7 +77,7 @@ from torch import nn
 
 from qkv.data.tokenizers import SubwordTokenizer
 from qkv.data.translation import load_multi30k
-from qkv.generate.search import greedy_decode
+from qkv.inference.search import greedy_decode
 from qkv.models import Transformer
 from qkv.models.config import TransformerConfig
 from qkv.train.losses import label_smoothed_nll

@@ -1,4 +1,4 @@
-"""Quality cost of int8 weight-only quantisation (``qkv.generate.quantize``): the same models
+"""Quality cost of int8 weight-only quantisation (``qkv.inference.quantize``): the same models
 scored with float32, bfloat16 and int8 weights (bfloat16 activations for the last two).
 
 - Perplexity: IgLM (real GPT-2 weights, ``pip install --no-deps iglm==0.1.0``) on the antibody
@@ -26,7 +26,7 @@ import torch
 from common import machine, publish  # noqa: E402  (benchmarks/common.py)
 
 from qkv.data.protein_tasks import load_paratope
-from qkv.generate.quantize import cast_weights
+from qkv.inference.quantize import cast_weights
 from qkv.hub.pretrained import load
 
 WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": "int8"}  # for cast_weights
@@ -53,7 +53,7 @@ def iglm_perplexity(precision: str, limit: int | None) -> tuple[float, int]:
 def translation_bleu(run: str, precision: str, split: str) -> float:
     from qkv.data.translation import load_multi30k
     from qkv.evaluate.bleu import translation_scores
-    from qkv.generate.translator import Translator
+    from qkv.inference.translator import Translator
 
     translator = Translator.from_run(run, beam_size=4, alpha=0.6)
     cast_weights(translator.model, WEIGHTS[precision])

@@ -69,9 +69,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from qkv.device import cpu_capability, cpu_has_amx_bf16, cpu_has_native_bf16
-from qkv.generate.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
-from qkv.generate.lm import generate_tokens
-from qkv.generate.quantize import Int8Linear, cast_weights
+from qkv.inference.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
+from qkv.inference.lm import generate_tokens
+from qkv.inference.quantize import Int8Linear, cast_weights
 from qkv.models import DecoderLM, LMConfig
 from qkv.nn.embeddings import TokenEmbedding
 
@@ -233,7 +233,7 @@ def gpt2_small(weights: str, batch_invariant: bool | None = None) -> DecoderLM:
     """GPT-2-small-shaped LM with random weights laid out for decoding. Every matrix is drawn
     N(0, 0.1²) instead of GPT-2's N(0, 0.02²): at the init's scale a random model repeats one
     token, and the token check below should compare varied continuations. ``weights``: a key
-    of :data:`WEIGHTS` (int8: quantised from bfloat16, ``qkv.generate.quantize``)."""
+    of :data:`WEIGHTS` (int8: quantised from bfloat16, ``qkv.inference.quantize``)."""
     torch.manual_seed(0)
     model = DecoderLM(GPT2_SMALL).eval()
     with torch.no_grad():
@@ -360,7 +360,7 @@ def workload_b(args, bw: dict, peak: dict, dtype_name: str, rows: int) -> dict:
 
 def workload_c(args, bw: dict, peak: dict) -> dict | None:
     from qkv.data.translation import load_multi30k
-    from qkv.generate.translator import Translator
+    from qkv.inference.translator import Translator
 
     if not args.translation_run:
         return None
@@ -409,7 +409,7 @@ def workload_c(args, bw: dict, peak: dict) -> dict | None:
 
 def workload_d(args, peak: dict) -> dict:
     from qkv.data.protein_tasks import load_flip_secondary_structure
-    from qkv.generate.protein import ProteinEncoder
+    from qkv.inference.protein import ProteinEncoder
     from qkv.models.config import EncoderConfig
     from qkv.models.encoder import EncoderModel
     from qkv.recipes.protein_tasks import ProteinTaskSettings

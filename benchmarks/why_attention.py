@@ -122,7 +122,7 @@ def score(run_dir: Path, src: list[str], ref: list[str]) -> tuple[dict, list[str
     import sacrebleu
 
     from qkv.evaluate.bleu import translation_scores
-    from qkv.generate.translator import Translator
+    from qkv.inference.translator import Translator
 
     hyps = Translator.from_run(run_dir, beam_size=4, alpha=0.6).translate(src)
     by_length = {}

@@ -1,6 +1,6 @@
 """The API reference (docs/api/*.md, rendered by mkdocstrings) lists every public symbol.
 
-Public: a package's ``__all__``; for a package without one (``qkv.generate``, ``qkv.hub``), the
+Public: a package's ``__all__``; for a package without one (``qkv.inference``, ``qkv.hub``), the
 ``__all__`` of each of its modules, else the classes and functions a module defines under a
 name without a leading underscore (what mkdocstrings renders for ``::: module``). Read from the
 ``:::`` directives and their ``members`` option, not from a built site: no build needed.
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "docs" / "api"
-PACKAGES = ["qkv.nn", "qkv.models", "qkv.generate", "qkv.hub", "qkv.explain"]
+PACKAGES = ["qkv.nn", "qkv.models", "qkv.inference", "qkv.hub", "qkv.explain"]
 
 
 def public_names(module: ModuleType) -> list[str]:

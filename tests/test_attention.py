@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch_ref import copy_attention_from_torch
 
-from qkv.generate.invariant import register as register_invariant_backend
+from qkv.inference.invariant import register as register_invariant_backend
 from qkv.nn import (
     KVCache,
     MultiHeadAttention,

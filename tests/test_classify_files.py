@@ -1,4 +1,4 @@
-"""``qkv.generate.classify``: the library's one door to every classifier run (the command
+"""``qkv.inference.classify``: the library's one door to every classifier run (the command
 line's ``qkv classify`` is tested end to end beside each recipe)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from qkv.errors import QkvError
-from qkv.generate.classify import Predictions, classify_files
+from qkv.inference.classify import Predictions, classify_files
 
 
 def test_labels_are_the_most_likely_class_per_input_or_per_residue():

@@ -359,3 +359,26 @@ def test_the_atomic_writers_write_on_any_rank(tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "is_main", lambda: False)
     write_json(tmp_path / "a.json", {"x": 1})
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
+
+
+def test_the_old_inference_package_name_forwards_with_a_warning():
+    """``qkv.generate.*`` (the inference APIs' name before issue 42) still imports for one
+    release: every name of ``qkv.inference.*``, with a DeprecationWarning naming the new path."""
+    import importlib
+    import pkgutil
+
+    import qkv.inference
+
+    names = [m.name for m in pkgutil.iter_modules(qkv.inference.__path__)]
+    assert names and set(names) == {
+        m.name for m in pkgutil.iter_modules(importlib.import_module("qkv.generate").__path__)
+    }
+    from qkv.inference.translator import Translator
+
+    with pytest.warns(
+        DeprecationWarning, match=r"qkv\.generate\.translator is deprecated.*qkv\.inference\.translator"
+    ):
+        from qkv.generate.translator import Translator as old
+    assert old is Translator
+    with pytest.raises(AttributeError):
+        importlib.import_module("qkv.generate.lm").never_existed  # noqa: B018

@@ -133,8 +133,8 @@ def test_served_minilm_page_outputs_the_pairs_cosine_similarity(tmp_path):
     embedding is made of. (The Output was empty for these runs.)"""
     from qkv.cli import main
     from qkv.errors import QkvError
-    from qkv.generate.text import TextEncoder
     from qkv.hub.pretrained import locate
+    from qkv.inference.text import TextEncoder
 
     try:
         locate("minilm")

@@ -190,7 +190,7 @@ def test_vit_page_draws_the_image_overlays_from_a_file(tiny_vit_run, tmp_path):
 @needs_browser
 @needs_minilm
 def test_minilm_page_shows_the_pairs_cosine_similarity(minilm_run, tmp_path):
-    from qkv.generate.text import TextEncoder
+    from qkv.inference.text import TextEncoder
 
     explainer = load_explainer(minilm_run)
     page = show(explainer, MINILM_PAIR[0], pair=MINILM_PAIR[1])
@@ -210,7 +210,7 @@ def test_minilm_page_shows_the_pairs_cosine_similarity(minilm_run, tmp_path):
 @needs_browser
 @needs_minilm
 def test_minilm_single_sentence_output_names_its_closest_words(minilm_run, tmp_path):
-    from qkv.generate.text import TextEncoder
+    from qkv.inference.text import TextEncoder
 
     page = show(minilm_run, "The cat sleeps on the warm windowsill.")
     embedding = page.explanation.output["embedding"]

@@ -157,7 +157,7 @@ def test_converted_run_reloads_through_load_run(tmp_path):
 
 
 def test_gpt2_greedy_generation_with_our_cache_equals_hf_generate(tmp_path):
-    from qkv.generate.lm import generate_tokens
+    from qkv.inference.lm import generate_tokens
 
     hf, vocab = _gpt2()
     conv = read_hf(_save(hf, vocab, tmp_path / "hf"))
@@ -278,7 +278,7 @@ def _skip_unless(name: str):
 
 @_skip_unless("minilm")
 def test_minilm_sentence_embeddings_equal_transformers_mean_pooling():
-    from qkv.generate.text import TextEncoder
+    from qkv.inference.text import TextEncoder
 
     texts = [
         "A dog runs in the park.",
@@ -387,7 +387,7 @@ def test_marian_converts_with_the_same_logits_both_ways(tmp_path):
 
 
 def test_marian_greedy_translation_with_our_cache_equals_hf_generate(tmp_path):
-    from qkv.generate.search import greedy_decode
+    from qkv.inference.search import greedy_decode
 
     hf, src_dir = _marian(tmp_path)
     model = read_hf(src_dir).model
@@ -523,7 +523,7 @@ def test_vit_converts_with_the_same_outputs_both_ways(head, tmp_path):
 @_skip_unless("iglm")
 def test_iglm_samples_antibody_residues_and_stops_at_its_end_token():
     from qkv.data.tokenizers import AMINO_ACIDS
-    from qkv.generate.lm import TextGenerator
+    from qkv.inference.lm import TextGenerator
 
     gen = TextGenerator.from_run("iglm")
     assert gen.model.config.eos_id == gen.tokenizer.cls_id == 2  # IgLM ends with [CLS]

@@ -166,7 +166,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train",),  # the training loop and its pieces
     ("runs",),  # run directories: the model and tokenizer a run holds
     ("hub",),  # Hugging Face checkpoints in and out, pretrained short names
-    ("generate",),  # inference (pretrained short names come from hub/)
+    ("inference", "generate"),  # inference (pretrained short names come from hub/); its old name
     ("evaluate",),  # metrics and baselines
     ("explain",),  # attention weights, pictures, the page
     ("recipes",),  # one module per task, the registry, a run's explainer

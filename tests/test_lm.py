@@ -20,8 +20,8 @@ from qkv.cli import main
 from qkv.data.text import IGNORE_INDEX, sequence_batch
 from qkv.data.tokenizers import CharTokenizer, load_tokenizer
 from qkv.errors import QkvError
-from qkv.generate.lm import generate_tokens
-from qkv.generate.sampling import check_sampling, choose_next, filter_logits, next_token_probs
+from qkv.inference.lm import generate_tokens
+from qkv.inference.sampling import check_sampling, choose_next, filter_logits, next_token_probs
 from qkv.models.config import LMConfig
 from qkv.models.decoder_lm import DecoderLM, position_ids
 from qkv.nn.attention import MultiHeadAttention
@@ -347,7 +347,7 @@ def test_inference_layout_assigns_new_parameters(tmp_path):
     from safetensors.torch import load_file
 
     from qkv.files import load_weights, save_weights
-    from qkv.generate.layout import prepare_for_inference
+    from qkv.inference.layout import prepare_for_inference
 
     model = _lm(tie_embeddings=True)
     x = torch.tensor([_prompt(9, 3)])
@@ -390,7 +390,7 @@ def test_inference_layout_assigns_new_parameters(tmp_path):
 def test_text_generator_from_run_lays_out_once(tiny_runs):
     """Loading a run for generation chooses the layout for its dtype (float32: (in, out));
     a model handed to TextGenerator directly is used as given."""
-    from qkv.generate.lm import TextGenerator
+    from qkv.inference.lm import TextGenerator
 
     gen = TextGenerator.from_run(tiny_runs["lm"])
     assert gen.model.lm_head.weight.t().is_contiguous()
@@ -417,8 +417,8 @@ def test_generate_tokens_checks_token_ids():
 def test_translation_search_checks_source_ids_and_length(tiny_runs):
     """greedy_decode and beam_search (what Translator calls) check user-given source tensors:
     ids outside the source vocabulary and sources longer than max_len are ValueErrors."""
-    from qkv.generate.search import beam_search, greedy_decode
-    from qkv.generate.translator import load_run
+    from qkv.inference.search import beam_search, greedy_decode
+    from qkv.inference.translator import load_run
 
     model, _ = load_run(tiny_runs["translation"])
     cfg = model.config

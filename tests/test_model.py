@@ -18,7 +18,7 @@ from safetensors import safe_open
 from qkv.data.batching import make_batch
 from qkv.errors import QkvError
 from qkv.files import load_weights, save_weights
-from qkv.generate.search import beam_search, greedy_decode
+from qkv.inference.search import beam_search, greedy_decode
 from qkv.models import Transformer, TransformerConfig
 from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_adam, noam_lr

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from qkv import runs
-from qkv.generate.protein import ProteinEncoder
+from qkv.inference.protein import ProteinEncoder
 
 OLD = Path(__file__).parent / "fixtures" / "old_runs"
 EXPECTED = load_file(str(OLD / "expected.safetensors"))

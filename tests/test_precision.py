@@ -17,7 +17,7 @@ from qkv import device as qdevice
 from qkv.cli import main
 from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, resolve_precision
 from qkv.errors import QkvError
-from qkv.generate.lm import TextGenerator
+from qkv.inference.lm import TextGenerator
 from qkv.recipes.lm import LMSettings, train_lm
 from qkv.recipes.translation import TranslationSettings
 from qkv.settings import field_names, resolve

@@ -26,7 +26,7 @@ from qkv.errors import QkvError
 from qkv.evaluate.baselines import baseline_metrics, composition, window_features
 from qkv.evaluate.classification import classification_metrics, per_group_binary_mcc
 from qkv.files import save_weights, write_json
-from qkv.generate.protein import ProteinEncoder
+from qkv.inference.protein import ProteinEncoder
 from qkv.models.config import EncoderConfig
 from qkv.models.encoder import EncoderModel
 

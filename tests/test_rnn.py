@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from qkv.errors import ConfigError, QkvError
-from qkv.generate.search import beam_search, greedy_decode
-from qkv.generate.translator import Translator
+from qkv.inference.search import beam_search, greedy_decode
+from qkv.inference.translator import Translator
 from qkv.models.config import RNNConfig, TransformerConfig
 from qkv.models.rnn import RNNSeq2Seq, final_states
 from qkv.models.transformer import Transformer

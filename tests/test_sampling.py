@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qkv.errors import QkvError
-from qkv.generate.sampling import check_sampling, choose_next, filter_logits, next_token_probs
+from qkv.inference.sampling import check_sampling, choose_next, filter_logits, next_token_probs
 
 EXTREME_TEMPERATURES = [5e-324, 1e-300, 1e-45, 1e-38, 1e-20, 1e-4, 1.0, 1e20, 1e38, 1e300, 1.7e308]
 EXTREME_TOP_P = [5e-324, 1e-300, 1e-46, 1e-45, 1e-8, 0.5, 0.999999999, 1.0]
@@ -122,7 +122,7 @@ def test_non_finite_settings_are_refused(kwargs, needle):
 
 @pytest.fixture(scope="module")
 def generator(tiny_runs):
-    from qkv.generate.lm import TextGenerator
+    from qkv.inference.lm import TextGenerator
 
     return TextGenerator.from_run(tiny_runs["lm"])
 

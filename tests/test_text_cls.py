@@ -115,7 +115,7 @@ def test_cli_embed_similarity_and_search(tmp_path, capsys):
     hits = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()]
     assert [h[1] for h in hits] != [] and "stock" not in " ".join(h[1] for h in hits)
     assert float(hits[0][0]) >= float(hits[1][0])
-    from qkv.generate.text import TextEncoder
+    from qkv.inference.text import TextEncoder
 
     query = torch.from_numpy(TextEncoder.load("minilm").embed(["a dog playing outside"]))[0]
     best = lines.index(hits[0][1])
@@ -134,7 +134,7 @@ def test_cli_embed_similarity_and_search(tmp_path, capsys):
 @pytest.mark.parametrize("mode", ["fine-tune", "lora"])
 def test_text_cls_short_run_on_sst2_reloads_to_the_same_test_figures(tmp_path, monkeypatch, mode):
     from qkv.cli import main
-    from qkv.generate.text import TextEncoder
+    from qkv.inference.text import TextEncoder
     from qkv.recipes.text_cls import evaluate_run
 
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))

@@ -100,7 +100,7 @@ def test_save_and_load_tokenizer(kind, tmp_path):
 
 def test_protein_tokenizers_keep_positional_seq_id(tmp_path):
     """The protein tokenizers' second positional argument is still the sequence id that errors
-    name (``encode(seq, sid, add_special_tokens=False)`` in :mod:`qkv.generate.protein`)."""
+    name (``encode(seq, sid, add_special_tokens=False)`` in :mod:`qkv.inference.protein`)."""
     from qkv.errors import QkvError
 
     for kind in ("amino-acid", "hf-protein"):

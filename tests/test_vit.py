@@ -236,7 +236,7 @@ def test_recipe_trains_reports_and_beats_chance(digits_run, capsys):
 
 
 def test_saved_run_reloads_to_identical_outputs_and_evaluates(digits_run, capsys):
-    from qkv.generate.vision import ImageClassifier
+    from qkv.inference.vision import ImageClassifier
 
     digits = load_digits()
     reloaded = ImageClassifier.from_run(digits_run)
@@ -250,7 +250,7 @@ def test_saved_run_reloads_to_identical_outputs_and_evaluates(digits_run, capsys
 
 
 def test_hflip_tta_averages_each_image_with_its_mirror(digits_run):
-    from qkv.generate.vision import ImageClassifier
+    from qkv.inference.vision import ImageClassifier
 
     one = ImageClassifier.from_run(digits_run)
     assert not one.hflip_tta  # the fixture trained with hflip=false: no mirror averaging
@@ -322,7 +322,7 @@ def test_fashion_mnist_smoke_run_learns(tmp_path, monkeypatch):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["test"]["n"] == 10_000 and summary["validation"]["n"] == 6_000
     assert summary["tta"] and 0.1 < summary["test_single_view"]["accuracy"] < 1  # the default: flip averaging
-    from qkv.generate.vision import ImageClassifier
+    from qkv.inference.vision import ImageClassifier
 
     assert ImageClassifier.from_run(run).hflip_tta  # qkv classify and evaluate average too
     assert summary["test"]["accuracy"] > 0.55  # 10 balanced classes: chance is 0.1

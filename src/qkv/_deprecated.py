@@ -30,3 +30,22 @@ def moved(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
         return getattr(importlib.import_module(target), new_name)
 
     return __getattr__
+
+
+def moved_module(module: str, new_module: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a module that moved whole (``qkv.generate.lm`` is
+    ``qkv.inference.lm``): every name the new module has is forwarded, with a
+    ``DeprecationWarning`` naming the new path."""
+
+    def __getattr__(name: str) -> Any:
+        target = importlib.import_module(new_module)
+        if name.startswith("__") or not hasattr(target, name):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module} is deprecated and will be removed in the next release: use {new_module}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(target, name)
+
+    return __getattr__

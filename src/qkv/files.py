@@ -74,7 +74,7 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     Tied weights (one parameter under several names) are stored once, under the first name in
     sorted order, as safetensors' ``save_model`` does, so ``load_weights`` re-ties them. Every
     tensor is saved as a contiguous copy, whatever its memory layout in the model (see
-    :func:`qkv.generate.layout.prepare_for_inference`); the model is not touched.
+    :func:`qkv.inference.layout.prepare_for_inference`); the model is not touched.
     """
     names: dict[int, list[str]] = {}
     tensors: dict[int, torch.Tensor] = {}

@@ -69,7 +69,7 @@ def _text_encoder_option(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_classify(args) -> int:
-    from ..generate.classify import classify_files
+    from ..inference.classify import classify_files
     from ..recipes.registry import RECIPES, kind_of
 
     kind = kind_of(args.run_dir)
@@ -104,7 +104,7 @@ def _cmd_embed(args) -> int:
 
     from ..data.protein import read_fasta
     from ..device import resolve_device
-    from ..generate.protein import ProteinEncoder
+    from ..inference.protein import ProteinEncoder
 
     run_dir, fasta = args.inputs
     encoder = ProteinEncoder.from_run(run_dir, resolve_device(args.device))
@@ -137,6 +137,6 @@ def _cmd_search(args) -> int:
 
 def _text_encoder(source: str, device: str):
     from ..device import resolve_device
-    from ..generate.text import TextEncoder
+    from ..inference.text import TextEncoder
 
     return TextEncoder.load(source, resolve_device(device))

@@ -102,7 +102,7 @@ def _load(args):
     import torch
 
     from ..device import resolve_device, resolve_precision
-    from ..generate.lm import TextGenerator
+    from ..inference.lm import TextGenerator
 
     device = resolve_device(args.device)
     quantize = "int8" if args.dtype == "int8" else None

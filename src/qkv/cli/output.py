@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from ..generate.classify import Predictions
+    from ..inference.classify import Predictions
 
 
 def write_tsv(rows: Iterable[Sequence[str]], header: Sequence[str] | None = None) -> None:

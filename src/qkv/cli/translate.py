@@ -23,7 +23,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_translate(args) -> int:
     from ..device import resolve_device
-    from ..generate.translator import Translator
+    from ..inference.translator import Translator
 
     translator = Translator.from_run(
         args.run_dir, device=resolve_device(args.device), beam_size=args.beam, alpha=args.alpha

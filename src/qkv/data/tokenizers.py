@@ -463,7 +463,7 @@ class AminoAcidTokenizer:
 class PretrainedProteinTokenizer:
     """A pretrained protein model's own vocabulary (AntiBERTy, ESM, IgLM: one token per residue,
     read by :class:`HFTokenizer`) behind :class:`AminoAcidTokenizer`'s interface, so the protein
-    recipes and :class:`~qkv.generate.protein.ProteinEncoder` run on it unchanged.
+    recipes and :class:`~qkv.inference.protein.ProteinEncoder` run on it unchanged.
 
     Residues are cleaned as :meth:`AminoAcidTokenizer.clean` does; a code the vocabulary lacks
     (e.g. ``X`` for AntiBERTy) becomes its unknown token. ``cls_id``/``eos_id`` are the

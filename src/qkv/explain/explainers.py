@@ -26,9 +26,9 @@ from torch import nn
 
 from .. import runs
 from ..errors import QkvError
-from ..generate.lm import TextGenerator
-from ..generate.search import beam_search, greedy_decode
-from ..generate.translator import SEQ2SEQ_RECIPES
+from ..inference.lm import TextGenerator
+from ..inference.search import beam_search, greedy_decode
+from ..inference.translator import SEQ2SEQ_RECIPES
 from ..nn.attention import MultiHeadAttention
 from .capture import capture_steps
 from .labels import merge_attention, piece_labels, word_groups, wordpiece_as_marked
@@ -491,7 +491,7 @@ class ProteinExplainer(Explainer[str]):
     def __init__(
         self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
     ) -> None:
-        from ..generate.protein import ProteinEncoder
+        from ..inference.protein import ProteinEncoder
 
         self.encoder = ProteinEncoder.from_run(run_dir, device)
         super().__init__(self.encoder.model, run_dir, max_chars)
@@ -556,7 +556,7 @@ class TextExplainer(Explainer[str]):
     def __init__(
         self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
     ) -> None:
-        from ..generate.text import TextEncoder
+        from ..inference.text import TextEncoder
 
         self.encoder = TextEncoder.load(run_dir, device)
         super().__init__(self.encoder.model, run_dir, max_chars)

@@ -29,7 +29,7 @@ def attention_rollout(weights: torch.Tensor | np.ndarray | Sequence) -> torch.Te
     Args:
         weights: the per-layer attention weights of one input, first layer first: a float
             tensor or array ``(L, H, T, T)``, or a sequence of ``L`` tensors/arrays
-            ``(H, T, T)`` (what :meth:`qkv.generate.vision.ImageClassifier.attentions`
+            ``(H, T, T)`` (what :meth:`qkv.inference.vision.ImageClassifier.attentions`
             returns). Each row is a softmax output (sums to 1, or 0 where masked).
 
     Returns:

@@ -29,7 +29,7 @@ truncated or is a decompression bomb), and for a body or query that does not fit
 (``"invalid request: temperature: Input should be a finite number"``; the offending value is
 never echoed, so NaN, infinities or invalid Unicode cannot break the answer), 400 for a body
 that cannot be parsed at all. The settings' bounds: ``temperature`` a finite number in
-[0, 10] (0 = greedy; tiny values are greedy-equivalent, see :mod:`qkv.generate.sampling`),
+[0, 10] (0 = greedy; tiny values are greedy-equivalent, see :mod:`qkv.inference.sampling`),
 ``top_p`` in (0, 1], ``top_k`` >= 1, ``seed`` an integer in [0, 2**64) (what
 ``torch.Generator.manual_seed`` accepts, negatives aside). Requests are answered one at a time
 (a lock): a model is not re-entrant while a step-through's hook is attached, and one user on a

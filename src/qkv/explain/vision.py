@@ -22,7 +22,7 @@ from torch import nn
 
 from ..data.images import ImageSet, load_fashion_mnist, load_image_task, read_image, to_model_input
 from ..errors import QkvError
-from ..generate.vision import ImageClassifier
+from ..inference.vision import ImageClassifier
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
 from .rollout import attention_rollout
 

@@ -10,8 +10,8 @@ Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broad
 Backends: one computation of Eq. 1 is a function registered under a name
 (:func:`register_backend`, :data:`BACKENDS`). This module registers ``"sdpa"`` and
 ``"eager"``; ``"invariant"`` (inference only) is registered by an explicit call,
-:func:`qkv.generate.invariant.register`, which
-:func:`~qkv.generate.layout.prepare_for_inference` makes before it uses it.
+:func:`qkv.inference.invariant.register`, which
+:func:`~qkv.inference.layout.prepare_for_inference` makes before it uses it.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def scaled_dot_product_attention(
     Every backend computes the same function: ``"eager"`` (explicit math, as
     :func:`attention_steps`), ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`,
     fused and fast) and whatever else is registered (:func:`register_backend`; ``"invariant"``
-    from :mod:`qkv.generate.invariant`, for batch-invariant decoding).
+    from :mod:`qkv.inference.invariant`, for batch-invariant decoding).
     ``need_weights=True`` always takes the explicit path, so weights are never silently missing.
 
     Args:
@@ -285,7 +285,7 @@ class MultiHeadAttention(nn.Module):
         bias: use biases in the projections.
         backend: a name in :data:`BACKENDS` (``"sdpa"``, ``"eager"``, ... see
             :func:`scaled_dot_product_attention`); an attribute that may be changed later (as
-            :func:`~qkv.generate.layout.prepare_for_inference` does, to ``"invariant"``).
+            :func:`~qkv.inference.layout.prepare_for_inference` does, to ``"invariant"``).
         d_k: per-head width (default ``d_model // n_heads``).
         rotary: a :class:`~qkv.nn.positional.RotaryEmbedding` applied to queries and keys of
             self-attention (RoPE), or ``None`` (positions added to the embeddings instead).

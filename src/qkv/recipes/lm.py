@@ -42,7 +42,7 @@ from ..data.tokenizers import Tokenizer, load_tokenizer
 from ..errors import ConfigError, QkvError
 from ..explain.explainers import LMExplainer
 from ..files import write_text
-from ..generate.lm import TextGenerator
+from ..inference.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.model_types import DECODER_LM

@@ -28,7 +28,7 @@ from ..data.shards import PreparedData
 from ..data.tokenizers import AminoAcidTokenizer
 from ..errors import ConfigError, QkvError
 from ..explain.explainers import ProteinExplainer
-from ..generate.protein import ProteinEncoder
+from ..inference.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
 from ..models.model_types import ENCODER

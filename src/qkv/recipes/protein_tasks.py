@@ -34,7 +34,7 @@ from ..data.tokenizers import AminoAcidTokenizer, PretrainedProteinTokenizer, pr
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, per_group_binary_mcc
 from ..explain.explainers import ProteinExplainer
-from ..generate.protein import ProteinEncoder
+from ..inference.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..models.model_types import ENCODER

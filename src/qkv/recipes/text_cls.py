@@ -36,8 +36,8 @@ from ..data.tokenizers import HFTokenizer
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics
 from ..explain.explainers import TextExplainer
-from ..generate.text import TextEncoder
 from ..hub.pretrained import load
+from ..inference.text import TextEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..models.model_types import ENCODER

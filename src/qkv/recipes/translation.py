@@ -29,7 +29,7 @@ from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import translation_scores
 from ..explain.explainers import RNNTranslationExplainer, TranslationExplainer
 from ..files import load_weights, save_weights
-from ..generate.translator import SEQ2SEQ_RECIPES, Translator
+from ..inference.translator import SEQ2SEQ_RECIPES, Translator
 from ..models.config import RNNConfig, TransformerConfig
 from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
 from ..models.rnn import RNNSeq2Seq

@@ -27,7 +27,7 @@ from ..data.images import ImageBatch, ImageSet, ImageTask, augment, load_image_t
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
 from ..explain.vision import ImageExplainer
-from ..generate.vision import ImageClassifier
+from ..inference.vision import ImageClassifier
 from ..models.config import ViTConfig
 from ..models.model_types import VIT
 from ..models.vit import VisionTransformer

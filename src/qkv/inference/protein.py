@@ -1,0 +1,143 @@
+"""A trained protein encoder as an inference API: amino-acid sequences in, class
+probabilities (per sequence or per residue) or embeddings out. Beside
+:class:`~qkv.inference.translator.Translator` and :class:`~qkv.inference.lm.TextGenerator`.
+
+Over-long inputs: a sequence-level model keeps the first ``max_len - 2`` residues (with a
+warning: signal peptides and most sequence-level signals a short model can use sit at the N
+terminus; refusing would make whole proteomes unusable). A residue-level model, and
+:meth:`ProteinEncoder.embed`, split a long chain into consecutive windows of ``max_len - 2``
+residues, so every residue is covered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import runs
+from ..data.batching import pad_sequences, token_batches
+from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
+from ..errors import QkvError
+from ..models.encoder import EncoderModel
+
+logger = logging.getLogger(__name__)
+
+
+# The kinds of run whose encoder reads amino acids (a converted encoder: AntiBERTy, ESM-2).
+PROTEIN_KINDS = ("protein-mlm", "protein-cls", "protein-residue", "encoder")
+
+
+class ProteinEncoder:
+    """A trained encoder with its task: tokens in, class probabilities or embeddings out.
+
+    ``level``: ``"sequence"`` or ``"residue"``; ``classes``: class names in id order;
+    ``tokenizer``: qkv's :class:`AminoAcidTokenizer` (default) or a pretrained model's (see
+    :func:`~qkv.data.tokenizers.protein_tokenizer`).
+    """
+
+    def __init__(
+        self,
+        model: EncoderModel,
+        classes: tuple[str, ...],
+        level: str,
+        device: torch.device | str = "cpu",
+        max_tokens: int = 16384,
+        tokenizer=None,
+    ) -> None:
+        self.model, self.classes, self.level = model, tuple(classes), level
+        self.tok = AminoAcidTokenizer() if tokenizer is None else protein_tokenizer(tokenizer)
+        self.device, self.max_tokens = torch.device(device), max_tokens
+        self.width = model.config.max_len - 2
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu") -> ProteinEncoder:
+        """Load a ``protein-cls`` / ``protein-residue`` / ``protein-mlm`` run directory, or a
+        converted pretrained protein encoder (``qkv convert hf antiberty RUN``), through
+        :func:`qkv.runs.load_run`. Raises :class:`QkvError` for a missing,
+        incomplete or other kind of run directory."""
+        run_dir = Path(run_dir)
+        model, tok = runs.load_run(run_dir, device=device, family=PROTEIN_KINDS)
+        meta_path = run_dir / "task.json"
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
+
+    def rows(
+        self,
+        sequences: list[str],
+        ids: list[str] | None = None,
+        whole_chain: bool | None = None,
+        warn: bool = True,
+    ) -> tuple[list[list[int]], list[int]]:
+        """Token rows and, per row, the index of its sequence. ``whole_chain`` (default: a
+        residue-level model) splits a long chain into consecutive windows covering it all;
+        otherwise each sequence is one row cut to its first ``max_len - 2`` residues (logged as
+        a warning when ``warn``)."""
+        whole_chain = self.level == "residue" if whole_chain is None else whole_chain
+        ids = ids or [f"sequence {i + 1}" for i in range(len(sequences))]
+        rows, owner, cut = [], [], 0
+        for i, (seq, sid) in enumerate(zip(sequences, ids, strict=True)):
+            res = self.tok.encode(seq, sid, add_special_tokens=False)
+            if not res:
+                raise QkvError(f"{sid}: empty sequence")
+            if whole_chain:
+                chunks = [res[s : s + self.width] for s in range(0, len(res), self.width)]
+            else:
+                cut += len(res) > self.width
+                chunks = [res[: self.width]]
+            for c in chunks:
+                rows.append([self.tok.cls_id, *c, self.tok.eos_id])
+                owner.append(i)
+        if cut and warn:
+            logger.warning(
+                f"{cut} sequence(s) longer than the model's {self.width} residues were "
+                f"cut to their first {self.width} residues (N terminus kept)"
+            )
+        return rows, owner
+
+    def batches(self, rows: list[list[int]]) -> list[list[int]]:
+        return token_batches([(len(r), 0) for r in rows], self.max_tokens, shuffle=False)
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(B, C)`` (sequence) or ``(B, T, C)`` (residue) float logits."""
+        return self.model(tokens.to(self.device), head=self.level).logits
+
+    @torch.no_grad()
+    def predict(self, sequences: list[str], ids: list[str] | None = None) -> list[np.ndarray]:
+        """Class probabilities per input: ``(C,)`` for a sequence task, ``(L, C)`` (one row
+        per residue, windows joined back) for a residue task. Order = input order."""
+        rows, owner = self.rows(sequences, ids)
+        per_row: list = [None] * len(rows)
+        for idx in self.batches(rows):
+            tokens = pad_sequences([rows[i] for i in idx], self.tok.pad_id)
+            probs = self.logits(tokens).float().softmax(-1).cpu().numpy()
+            for j, i in enumerate(idx):
+                per_row[i] = probs[j] if self.level == "sequence" else probs[j, 1 : len(rows[i]) - 1]
+        out: list = [[] for _ in sequences]
+        for i, p in zip(owner, per_row, strict=True):
+            out[i].append(p)
+        return [parts[0] if self.level == "sequence" else np.concatenate(parts) for parts in out]
+
+    @torch.no_grad()
+    def embed(
+        self, sequences: list[str], ids: list[str] | None = None, per_residue: bool = False
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``(N, D)`` mean of the final hidden states over each sequence's residues (specials
+        and padding excluded) and, if ``per_residue``, one ``(L, D)`` array per sequence.
+        Long sequences are embedded window by window."""
+        rows, owner = self.rows(sequences, ids, whole_chain=True)
+        per_row: list = [None] * len(rows)
+        for idx in self.batches(rows):
+            tokens = pad_sequences([rows[i] for i in idx], self.tok.pad_id)
+            hidden, _, _ = self.model.encode(tokens.to(self.device))
+            states = hidden.float().cpu().numpy()
+            for j, i in enumerate(idx):
+                per_row[i] = states[j, 1 : len(rows[i]) - 1]
+        residues: list = [[] for _ in sequences]
+        for i, h in zip(owner, per_row, strict=True):
+            residues[i].append(h)
+        residues = [np.concatenate(parts) for parts in residues]
+        return np.stack([r.mean(0) for r in residues]), residues if per_residue else []

@@ -1,0 +1,107 @@
+"""Load a translation run directory and translate text (batched, length-sorted)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import runs
+from ..data.batching import pad_sequences
+from ..data.tokenizers import SubwordTokenizer
+from ..errors import ConfigError
+from .search import Seq2SeqModel, beam_search, greedy_decode
+from .stats import DecodeStats
+
+# the recipes whose runs translate: the Transformer and its recurrent baseline
+SEQ2SEQ_RECIPES = ("translation", "translation-rnn")
+
+
+def load_run(
+    run_dir: str | Path, weights: str = "model.safetensors", device: torch.device | str = "cpu"
+) -> tuple[Seq2SeqModel, SubwordTokenizer]:
+    """Model (eval mode) and tokenizer of a translation run (a Transformer or a recurrent
+    baseline); see :func:`qkv.runs.load_run`."""
+    return runs.load_run(run_dir, weights, device, family=SEQ2SEQ_RECIPES)
+
+
+class Translator:
+    """Translate sentences with a trained encoder-decoder (a :class:`~qkv.models.transformer.Transformer`
+    or a :class:`~qkv.models.rnn.RNNSeq2Seq`).
+
+    Args:
+        model, tokenizer: as from :func:`load_run`.
+        beam_size: 1 = greedy; alpha: length penalty (§6.1: 4 and 0.6).
+            Raises :class:`~qkv.errors.ConfigError` for a beam outside 1..vocabulary size or
+            an alpha that is negative or not finite.
+        max_src_tokens: longer inputs are truncated with a warning (default: model max_len - 2).
+        batch_size: sentences per decoding batch.
+
+    Attribute ``last_stats``: the :class:`~qkv.inference.stats.DecodeStats` of the latest
+    :meth:`translate` call (``items`` = non-blank sentences, ``new_tokens`` = output pieces).
+    """
+
+    def __init__(
+        self,
+        model: Seq2SeqModel,
+        tokenizer: SubwordTokenizer,
+        beam_size: int = 4,
+        alpha: float = 0.6,
+        batch_size: int = 64,
+        max_src_tokens: int | None = None,
+    ) -> None:
+        vocab = model.config.tgt_vocab_size
+        assert vocab is not None  # Transformer.__init__ required it
+        if not (isinstance(beam_size, int) and 1 <= beam_size <= vocab):
+            raise ConfigError(
+                f"beam size must be between 1 (greedy) and the vocabulary size {vocab} (got {beam_size})"
+            )
+        if not math.isfinite(alpha) or alpha < 0:
+            raise ConfigError(f"length penalty alpha must be a finite number >= 0 (got {alpha})")
+        self.model, self.tokenizer = model, tokenizer
+        self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
+        self.max_src_tokens = max_src_tokens or model.config.max_len - 2
+        self.device = next(model.parameters()).device
+        self.last_stats: DecodeStats | None = None
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: torch.device | str = "cpu", **kwargs: Any) -> Translator:
+        return cls(*load_run(run_dir, device=device), **kwargs)
+
+    def encode_sources(self, sentences: list[str]) -> list[list[int]]:
+        ids = self.tokenizer.encode_batch(sentences)
+        for i, s in enumerate(ids):
+            if len(s) > self.max_src_tokens:
+                warnings.warn(
+                    f"input line {i + 1} has {len(s)} subword tokens; truncated to the "
+                    f"limit of {self.max_src_tokens}",
+                    stacklevel=2,
+                )
+                ids[i] = s[: self.max_src_tokens]
+        return ids
+
+    @torch.no_grad()
+    def translate(self, sentences: list[str]) -> list[str]:
+        """Translations in input order; an empty (or blank) line translates to ``""``."""
+        cfg = self.model.config
+        stats = DecodeStats()
+        ids = self.encode_sources(sentences)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[str] = [""] * len(ids)
+        todo = [i for i in order if sentences[i].strip()]
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start : start + self.batch_size]
+            src = pad_sequences([ids[i] + [cfg.eos_id] for i in chunk], cfg.pad_id).to(self.device)
+            if self.beam_size == 1:
+                hyps = greedy_decode(self.model, src)
+            else:
+                hyps = beam_search(self.model, src, self.beam_size, self.alpha)
+            for i, text in zip(chunk, self.tokenizer.decode_batch(hyps), strict=True):
+                out[i] = text
+            stats.items += len(chunk)
+            stats.new_tokens += sum(len(h) for h in hyps)
+        self.last_stats = stats.stop()
+        return out
