@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import alternate, machine, publish, row  # noqa: E402  (benchmarks/common.py)
 
-from qkv.inference.text import TextEncoder  # noqa: E402
 from qkv.hub.pretrained import locate  # noqa: E402
+from qkv.inference.text import TextEncoder  # noqa: E402
 from qkv.models.encoder import masked_mean  # noqa: E402
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))

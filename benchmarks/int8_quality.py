@@ -26,8 +26,8 @@ import torch
 from common import machine, publish  # noqa: E402  (benchmarks/common.py)
 
 from qkv.data.protein_tasks import load_paratope
-from qkv.inference.quantize import cast_weights
 from qkv.hub.pretrained import load
+from qkv.inference.quantize import cast_weights
 
 WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": "int8"}  # for cast_weights
 PRECISIONS = tuple(WEIGHTS)
