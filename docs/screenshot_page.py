@@ -16,8 +16,8 @@ import sys
 
 from playwright.sync_api import sync_playwright
 
+from qkv import load_explainer
 from qkv.explain.server import create_app, serve_in_thread
-from qkv.recipes.loading import load_explainer
 
 
 def main(run_dir: str, text: str, out: str) -> None:

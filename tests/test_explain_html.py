@@ -328,11 +328,14 @@ def test_the_explain_package_still_answers_for_run_directories_with_a_deprecatio
     import qkv.explain
     from qkv.recipes import loading
 
-    with pytest.warns(DeprecationWarning, match=r"call qkv\.recipes\.loading\.show") as record:
+    with pytest.warns(DeprecationWarning, match=r"call qkv\.show\(run_dir") as record:
         old = qkv.explain.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
     assert [w.filename for w in record] == [__file__]
     new = loading.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
     assert old.explanation.output == new.explanation.output and old.notes == new.notes
+    short = qkv.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)  # the short name
+    assert short.explanation.output == new.explanation.output
+    assert type(qkv.load_explainer(tiny_runs["lm"])) is type(loading.load_explainer(tiny_runs["lm"]))
     with pytest.warns(DeprecationWarning), pytest.raises(QkvError, match="max_tokens must be >= 1"):
         qkv.explain.show(tiny_runs["lm"], "ROMEO", max_tokens=0)  # checked before the model loads
     for module in ("qkv.explain", "qkv.explain.loader"):

@@ -19,3 +19,21 @@ def load(name_or_path: str | Path, device: torch.device | str = "cpu") -> tuple[
     from .hub.pretrained import load as _load
 
     return _load(name_or_path, device)
+
+
+def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu", **options: Any) -> Any:
+    """The explainer of a run directory (trained or converted), the one its recipe names: see
+    :func:`qkv.recipes.loading.load_explainer`. Imported on first use."""
+    from .recipes.loading import load_explainer as _load_explainer
+
+    return _load_explainer(run_dir, device, **options)
+
+
+def show(run_or_explainer: Any, input: Any = None, **options: Any) -> Any:
+    """The explainer page of one input to a run directory's model (or to an explainer):
+    ``qkv.show(run_dir, "Ein Mann liest.")`` as the last line of a notebook cell draws it,
+    ``.save("page.html")`` writes it. The options are :func:`qkv.recipes.loading.show`'s.
+    Imported on first use."""
+    from .recipes.loading import show as _show
+
+    return _show(run_or_explainer, input, **options)

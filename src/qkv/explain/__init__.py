@@ -3,7 +3,7 @@ and the same page standalone (:func:`show`: inline in Jupyter, or one HTML file)
 
 Model code never imports this package; it imports the models, so inspection can change
 without touching the paper's modules. The explainer of a run directory is its recipe's:
-:func:`qkv.recipes.loading.load_explainer` loads it (``qkv.explain.load_explainer`` still
+:func:`qkv.load_explainer` loads it (``qkv.explain.load_explainer`` still
 answers, deprecated, see :mod:`qkv.explain.loader`).
 """
 

@@ -3,7 +3,7 @@
 The explainer of a run directory is the one its recipe names, and this package sits below the
 recipes (they import its explainers), so picking one is the recipes' layer's job. Until it is
 removed, ``qkv.explain.loader.load_explainer`` and ``qkv.explain.load_explainer`` still answer,
-with a ``DeprecationWarning``.
+with a ``DeprecationWarning``; use ``qkv.load_explainer``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def moved(name: str, old: str, stacklevel: int = 3) -> Any:
     this package sits below the recipes, and this deprecated forward is the one way up, listed
     in ``tests/test_imports.py`` until it is removed."""
     warnings.warn(
-        f"{old} is deprecated: use qkv.recipes.loading.{name}", DeprecationWarning, stacklevel=stacklevel
+        f"{old} is deprecated: use qkv.{name} (qkv.recipes.loading.{name})",
+        DeprecationWarning,
+        stacklevel=stacklevel,
     )
     return getattr(importlib.import_module("qkv.recipes.loading"), name)
 

@@ -106,9 +106,9 @@ def show(
     as the last line of a notebook cell draws it; ``.save("page.html")`` writes it.
 
     Args:
-        run_or_model: an explainer (:func:`qkv.recipes.loading.load_explainer` loads the one of
+        run_or_model: an explainer (:func:`qkv.load_explainer` loads the one of
             a run directory, trained or converted). A run directory itself is deprecated here:
-            :func:`qkv.recipes.loading.show` takes one (this function still forwards it there,
+            :func:`qkv.show` takes one (this function still forwards it there,
             with a ``DeprecationWarning``).
         input: what the model reads. Text runs: a string (a sentence to translate, a prompt,
             a protein sequence, a sentence). A sentence encoder (a converted MiniLM or BERT, a
@@ -181,8 +181,8 @@ def _show_run(run_dir: str | Path, input: Any, **kwargs: Any) -> ExplainerPage:
     sits below the recipes). Imported by name when called, so that the one reach upwards is
     this deprecated forward, listed in ``tests/test_imports.py`` until it is removed."""
     warnings.warn(
-        "qkv.explain.show(run_dir, ...) is deprecated: call qkv.recipes.loading.show(run_dir, ...), "
-        "or pass show an explainer (qkv.recipes.loading.load_explainer(run_dir))",
+        "qkv.explain.show(run_dir, ...) is deprecated: call qkv.show(run_dir, ...), "
+        "or pass show an explainer (qkv.load_explainer(run_dir))",
         DeprecationWarning,
         stacklevel=3,  # show's caller
     )
