@@ -1,12 +1,13 @@
 """The recipe interface: one object per kind of run, carrying everything the rest of the
 program needs to know about it.
 
-A recipe module (``qkv.recipes.translation``, ``qkv.recipes.lm``, ...) defines its settings
-class, its ``train`` and ``evaluate`` functions and its summary text, and exports one
+A recipe module (``qkv.recipes.translation``, ``qkv.recipes.lm``, ...) defines its
+``*Settings`` class, its run (a :class:`~qkv.recipes.skeleton.TrainingRun` subclass: the
+parts of a run that are its own), its ``evaluate_run`` and its summary text, and exports one
 :class:`Recipe` that names them; :mod:`qkv.recipes.registry` collects those objects from real
-imports. The command line, :mod:`qkv.runs` (loading a run for inference) and
-:mod:`qkv.recipes.loading` ask the registry, so adding a model family means writing its model
-module and its recipe module and adding one line to the registry.
+imports. The command line and :mod:`qkv.recipes.loading` (a run's explainer) ask the registry,
+so adding a model family means writing its model module and its recipe module and adding one
+line to the registry.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ class Recipe:
         name: the name on the command line and in ``train_config.json`` (``"translation"``).
         settings: the frozen settings dataclass ``qkv train NAME`` resolves (``--config``,
             ``key=value``); ``None`` for a kind of run that is converted, not trained.
-        train: ``(settings, run_dir, resume=False, progress=True) → summary dict``; writes the
-            run directory and ``summary.json``.
-        evaluate: ``(run_dir, split, device, **options) → metrics dict`` on a data split of
-            the run's own task; ``options`` are those named in ``evaluate_options``.
+        train: ``(settings, run_dir, resume=False, progress=True) → summary dict`` (the run
+            class's :meth:`~qkv.recipes.skeleton.TrainingRun.train`); writes the run directory
+            and ``summary.json``.
+        evaluate: the module's ``evaluate_run(run_dir, split, device, *, options) → metrics
+            dict`` on a data split of the run's own task; ``options`` (keyword-only) are those
+            named in ``evaluate_options``.
         splits: the split names ``evaluate`` accepts, the default first.
         evaluate_options: keyword options of ``evaluate`` beyond the split and device
             (translation: ``beam_size``, ``alpha``, ``limit``); the CLI refuses others.
