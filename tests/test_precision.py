@@ -18,7 +18,7 @@ from qkv.cli import main
 from qkv.device import cpu_has_amx_bf16, cpu_has_native_bf16, resolve_precision
 from qkv.errors import QkvError
 from qkv.inference.lm import TextGenerator
-from qkv.recipes.lm import LMSettings, train_lm
+from qkv.recipes.lm import LMRun, LMSettings
 from qkv.recipes.translation import TranslationSettings
 from qkv.settings import field_names, resolve
 from qkv.train.loop import train_loop
@@ -256,7 +256,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
             "eval_batches=2",
         ],
     )
-    train_lm(recipe, tmp_path / "run", progress=False)
+    LMRun.train(recipe, tmp_path / "run", progress=False)
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert saved["train"]["precision"] == "auto", "the setting as given"
     assert saved["resolved"] == {

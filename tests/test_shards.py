@@ -20,7 +20,7 @@ from qkv.data.shards import PreparedData, Split, SplitWriter
 from qkv.data.text import load_corpus, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer, SubwordTokenizer, load_tokenizer
 from qkv.errors import QkvError
-from qkv.recipes.lm import LMSettings, train_lm
+from qkv.recipes.lm import LMRun, LMSettings
 from qkv.settings import resolve
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -89,7 +89,7 @@ def test_prepared_text_trains_bit_identically_to_the_text_in_memory(tmp_path, sm
     runs = {}
     for name, extra in (("text", []), ("shards", [f"data={tmp_path / 'data'}"])):
         recipe = resolve(LMSettings, None, settings + extra)
-        runs[name] = train_lm(recipe, tmp_path / name, progress=False)
+        runs[name] = LMRun.train(recipe, tmp_path / name, progress=False)
     assert runs["text"]["validation"] == runs["shards"]["validation"]
     a, b = (tmp_path / n / "model.safetensors" for n in ("text", "shards"))
     assert a.read_bytes() == b.read_bytes()
@@ -98,7 +98,7 @@ def test_prepared_text_trains_bit_identically_to_the_text_in_memory(tmp_path, sm
     prepare.prepare_lm(["tinyshakespeare"], tmp_path / "again", shard_tokens=300_000)
     recipe = resolve(LMSettings, None, [*settings, f"data={tmp_path / 'again'}", "train.max_steps=40"])
     with pytest.raises(QkvError, match="not the data this run started on"):
-        train_lm(recipe, tmp_path / "shards", resume=True, progress=False)
+        LMRun.train(recipe, tmp_path / "shards", resume=True, progress=False)
 
 
 def test_text_is_read_in_chunks_as_python_reads_it_whole(tmp_path, monkeypatch):

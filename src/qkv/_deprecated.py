@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from collections.abc import Callable
@@ -10,7 +11,8 @@ from typing import Any
 
 def moved(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` (PEP 562) for names that moved: ``new_homes`` maps each old
-    name to ``"new.module"`` or ``"new.module:new_name"``. Getting one warns
+    name to ``"new.module"`` or ``"new.module:new_name"`` (a dotted ``new_name`` reaches an
+    attribute: ``"qkv.recipes.lm:LMRun.train"``). Getting one warns
     (``DeprecationWarning``, naming the new path) and returns the object from its new home;
     any other name raises ``AttributeError`` as usual.
 
@@ -27,7 +29,7 @@ def moved(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module(target), new_name)
+        return functools.reduce(getattr, new_name.split("."), importlib.import_module(target))
 
     return __getattr__
 

@@ -472,8 +472,11 @@ RECIPE = Recipe(
 )
 
 # the old names (issue 42): importable for one more release
-train_lm = LMRun.train
 __getattr__ = moved(
     __name__,
-    {"LMRecipe": f"{__name__}:LMSettings", "evaluate_lm_run": f"{__name__}:evaluate_run"},
+    {
+        "train_lm": f"{__name__}:LMRun.train",
+        "LMRecipe": f"{__name__}:LMSettings",
+        "evaluate_lm_run": f"{__name__}:evaluate_run",
+    },
 )

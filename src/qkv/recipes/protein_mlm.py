@@ -261,8 +261,11 @@ RECIPE = Recipe(
 )
 
 # the old names (issue 42): importable for one more release
-train_protein_mlm = ProteinMLMRun.train
 __getattr__ = moved(
     __name__,
-    {"ProteinMLMRecipe": f"{__name__}:ProteinMLMSettings", "evaluate_mlm_run": f"{__name__}:evaluate_run"},
+    {
+        "train_protein_mlm": f"{__name__}:ProteinMLMRun.train",
+        "ProteinMLMRecipe": f"{__name__}:ProteinMLMSettings",
+        "evaluate_mlm_run": f"{__name__}:evaluate_run",
+    },
 )

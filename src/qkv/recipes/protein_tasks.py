@@ -343,10 +343,11 @@ CLS_RECIPE = _protein_recipe("protein-cls", ProteinCLSRun.train)
 RESIDUE_RECIPE = _protein_recipe("protein-residue", ProteinResidueRun.train)
 
 # the old names (issue 42): importable for one more release
-train_protein_cls, train_protein_residue = ProteinCLSRun.train, ProteinResidueRun.train
 __getattr__ = moved(
     __name__,
     {
+        "train_protein_cls": f"{__name__}:ProteinCLSRun.train",
+        "train_protein_residue": f"{__name__}:ProteinResidueRun.train",
         "ProteinTaskRecipe": f"{__name__}:ProteinTaskSettings",
         "evaluate_protein_run": f"{__name__}:evaluate_run",
     },

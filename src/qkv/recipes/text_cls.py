@@ -253,8 +253,11 @@ RECIPE = Recipe(
 )
 
 # the old names (issue 42): importable for one more release
-train_text_cls = TextClsRun.train
 __getattr__ = moved(
     __name__,
-    {"TextClsRecipe": f"{__name__}:TextClsSettings", "evaluate_text_run": f"{__name__}:evaluate_run"},
+    {
+        "train_text_cls": f"{__name__}:TextClsRun.train",
+        "TextClsRecipe": f"{__name__}:TextClsSettings",
+        "evaluate_text_run": f"{__name__}:evaluate_run",
+    },
 )

@@ -366,10 +366,10 @@ RNN_RECIPE = replace(
 )
 
 # the old names (issue 42): importable for one more release
-train_translation = TranslationRun.train
 __getattr__ = moved(
     __name__,
     {
+        "train_translation": f"{__name__}:TranslationRun.train",
         "TranslationRecipe": f"{__name__}:TranslationSettings",
         "RNNTranslationRecipe": f"{__name__}:RNNTranslationSettings",
     },

@@ -294,10 +294,10 @@ RECIPE = Recipe(
 )
 
 # the old names (issue 42): importable for one more release
-train_vit = ViTRun.train
 __getattr__ = moved(
     __name__,
     {
+        "train_vit": f"{__name__}:ViTRun.train",
         "ViTRecipe": f"{__name__}:ViTSettings",
         "evaluate_vit_run": f"{__name__}:split_scores",
         "evaluate_with_confusion": f"{__name__}:evaluate_run",
