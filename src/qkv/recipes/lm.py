@@ -161,8 +161,8 @@ class LMSettings:
 INIT_KEYS = ("max_len", "dropout", "attention_dropout", "activation_dropout")
 
 
-def init_model(recipe: LMSettings) -> tuple[DecoderLM, Tokenizer]:
-    """``(model, tokenizer)`` of ``recipe.init``: the pretrained decoder with the recipe's window
+def init_model(settings: LMSettings) -> tuple[DecoderLM, Tokenizer]:
+    """``(model, tokenizer)`` of ``settings.init``: the pretrained decoder with the recipe's window
     (``model.max_len``) and dropouts, its weights loaded (a learned position table cut to the
     window), in training mode, on the CPU.
 
@@ -173,30 +173,30 @@ def init_model(recipe: LMSettings) -> tuple[DecoderLM, Tokenizer]:
     """
     from ..hub.pretrained import load
 
-    assert recipe.init is not None
-    pretrained, tok = load(recipe.init)
+    assert settings.init is not None
+    pretrained, tok = load(settings.init)
     if not isinstance(pretrained, DecoderLM):
-        raise QkvError(f"init={recipe.init} is not a language model (a {type(pretrained).__name__})")
+        raise QkvError(f"init={settings.init} is not a language model (a {type(pretrained).__name__})")
     base, default = pretrained.config, LMConfig()
     clash = [
-        f"model.{f.name}={getattr(recipe.model, f.name)!r} (the checkpoint's: {getattr(base, f.name)!r})"
+        f"model.{f.name}={getattr(settings.model, f.name)!r} (the checkpoint's: {getattr(base, f.name)!r})"
         for f in fields(LMConfig)
         if f.name not in INIT_KEYS
-        and getattr(recipe.model, f.name) not in (getattr(default, f.name), getattr(base, f.name))
+        and getattr(settings.model, f.name) not in (getattr(default, f.name), getattr(base, f.name))
     ]
     if clash:
-        raise ConfigError(f"init={recipe.init} fixes the architecture; leave out {', '.join(clash)}")
-    if recipe.model.max_len > base.max_len:
+        raise ConfigError(f"init={settings.init} fixes the architecture; leave out {', '.join(clash)}")
+    if settings.model.max_len > base.max_len:
         raise ConfigError(
-            f"model.max_len ({recipe.model.max_len}) is longer than init={recipe.init}'s context "
+            f"model.max_len ({settings.model.max_len}) is longer than init={settings.init}'s context "
             f"({base.max_len})"
         )
-    config = replace(base, **{k: getattr(recipe.model, k) for k in INIT_KEYS})
+    config = replace(base, **{k: getattr(settings.model, k) for k in INIT_KEYS})
     if config.bos_id is None:  # a config without a usable start token: the corpus's (for samples)
         config = replace(config, bos_id=start_token(tok))
     if config.bos_id is None:
         raise QkvError(
-            f"init={recipe.init} names no start token and its tokenizer has neither a newline token "
+            f"init={settings.init} names no start token and its tokenizer has neither a newline token "
             "nor a bos token: the samples at the end of the run would have nothing to start from"
         )
     model = DecoderLM(config)
@@ -391,19 +391,19 @@ def _warn_cut(sequences: list[torch.Tensor], block_size: int) -> None:
         )
 
 
-def write_samples(generator: TextGenerator, path: Path, recipe: LMSettings) -> list[str]:
+def write_samples(generator: TextGenerator, path: Path, settings: LMSettings) -> list[str]:
     """``num_samples`` samples from the start token, written to ``path`` (nanoGPT's sample.py
     settings by default: temperature 0.8, top-k 200)."""
     texts = generator.generate(
-        [""] * recipe.num_samples,
-        recipe.sample_tokens,
-        temperature=recipe.temperature,
-        top_k=recipe.top_k,
-        seed=recipe.train.seed,
+        [""] * settings.num_samples,
+        settings.sample_tokens,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        seed=settings.train.seed,
     )
     header = (
-        f"# {recipe.num_samples} samples, {recipe.sample_tokens} tokens each, from the start "
-        f"token; temperature {recipe.temperature}, top-k {recipe.top_k}, seed {recipe.train.seed}\n"
+        f"# {settings.num_samples} samples, {settings.sample_tokens} tokens each, from the start "
+        f"token; temperature {settings.temperature}, top-k {settings.top_k}, seed {settings.train.seed}\n"
     )
     write_text(path, header + "\n---------------\n".join(texts) + "\n")
     return texts

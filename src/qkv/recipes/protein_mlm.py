@@ -113,8 +113,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device |
     model = ProteinEncoder.from_run(run_dir, device).model
     tok = AminoAcidTokenizer()
     if settings.get("data"):
-        recipe = ProteinMLMSettings(data=settings["data"], val_limit=settings.get("val_limit"))
-        val_ids = _corpus(recipe, tok)[1]
+        run_settings = ProteinMLMSettings(data=settings["data"], val_limit=settings.get("val_limit"))
+        val_ids = _corpus(run_settings, tok)[1]
     else:
         _, val_seqs = load_pretraining_corpus(settings["val_fraction"])
         val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs[: settings.get("val_limit")]]
@@ -152,23 +152,23 @@ def unigram_ppl(counts: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Te
 
 
 def _corpus(
-    recipe: ProteinMLMSettings, tok: AminoAcidTokenizer
+    settings: ProteinMLMSettings, tok: AminoAcidTokenizer
 ) -> tuple[list[list[int]], list[list[int]], torch.Tensor, PreparedData | None]:
     """``(training ids, held-out ids, training token counts (vocab,), prepared data)``: the
     UniProt + RefSeq corpus in memory (``prepared`` None), or token shards (``data=``; the
     training ids are then read batch by batch and the list is empty)."""
-    if recipe.data is not None:
-        prepared = PreparedData.open(recipe.data, "protein-mlm")
+    if settings.data is not None:
+        prepared = PreparedData.open(settings.data, "protein-mlm")
         split = prepared.val
-        val_ids = [split.sequence(i).tolist() for i in range(min(split.num_sequences, _val_cap(recipe)))]
+        val_ids = [split.sequence(i).tolist() for i in range(min(split.num_sequences, _val_cap(settings)))]
         counts = torch.tensor(prepared.meta["token_counts"]["train"], dtype=torch.float64)
         logger.info(
-            f"{recipe.data}: {prepared.train.num_sequences:,} training proteins ({len(prepared.train):,} "
+            f"{settings.data}: {prepared.train.num_sequences:,} training proteins ({len(prepared.train):,} "
             f"residues, on disk), {len(val_ids):,} held-out proteins validated on"
         )
         return [], val_ids, counts, prepared
-    train_seqs, val_seqs = load_pretraining_corpus(recipe.val_fraction)
-    train_seqs, val_seqs = train_seqs[: recipe.train_limit], val_seqs[: recipe.val_limit]
+    train_seqs, val_seqs = load_pretraining_corpus(settings.val_fraction)
+    train_seqs, val_seqs = train_seqs[: settings.train_limit], val_seqs[: settings.val_limit]
     train_ids = [tok.encode(s, add_special_tokens=False) for s in train_seqs]
     val_ids = [tok.encode(s, add_special_tokens=False) for s in val_seqs]
     logger.info(
@@ -178,8 +178,8 @@ def _corpus(
     return train_ids, val_ids, token_counts(train_ids, tok.vocab_size), None
 
 
-def _val_cap(recipe: ProteinMLMSettings) -> int:
-    return recipe.val_limit if recipe.val_limit is not None else SHARD_VAL_PROTEINS
+def _val_cap(settings: ProteinMLMSettings) -> int:
+    return settings.val_limit if settings.val_limit is not None else SHARD_VAL_PROTEINS
 
 
 class ProteinMLMRun(TrainingRun):

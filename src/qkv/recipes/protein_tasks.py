@@ -116,7 +116,7 @@ class ProteinTaskSettings:
 
 
 def build_model(
-    recipe: ProteinTaskSettings, num_labels: int, level: str = "sequence"
+    settings: ProteinTaskSettings, num_labels: int, level: str = "sequence"
 ) -> tuple[EncoderModel, AminoAcidTokenizer | PretrainedProteinTokenizer]:
     """``(model, tokenizer)``: from scratch, qkv's amino-acid tokenizer and the recipe's
     ``model`` fields; with ``init``, the pretrained encoder's architecture (this recipe's
@@ -128,24 +128,24 @@ def build_model(
     Raises:
         QkvError: ``init`` cannot be loaded, or is not an encoder of protein sequences.
     """
-    if not recipe.init:
+    if not settings.init:
         tok = AminoAcidTokenizer()
         return EncoderModel(
-            replace(recipe.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, num_labels=num_labels)
+            replace(settings.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, num_labels=num_labels)
         ), tok
     from ..hub.pretrained import load
 
-    pretrained, pretrained_tok = load(recipe.init)
+    pretrained, pretrained_tok = load(settings.init)
     if not isinstance(pretrained, EncoderModel):
-        raise QkvError(f"init={recipe.init} is a {type(pretrained).__name__}, not an encoder")
+        raise QkvError(f"init={settings.init} is a {type(pretrained).__name__}, not an encoder")
     model = encoder_with_head(
         pretrained,
         num_labels,
-        recipe.model.pooling,
-        recipe.model.dropout,
+        settings.model.pooling,
+        settings.model.dropout,
         f"{level}_head",
-        recipe.mode,
-        recipe.train.lora,
+        settings.mode,
+        settings.train.lora,
     )
     return model, protein_tokenizer(pretrained_tok)
 

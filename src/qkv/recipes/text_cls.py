@@ -117,20 +117,20 @@ class TextClsSettings:
         return {"probe": 3e-3, "scratch": 5e-4, "fine-tune": 1e-4, "lora": 5e-4}[self.mode]
 
 
-def build_model(recipe: TextClsSettings, num_labels: int) -> tuple[EncoderModel, HFTokenizer]:
+def build_model(settings: TextClsSettings, num_labels: int) -> tuple[EncoderModel, HFTokenizer]:
     """``(model, tokenizer)``: the init's architecture with a ``num_labels`` head, the recipe's
     dropout and pooling, and (unless ``scratch``) the pretrained weights but for the heads."""
-    pretrained, tokenizer = load(recipe.init)
+    pretrained, tokenizer = load(settings.init)
     if not isinstance(pretrained, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
-        raise QkvError(f"init={recipe.init} is not a pretrained text encoder")
+        raise QkvError(f"init={settings.init} is not a pretrained text encoder")
     model = encoder_with_head(
         pretrained,
         num_labels,
-        recipe.pooling or pretrained.config.pooling,
-        recipe.dropout,
+        settings.pooling or pretrained.config.pooling,
+        settings.dropout,
         "sequence_head",
-        recipe.mode,
-        recipe.train.lora,
+        settings.mode,
+        settings.train.lora,
     )
     return model, tokenizer
 

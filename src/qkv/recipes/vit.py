@@ -93,19 +93,23 @@ class ViTSettings:
             raise ConfigError("; ".join(problems))
 
 
-def load_task(recipe: ViTSettings) -> ImageTask:
+def load_task(settings: ViTSettings) -> ImageTask:
     """The recipe's :class:`~qkv.data.images.ImageTask` (see :func:`load_image_task`)."""
     return load_image_task(
-        recipe.task, recipe.model.image_size, recipe.model.channels, recipe.val_fraction, recipe.split_seed
+        settings.task,
+        settings.model.image_size,
+        settings.model.channels,
+        settings.val_fraction,
+        settings.split_seed,
     )
 
 
-def model_config(recipe: ViTSettings, task: ImageTask) -> ViTConfig:
+def model_config(settings: ViTSettings, task: ImageTask) -> ViTConfig:
     """The recipe's ViT with the image size, channels and class count of the task's data."""
     _, h, w, c = task.train.images.shape
     if h != w:
         raise QkvError(f"{task.name}: images are {h}x{w}; a ViT here takes square images")
-    return replace(recipe.model, image_size=h, channels=c, num_labels=len(task.classes))
+    return replace(settings.model, image_size=h, channels=c, num_labels=len(task.classes))
 
 
 def evaluate_images(classifier: ImageClassifier, data: ImageSet) -> dict:
@@ -234,11 +238,11 @@ def split_scores(run_dir: str | Path, split: str = "test", device: torch.device 
     classifier = ImageClassifier.from_run(run_dir, device)
     saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     keys = ("task", "val_fraction", "split_seed")
-    recipe = resolve(ViTSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
-    recipe = replace(recipe, model=classifier.config)
-    data = load_task(recipe).split(split)
+    settings = resolve(ViTSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
+    settings = replace(settings, model=classifier.config)
+    data = load_task(settings).split(split)
     return {
-        "task": recipe.task,
+        "task": settings.task,
         "split": split,
         "tta": classifier.hflip_tta,
         **evaluate_images(classifier, data),
