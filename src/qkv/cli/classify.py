@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import QkvError
 from .console import log
 from .options import device_option
-from .output import save_embeddings, write_predictions, write_tsv
+from .output import save_embeddings, write_line, write_predictions, write_tsv
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -122,7 +122,7 @@ def _cmd_embed(args) -> int:
 
 
 def _cmd_similarity(args) -> int:
-    print(f"{_text_encoder(args.model, args.device).similarity(args.first, args.second):.4f}")
+    write_line(f"{_text_encoder(args.model, args.device).similarity(args.first, args.second):.4f}")
     return 0
 
 

@@ -11,7 +11,8 @@ from ..errors import QkvError
 
 def log(msg: str) -> None:
     """One message for the person at the terminal, on stderr (stdout holds results only)."""
-    print(msg, file=sys.stderr, flush=True)
+    sys.stderr.write(f"{msg}\n")
+    sys.stderr.flush()
 
 
 class _StderrHandler(logging.Handler):

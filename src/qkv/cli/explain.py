@@ -9,6 +9,7 @@ import math
 from ..errors import QkvError
 from .console import log
 from .options import device_option, sampling_options, search_options
+from .output import write_line
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -100,7 +101,7 @@ def _cmd_explain(args) -> int:
         )
         for note in page.notes:
             log(f"note: {note}")
-        print(page.save(args.html))
+        write_line(page.save(args.html))
     if args.out is not None:
         from ..explain.plots import write_pictures
 
@@ -114,7 +115,7 @@ def _cmd_explain(args) -> int:
             layer=args.layer,
             head=args.head - 1,
         ):
-            print(path)
+            write_line(path)
     return 0
 
 

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from ..errors import QkvError
+from .console import log
 from .options import device_option, sampling_options
 from .output import write_tsv
 
@@ -74,7 +75,7 @@ def _cmd_generate(args) -> int:
         return 0
     for i in range(args.num_samples):
         if args.num_samples > 1:
-            print(f"--- sample {i + 1} ---", file=sys.stderr, flush=True)
+            log(f"--- sample {i + 1} ---")
         echo = _PromptEcho(args.prompt)
         gen.generate(
             [args.prompt],
@@ -91,7 +92,7 @@ def _cmd_generate(args) -> int:
         if args.verbose:
             sys.stdout.flush()
             assert gen.last_stats is not None  # generate() sets it
-            print(gen.last_stats.summary(), file=sys.stderr)
+            log(gen.last_stats.summary())
     sys.stdout.flush()
     return 0
 

@@ -26,9 +26,14 @@ def write_tsv(rows: Iterable[Sequence[str]], header: Sequence[str] | None = None
     out.flush()
 
 
+def write_line(text: object) -> None:
+    """One result line on stdout (a translation, a path, a score): what pipes onward."""
+    sys.stdout.write(f"{text}\n")
+
+
 def write_json(value: Any, indent: int | None = None, ensure_ascii: bool = False) -> None:
     """``value`` as JSON on stdout: one line, or ``indent``-ed for reading."""
-    print(json.dumps(value, indent=indent, ensure_ascii=ensure_ascii))
+    write_line(json.dumps(value, indent=indent, ensure_ascii=ensure_ascii))
 
 
 def write_predictions(predictions: Predictions) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import QkvError
 from .console import log
 from .options import quiet_option, words_after_options
+from .output import write_line
 from .train import remove_unstarted
 
 
@@ -68,7 +69,7 @@ def _cmd_prepare(args) -> int:
         f"({seqs['train']:,} and {seqs['val']:,} sequences) in {len(meta['splits']['train'])} + "
         f"{len(meta['splits']['val'])} shard(s) of {meta['dtype']}; train with data={args.out}"
     )
-    print(Path(args.out).resolve())
+    write_line(Path(args.out).resolve())
     return 0
 
 

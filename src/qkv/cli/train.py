@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import QkvError
 from .console import log
 from .options import quiet_option, words_after_options
-from .output import write_json
+from .output import write_json, write_line
 
 # train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
 SETTING_FLAGS = {
@@ -128,7 +128,7 @@ def _cmd_train(args) -> int:
         if args.json:
             write_json(summary)
         else:
-            print(Path(args.out).resolve())
+            write_line(Path(args.out).resolve())
     return 0
 
 

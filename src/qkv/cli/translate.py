@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from ..errors import QkvError
+from .console import log
 from .options import device_option, search_options, words_after_options
+from .output import write_line
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -29,11 +31,11 @@ def _cmd_translate(args) -> int:
         args.run_dir, device=resolve_device(args.device), beam_size=args.beam, alpha=args.alpha
     )
     for line in translator.translate(_read_inputs(args.text)):
-        print(line, flush=False)
+        write_line(line)
     if args.verbose:
         sys.stdout.flush()
         assert translator.last_stats is not None  # translate() sets it
-        print(translator.last_stats.summary("sentences"), file=sys.stderr)
+        log(translator.last_stats.summary("sentences"))
     return 0
 
 
