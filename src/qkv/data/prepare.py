@@ -29,9 +29,9 @@ import numpy as np
 
 from ..errors import QkvError
 from ..files import write_json
-from .protein import fasta_entries, held_out, pretraining_files
+from .protein import fasta_entries, held_out, pretraining_files, record_id
 from .shards import FORMAT, SPLITS, VERSION, SplitWriter
-from .text import load_corpus_path
+from .text import check_val_fraction, load_corpus_path
 from .tokenizers import (
     AMINO_ACIDS,
     PROTEIN_SPECIALS,
@@ -271,11 +271,6 @@ def _paragraph_sample(
     return kept, record
 
 
-def _check_val_fraction(val_fraction: float) -> None:
-    if not 0.0 < val_fraction < 1.0:
-        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
-
-
 def _check_sizes(**sizes: int) -> None:
     """Refuse a size below 1, naming the sizes checked (``"a, b and c must be >= 1"``)."""
     if any(size < 1 for size in sizes.values()):
@@ -311,7 +306,7 @@ def prepare_lm(
     """
     if tokenizer not in ("char", "bpe"):
         raise QkvError(f"tokenizer must be char or bpe, not {tokenizer!r}")
-    _check_val_fraction(val_fraction)
+    check_val_fraction(val_fraction)
     if not corpora:
         raise QkvError("qkv prepare lm needs at least one corpus file")
     _check_sizes(shard_tokens=shard_tokens, bpe_sample_chars=bpe_sample_chars, vocab_size=vocab_size)
@@ -453,13 +448,6 @@ def _residue_table() -> np.ndarray:
     return table
 
 
-def _fasta_records(path: Path) -> Iterator[tuple[str, str, int]]:
-    """``(id, sequence, bytes of the file read so far)`` of each record of a FASTA file (plain
-    or ``.gz``), read by :func:`qkv.data.protein.fasta_entries` (the one FASTA rule)."""
-    for title, seq, read in fasta_entries(path):
-        yield (title.split(None, 1)[0] if title else ""), seq, read
-
-
 def prepare_protein_mlm(
     fastas: list[str],
     out: str | Path,
@@ -482,7 +470,7 @@ def prepare_protein_mlm(
         QkvError: a missing or unreadable file, an ``out`` that is not empty (unless it holds
             this very preparation unfinished), a split left empty, bad settings.
     """
-    _check_val_fraction(val_fraction)
+    check_val_fraction(val_fraction)
     _check_sizes(shard_tokens=shard_tokens)
     files = [Path(f) for f in fastas] if fastas else pretraining_files()
     settings = {
@@ -530,9 +518,10 @@ def _tokenize_fasta(
                 continue
             skip = position["record"] if f == position["file"] else 0
             last = 0
-            for n, (rec_id, seq, read) in enumerate(_fasta_records(path), 1):
+            for n, (title, seq, read) in enumerate(fasta_entries(path), 1):
                 bar.update(read - last)
                 last = read
+                rec_id = record_id(title)
                 ids, valid, digest = _residues(rec_id, seq, table, dedup)
                 if f < position["file"] or n <= skip:  # done before: only the digests are rebuilt
                     if digest:

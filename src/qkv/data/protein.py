@@ -100,6 +100,11 @@ def _headed(lines: Iterator[str], path: Path) -> Iterator[str]:
     return itertools.chain(head, lines)
 
 
+def record_id(header: str) -> str:
+    """A FASTA record's id: the first word of its header (``""`` for an empty header)."""
+    return header.split(None, 1)[0] if header else ""
+
+
 def read_fasta(
     path: str | Path, tokenizer: AminoAcidTokenizer | None = None, skip_invalid: bool = False
 ) -> list[ProteinRecord]:
@@ -122,7 +127,7 @@ def read_fasta(
     tokenizer = tokenizer or AminoAcidTokenizer()
     records, seen, skipped = [], set(), 0
     for title, text, _ in fasta_entries(path):
-        rec_id = title.split(None, 1)[0] if title else ""
+        rec_id = record_id(title)
         try:
             if not rec_id:
                 raise QkvError(f"{path}: a record has an empty header")

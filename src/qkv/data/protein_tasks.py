@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .files import find_data_file
-from .protein import fasta_entries, read_fasta
+from .protein import fasta_entries, read_fasta, record_id
 from .tokenizers import AminoAcidTokenizer
 
 SPLITS = ("train", "val", "test")
@@ -193,7 +193,7 @@ def _from_fasta_and_labels(
 def _fasta_dict(path: Path) -> dict[str, tuple[str, str]]:
     """``id → (description, sequence text)`` of a FASTA file whose "sequences" are label
     strings (no amino-acid check)."""
-    return {title.split(None, 1)[0]: (title, seq) for title, seq, _ in fasta_entries(path) if title}
+    return {record_id(title): (title, seq) for title, seq, _ in fasta_entries(path) if title}
 
 
 def load_flip_secondary_structure() -> ProteinTask:

@@ -52,11 +52,16 @@ def load_corpus(name: str) -> str:
     return text
 
 
+def check_val_fraction(val_fraction: float) -> None:
+    """Raise :class:`QkvError` unless ``0 < val_fraction < 1``."""
+    if not 0.0 < val_fraction < 1.0:
+        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+
+
 def split_train_val(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
     """First ``1 - val_fraction`` of the characters for training, the rest for validation
     (nanoGPT's ``prepare.py`` split, so numbers compare)."""
-    if not 0.0 < val_fraction < 1.0:
-        raise QkvError(f"val_fraction ({val_fraction}) must be in (0, 1)")
+    check_val_fraction(val_fraction)
     n = int(len(text) * (1 - val_fraction))
     return text[:n], text[n:]
 
