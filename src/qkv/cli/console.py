@@ -1,10 +1,12 @@
-"""What the command line writes to stderr: messages, the library's log records, and the one
-line that says why a command failed, with its exit status."""
+"""What the command line writes to stderr (messages, the library's log records, the one
+line that says why a command failed, with its exit status), and the cleanup of a refused
+command (it leaves nothing behind)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from ..errors import QkvError
 
@@ -79,3 +81,13 @@ def _one_line(exc: BaseException) -> str:
     else:
         text = str(exc) or type(exc).__name__
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def remove_unstarted(out: Path, started_by: str | None = "train_state.pt") -> None:
+    """Remove a directory this command created if it was refused before the file
+    ``started_by`` was written (a refused command leaves nothing behind); a run with a training
+    state is kept. ``None``: removed whatever it holds."""
+    import shutil
+
+    if out.is_dir() and not (started_by and (out / started_by).exists()):
+        shutil.rmtree(out, ignore_errors=True)

@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 
 from ..errors import QkvError
-from .console import log
+from .console import log, remove_unstarted
 from .options import quiet_option, words_after_options
 from .output import write_line
-from .train import remove_unstarted
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QkvError
-from .console import log
+from .console import log, remove_unstarted
 from .options import quiet_option, words_after_options
 from .output import write_json, write_line
 
@@ -145,13 +145,3 @@ def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:
     if saved.get("recipe") != recipe:
         return None
     return {k: v for k, v in saved.items() if k not in PROVENANCE}
-
-
-def remove_unstarted(out: Path, started_by: str | None = "train_state.pt") -> None:
-    """Remove a directory this command created if it was refused before the file
-    ``started_by`` was written (a refused command leaves nothing behind); a run with a training
-    state is kept. ``None``: removed whatever it holds."""
-    import shutil
-
-    if out.is_dir() and not (started_by and (out / started_by).exists()):
-        shutil.rmtree(out, ignore_errors=True)

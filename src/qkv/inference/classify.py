@@ -69,14 +69,9 @@ def classify_files(
         QkvError: the wrong number of files, a file that cannot be read, or a run that cannot
             classify (a protein encoder without a task head, a missing or incomplete run).
     """
-    readers: dict[str, Callable[[str | Path, Sequence[str], str], Predictions]] = {
-        "image": _images,
-        "text": _texts,
-        "protein": _proteins,
-    }
-    if reads not in readers:
-        raise ValueError(f"no classifier reads {reads!r} inputs; known: {', '.join(readers)}")
-    return readers[reads](run_dir, paths, str(device))
+    if reads not in _READERS:
+        raise ValueError(f"no classifier reads {reads!r} inputs; known: {', '.join(_READERS)}")
+    return _READERS[reads](run_dir, paths, str(device))
 
 
 def _images(run_dir: str | Path, paths: Sequence[str], device: str) -> Predictions:
@@ -106,3 +101,11 @@ def _proteins(run_dir: str | Path, paths: Sequence[str], device: str) -> Predict
     ids = [r.id for r in records]
     probs = encoder.predict([r.sequence for r in records], ids)
     return Predictions("id", ids, encoder.classes, probs, per_residue=encoder.level == "residue")
+
+
+# what a classifier run reads (its recipe's ``inputs``) → how its files are read and predicted
+_READERS: dict[str, Callable[[str | Path, Sequence[str], str], Predictions]] = {
+    "image": _images,
+    "text": _texts,
+    "protein": _proteins,
+}
