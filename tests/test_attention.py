@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from torch import nn
 from torch_ref import copy_attention_from_torch
 
-from qkv.inference.invariant import register as register_invariant_backend
 from qkv.nn import (
     KVCache,
     MultiHeadAttention,
@@ -30,7 +29,6 @@ from qkv.nn.attention import BACKENDS as REGISTERED
 from qkv.nn.attention import register_backend
 
 TOL = 1e-5
-register_invariant_backend()  # explicit: importing qkv registers only the nn module's own backends
 BACKENDS = ("eager", "sdpa", "invariant")
 
 

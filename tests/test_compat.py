@@ -370,12 +370,18 @@ def test_the_old_inference_package_name_forwards_with_a_warning():
     import importlib
     import pkgutil
 
-    import qkv.inference
+    def modules(package: str) -> set[str]:
+        return {m.name for m in pkgutil.iter_modules(importlib.import_module(package).__path__)}
 
-    names = [m.name for m in pkgutil.iter_modules(qkv.inference.__path__)]
-    assert names and set(names) == {
-        m.name for m in pkgutil.iter_modules(importlib.import_module("qkv.generate").__path__)
-    }
+    # generate.invariant's one function joined the other attention backends in qkv.nn.attention
+    assert modules("qkv.inference") and modules("qkv.inference") | {"invariant"} == modules("qkv.generate")
+    with pytest.warns(
+        DeprecationWarning, match=r"qkv\.generate\.invariant is deprecated.*qkv\.nn\.attention"
+    ):
+        from qkv.generate.invariant import per_query_attention
+    from qkv.nn.attention import BACKENDS
+
+    assert BACKENDS["invariant"] is per_query_attention
     from qkv.inference.translator import Translator
 
     with pytest.warns(

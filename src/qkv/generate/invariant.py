@@ -1,5 +1,6 @@
-"""Deprecated: moved to :mod:`qkv.inference.invariant`; this name works for one more release."""
+"""Deprecated: the ``"invariant"`` backend is :func:`qkv.nn.attention.per_query_attention`,
+registered with the other attention backends; this name works for one more release."""
 
 from .._deprecated import moved_module
 
-__getattr__ = moved_module(__name__, "qkv.inference.invariant")
+__getattr__ = moved_module(__name__, "qkv.nn.attention")

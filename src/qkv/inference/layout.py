@@ -23,7 +23,7 @@ Decoding in bfloat16 is also made batch-invariant (``batch_invariant``): a kerne
 row's products in another order when it computes one row than when it computes many, and one
 bfloat16 rounding (2^-8) is enough to flip a greedy token at a near-tie, so cached decoding
 would not always reproduce a full forward over the same text. Attention then runs one query
-per call (the ``"invariant"`` backend, :mod:`qkv.inference.invariant`), and a product whose
+per call (the ``"invariant"`` backend, :func:`qkv.nn.attention.per_query_attention`), and a product whose
 one-row kernel sums differently runs a single row as two.
 
 The layout is set by giving each weight a *new* ``nn.Parameter`` (same values and shape, other
@@ -42,7 +42,6 @@ from torch import nn
 from ..device import cpu_has_native_bf16
 from ..nn.attention import MultiHeadAttention
 from ..nn.feedforward import PositionwiseFeedForward
-from .invariant import register as register_invariant_backend
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -209,7 +208,7 @@ def prepare_for_inference(
     bfloat16 CPU parts compute each row the same whatever the number of rows in the call,
     so greedy decoding with the key/value cache gives bit for bit the logits of a full
     forward over the sequence: attention modules take the ``"invariant"`` backend (one SDPA
-    call per query, :mod:`qkv.inference.invariant`) and packed products whose one-row kernel
+    call per query, :func:`qkv.nn.attention.per_query_attention`) and packed products whose one-row kernel
     sums in another order run single rows as two (:class:`PackedLinear`). In float32 the
     kernels' order effects (~1e-7 relative, float32's rounding) stay far below greedy
     decoding's margins, and float32 is left as it is. (What this costs and gains on
@@ -222,8 +221,6 @@ def prepare_for_inference(
         torch.float32: batch_rows is not None and onednn_available() and not model.training,
     }
     invariant = batch_rows is None if batch_invariant is None else batch_invariant
-    if invariant:
-        register_invariant_backend()
     relaid: dict[int, torch.Tensor] = {}
     for parent in model.modules():
         if (

@@ -8,10 +8,9 @@ Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broad
 ``(B, H, q_len, k_len)``.
 
 Backends: one computation of Eq. 1 is a function registered under a name
-(:func:`register_backend`, :data:`BACKENDS`). This module registers ``"sdpa"`` and
-``"eager"``; ``"invariant"`` (inference only) is registered by an explicit call,
-:func:`qkv.inference.invariant.register`, which
-:func:`~qkv.inference.layout.prepare_for_inference` makes before it uses it.
+(:func:`register_backend`, :data:`BACKENDS`). This module registers ``"sdpa"``, ``"eager"``
+and ``"invariant"`` (:func:`per_query_attention`: batch-invariant decoding, inference only,
+which :func:`~qkv.inference.layout.prepare_for_inference` switches a model to).
 """
 
 from __future__ import annotations
@@ -146,10 +145,6 @@ def _sdpa(
     return out * has_key
 
 
-register_backend("sdpa", _sdpa)
-register_backend("eager", _eager)
-
-
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -164,8 +159,8 @@ def scaled_dot_product_attention(
 
     Every backend computes the same function: ``"eager"`` (explicit math, as
     :func:`attention_steps`), ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`,
-    fused and fast) and whatever else is registered (:func:`register_backend`; ``"invariant"``
-    from :mod:`qkv.inference.invariant`, for batch-invariant decoding).
+    fused and fast) and whatever else is registered (:func:`register_backend`; ``"invariant"``,
+    :func:`per_query_attention`, for batch-invariant decoding).
     ``need_weights=True`` always takes the explicit path, so weights are never silently missing.
 
     Args:
@@ -189,6 +184,53 @@ def scaled_dot_product_attention(
     if need_weights:
         return _explicit(q, k, v, mask, is_causal, dropout_p)
     return BACKENDS[backend](q, k, v, mask, is_causal, dropout_p), None
+
+
+# Batch-invariant decoding (inference only). A fused kernel's summation order depends on how
+# many queries and keys share a call, so one query attending over a key/value cache and the
+# same query inside a full causal forward can differ in the last bit; in bfloat16 (8-bit
+# mantissa) that changes greedy tokens at near-ties. Calling SDPA once per query, over exactly
+# the keys it may see, makes each query's output the same bit for bit however the queries are
+# batched. A forward over Tq queries makes Tq calls, which is why
+# qkv.inference.layout.prepare_for_inference switches a model to it, not training.
+def per_query_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """SDPA once per query over its keys (the first ``Tk - Tq + i + 1`` under ``is_causal``),
+    its mask row sliced to match (signature: :data:`Backend`).
+
+    Shape: ``q (B, H, Tq, Dh)``, ``k``/``v (B, H, Tk, Dh)``, ``mask`` bool broadcastable to
+    ``(B, H, Tq, Tk)`` or ``None`` → ``(B, H, Tq, Dh)``.
+
+    Raises:
+        ValueError: ``is_causal`` with ``Tk < Tq`` (as :func:`~qkv.nn.masks.causal_mask`).
+    """
+    tq, tk = q.size(-2), k.size(-2)
+    if is_causal and tk < tq:
+        raise ValueError(f"k_len ({tk}) must be >= q_len ({tq})")  # as causal_mask says
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], tq, tk)
+    outs = []
+    for i in range(tq):
+        end = tk - tq + i + 1 if is_causal else tk
+        row = None if mask is None else mask[..., i : i + 1, :end]
+        outs.append(
+            scaled_dot_product_attention(
+                q[..., i : i + 1, :], k[..., :end, :], v[..., :end, :], row, dropout_p=dropout_p
+            )[0]
+        )
+    return outs[0] if tq == 1 else torch.cat(outs, dim=-2)
+
+
+# The backends, registered here explicitly (no other module registers one as a side effect).
+register_backend("sdpa", _sdpa)
+register_backend("eager", _eager)
+register_backend("invariant", per_query_attention)
 
 
 class KVCache:

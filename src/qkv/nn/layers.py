@@ -40,8 +40,7 @@ class LayerConfig:
             (Zhu et al. 2025). norm_first: pre-LN (Xiong et al. 2020) instead of post-LN.
         bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused), ``"eager"``
             (explicit Eq. 1) or ``"invariant"`` (SDPA per query: batch-invariant, for
-            inference; registered by :mod:`qkv.inference.invariant`, see
-            :mod:`qkv.nn.attention`). layer_norm_eps: the norm's epsilon.
+            inference; :func:`~qkv.nn.attention.per_query_attention`). layer_norm_eps: the norm's epsilon.
     """
 
     d_model: int = 512
