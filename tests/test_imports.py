@@ -45,6 +45,16 @@ def _is_import_by_name(node: ast.AST) -> bool:
     )
 
 
+def _is_deprecated_forward(node: ast.AST) -> bool:
+    """A call of :func:`qkv._deprecated.moved` or ``moved_module``: the module imports the
+    literal qkv names it gives when an old name is used."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("moved", "moved_module")
+    )
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The qkv modules ``name`` imports anywhere in its file (module level, functions,
     conditionals, ``if TYPE_CHECKING:`` blocks, and ``importlib.import_module`` of a literal
@@ -69,6 +79,12 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 targets.add(sub if sub in modules else module)
         elif _is_import_by_name(node):
             targets.add(node.args[0].value)
+        elif _is_deprecated_forward(node):  # the new homes of names that moved
+            targets.update(
+                c.value.partition(":")[0]
+                for c in ast.walk(node)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("qkv.")
+            )
     ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     return {t for t in targets if t in modules and t != name and t not in ancestors}
 
@@ -174,10 +190,11 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # Deprecated names that still answer for one release by importing their new, higher home by
-# name when called (importlib, so that importing the old module imports nothing above it):
-# (importer, imported). Delete each entry with its shim.
+# name when called (importlib or qkv._deprecated.moved: importing the old module imports nothing
+# above it): (importer, imported). Delete each entry with its shim.
 DEPRECATED_FORWARDS: set[tuple[str, str]] = {
-    ("qkv.explain.loader", "qkv.recipes.loading"),  # qkv.explain(.loader).load_explainer
+    ("qkv.explain", "qkv.recipes.loading"),  # qkv.explain.load_explainer
+    ("qkv.explain.loader", "qkv.recipes.loading"),  # qkv.explain.loader.load_explainer
     ("qkv.explain.standalone", "qkv.recipes.loading"),  # qkv.explain.show(run_dir)
 }
 
@@ -214,7 +231,8 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_the_layer_checks_find_what_they_look_for():
     graph = import_graph()
     assert "qkv.explain.explainers" in graph["qkv.recipes.base"]  # under `if TYPE_CHECKING:`
-    assert "qkv.recipes.loading" in graph["qkv.explain.loader"]  # importlib.import_module("qkv...")
+    assert "qkv.recipes.loading" in graph["qkv.explain.standalone"]  # importlib.import_module("qkv...")
+    assert "qkv.recipes.loading" in graph["qkv.explain.loader"]  # moved(__name__, {...: "qkv..."})
     assert "qkv.recipes.loading" not in layered_graph()["qkv.explain.loader"]  # a deprecated forward
     toy = {"qkv.a.x": {"qkv.b", "qkv.a.y"}, "qkv.a.y": set(), "qkv.b": {"qkv.a.y"}, "qkv": {"qkv.b"}}
     assert upward_imports(toy, {"a": 0, "b": 1, "qkv": 2}) == [("qkv.a.x", "qkv.b")]

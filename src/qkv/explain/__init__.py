@@ -7,12 +7,10 @@ without touching the paper's modules. The explainer of a run directory is its re
 answers, deprecated, see :mod:`qkv.explain.loader`).
 """
 
-from typing import Any
-
+from .._deprecated import moved
 from .capture import capture_steps
 from .explainers import AttentionMap, DecodingOptions, Explanation
 from .labels import merge_attention, piece_labels, word_groups
-from .loader import MOVED, moved
 from .rollout import attention_rollout
 from .standalone import ExplainerPage, show
 
@@ -30,7 +28,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in MOVED:  # qkv.explain.load_explainer, deprecated
-        return moved(name, f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, {"load_explainer": "qkv.recipes.loading"})  # deprecated
