@@ -12,7 +12,7 @@ import gzip
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -122,7 +122,9 @@ def load_digits() -> ImageSet:
     )
 
 
-def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndarray:
+def read_image(
+    path: str | Path | BinaryIO, size: int, channels: int, background: Literal["black", "white"] = "black"
+) -> np.ndarray:
     """One image file as the model sees it: ``uint8 (size, size, channels)``.
 
     ``path`` is a file name or an open binary file object (``io.BytesIO(data)`` for bytes
@@ -131,9 +133,10 @@ def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
 
     The rule: decode with Pillow (PNG, JPEG, ...; the first frame of an animation), convert to
     grey (``channels=1``, Pillow's ITU-R 601-2 luma) or RGB (``channels=3``; transparency over
-    black), then resize to ``size × size`` with bilinear filtering (the aspect ratio is not
-    kept). Nothing else is changed: a Fashion-MNIST model expects a light object on a dark
-    background, as in its training data.
+    ``background``: black, as Fashion-MNIST's garments, or white, as emoji are drawn), then
+    resize to ``size × size`` with bilinear filtering (the aspect ratio is not kept).
+    Nothing else is changed: a Fashion-MNIST model expects a light object on a dark background,
+    as in its training data.
 
     Raises:
         QkvError: not a readable image, truncated or corrupt data, more than
@@ -156,8 +159,8 @@ def read_image(path: str | Path | BinaryIO, size: int, channels: int) -> np.ndar
             img.load()
             if img.mode in ("RGBA", "LA", "P"):
                 img = img.convert("RGBA")
-                background = Image.new("RGBA", img.size, (0, 0, 0, 255))
-                img = Image.alpha_composite(background, img)
+                level = 255 if background == "white" else 0
+                img = Image.alpha_composite(Image.new("RGBA", img.size, (level, level, level, 255)), img)
             img = img.convert("L" if channels == 1 else "RGB")
             img = img.resize((size, size), Image.Resampling.BILINEAR)
             arr = np.array(img, dtype=np.uint8)  # a writable copy (torch warns on read-only arrays)
@@ -304,6 +307,19 @@ class ImageBatch:
 
     def shard(self, rank: int, world_size: int) -> ImageBatch:
         return replace(self, rows=self.rows[rank::world_size], part=rank + 1)
+
+
+def check_images(images: np.ndarray, size: int, channels: int) -> None:
+    """Refuse anything but uint8 ``(N, size, size, channels)`` images (what a model reads).
+
+    Raises:
+        QkvError: another rank, size, channel count or dtype, named.
+    """
+    want = (size, size, channels)
+    if images.ndim != 4 or images.shape[1:] != want or images.dtype != np.uint8:
+        raise QkvError(
+            f"images must be uint8 (N, {size}, {size}, {channels}), got {images.dtype} {images.shape}"
+        )
 
 
 def to_model_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:

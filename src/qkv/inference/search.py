@@ -21,19 +21,21 @@ class Seq2SeqModel(Protocol):
     """What decoding needs of an encoder-decoder: a ``config`` with ``max_len``, the vocabulary
     sizes and the ``pad_id``/``bos_id``/``eos_id``, ``encode``, ``decode`` with caches, and
     ``new_caches`` whose first items beam search reorders.
-    :class:`~qkv.models.transformer.Transformer` and :class:`~qkv.models.rnn.RNNSeq2Seq` have them."""
+    :class:`~qkv.models.transformer.Transformer`, :class:`~qkv.models.rnn.RNNSeq2Seq` and the
+    captioner :class:`~qkv.models.caption.CaptionModel` have them (the captioner's source is
+    float pixels ``(B, C, H, W)``; its memory mask is ``None``)."""
 
     config: Any
 
     def encode(
         self, src: torch.Tensor, need_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple]: ...
 
     def decode(
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
-        src_mask: torch.Tensor,
+        src_mask: torch.Tensor | None,
         caches: Any = None,
         start_pos: int = 0,
         need_weights: bool = False,
@@ -45,6 +47,11 @@ class Seq2SeqModel(Protocol):
 
 
 def _start(model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None, extra: int):
+    if src.is_floating_point():  # pixels (a captioner): no ids to check, no source length
+        memory, src_mask, _ = model.encode(src)
+        # bos + the caption fit max_len, so its attention can be recomputed in one pass
+        longest = model.config.max_len - 1
+        return memory, src_mask, longest if max_new_tokens is None else min(max_new_tokens, longest)
     # Check the user's ids and length once here: the model's forward does not (no host syncs).
     if src.dim() != 2 or src.size(1) > model.config.max_len:
         raise ValueError(
@@ -66,7 +73,8 @@ def greedy_decode(
 ) -> list[list[int]]:
     """Pick the most probable next token until ``eos`` (or the length limit).
 
-    Shape: ``src (B, S)`` long, right-padded. Returns B lists of ids (no bos/eos).
+    Shape: ``src (B, S)`` long, right-padded (a captioner's: pixels ``(B, C, H, W)`` float,
+    limit ``max_new_tokens`` or its ``max_len``). Returns B lists of ids (no bos/eos).
     The limit is ``max_new_tokens``, else the longest source + ``extra_len`` (§6.1), capped at
     the model's ``max_len``. Raises ``ValueError`` for an id outside the source vocabulary or
     ``S > max_len``.
@@ -117,8 +125,9 @@ def beam_search(
     (scored at the current length, as in Hugging Face's ``BeamSearchScorer``); the winner
     maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals greedy decoding.
 
-    Shape: ``src (B, S)`` long. Raises ``ValueError`` (:class:`~qkv.errors.ConfigError` for
-    ``beam_size < 1``) for a bad beam size, an id outside the source vocabulary or ``S > max_len``.
+    Shape: ``src (B, S)`` long (a captioner's: pixels ``(B, C, H, W)``). Raises ``ValueError``
+    (:class:`~qkv.errors.ConfigError` for ``beam_size < 1``) for a bad beam size, an id
+    outside the source vocabulary or ``S > max_len``.
     """
     if beam_size < 1:
         raise ConfigError(f"beam_size ({beam_size}) must be >= 1")
@@ -126,7 +135,8 @@ def beam_search(
     memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
     b, k, device = src.size(0), beam_size, src.device
     memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
-    src_mask = src_mask.repeat_interleave(k, dim=0)
+    if src_mask is not None:  # a captioner's patches are all real: no mask
+        src_mask = src_mask.repeat_interleave(k, dim=0)
     caches = model.new_caches()
     scores = torch.zeros(b, k, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: keep one

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import runs
-from ..data.images import read_image, to_model_input
+from ..data.images import check_images, read_image, to_model_input
 from ..errors import QkvError
 from ..models.vit import VisionTransformer
 
@@ -70,12 +70,7 @@ class ImageClassifier:
         return np.stack([read_image(p, self.config.image_size, self.config.channels) for p in paths])
 
     def _check(self, images: np.ndarray) -> None:
-        want = (self.config.image_size, self.config.image_size, self.config.channels)
-        if images.ndim != 4 or images.shape[1:] != want or images.dtype != np.uint8:
-            raise QkvError(
-                f"images must be uint8 (N, {want[0]}, {want[1]}, {want[2]}), got "
-                f"{images.dtype} {images.shape}"
-            )
+        check_images(images, self.config.image_size, self.config.channels)
 
     @torch.no_grad()
     def predict(self, images: np.ndarray) -> np.ndarray:

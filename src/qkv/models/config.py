@@ -383,6 +383,71 @@ class ViTConfig(ModelConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CaptionConfig(ModelConfig):
+    """Hyper-parameters of :class:`qkv.models.caption.CaptionModel` (image → caption).
+
+    The image side is the ViT's (Dosovitskiy et al. 2021, §3.1) without its class token and
+    head: ``channels × image_size × image_size`` pixels cut into ``patch_size`` squares,
+    ``image_positional`` positions (``"learned"``, or ``"sinusoidal"``: fixed 2-D sin-cos), then
+    ``n_encoder_layers``. The text side is the paper's decoder (Vaswani et al. 2017, §3.1):
+    ``n_decoder_layers`` with masked self-attention and cross-attention over the patch states,
+    ``positional`` positions over at most ``max_len`` caption tokens, the output projection
+    tied to the token embeddings (§3.4). ``memory``: ``"patches"`` (the decoder attends over
+    every patch, as Show, Attend and Tell, Xu et al. 2015) or ``"pooled"`` (the no-attention
+    baseline of Show and Tell, Vinyals et al. 2015: the decoder sees one vector, the mean of
+    the patch states). Defaults: pre-LN, GELU, d_model 128, 4 heads, d_ff 256 (the ViT's),
+    4 + 2 layers, 56 × 56 grey images in 7 × 7 patches (64 patches).
+
+    Raises:
+        ConfigError: (a ``ValueError``) on construction, naming every bad value.
+    """
+
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int = 256
+    dropout: float = 0.0
+    activation: Activation = "gelu"
+    norm_first: bool = True
+    positional: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_len: int = 48
+    vocab_size: int | None = None
+    n_encoder_layers: int = 4
+    n_decoder_layers: int = 2
+    image_size: int = 56
+    patch_size: int = 7
+    channels: int = 1
+    image_positional: Literal["sinusoidal", "learned"] = "learned"
+    memory: Literal["patches", "pooled"] = "patches"
+    scale_embeddings: bool = True
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side, ``image_size / patch_size``."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        """Patch tokens per image, ``grid_size²``."""
+        return self.grid_size**2
+
+    def problems(self) -> list[str]:
+        out = super().problems() + self._vocab_problems(("vocab_size",), ("pad_id", "bos_id", "eos_id"))
+        for name in ("n_decoder_layers", "image_size", "patch_size", "channels"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} ({getattr(self, name)}) must be >= 1")
+        if self.n_encoder_layers < 0:
+            out.append(f"n_encoder_layers ({self.n_encoder_layers}) must be >= 0")
+        if self.patch_size >= 1 and self.image_size % self.patch_size:
+            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
+        if self.image_positional == "sinusoidal" and self.d_model % 4:
+            out.append(f"d_model ({self.d_model}) must be divisible by 4 for 2-D sinusoidal positions")
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class RNNConfig(SavedConfig):
     """Hyper-parameters of :class:`qkv.models.rnn.RNNSeq2Seq`, the recurrent encoder-decoder
     the Transformer replaced, kept as the baseline the lecture argues against.

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .config import EncoderConfig, LMConfig, RNNConfig, SavedConfig, TransformerConfig, ViTConfig
+from .caption import CaptionModel
+from .config import (
+    CaptionConfig,
+    EncoderConfig,
+    LMConfig,
+    RNNConfig,
+    SavedConfig,
+    TransformerConfig,
+    ViTConfig,
+)
 from .decoder_lm import DecoderLM
 from .encoder import EncoderModel
 from .rnn import RNNSeq2Seq
@@ -37,8 +46,11 @@ DECODER_LM = ModelType("decoder-lm", LMConfig, DecoderLM)
 ENCODER = ModelType("encoder", EncoderConfig, EncoderModel)
 VIT = ModelType("vit", ViTConfig, VisionTransformer, tokenizer=False)
 RNN_SEQ2SEQ = ModelType("rnn-seq2seq", RNNConfig, RNNSeq2Seq)  # the recurrent baseline
+CAPTION = ModelType("caption", CaptionConfig, CaptionModel)  # image → text
 
-MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT, RNN_SEQ2SEQ)}
+MODEL_TYPES: dict[str, ModelType] = {
+    t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT, RNN_SEQ2SEQ, CAPTION)
+}
 
 
 def for_config(config: SavedConfig) -> ModelType:

@@ -18,11 +18,11 @@ from ..nn.layers import DecoderLayer, EncoderLayer
 from ..nn.masks import padding_mask
 from ..nn.norms import build_norm
 from ..nn.positional import build_positional
-from .config import TransformerConfig
+from .config import CaptionConfig, TransformerConfig
 from .outputs import Seq2SeqOutput
 
 
-def final_norm(cfg: TransformerConfig) -> nn.Module:
+def final_norm(cfg: TransformerConfig | CaptionConfig) -> nn.Module:
     """The norm after the last layer of a pre-LN stack (post-LN layers end normalised)."""
     return (
         build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.norm_first else nn.Identity()
@@ -46,7 +46,7 @@ class Encoder(nn.Module):
     Shape: ``x (B, S, D)``, ``mask`` bool ``(B, 1, 1, S)`` → ``(B, S, D)`` and per-layer weights.
     """
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig | CaptionConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.final_norm = final_norm(cfg)
@@ -69,7 +69,7 @@ class Decoder(nn.Module):
     ``(B, T, D)``, per-layer self and cross weights.
     """
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig | CaptionConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.final_norm = final_norm(cfg)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import runs
 from ..errors import QkvError
-from . import encoder, lm, protein_mlm, protein_tasks, text_cls, translation, vit
+from . import caption, encoder, lm, protein_mlm, protein_tasks, text_cls, translation, vit
 from .base import Recipe
 
 RECIPES: dict[str, Recipe] = {
@@ -25,6 +25,7 @@ RECIPES: dict[str, Recipe] = {
         protein_tasks.RESIDUE_RECIPE,
         vit.RECIPE,
         text_cls.RECIPE,
+        caption.RECIPE,
         encoder.RECIPE,  # converted from Hugging Face, not trained here
     )
 }

@@ -1,0 +1,426 @@
+"""Captioned scenes of garments: a deterministic image → caption task built from Fashion-MNIST.
+
+Inspiration: the captioned MNIST of Mansimov, Parisotto, Ba & Salakhutdinov, "Generating Images
+from Captions with Attention" (ICLR 2016, arXiv:1511.02793): MNIST digits on a 60 × 60 canvas,
+captioned with what they are and where they are relative to each other ("the digit 3 is at the
+top of the digit 5"). This module differs in that the task runs the other way (image → caption,
+for a captioning Transformer); the objects are Fashion-MNIST garments (Xiao et al. 2017); they
+sit in the cells of a fixed 2 × 2 grid of 28 × 28 cells on a 56 × 56 canvas (no overlap, so each
+garment has an exact box and the pixels are exactly its source image); a scene holds 1 to 4
+garments and captions say counts ("two coats"); each scene keeps all its phrasings as
+references; and a fixed set of compositions (:data:`HELD_OUT`) never appears in training, so the
+``*_novel`` splits measure generalisation to unseen combinations of known words.
+
+Grammar (a caption describes the rows; the column of a lone garment in a row is not said):
+
+- row: ``a X`` (one garment), ``two Xs`` (two of one class), ``a X to the left of a Y`` or
+  ``a Y to the right of a X`` (left X, right Y, X ≠ Y);
+- scene: the row's description if one row holds garments, else ``T above B`` or ``B below T``.
+
+A caption's meaning (:data:`Meaning`) is the non-empty rows top to bottom, each a tuple of
+Fashion-MNIST labels left to right; every phrasing of a scene parses back to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import QkvError
+from .images import FASHION_MNIST_CITATION, ImageSet, load_fashion_mnist, stratified_split
+
+logger = logging.getLogger(__name__)
+
+CELL = 28  # a Fashion-MNIST image fills one cell
+GRID = 2  # cells per side; the "above"/"below" grammar assumes two rows
+CANVAS = GRID * CELL
+NOUNS = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
+SCENE_SPLITS = ("train", "val", "val_novel", "test", "test_novel")
+REPEAT_PROBABILITY = 0.3  # a row's second garment copies the first's class: captions need counts
+SCENE_CITATION = (
+    f"Scenes of garments from {FASHION_MNIST_CITATION}, after the captioned MNIST of Mansimov, "
+    "Parisotto, Ba & Salakhutdinov 2016, Generating Images from Captions with Attention (ICLR, "
+    "arXiv:1511.02793)"
+)
+
+Meaning = tuple[tuple[int, ...], ...]
+Box = tuple[int, int, int, int]
+
+
+def _plural(noun: str) -> str:
+    return noun + ("es" if noun.endswith("s") else "s")
+
+
+_SINGULAR = {noun: label for label, noun in enumerate(NOUNS)}
+_PLURAL = {_plural(noun): label for label, noun in enumerate(NOUNS)}
+
+
+def _held_out() -> frozenset[tuple[int, str, int]]:
+    # A fixed rule, so the split never depends on the run's seed: for each class a, one partner
+    # "left" and a different one "above", never a itself (counts, "two Xs", stay trainable).
+    rng = np.random.default_rng(2016)
+    triples = set()
+    for a in range(len(NOUNS)):
+        left, above = rng.choice([b for b in range(len(NOUNS)) if b != a], size=2, replace=False)
+        triples |= {(a, "left", int(left)), (a, "above", int(above))}
+    return frozenset(triples)
+
+
+HELD_OUT: frozenset[tuple[int, str, int]] = _held_out()
+_HELD = np.zeros((2, len(NOUNS), len(NOUNS)), dtype=bool)  # [0 left / 1 above, a, b]: vectorised check
+for _a, _rel, _b in HELD_OUT:
+    _HELD[int(_rel == "above"), _a, _b] = True
+
+
+@dataclass(frozen=True)
+class Garment:
+    """One garment of a scene: Fashion-MNIST ``label`` (index into :data:`NOUNS`), its cell
+    (``row``, ``col`` in 0..GRID-1), ``box`` = (top, left, bottom, right) pixels of that cell
+    (bottom/right exclusive), and ``source``, the index of its image in the Fashion-MNIST split
+    used (for :func:`make_scenes`: the index into the ``source`` image set)."""
+
+    label: int
+    row: int
+    col: int
+    box: Box
+    source: int
+
+
+def _box(row: int, col: int) -> Box:
+    return (row * CELL, col * CELL, (row + 1) * CELL, (col + 1) * CELL)
+
+
+@dataclass
+class SceneSet:
+    """Scenes with captions: ``images`` uint8 ``(N, 56, 56, 1)`` (light garments on black);
+    ``garments`` per scene in cell order (row-major); ``captions`` one phrasing per scene (drawn
+    by the seed; what training uses); ``references`` all phrasings (sorted); ``meanings``;
+    ``ids`` ``"<name>/<i>"``."""
+
+    images: np.ndarray
+    garments: list[tuple[Garment, ...]]
+    captions: list[str]
+    references: list[list[str]]
+    meanings: list[Meaning]
+    ids: list[str]
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def subset(self, index: np.ndarray | Sequence[int]) -> SceneSet:
+        """The scenes at ``index`` (integer indices or a boolean mask), in that order."""
+        rows = np.arange(len(self))[np.asarray(index)]
+        pick = rows.tolist()
+        return SceneSet(
+            self.images[rows],
+            [self.garments[i] for i in pick],
+            [self.captions[i] for i in pick],
+            [self.references[i] for i in pick],
+            [self.meanings[i] for i in pick],
+            [self.ids[i] for i in pick],
+        )
+
+
+def meaning_of(garments: Sequence[Garment]) -> Meaning:
+    """The non-empty rows top to bottom, each a tuple of labels left to right.
+
+    Raises:
+        QkvError: no garments, or two garments in one cell.
+    """
+    cells = sorted((g.row, g.col, g.label) for g in garments)
+    if (
+        not cells
+        or len({cell[:2] for cell in cells}) != len(cells)
+        or not all(0 <= r < GRID and 0 <= c < GRID for r, c, _ in cells)
+    ):
+        raise QkvError(f"a scene needs 1 to {GRID * GRID} garments in distinct grid cells (got {cells})")
+    rows: dict[int, list[int]] = {}
+    for r, _, label in cells:
+        rows.setdefault(r, []).append(label)
+    return tuple(tuple(row) for row in rows.values())
+
+
+def _row_phrasings(row: tuple[int, ...]) -> list[str]:
+    x = NOUNS[row[0]]
+    if len(row) == 1:
+        return [f"a {x}"]
+    if row[0] == row[1]:
+        return [f"two {_plural(x)}"]
+    y = NOUNS[row[1]]
+    return [f"a {x} to the left of a {y}", f"a {y} to the right of a {x}"]
+
+
+@functools.cache  # at most 110 + 110² meanings; generation asks once per scene
+def _phrasings(meaning: Meaning) -> tuple[str, ...]:
+    rows = [_row_phrasings(row) for row in meaning]
+    if len(rows) == 1:
+        return tuple(sorted(set(rows[0])))
+    top, bottom = rows
+    both = [f"{t} above {b}" for t in top for b in bottom] + [f"{b} below {t}" for t in top for b in bottom]
+    return tuple(sorted(set(both)))
+
+
+def describe(garments: Sequence[Garment]) -> list[str]:
+    """Every phrasing of the scene in the grammar (1 to 8), sorted and unique.
+
+    Raises:
+        QkvError: as :func:`meaning_of`.
+    """
+    return list(_phrasings(meaning_of(garments)))
+
+
+def _parse_row(words: list[str]) -> tuple[int, ...] | None:
+    match words:
+        case ["a", x] if x in _SINGULAR:
+            return (_SINGULAR[x],)
+        case ["two", xs] if xs in _PLURAL:
+            return (_PLURAL[xs],) * 2
+        case ["a", x, "to", "the", ("left" | "right") as side, "of", "a", y]:
+            # Two of one class are "two Xs" in the grammar, never "a X to the left of a X".
+            if x not in _SINGULAR or y not in _SINGULAR or x == y:
+                return None
+            pair = (_SINGULAR[x], _SINGULAR[y])
+            return pair if side == "left" else pair[::-1]
+    return None
+
+
+def parse_caption(text: str) -> Meaning | None:
+    """The meaning of a caption, or None when it is not in the grammar. Case and runs of
+    whitespace are ignored; "above"/"below" (at most one) splits the caption into two rows
+    first. No other tolerance: "a coat." or "two coat" are not in the grammar."""
+    words = text.lower().split()
+    splits = [i for i, w in enumerate(words) if w in ("above", "below")]
+    if not splits:
+        row = _parse_row(words)
+        return None if row is None else (row,)
+    if len(splits) > 1:
+        return None
+    i = splits[0]
+    first, second = _parse_row(words[:i]), _parse_row(words[i + 1 :])
+    if first is None or second is None:
+        return None
+    return (first, second) if words[i] == "above" else (second, first)
+
+
+def compositions(garments: Sequence[Garment]) -> set[tuple[int, str, int]]:
+    """The scene's ``(label_a, relation, label_b)`` triples: ``"left"`` for a and b in one row,
+    a in the left cell; ``"above"`` for a in the top row and b in the bottom row (any columns)."""
+    out = set()
+    for a in garments:
+        for b in garments:
+            if a.row == b.row and a.col < b.col:
+                out.add((a.label, "left", b.label))
+            elif a.row < b.row:
+                out.add((a.label, "above", b.label))
+    return out
+
+
+def garment_words() -> dict[str, int]:
+    """Every noun form, singular and plural (``"dress"``, ``"dresses"``, ...), → its label."""
+    return {**_SINGULAR, **_PLURAL}
+
+
+def boxes_for(garments: Sequence[Garment], label: int) -> list[Box]:
+    """The (top, left, bottom, right) boxes of the garments of class ``label``, in cell order."""
+    return [g.box for g in garments if g.label == label]
+
+
+def _has_held_out(occupied: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """bool ``(M,)``: which layouts (``(M, 4)`` cells, row-major) contain a :data:`HELD_OUT`
+    triple; the vectorised twin of :func:`compositions`."""
+    lab = np.where(occupied, labels, 0)
+    hit = np.zeros(len(lab), dtype=bool)
+    for left in (0, 2):  # the two rows' left cells
+        hit |= occupied[:, left] & occupied[:, left + 1] & _HELD[0, lab[:, left], lab[:, left + 1]]
+    for top in (0, 1):
+        for bottom in (2, 3):
+            hit |= occupied[:, top] & occupied[:, bottom] & _HELD[1, lab[:, top], lab[:, bottom]]
+    return hit
+
+
+def make_scenes(source: ImageSet, n: int, seed: int, novel: bool = False, name: str = "scenes") -> SceneSet:
+    """``n`` scenes drawn from ``source`` (28 × 28 × 1 images labelled 0..9, e.g. Fashion-MNIST),
+    a function of ``seed`` alone (``numpy.random.default_rng(seed)``).
+
+    Per scene: 1 to 4 garments (uniform), in a random subset of the cells; each garment a source
+    image drawn uniformly, except that with probability 0.3 a row's right garment repeats the
+    class of its left one (another image of that class, if it has one). ``novel=False`` redraws a
+    scene until it holds no :data:`HELD_OUT` composition; ``novel=True`` until it holds at least
+    one (so novel scenes have 2 to 4 garments). The training caption is drawn uniformly among
+    :func:`describe`'s phrasings. ``Garment.source`` indexes ``source``.
+
+    Raises:
+        QkvError: ``n`` < 1, a negative seed, images not ``(N, 28, 28, 1)``, labels outside 0..9,
+            or a source that cannot make the scenes asked for (e.g. novel scenes from too few
+            classes).
+    """
+    return _make_scenes(source, n, seed, novel, name, np.arange(len(source.labels)))
+
+
+def _make_scenes(
+    source: ImageSet, n: int, seed: int, novel: bool, name: str, source_index: np.ndarray
+) -> SceneSet:
+    labels = np.asarray(source.labels, dtype=np.int64)
+    if n < 1 or seed < 0:
+        raise QkvError(f"make_scenes needs n >= 1 and seed >= 0 (got n={n}, seed={seed})")
+    if source.images.shape[1:] != (CELL, CELL, 1) or not len(labels):
+        raise QkvError(f"scenes need (N, {CELL}, {CELL}, 1) source images (got {source.images.shape})")
+    if labels.min() < 0 or labels.max() >= len(NOUNS):
+        raise QkvError(f"scene source labels must be 0..{len(NOUNS) - 1} (Fashion-MNIST classes)")
+    # Per-class index arrays, flat: class c's images are order[starts[c] : starts[c] + counts[c]].
+    order = np.argsort(labels, kind="stable")
+    counts = np.bincount(labels, minlength=len(NOUNS))
+    starts = np.cumsum(counts) - counts
+    rank = np.empty_like(order)  # an image's position within its class
+    rank[order] = np.arange(len(order)) - starts[labels[order]]
+
+    rng = np.random.default_rng(seed)
+    kept_occupied, kept_sources, need, drawn = [], [], n, 0
+    while need:  # rejection in vectorised batches: a held-out triple is in roughly 1 scene in 5
+        m = max(4096, need * (8 if novel else 2))
+        k = rng.integers(1, GRID * GRID + 1, m)
+        occupied = rng.random((m, GRID * GRID)).argsort(axis=1).argsort(axis=1) < k[:, None]
+        src = rng.integers(0, len(labels), (m, GRID * GRID))
+        left = src[:, 0::2]  # cells 0, 2: each row's left cell; 1, 3: its right cell
+        repeat = occupied[:, 0::2] & occupied[:, 1::2] & (rng.random((m, GRID)) < REPEAT_PROBABILITY)
+        c = labels[left]
+        j = (rng.random((m, GRID)) * np.maximum(counts[c] - 1, 1)).astype(np.int64)
+        j = np.minimum(j + (j >= rank[left]), counts[c] - 1)  # skip the left image unless it is alone
+        src[:, 1::2] = np.where(repeat, order[starts[c] + j], src[:, 1::2])
+        keep = _has_held_out(occupied, labels[src]) == novel
+        if not keep.any():
+            raise QkvError(f"cannot draw {'novel' if novel else 'non-novel'} scenes from these images")
+        kept_occupied.append(occupied[keep][:need])
+        kept_sources.append(src[keep][:need])
+        need -= len(kept_sources[-1])
+        drawn += m
+    occupied, src = np.concatenate(kept_occupied), np.concatenate(kept_sources)
+
+    # Cells never overlap, so copying each image into its cell equals np.maximum onto black.
+    canvas = np.zeros((n, GRID, CELL, GRID, CELL), dtype=np.uint8)  # (scene, row, y, col, x)
+    for cell in range(GRID * GRID):
+        rows = np.flatnonzero(occupied[:, cell])
+        canvas[rows, cell // GRID, :, cell % GRID, :] = source.images[src[rows, cell], :, :, 0]
+    images = canvas.reshape(n, CANVAS, CANVAS, 1)
+
+    pick = rng.random(n)
+    cell_labels, cell_sources = labels[src].tolist(), source_index[src].tolist()
+    boxes = [_box(*divmod(cell, GRID)) for cell in range(GRID * GRID)]
+    scenes = SceneSet(images, [], [], [], [], [f"{name}/{i}" for i in range(n)])
+    # ~10 small acyclic objects per scene: the cyclic collector would rescan them all, again and
+    # again, and triple the time of this loop; it is paused for the loop only.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for i, cells in enumerate(occupied.tolist()):
+            garments = tuple(
+                Garment(cell_labels[i][cell], cell // GRID, cell % GRID, boxes[cell], cell_sources[i][cell])
+                for cell in range(GRID * GRID)
+                if cells[cell]
+            )
+            meaning = meaning_of(garments)
+            phrasings = _phrasings(meaning)
+            scenes.garments.append(garments)
+            scenes.meanings.append(meaning)
+            scenes.references.append(list(phrasings))
+            scenes.captions.append(phrasings[int(pick[i] * len(phrasings))])
+    finally:
+        if collecting:
+            gc.enable()
+    kind = "novel" if novel else "non-novel"
+    logger.info("%d %s scenes (%s) from %d images, seed %d", n, kind, name, len(labels), seed)
+    logger.debug("%s: %d layouts drawn for %d kept", name, drawn, n)
+    return scenes
+
+
+def load_scene_task(
+    n_train: int = 100_000, n_eval: int = 2_000, seed: int = 0, val_fraction: float = 0.1
+) -> dict[str, SceneSet]:
+    """The splits :data:`SCENE_SPLITS` of the scene captioning task, ids ``scenes/<split>/<i>``.
+
+    Fashion-MNIST's training images lose ``val_fraction`` of each class to validation
+    (:func:`stratified_split` with ``seed``): ``train`` (``n_train`` scenes, no held-out
+    composition) is drawn from the rest, ``val`` and ``val_novel`` (``n_eval`` each; novel: at
+    least one :data:`HELD_OUT` composition) from the validation images; ``test`` and
+    ``test_novel`` (``n_eval`` each) only from Fashion-MNIST's test images. Split k (its place in
+    :data:`SCENE_SPLITS`) uses seed ``5 * seed + k``. ``Garment.source`` indexes the
+    Fashion-MNIST split used: ``"train"`` (60,000) for train/val/val_novel, ``"test"`` (10,000)
+    for test/test_novel.
+
+    Raises:
+        QkvError: ``n_train`` or ``n_eval`` < 1, ``seed`` < 0, ``val_fraction`` outside (0, 1),
+            or Fashion-MNIST files that cannot be read.
+    """
+    if n_train < 1 or n_eval < 1 or seed < 0 or not 0 < val_fraction < 1:
+        raise QkvError(
+            "load_scene_task needs n_train, n_eval >= 1, seed >= 0 and 0 < val_fraction < 1 "
+            f"(got {n_train}, {n_eval}, {seed}, {val_fraction})"
+        )
+    full, test = load_fashion_mnist("train"), load_fashion_mnist("test")
+    rest, held = stratified_split(full.labels, val_fraction, seed)
+    everything = np.arange(len(test.labels))
+    plan = {
+        "train": (full, rest, n_train, False),
+        "val": (full, held, n_eval, False),
+        "val_novel": (full, held, n_eval, True),
+        "test": (test, everything, n_eval, False),
+        "test_novel": (test, everything, n_eval, True),
+    }
+    return {
+        split: _make_scenes(
+            images.subset(index), n, len(SCENE_SPLITS) * seed + k, novel, f"scenes/{split}", index
+        )
+        for k, (split, (images, index, n, novel)) in enumerate(plan.items())
+    }
+
+
+def scene_scores(predicted: Sequence[str], meanings: Sequence[Meaning]) -> dict[str, float]:
+    """How well predicted captions describe scenes of known meaning, each share in [0, 1]:
+
+    - ``exact_match``: ``parse_caption(prediction) == meaning``;
+    - ``parsed``: the prediction is in the grammar (``parse_caption`` is not None);
+    - ``garment_accuracy``: over every true garment slot (row i, position j in the row) of
+      every scene, the share where the prediction's meaning has the same label at slot (i, j);
+      a slot the prediction lacks, or an unparsed prediction, is wrong (extra predicted
+      garments cost nothing here: see ``count_accuracy``);
+    - ``count_accuracy``: the prediction names as many garments as the scene holds;
+    - ``relation_accuracy``: same row structure, the tuple of row lengths (how many rows, and
+      how many garments in each); left/right order within a row is judged by
+      ``garment_accuracy``;
+
+    an unparsed prediction is wrong on every measure. ``n``: the number of scenes.
+
+    Raises:
+        QkvError: no predictions, or not one per meaning.
+    """
+    if len(predicted) != len(meanings) or not meanings:
+        raise QkvError(f"scene_scores needs one prediction per scene ({len(predicted)} for {len(meanings)})")
+    exact = parsed = counts = relations = slots_right = slots = 0
+    for text, truth in zip(predicted, meanings, strict=True):
+        guess = parse_caption(text)
+        slots += sum(map(len, truth))
+        if guess is None:
+            continue
+        parsed += 1
+        exact += guess == truth
+        counts += sum(map(len, guess)) == sum(map(len, truth))
+        relations += tuple(map(len, guess)) == tuple(map(len, truth))
+        slots_right += sum(
+            i < len(guess) and j < len(guess[i]) and guess[i][j] == label
+            for i, row in enumerate(truth)
+            for j, label in enumerate(row)
+        )
+    n = len(meanings)
+    return {
+        "exact_match": exact / n,
+        "parsed": parsed / n,
+        "garment_accuracy": slots_right / max(slots, 1),
+        "count_accuracy": counts / n,
+        "relation_accuracy": relations / n,
+        "n": n,
+    }
