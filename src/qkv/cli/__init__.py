@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 
-from . import classify, convert, evaluate, explain, generate, prepare, train, translate
+from . import caption, classify, convert, evaluate, explain, generate, prepare, train, translate
 from .console import log, report, setup_logging
 from .options import Parser, debug_option, take_late_words
 
 __all__ = ["build_parser", "main"]
 
 # in the order `qkv --help` lists the verbs
-VERBS = (train, prepare, translate, evaluate, generate, classify, convert, explain)
+VERBS = (train, prepare, translate, evaluate, generate, classify, caption, convert, explain)
 
 
 def build_parser() -> argparse.ArgumentParser:

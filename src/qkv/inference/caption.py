@@ -88,37 +88,57 @@ class Captioner:
 
     @classmethod
     def from_run(
-        cls, run_dir: str | Path, device: torch.device | str = "cpu", beam_size: int = 1
+        cls,
+        run_dir: str | Path,
+        device: torch.device | str = "cpu",
+        beam_size: int | None = None,
+        alpha: float = 0.6,
     ) -> Captioner:
         """Load a ``qkv train caption`` run directory (its ``task.json`` gives the background).
+        ``beam_size``: ``None`` decodes as the run validated (its ``beam_size`` setting, 1 =
+        greedy, in ``train_config.json``).
 
         Raises:
             QkvError: a missing or incomplete run directory, or a run that is not a captioner.
+            ConfigError: a beam size or ``alpha`` out of range.
         """
         model, tokenizer = runs.load_run(run_dir, device=device, family="caption")
-        task = Path(run_dir) / "task.json"
-        meta = json.loads(task.read_text(encoding="utf-8")) if task.is_file() else {}
-        return cls(model, tokenizer, meta.get("background", "black"), device, beam_size)
+        meta = _json(Path(run_dir) / "task.json")
+        if beam_size is None:
+            beam_size = _json(Path(run_dir) / "train_config.json").get("beam_size", 1)
+        return cls(model, tokenizer, meta.get("background", "black"), device, beam_size, alpha)
 
     def read(self, paths: list[str | Path]) -> np.ndarray:
         """Image files as the model's input, uint8 ``(N, image_size, image_size, channels)``
         (:func:`qkv.data.images.read_image` with this model's background). A file of another
-        size is resized, and said so in the log. Every file is read before anything is
-        captioned, so a bad file fails the call with its name.
+        size is resized, and said so in the log once every file has been read. Every file is
+        read and checked before anything is captioned, so a bad file fails the call with its
+        name (and nothing else logged).
+
+        A side of fewer pixels than the model has patches in a row (``image_size /
+        patch_size``) is refused: scaled up, its patches would hold interpolation rather than
+        the image (a 1 × 1 image has nothing to caption).
 
         Raises:
-            QkvError: no files, or a file that is not a readable image (named).
+            QkvError: no files, a file that is not a readable image, has more than
+                :data:`~qkv.data.images.MAX_PIXELS` pixels, or is too small (named).
         """
         from PIL import Image
 
         if not paths:
             raise QkvError("no image files given")
-        size, channels = self.config.image_size, self.config.channels
-        images = [read_image(p, size, channels, self.background) for p in paths]
+        size, channels, least = self.config.image_size, self.config.channels, self.config.grid_size
+        images, notes = [], []
         for p in paths:
+            images.append(read_image(p, size, channels, self.background))
             with Image.open(p) as img:  # read_image has checked it: the header only
-                if img.size != (size, size):
-                    logger.warning(f"{p}: {img.size[0]}x{img.size[1]} pixels, resized to {size}x{size}")
+                w, h = img.size
+            if min(w, h) < least:
+                raise QkvError(f"{p}: {w}x{h} pixels is too small to caption (at least {least}x{least})")
+            if (w, h) != (size, size):
+                notes.append(f"{p}: {w}x{h} pixels, resized to {size}x{size}")
+        for note in notes:
+            logger.warning(note)
         return np.stack(images)
 
     @torch.no_grad()
@@ -167,6 +187,11 @@ class Captioner:
         per_word = [maps[:, :, w.start : w.end].mean(2) for w in words]  # each (L, H, N)
         shape = (len(words), *maps.shape[:2], g, g)
         return words, (np.stack(per_word).reshape(shape) if words else np.zeros(shape, np.float32))
+
+
+def _json(path: Path) -> dict:
+    """A run's JSON file as a dict (``{}`` when it is not there)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 __all__ = ["Word", "caption_words", "Captioner"]

@@ -179,7 +179,8 @@ def encoder_weights_from_vit(
         ``{name: tensor}`` of this model's parameter names (a subset of its state dict).
 
     Raises:
-        ValueError: layer widths, counts or patch sizes that do not match.
+        ValueError: an encoder depth or a patch embedding (width, patch size, channels) that
+            does not match; other widths are checked when the weights are loaded.
     """
     out: dict[str, torch.Tensor] = {}
     for name, value in vit_state.items():

@@ -284,9 +284,10 @@ class CaptionRun(TrainingRun):
             from ..files import read_safetensors
 
             state = encoder_weights_from_vit(read_safetensors(Path(s.init) / "model.safetensors"), config)
-            missing = set(state) - set(model.state_dict())
-            if missing:
-                raise QkvError(f"init={s.init}: weights the captioner lacks: {sorted(missing)[:3]}")
+            own = model.state_dict()
+            bad = sorted(k for k, v in state.items() if k not in own or own[k].shape != v.shape)
+            if bad:
+                raise QkvError(f"init={s.init}: weights that do not fit the captioner: {', '.join(bad[:3])}")
             model.load_state_dict(state, strict=False)
             if s.freeze:
                 for name, p in model.named_parameters():
@@ -396,9 +397,11 @@ def evaluate_run(
 ) -> dict:
     """Scores of a finished ``qkv train caption`` run on ``split`` of its own task (as recorded
     in ``train_config.json``): exact match, BLEU, for scenes the slots and the pointing game.
+    ``beam_size``: ``None`` decodes as the run validated (its own ``beam_size``).
 
     Raises:
         QkvError: a bad run directory, or a split this task does not have.
+        ConfigError: a beam size outside 1..vocabulary size.
     """
     from ..settings import resolve
 
@@ -406,7 +409,7 @@ def evaluate_run(
     saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
     keys = ("task", "test_artist", "train_scenes", "eval_scenes", "val_fraction", "split_seed")
     settings = resolve(CaptionSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
-    captioner = Captioner.from_run(run_dir, device, beam_size or saved.get("beam_size", 1))
+    captioner = Captioner.from_run(run_dir, device, beam_size)  # None: the run's own beam_size
     settings = replace(settings, model=replace(settings.model, image_size=captioner.config.image_size))
     splits, _ = load_splits(settings)
     if split not in splits or split == "train":
