@@ -10,6 +10,9 @@
 - :func:`plot_image_attention`: a ViT's class-token attention over the patches, one panel per
   head of a layer, overlaid on the image with the patch grid drawn; :func:`plot_rollout`:
   attention rollout (Abnar & Zuidema 2020) drawn the same way.
+- :func:`plot_caption_attention`: a captioner's cross-attention for each generated word over
+  the image, one panel per word in caption order (Show, Attend and Tell, Xu et al. 2015,
+  Figures 2 and 3); :func:`plot_caption_heads`: the same for every head of one decoder layer.
 
 Every function returns the :class:`~matplotlib.figure.Figure` so tests can count axes;
 :func:`save` writes it atomically. Figures are built with matplotlib's object API
@@ -281,6 +284,113 @@ def plot_rollout(image: np.ndarray, rollout: np.ndarray, patch_size: int, captio
     return fig
 
 
+def _word_label(word: str) -> str:
+    return _short([word or "∅"])[0]
+
+
+def plot_caption_attention(
+    image: np.ndarray,
+    words: list[str],
+    maps: np.ndarray,
+    layer: int = -1,
+    head: int | None = None,
+    caption: str = "",
+    max_cols: int = 6,
+) -> Figure:
+    """Where each word of a generated caption looks: the image, then one panel per word (caption
+    order, ``max_cols`` panels a row) with the word's cross-attention over the patches laid on
+    the image, one colour scale for the figure (0 to its largest weight) — the figure of Show,
+    Attend and Tell (Xu et al. 2015, Figures 2 and 3) with encoder-decoder attention (Vaswani
+    et al. 2017, §3.2.3) for the soft attention.
+
+    Args:
+        image: uint8 ``(S, S, C)`` (``C`` 1 or 3), the model's input.
+        words: the ``W`` words. maps: ``(W, n_layers, n_heads, G, G)`` float, each word's
+            cross-attention (the mean over its pieces) per decoder layer and head, patch
+            ``(r, c)`` at ``[..., r, c]`` (``G`` divides ``S``; ``G = 1`` for a pooled memory).
+        layer: the decoder layer shown (0-based; -1 the last; taken modulo the layer count, as
+            :func:`plot_alignment` does). head: that head (0-based), or ``None``: the mean over
+            the layer's heads. caption: a line under the title (the caption, the input).
+
+    Returns the figure: ``1 + W`` image axes (unused grid cells removed), then a colour-bar
+    axis. Raises ``ValueError`` if ``maps`` does not match ``words`` or the image.
+    """
+    maps = np.asarray(maps, dtype=float)
+    if maps.ndim != 5 or len(maps) != len(words) or image.shape[0] % max(maps.shape[-1], 1):
+        raise ValueError(
+            f"maps must be (words={len(words)}, layers, heads, G, G) with G dividing the image's "
+            f"{image.shape[0]} pixels, got {maps.shape}"
+        )
+    n_layers, g = maps.shape[1], maps.shape[-1]
+    layer = layer % n_layers
+    chosen = maps[:, layer].mean(1) if head is None else maps[:, layer, head]  # (W, G, G)
+    vmax = float(chosen.max()) if len(words) else 1.0
+    cols = min(1 + len(words), max_cols)
+    rows = math.ceil((1 + len(words)) / cols)
+    fig = Figure(figsize=(2.0 * cols + 1.0, 2.25 * rows + 0.9), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    _draw_image(axes[0], image)
+    axes[0].set_title("input", fontsize=9)
+    artist = None
+    for i, ax in enumerate(axes[1:]):
+        if i >= len(words):
+            ax.remove()
+            continue
+        artist = _overlay(ax, image, chosen[i], image.shape[0] // g, vmax or 1.0)
+        ax.set_title(f"{i + 1}. {_word_label(words[i])}", fontsize=10)
+    if artist is not None:
+        used = axes[1 : 1 + len(words)].tolist()
+        fig.colorbar(artist, ax=used, shrink=0.8, label="attention weight")
+    which = "mean of heads" if head is None else f"head {head + 1}"
+    fig.suptitle(
+        f"where each word looks: cross-attention, decoder layer {layer + 1} of {n_layers}, {which}"
+        + (f"\n{caption}" if caption else ""),
+        fontsize=10,
+    )
+    return fig
+
+
+def plot_caption_heads(image: np.ndarray, words: list[str], maps: np.ndarray, layer: int) -> Figure:
+    """One decoder layer of a captioner: rows are the caption's words, columns the layer's heads
+    and their mean, each panel the word's cross-attention over the image; one colour scale for
+    the figure.
+
+    Args:
+        image: uint8 ``(S, S, C)``. words: the ``W`` words. maps: ``(W, n_layers, n_heads, G, G)``
+            as :func:`plot_caption_attention` takes. layer: 0-based.
+
+    Returns the figure: ``W × (n_heads + 1)`` image axes, then a colour-bar axis (none for a
+    caption without words: one empty axis saying so). Raises ``IndexError`` for a layer out
+    of range.
+    """
+    maps = np.asarray(maps, dtype=float)
+    if not len(words):
+        fig = Figure(figsize=(4, 1.5), layout="constrained")
+        ax = fig.subplots()
+        ax.axis("off")
+        ax.text(0.5, 0.5, "the caption is empty: no word to show", ha="center", va="center")
+        return fig
+    per_head = maps[:, layer]  # (W, H, G, G)
+    panels = np.concatenate([per_head, per_head.mean(1, keepdims=True)], axis=1)  # (W, H + 1, G, G)
+    n_words, n_cols, g = panels.shape[0], panels.shape[1], panels.shape[-1]
+    vmax = float(panels.max()) or 1.0
+    fig = Figure(figsize=(1.6 * n_cols + 1.6, 1.6 * n_words + 0.8), layout="constrained")
+    axes = fig.subplots(n_words, n_cols, squeeze=False)
+    artist = None
+    for w in range(n_words):
+        for c in range(n_cols):
+            ax = axes[w][c]
+            artist = _overlay(ax, image, panels[w, c], image.shape[0] // g, vmax)
+            if w == 0:
+                ax.set_title("mean" if c == n_cols - 1 else f"head {c + 1}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(_word_label(words[w]), fontsize=10)
+    assert artist is not None  # a caption with words: the loop drew an overlay
+    fig.colorbar(artist, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(f"decoder layer {layer + 1}: each word's cross-attention over the image", fontsize=10)
+    return fig
+
+
 def decode_png_data_url(url: str) -> np.ndarray:
     """A ``data:image/png;base64,...`` URL (as in a ViT explanation's ``output["image"]``) as
     uint8 ``(H, W, C)``. Raises ``ValueError`` for another kind of URL."""
@@ -370,7 +480,10 @@ def write_pictures(
     A ViT run (``explainer.input_kind == "image"``; ``text`` is then an image path or
     ``test:INDEX``) gets ``attention_layer<l>.png`` per layer (the class token's attention
     to the patches, one panel per head, over the image), ``rollout.png``, ``classes.png``,
-    ``attention_encoder.png`` and ``steps.png`` (tokens: ``CLS`` and the patches).
+    ``attention_encoder.png`` and ``steps.png`` (tokens: ``CLS`` and the patches). A caption
+    run gets ``caption_attention.png`` (each word's cross-attention over the image, mean of
+    the heads of decoder layer ``layer``), ``caption_attention_layer<l>.png`` per decoder
+    layer (words × heads), and the encoder-decoder's pictures (patches as source tokens).
 
     Raises: as :meth:`~qkv.explain.explainers.Explainer.explain`.
     """
@@ -378,7 +491,9 @@ def write_pictures(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    if explainer.input_kind == "image":
+    if "words" in result.output:  # a captioner: each word's cross-attention over the image
+        written += _write_caption_pictures(result, out, layer)
+    elif explainer.input_kind == "image":
         written += _write_image_pictures(result, out)
     for amap in result.attention:
         fig = plot_attention_grid(amap.weights, amap.query_tokens, amap.key_tokens, amap.title)
@@ -432,4 +547,21 @@ def _write_image_pictures(result, out: Path) -> list[Path]:
     written.append(
         save(plot_rollout(image, output["rollout"], output["patch_size"], caption), out / "rollout.png")
     )
+    return written
+
+
+def _write_caption_pictures(result, out: Path, layer: int) -> list[Path]:
+    """The captioner-only pictures of :func:`write_pictures`, drawn from a caption
+    :class:`~qkv.explain.explainers.Explanation`'s ``words``."""
+    output = result.output
+    image = decode_png_data_url(output["image"])
+    words = [w["text"] for w in output["words"]]
+    g, n_layers, n_heads = output["map_grid"], output["n_decoder_layers"], output["n_heads"]
+    maps = np.array([w["maps"] for w in output["words"]], dtype=float).reshape(-1, n_layers, n_heads, g, g)
+    caption = f"“{output['text']}” ({output['decoding']}; {result.text})"
+    fig = plot_caption_attention(image, words, maps, layer, caption=caption)
+    written = [save(fig, out / "caption_attention.png")]
+    for index in range(n_layers):
+        fig = plot_caption_heads(image, words, maps, index)
+        written.append(save(fig, out / f"caption_attention_layer{index + 1}.png"))
     return written

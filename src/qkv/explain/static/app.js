@@ -28,6 +28,9 @@ const state = {
 
 // ViT runs take an image instead of text (GET /api/info says "input": "image").
 const isImage = () => Boolean(state.info && state.info.input === "image");
+// Captioners take an image too; they have no class token, and draw each word's attention instead.
+const isCaption = () => Boolean(state.info && state.info.family === "caption");
+const isViT = () => isImage() && !isCaption();
 
 // ---------- small helpers
 
@@ -149,6 +152,8 @@ async function init() {
   });
   $("file").addEventListener("change", pickFile);
   $("test-index").addEventListener("change", () => { state.image = { example: Math.max(0, +$("test-index").value || 0) }; });
+  $("word-layer").addEventListener("change", drawWordMaps);
+  $("word-head").addEventListener("change", drawWordMaps);
   $("heatmap").addEventListener("mousemove", heatHover);
   $("heatmap").addEventListener("mouseleave", () => { $("heat-tip").textContent = "\u00a0"; });
   drawColorbar();
@@ -368,10 +373,12 @@ async function run() {
 // Draw one answer of the model (`data`, as /api/explain answers) to the request `body`.
 function showResult(data, body, picture) {
   state.picture = picture;
-  $("image-card").hidden = !isImage();
+  $("image-card").hidden = !isViT();
+  $("caption-card").hidden = !isCaption();
   state.data = data;
   state.body = body;
   renderOutput(data, body);
+  if (isCaption()) setupWordMaps();
   if ((data.attention || []).length) {
     setupSelectors();
   } else {  // nothing to draw: clear the views of a previous run rather than leave them stale
@@ -406,6 +413,9 @@ function renderOutput(data, body) {
     out.append(el("p", { class: "muted small" }, data.input));
     out.append(el("h3", {}, "Class probabilities"));
     out.append(bars("classes", o.classes.map((c) => [c.label, c.prob])));
+  } else if (data.family === "caption") {
+    out.append(el("p", { class: "out-text", id: "output-text" }, o.text || "(an empty caption)"));
+    out.append(el("p", { class: "muted small" }, `${o.decoding}; ${data.input}`));
   } else if (data.family === "protein") {
     if (o.classes && o.classes.length) {
       out.append(el("h3", {}, "Class probabilities"));
@@ -519,7 +529,7 @@ function selectKind() {
   fillSelect($("head"), [...Array(H).keys()].map((i) => [i, String(i + 1)]), state.head);
   $("attn-title").textContent = e.title || "";
   renderOverview(e);
-  if (isImage()) renderOverview(e, $("image-overview"), paintImageTile);
+  if (isViT()) renderOverview(e, $("image-overview"), paintImageTile);
   select(state.layer, state.head);
 }
 
@@ -540,7 +550,7 @@ function drawHead() {
   const e = entry(), W = e.weights[state.layer][state.head];
   renderHeadView(e, W);  // opacity stays ∝ weight: stretched, a diffuse head is a solid block of lines
   renderHeatmap(e, W, scaleMax(W));
-  if (isImage()) drawImageViews(W);
+  if (isViT()) drawImageViews(W);
   for (const tile of document.querySelectorAll("#overview .head, #image-overview .head")) {
     tile.classList.toggle("selected", +tile.dataset.layer === state.layer && +tile.dataset.head === state.head);
   }
@@ -733,6 +743,41 @@ function drawImageViews(W) {
   $("rollout-note").textContent = `The class token keeps ${fmt(o.rollout_cls, 3)} of itself; the patches share the rest.`;
 }
 
+// ---------- caption runs: where each word looks (Show, Attend and Tell, Xu et al. 2015, Fig. 2, 3)
+
+function setupWordMaps() {
+  const o = state.data.output, L = o.n_decoder_layers, H = o.n_heads;
+  const layer = $("word-layer").value === "" ? L - 1 : Math.min(+$("word-layer").value, L - 1);
+  const head = $("word-head").value === "" || +$("word-head").value >= H ? "mean" : $("word-head").value;
+  fillSelect($("word-layer"), [...Array(L).keys()].map((i) => [i, String(i + 1)]), layer);
+  fillSelect($("word-head"), [["mean", "mean of heads"], ...[...Array(H).keys()].map((h) => [h, String(h + 1)])], head);
+  drawWordMaps();
+}
+
+// One word's grid × grid map of a decoder layer: one head's, or the mean over the heads.
+function wordGrid(maps, layer, head) {
+  const heads = maps[layer];
+  if (head !== "mean") return heads[+head];
+  return heads[0].map((row, r) => row.map((_, c) => heads.reduce((a, h) => a + h[r][c], 0) / heads.length));
+}
+
+// The input, then one tile per word in caption order: the image with the word's map over it.
+function drawWordMaps() {
+  if (!state.data || !isCaption()) return;
+  const o = state.data.output, layer = +$("word-layer").value, head = $("word-head").value;
+  const input = el("canvas");
+  drawOverlay(input, [[0]], 1, 112);  // the image alone
+  const tiles = [el("figure", { class: "word-map" }, input, el("figcaption", { class: "muted" }, "input"))];
+  o.words.forEach((w, i) => {
+    const values = wordGrid(w.maps, layer, head), vmax = gridMax(values), cv = el("canvas");
+    drawOverlay(cv, values, vmax, 112);
+    tiles.push(el("figure", { class: "word-map", "data-word": i, title: `pieces: ${w.pieces.join(" ")}` }, cv,
+      el("figcaption", {}, w.text || "∅"), el("span", { class: "muted small" }, `max ${fmt(vmax, 3)}`)));
+  });
+  if (!o.words.length) tiles.push(el("p", { class: "muted" }, "The model wrote an empty caption: no word to show."));
+  $("word-maps").replaceChildren(...tiles);
+}
+
 // ---------- step-through of Eq. 1
 
 async function loadSteps() {
@@ -743,6 +788,13 @@ async function loadSteps() {
     host.replaceChildren(el("p", { class: "muted" }, "This model's attention is additive (Bahdanau et al. 2015): " +
       "e_ij = vᵀ tanh(W s_i−1 + U h_j), a small network, not Eq. 1's scaled dot products, so there is no step-through. " +
       "Its alignment weights α are the heatmaps above."));
+    document.body.dataset.stepsReady = "1";
+    return;
+  }
+  if (isCaption() && !state.standalone && state.kind !== "encoder") {  // /api/image/steps: the encoder's
+    host.replaceChildren(el("p", { class: "muted" }, "Here the step-through covers the encoder's " +
+      "self-attention (kind encoder). A standalone page (qkv explain RUN --input IMAGE --html page.html) " +
+      "holds every kind's Q, K and V and steps through each."));
     document.body.dataset.stepsReady = "1";
     return;
   }
@@ -782,7 +834,8 @@ function renderSteps(s) {
   const note = el("p", { class: "muted small" },
     `${s.kind}, layer ${s.layer + 1}, head ${s.head + 1}; d_k = ${s.d_k}. Rows are query tokens` +
     (state.data.family === "translation" ? " (subword pieces, as the model sees them)." :
-      state.data.family === "vit" ? " (CLS, the class token, then the patches r<row>c<column> in reading order)." : ".") +
+      state.data.family === "vit" ? " (CLS, the class token, then the patches r<row>c<column> in reading order)." :
+      state.data.family === "caption" ? " (caption pieces, or the patches r<row>c<column> in reading order)." : ".") +
     " Cell colours are scaled to each table's largest |value|." +
     " Hover a score cell to see which rows of Q and K produced it.");
   const tables = {};
