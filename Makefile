@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo vit test lint docs docs-build notebooks venv pretrained clean
+.PHONY: demo vit caption test lint docs docs-build notebooks venv pretrained clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ demo: venv
 
 vit: venv
 	$(BIN)/qkv train vit --out $(subst demo-,vit-,$(RUN))
+
+caption: venv
+	$(BIN)/qkv train caption --out $(subst demo-,caption-,$(RUN))
 
 test: venv
 	$(BIN)/python -m pytest tests

@@ -75,6 +75,16 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
         "largest |patch matrix - convolution|": (0.0, 1e-5),
         "largest |rollout row sum - 1|": (0.0, 1e-5),
     },
+    "07_multi_modality": {
+        "test exact match": (0.0, 1.0),
+        "test_novel exact match": (0.0, 1.0),
+        "test garment accuracy": (0.0, 1.0),
+        "nearest-neighbour test exact match": (0.0, 1.0),
+        # a training caption never states a held-out pair, every novel scene holds one
+        "nearest-neighbour test_novel exact match": (0.0, 0.0),
+        "emoji test exact match (openmoji)": (0.0, 1.0),
+        "largest |cross-attention row sum - 1|": (0.0, 1e-5),
+    },
 }
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")

@@ -396,7 +396,8 @@ class CaptionConfig(ModelConfig):
     every patch, as Show, Attend and Tell, Xu et al. 2015) or ``"pooled"`` (the no-attention
     baseline of Show and Tell, Vinyals et al. 2015: the decoder sees one vector, the mean of
     the patch states). Defaults: pre-LN, GELU, d_model 128, 4 heads, d_ff 256 (the ViT's),
-    4 + 2 layers, 56 × 56 grey images in 7 × 7 patches (64 patches).
+    4 + 2 layers, 56 × 56 grey images in 14 × 14 patches (16 patches, four per garment of a
+    scene: at equal time they beat 7 × 7 patches on validation, 0.34 vs 0.17 exact match).
 
     Raises:
         ConfigError: (a ``ValueError``) on construction, naming every bad value.
@@ -414,7 +415,7 @@ class CaptionConfig(ModelConfig):
     n_encoder_layers: int = 4
     n_decoder_layers: int = 2
     image_size: int = 56
-    patch_size: int = 7
+    patch_size: int = 14
     channels: int = 1
     image_positional: Literal["sinusoidal", "learned"] = "learned"
     memory: Literal["patches", "pooled"] = "patches"
