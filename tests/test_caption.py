@@ -443,3 +443,58 @@ def test_evaluate_refuses_a_beam_of_zero(caption_run, data_dir, capsys):
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert "beam size must be between 1 (greedy)" in err
+
+
+# --- exact resume, torchrun -------------------------------------------------------------------
+
+
+def _losses(run: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train_loss"]) for r in rows if "train_loss" in r]
+
+
+def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, data_dir):
+    """20 steps straight, and 10 steps then --resume to 20: the same weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    # the schedule's length fixed (not max_steps), so both runs step along one learning-rate curve
+    common = ["--quiet", *TINY_RUN, "train.eval_every=10", "train.lr_decay_steps=20"]
+    assert main(["train", "caption", "--out", str(straight), "--max-steps", "20", *common]) == 0
+    assert main(["train", "caption", "--out", str(resumed), "--max-steps", "10", *common]) == 0
+    assert main(["train", "caption", "--out", str(resumed), "--max-steps", "20", "--resume", *common]) == 0
+    a, b = load_file(straight / "last.safetensors"), load_file(resumed / "last.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_processes_train_as_one(tmp_path, data_dir):
+    """torchrun with 2 processes (each half of every batch's rows) follows the losses of one."""
+    import subprocess
+    import sys
+
+    runs = {n: tmp_path / f"p{n}" for n in (1, 2)}
+    env = {**os.environ, "QKV_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1"}
+    for n, run in runs.items():
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
+        args = [
+            "train",
+            "caption",
+            "--out",
+            str(run),
+            "--quiet",
+            "--max-steps",
+            "40",
+            *TINY_RUN,
+        ]  # rows every 20 steps
+        done = subprocess.run(
+            [sys.executable, *launcher, "-m", "qkv", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    one, two = _losses(runs[1]), _losses(runs[2])
+    assert [s for s, _ in one] == [s for s, _ in two] and one
+    for (_, x), (_, y) in zip(one, two, strict=True):
+        assert abs(x - y) < 1e-4 * abs(x), (x, y)

@@ -330,7 +330,7 @@ class CaptionRun(TrainingRun):
         return [ImageBatch(epoch, i, order[i * size : (i + 1) * size]) for i in range(self._per_epoch())]
 
     def loss(self, model, batch: ImageBatch) -> tuple[torch.Tensor, int]:
-        cfg, rows = model.config, batch.rows.tolist()
+        cfg, rows = self.captioner.config, batch.rows.tolist()  # model may be wrapped (torchrun's DDP)
         images = to_model_input(self.splits["train"].images[rows]).to(self.device)
         tgt_in = pad_sequences([[cfg.bos_id, *self.caption_ids[i]] for i in rows], cfg.pad_id).to(self.device)
         tgt_out = pad_sequences([[*self.caption_ids[i], cfg.eos_id] for i in rows], cfg.pad_id).to(
