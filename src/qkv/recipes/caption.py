@@ -346,15 +346,11 @@ class CaptionRun(TrainingRun):
         )
         return loss, int((tgt_out != cfg.pad_id).sum())
 
-    def _scores(self, split: str) -> dict:
-        data = self.splits[split]
-        return caption_scores(self.captioner.caption(data.images), data)
-
     def validate(self, model) -> dict:
-        names = [n for n in ("val", "val_novel") if n in self.splits]
         out = {}
-        for name in names:
-            scores = self._scores(name)
+        for name in [n for n in ("val", "val_novel") if n in self.splits]:
+            data = self.splits[name]
+            scores = caption_scores(self.captioner.caption(data.images), data)
             out.update({f"{name}_exact_match": scores["exact_match"], f"{name}_bleu": scores["bleu"]})
         return out
 
@@ -377,10 +373,7 @@ def evaluate_splits(captioner: Captioner, splits: dict[str, CaptionData], only: 
     names = [n for n in SPLITS if n in splits and (only is None or n == only)]
     out: dict[str, Any] = {}
     choice = None
-    scenes = (
-        splits["train"].meanings is not None if "train" in splits else splits[names[0]].meanings is not None
-    )
-    if scenes and captioner.config.memory == "patches" and "val" in splits:
+    if splits["val"].meanings is not None and captioner.config.memory == "patches":  # scenes
         val_ids = captioner.caption_ids(splits["val"].images[:500])
         val_points = pointing_scores(captioner, splits["val"], val_ids)
         candidates = {k: v for k, v in val_points.items() if k.startswith("layer")}
