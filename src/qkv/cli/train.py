@@ -58,7 +58,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="protein-cls: signalp, amp-scanner, developability; protein-residue: "
         "secondary-structure, paratope; or a CSV/TSV (sequence,label) or FASTA "
         "file (with --labels); text-cls: sst2 or a TSV/CSV (sentence,label); "
-        "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>",
+        "vit: fashion-mnist, digits or an image folder DIR/<class>/<image>; caption: scenes or emoji",
     )
     p.add_argument("--labels", help="labels file for a FASTA --task (one label per record)")
     p.add_argument(
@@ -66,9 +66,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         metavar="MODEL",
         help="start from a pretrained model: protein-*: a protein-mlm run directory or antiberty; "
         "text-cls: minilm, an HF folder or a converted run; lm: an lm run, a GPT-2 HF folder or "
-        "iglm (with train.lora_rank=R: LoRA adapters instead of every weight)",
+        "iglm (with train.lora_rank=R: LoRA adapters instead of every weight); caption: a vit run "
+        "(the image encoder)",
     )
-    p.add_argument("--freeze", action="store_true", help="with --init: train only the head (linear probe)")
+    p.add_argument(
+        "--freeze",
+        action="store_true",
+        help="with --init: train only the head (linear probe; caption: keep the image encoder fixed)",
+    )
     p.set_defaults(func=_cmd_train)
 
 
