@@ -339,7 +339,11 @@ def _make_scenes(
 
 
 def load_scene_task(
-    n_train: int = 100_000, n_eval: int = 2_000, seed: int = 0, val_fraction: float = 0.1
+    n_train: int = 100_000,
+    n_eval: int = 2_000,
+    seed: int = 0,
+    val_fraction: float = 0.1,
+    only: Sequence[str] | None = None,
 ) -> dict[str, SceneSet]:
     """The splits :data:`SCENE_SPLITS` of the scene captioning task, ids ``scenes/<split>/<i>``.
 
@@ -350,7 +354,7 @@ def load_scene_task(
     ``test_novel`` (``n_eval`` each) only from Fashion-MNIST's test images. Split k (its place in
     :data:`SCENE_SPLITS`) uses seed ``5 * seed + k``. ``Garment.source`` indexes the
     Fashion-MNIST split used: ``"train"`` (60,000) for train/val/val_novel, ``"test"`` (10,000)
-    for test/test_novel.
+    for test/test_novel. ``only``: build just these splits (the same scenes as in the whole task).
 
     Raises:
         QkvError: ``n_train`` or ``n_eval`` < 1, ``seed`` < 0, ``val_fraction`` outside (0, 1),
@@ -376,6 +380,7 @@ def load_scene_task(
             images.subset(index), n, len(SCENE_SPLITS) * seed + k, novel, f"scenes/{split}", index
         )
         for k, (split, (images, index, n, novel)) in enumerate(plan.items())
+        if only is None or split in only
     }
 
 

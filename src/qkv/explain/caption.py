@@ -134,14 +134,10 @@ class CaptionExplainer(Explainer[ImageInput]):
                 emoji = load_emoji(tc.get("test_artist", "openmoji"), self.config.image_size)
                 self._test = emoji.images, [[c] for c in emoji.captions]
             else:
-                from ..data.images import load_fashion_mnist
-                from ..data.scenes import SCENE_SPLITS, make_scenes
+                from ..data.scenes import load_scene_task
 
-                # load_scene_task's test split alone: split k of SCENE_SPLITS draws with seed
-                # len(SCENE_SPLITS) * split_seed + k, from all of Fashion-MNIST's test images.
-                seed = len(SCENE_SPLITS) * tc.get("split_seed", 0) + SCENE_SPLITS.index("test")
-                source = load_fashion_mnist("test")
-                scenes = make_scenes(source, tc.get("eval_scenes", 1000), seed, name="scenes/test")
+                n_eval, seed = tc.get("eval_scenes", 1000), tc.get("split_seed", 0)
+                scenes = load_scene_task(1, n_eval, seed, tc.get("val_fraction", 0.1), only=("test",))["test"]
                 self._test = scenes.images, scenes.references
         return self._test
 

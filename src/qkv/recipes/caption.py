@@ -135,8 +135,11 @@ class CaptionData:
     garments: list | None = None
 
 
-def load_splits(settings: CaptionSettings) -> tuple[dict[str, CaptionData], dict]:
-    """The task's splits and its ``task.json`` facts (name, citation, background).
+def load_splits(
+    settings: CaptionSettings, only: tuple[str, ...] | None = None
+) -> tuple[dict[str, CaptionData], dict]:
+    """The task's splits (scenes: ``only`` these) and its ``task.json`` facts (name, citation,
+    background).
 
     Raises:
         QkvError: the data cannot be read.
@@ -145,7 +148,7 @@ def load_splits(settings: CaptionSettings) -> tuple[dict[str, CaptionData], dict
         from ..data.scenes import SCENE_CITATION, load_scene_task
 
         scenes = load_scene_task(
-            settings.train_scenes, settings.eval_scenes, settings.split_seed, settings.val_fraction
+            settings.train_scenes, settings.eval_scenes, settings.split_seed, settings.val_fraction, only
         )
         splits = {
             name: CaptionData(
@@ -425,11 +428,11 @@ def evaluate_run(
     keys = ("task", "test_artist", "train_scenes", "eval_scenes", "val_fraction", "split_seed")
     settings = resolve(CaptionSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     captioner = Captioner.from_run(run_dir, device, beam_size)  # None: the run's own beam_size
-    settings = replace(settings, model=replace(settings.model, image_size=captioner.config.image_size))
-    splits, _ = load_splits(settings)
-    if split not in splits or split == "train":
-        have = [n for n in SPLITS if n in splits]
+    have = SPLITS if settings.task == "scenes" else ("test", "val")
+    if split not in have:
         raise QkvError(f"split must be one of {', '.join(have)} for a {settings.task} run (got {split!r})")
+    settings = replace(settings, model=replace(settings.model, image_size=captioner.config.image_size))
+    splits, _ = load_splits(settings, only=(split, "val"))  # val: where the pointing game's choice is made
     return {"task": settings.task, "split": split, **evaluate_splits(captioner, splits, only=split)[split]}
 
 
