@@ -35,7 +35,7 @@ from ..errors import QkvError
 from ..inference.caption import Captioner
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
 from .labels import piece_labels
-from .vision import TEST_PICK, UPLOAD_NAME, ImageInput, png_data_url
+from .vision import TEST_PICK, UPLOAD_NAME, ImageInput, patch_info, patch_labels, png_data_url
 
 logger = logging.getLogger(__name__)
 
@@ -98,22 +98,12 @@ class CaptionExplainer(Explainer[ImageInput]):
         return self.config.grid_size if self.config.memory == "patches" else 1
 
     def info(self) -> dict:
-        cfg = self.config
-        return {
-            **super().info(),
-            "image_size": cfg.image_size,
-            "patch_size": cfg.patch_size,
-            "grid_size": cfg.grid_size,
-            "map_grid": self.map_grid,
-            "channels": cfg.channels,
-            "memory": cfg.memory,
-            "task": self.task,
-        }
+        extra = {"map_grid": self.map_grid, "memory": self.config.memory, "task": self.task}
+        return {**super().info(), **patch_info(self.config), **extra}
 
     def token_labels(self) -> list[str]:
         """``["r1c1", "r1c2", ...]``: the ``grid²`` patches in reading order."""
-        g = self.config.grid_size
-        return [f"r{i // g + 1}c{i % g + 1}" for i in range(g * g)]
+        return patch_labels(self.config.grid_size)
 
     # ---------- inputs
 

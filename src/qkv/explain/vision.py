@@ -23,6 +23,7 @@ from torch import nn
 from ..data.images import ImageSet, load_fashion_mnist, load_image_task, read_image, to_model_input
 from ..errors import QkvError
 from ..inference.vision import ImageClassifier
+from ..models.config import CaptionConfig, ViTConfig
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
 from .rollout import attention_rollout
 
@@ -44,6 +45,17 @@ def png_data_url(pixels: np.ndarray) -> str:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def patch_labels(grid: int) -> list[str]:
+    """``["r1c1", "r1c2", ...]``: the ``grid²`` patches in reading order, rows and columns from 1."""
+    return [f"r{i // grid + 1}c{i % grid + 1}" for i in range(grid * grid)]
+
+
+def patch_info(config: ViTConfig | CaptionConfig) -> dict:
+    """The image and patch geometry the page needs (``image_size``, ``patch_size``,
+    ``grid_size``, ``channels``)."""
+    return {k: getattr(config, k) for k in ("image_size", "patch_size", "grid_size", "channels")}
 
 
 class ImageExplainer(Explainer[ImageInput]):
@@ -77,20 +89,11 @@ class ImageExplainer(Explainer[ImageInput]):
         return self.model.layers
 
     def info(self) -> dict:
-        cfg = self.config
-        return {
-            **super().info(),
-            "image_size": cfg.image_size,
-            "patch_size": cfg.patch_size,
-            "grid_size": cfg.grid_size,
-            "channels": cfg.channels,
-            "task": self.task,
-        }
+        return {**super().info(), **patch_info(self.config), "task": self.task}
 
     def token_labels(self) -> list[str]:
         """``["CLS", "r1c1", "r1c2", ...]``: ``1 + grid²`` labels, patches in reading order."""
-        g = self.config.grid_size
-        return ["CLS"] + [f"r{i // g + 1}c{i % g + 1}" for i in range(g * g)]
+        return ["CLS", *patch_labels(self.config.grid_size)]
 
     # ---------- inputs
 

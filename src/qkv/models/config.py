@@ -327,8 +327,40 @@ class EncoderConfig(StackConfig):
         return out
 
 
+class PatchGrid:
+    """What a config of square images cut into square patches derives (the ViT and the
+    captioner): ``grid_size`` and ``n_patches``, and the checks of ``image_size``,
+    ``patch_size`` and 2-D sinusoidal positions. Its subclasses declare the fields."""
+
+    image_size: int
+    patch_size: int
+    d_model: int
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side, ``image_size / patch_size``."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        """Patch tokens per image, ``grid_size²`` (no class token counted)."""
+        return self.grid_size**2
+
+    def _grid_problems(self, sinusoidal: bool) -> list[str]:
+        out = [
+            f"{n} ({getattr(self, n)}) must be >= 1"
+            for n in ("image_size", "patch_size")
+            if getattr(self, n) < 1
+        ]
+        if not out and self.image_size % self.patch_size:
+            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
+        if sinusoidal and self.d_model % 4:
+            out.append(f"d_model ({self.d_model}) must be divisible by 4 for 2-D sinusoidal positions")
+        return out
+
+
 @dataclass(frozen=True, kw_only=True)
-class ViTConfig(ModelConfig):
+class ViTConfig(PatchGrid, ModelConfig):
     """Hyper-parameters of :class:`qkv.models.vit.VisionTransformer` (Dosovitskiy et al. 2021).
 
     The image (``channels × image_size × image_size``) is cut into ``patch_size`` squares:
@@ -358,32 +390,19 @@ class ViTConfig(ModelConfig):
     num_labels: int = 10
     pooling: Literal["cls", "mean"] = "cls"
 
-    @property
-    def grid_size(self) -> int:
-        """Patches per side, ``image_size / patch_size``."""
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        """Patch tokens per image, ``grid_size²`` (the class token not counted)."""
-        return self.grid_size**2
-
     def problems(self) -> list[str]:
         out = super().problems()
-        for name in ("n_layers", "image_size", "patch_size", "channels", "num_labels"):
+        for name in ("n_layers", "channels", "num_labels"):
             if getattr(self, name) < 1:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 1")
-        if self.patch_size >= 1 and self.image_size % self.patch_size:
-            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
-        elif self.patch_size >= 1 and self.n_patches + 1 > self.max_len:
+        grid = self._grid_problems(self.positional == "sinusoidal")
+        if not grid and self.n_patches + 1 > self.max_len:
             out.append(f"{self.n_patches} patches + the class token exceed max_len ({self.max_len})")
-        if self.positional == "sinusoidal" and self.d_model % 4:
-            out.append(f"d_model ({self.d_model}) must be divisible by 4 for 2-D sinusoidal positions")
-        return out
+        return out + grid
 
 
 @dataclass(frozen=True, kw_only=True)
-class CaptionConfig(ModelConfig):
+class CaptionConfig(PatchGrid, ModelConfig):
     """Hyper-parameters of :class:`qkv.models.caption.CaptionModel` (image → caption).
 
     The image side is the ViT's (Dosovitskiy et al. 2021, §3.1) without its class token and
@@ -424,28 +443,14 @@ class CaptionConfig(ModelConfig):
     bos_id: int = 1
     eos_id: int = 2
 
-    @property
-    def grid_size(self) -> int:
-        """Patches per side, ``image_size / patch_size``."""
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        """Patch tokens per image, ``grid_size²``."""
-        return self.grid_size**2
-
     def problems(self) -> list[str]:
         out = super().problems() + self._vocab_problems(("vocab_size",), ("pad_id", "bos_id", "eos_id"))
-        for name in ("n_decoder_layers", "image_size", "patch_size", "channels"):
+        for name in ("n_decoder_layers", "channels"):
             if getattr(self, name) < 1:
                 out.append(f"{name} ({getattr(self, name)}) must be >= 1")
         if self.n_encoder_layers < 0:
             out.append(f"n_encoder_layers ({self.n_encoder_layers}) must be >= 0")
-        if self.patch_size >= 1 and self.image_size % self.patch_size:
-            out.append(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
-        if self.image_positional == "sinusoidal" and self.d_model % 4:
-            out.append(f"d_model ({self.d_model}) must be divisible by 4 for 2-D sinusoidal positions")
-        return out
+        return out + self._grid_problems(self.image_positional == "sinusoidal")
 
 
 @dataclass(frozen=True, kw_only=True)
