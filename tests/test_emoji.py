@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkv.data.emoji import ARTISTS, EMOJI_SPLITS, emoji_scores, load_emoji, load_emoji_task
+from qkv.data.emoji import ARTISTS, EMOJI_SPLITS, emoji_scores, load_emoji, load_emoji_task, tone_group
 from qkv.data.images import read_image
 from qkv.errors import QkvError
 
@@ -80,7 +80,13 @@ def test_task_splits_hold_out_an_artist_and_unseen_drawings():
     assert test.ids == load_emoji("twitter").ids and set(test.artists) == {"twitter"}
     assert set(train.artists) == {"google", "openmoji"} and set(val.artists) == {"google"}
     assert "twitter" not in {i.split("/")[0] for i in train.ids + val.ids}
-    assert len(val) == round(0.1 * 3786) and not set(val.ids) & set(train.ids)
+    assert not set(val.ids) & set(train.ids)
+    groups = {tone_group(i) for i in load_emoji("google").ids}
+    assert len({tone_group(i) for i in val.ids}) == round(0.1 * len(groups))  # emoji, tones together
+    # no skin tone of a validation emoji by the validation artist is trained on
+    assert not {tone_group(i) for i in val.ids} & {
+        tone_group(i) for i in train.ids if i.startswith("google/")
+    }
     assert len(train) + len(val) == 2 * 3786
     train_ids = set(train.ids)
     assert all(f"openmoji/{k}" in train_ids for k in _keys(val.ids))  # seen from the other artist

@@ -193,17 +193,28 @@ def _concat(sets: list[EmojiSet]) -> EmojiSet:
     )
 
 
+SKIN_TONES = ("1F3FB", "1F3FC", "1F3FD", "1F3FE", "1F3FF")  # Fitzpatrick modifiers (Unicode TR51)
+
+
+def tone_group(emoji_id: str) -> str:
+    """The emoji an id draws, skin tones aside: ``"google/1F44B-1F3FB"`` → ``"1F44B"`` (the
+    join key without its :data:`SKIN_TONES`), so the variants of one emoji split together."""
+    key = emoji_id.rsplit("/", 1)[-1]
+    return "-".join(p for p in key.split("-") if p not in SKIN_TONES) or key
+
+
 def load_emoji_task(
     test_artist: str = "openmoji", size: int = 32, val_fraction: float = 0.1, split_seed: int = 0
 ) -> dict[str, EmojiSet]:
     """Splits ``{"train", "val", "test"}`` (:data:`EMOJI_SPLITS`) for captioning across artists.
 
     ``test``: every shared emoji drawn by ``test_artist``. The other two artists give train and
-    val: ``val_fraction`` of the emoji (chosen by ``split_seed``) as drawn by the first of them in
-    :data:`ARTISTS` order form ``val``, and the same emoji by the second stay in ``train``, as
-    does every other (artist, emoji) pair of the two. So validation, like test, asks for an
-    emoji's name from a drawing whose artist's drawing of that emoji was never trained on (the
-    name itself was seen, from the other artist). ``train`` holds the first artist's rows, then
+    val: ``val_fraction`` of the emoji (chosen by ``split_seed``, a base emoji and its skin-tone
+    variants together: :func:`tone_group`) as drawn by the first of them in :data:`ARTISTS`
+    order form ``val``, and the same emoji by the second stay in ``train``, as does every other
+    (artist, emoji) pair of the two. So validation, like test, asks for an emoji's name from a
+    drawing whose artist drew nothing of it that was trained on, not even another skin tone of
+    it (the name itself was seen, from the other artist). ``train`` holds the first artist's rows, then
     the second's, each in join-key order.
 
     Raises:
@@ -215,9 +226,14 @@ def load_emoji_task(
     if not 0 < val_fraction < 0.5:
         raise QkvError(f"val_fraction must be in (0, 0.5) (got {val_fraction})")
     first, second = (load_emoji(a, size) for a in ARTISTS if a != test_artist)
-    n = len(first)
-    val = np.sort(np.random.default_rng(split_seed).permutation(n)[: max(1, round(val_fraction * n))])
-    rest = np.setdiff1d(np.arange(n), val)
+    groups = [tone_group(i) for i in first.ids]
+    names = sorted(set(groups))
+    drawn = np.random.default_rng(split_seed).permutation(len(names))[
+        : max(1, round(val_fraction * len(names)))
+    ]
+    held = {names[i] for i in drawn}
+    val = np.array([i for i, g in enumerate(groups) if g in held])
+    rest = np.array([i for i, g in enumerate(groups) if g not in held])
     return {
         "train": _concat([first.subset(rest), second]),
         "val": first.subset(val),
