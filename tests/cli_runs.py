@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -61,3 +63,20 @@ def refused(done: subprocess.CompletedProcess, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def huge_png_header(path: Path, width: int = 20000, height: int = 20000) -> Path:
+    """A PNG whose header claims width x height: enough for the guard, which must refuse it
+    before decoding (the pixel data is not even there)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
+    return path

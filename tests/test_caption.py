@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from cli_runs import DATA, qkv
+from cli_runs import DATA, huge_png_header, qkv
 
 from qkv.cli import main
 from qkv.data.batching import pad_sequences
@@ -372,21 +370,6 @@ def test_caption_notes_a_resized_image_and_composites_transparency(
     assert err.splitlines() == [f"warning: {big}: 100x80 pixels, resized to 56x56"]
 
 
-def _huge_png_header(path: Path, width: int, height: int) -> None:
-    """A PNG whose header claims ``width × height`` pixels (no pixel data to speak of)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-        + chunk(b"IEND", b"")
-    )
-
-
 @pytest.mark.parametrize(
     "case", ["not an image", "bomb", "one pixel", "beam 0", "vit run", "translation run"]
 )
@@ -402,7 +385,7 @@ def test_caption_refuses_bad_input_in_one_line_before_writing_anything(
         bad.write_text("not an image")
         needle = f"{bad}: not an image file"
     elif case == "bomb":
-        _huge_png_header(bad, 5000, 4000)  # under Pillow's own guard, over qkv's
+        huge_png_header(bad, 5000, 4000)  # under Pillow's own guard, over qkv's
         needle = f"{bad}: 5000 x 4000 pixels is more than the 16,000,000 accepted"
     elif case == "one pixel":
         Image.new("L", (1, 1), 200).save(bad)

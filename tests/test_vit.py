@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_runs import huge_png_header
 from conftest import train_digits_vit
 
 from qkv.cli import main
@@ -144,23 +143,6 @@ def _noise_png(path):
     return path
 
 
-def _huge_png_header(path, width=20000, height=20000):
-    """A PNG whose header claims width x height: enough for the guard, which must refuse it
-    before decoding (the pixel data is not even there)."""
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-        + chunk(b"IEND", b"")
-    )
-    return path
-
-
 def test_read_image_converts_channels_and_size(tmp_path):
     grey = read_image(_png(tmp_path / "a.png"), 8, 1)
     assert grey.shape == (8, 8, 1) and grey.dtype == np.uint8
@@ -176,7 +158,7 @@ def test_read_image_converts_channels_and_size(tmp_path):
     [
         (lambda p: p.write_text("not an image"), "not an image file"),
         (lambda p: p.write_bytes(_noise_png(p).read_bytes()[:2000]), "truncated or corrupt"),
-        (lambda p: _huge_png_header(p), "decompression-bomb guard"),
+        (lambda p: huge_png_header(p), "decompression-bomb guard"),
     ],
 )
 def test_bad_image_files_get_one_line_errors(tmp_path, make, message):
