@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import device_option
+from .options import device_option, search_options
 from .output import write_tsv
 
 
@@ -20,13 +20,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="image files (PNG, JPEG, ...): converted to the model's channels, transparency "
         "over the run's background, resized to its image size (a note on stderr says so)",
     )
-    p.add_argument(
-        "--beam",
-        type=int,
-        default=None,
-        help="beam size (1 = greedy; default: the run's own, as it was validated)",
-    )
-    p.add_argument("--alpha", type=float, default=0.6, help="beam search's length penalty (default 0.6)")
+    search_options(p, beam=None, alpha=0.6, who="caption", default_beam="the run's own, as it was validated")
     device_option(p)
     p.set_defaults(func=_cmd_caption)
 

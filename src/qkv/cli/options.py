@@ -35,13 +35,21 @@ def device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
 
 
 def search_options(
-    p: argparse.ArgumentParser, beam: int | None, alpha: float | None = None, length_penalty: bool = True
+    p: argparse.ArgumentParser,
+    beam: int | None,
+    alpha: float | None = None,
+    length_penalty: bool = True,
+    who: str = "translation",
+    default_beam: str = "4",
 ) -> None:
-    """``--beam`` and (with ``length_penalty``) ``--alpha``: translation's beam search (§6.1),
-    with these defaults (``None``: the option's absence can be told apart)."""
-    p.add_argument("--beam", type=int, default=beam, help="translation: beam size (1 = greedy; default 4)")
+    """``--beam`` and (with ``length_penalty``) ``--alpha``: beam search (§6.1) of ``who``'s runs,
+    with these defaults (``None``: the option's absence can be told apart); ``default_beam``
+    says in the help what the beam is when the option is absent."""
+    p.add_argument(
+        "--beam", type=int, default=beam, help=f"{who}: beam size (1 = greedy; default {default_beam})"
+    )
     if length_penalty:
-        p.add_argument("--alpha", type=float, default=alpha, help="translation: length penalty (default 0.6)")
+        p.add_argument("--alpha", type=float, default=alpha, help=f"{who}: length penalty (default 0.6)")
 
 
 def sampling_options(
