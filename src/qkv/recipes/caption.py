@@ -374,24 +374,23 @@ def evaluate_splits(captioner: Captioner, splits: dict[str, CaptionData], only: 
     the layer/head (or layer mean) chosen on ``val`` by its hit rate, then scored on each split
     with that choice (``pointing`` and ``pointing_choice``)."""
     names = [n for n in SPLITS if n in splits and (only is None or n == only)]
+    pointing = splits["val"].meanings is not None and captioner.config.memory == "patches"  # scenes
     out: dict[str, Any] = {}
-    choice = None
-    if splits["val"].meanings is not None and captioner.config.memory == "patches":  # scenes
-        val_ids = captioner.caption_ids(splits["val"].images[:500])
-        val_points = pointing_scores(captioner, splits["val"], val_ids)
-        candidates = {k: v for k, v in val_points.items() if k.startswith("layer")}
-        choice = max(candidates, key=lambda k: candidates[k]) if candidates else None  # no garment named
-    for name in names:
+    points: dict[str, dict] = {}  # each split captioned and pointed once; val's picks the choice
+    for name in dict.fromkeys([*names, "val"] if pointing else names):
         data = splits[name]
         ids = captioner.caption_ids(data.images)
-        scores = caption_scores(captioner.tokenizer.decode_batch(ids), data)
-        if choice is not None:
-            points = pointing_scores(captioner, data, ids)
-            scores["pointing"] = points.get(choice, 0.0)
-            scores["pointing_words"] = points["words"]
-            scores["pointing_choice"] = f"{choice} (chosen on val)"
-        out[name] = scores
-    return out
+        out[name] = caption_scores(captioner.tokenizer.decode_batch(ids), data)
+        if pointing:
+            points[name] = pointing_scores(captioner, data, ids)
+    candidates = {k: v for k, v in points.get("val", {}).items() if k.startswith("layer")}
+    if candidates:  # none when no validation caption names a garment
+        choice = max(candidates, key=lambda k: candidates[k])
+        for name in names:
+            out[name]["pointing"] = points[name].get(choice, 0.0)
+            out[name]["pointing_words"] = points[name]["words"]
+            out[name]["pointing_choice"] = f"{choice} (chosen on val)"
+    return {name: out[name] for name in names}
 
 
 def nearest_baseline(splits: dict[str, CaptionData]) -> dict:
