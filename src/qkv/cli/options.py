@@ -34,6 +34,13 @@ def device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument("--device", default=default, help=where)
 
 
+def revision_option(p: argparse.ArgumentParser) -> None:
+    """``--revision``: the branch, tag or commit of a Hugging Face Hub model name."""
+    p.add_argument(
+        "--revision", help="with a Hub model name (org/name): its branch, tag or commit (default main)"
+    )
+
+
 def search_options(
     p: argparse.ArgumentParser,
     beam: int | None,

@@ -79,9 +79,10 @@ def is_run_dir(path: Path) -> bool:
     return (path / "train_config.json").is_file()
 
 
-def load(name_or_path: str | Path, device="cpu"):
+def load(name_or_path: str | Path, device="cpu", revision: str | None = None):
     """Model (eval mode) and tokenizer of a qkv run directory, an HF folder (converted in
-    memory) or a short name (:data:`PRETRAINED`).
+    memory) or a short name (:data:`PRETRAINED`). ``revision``: a Hub name's branch, tag or
+    commit (ignored for the others).
 
     Returns:
         ``(model, tokenizer)``: a qkv model (``EncoderModel``, ``DecoderLM``, ...) and its

@@ -65,6 +65,27 @@ class ProteinEncoder:
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
 
+    @classmethod
+    def load(
+        cls, source: str | Path, device: torch.device | str = "cpu", revision: str | None = None
+    ) -> ProteinEncoder:
+        """A protein encoder from a run directory, an HF folder, a short name (``antiberty``) or a
+        Hub name (``facebook/esm2_t6_8M_UR50D``), through :func:`qkv.hub.pretrained.load`.
+
+        Raises:
+            QkvError: what :func:`~qkv.hub.pretrained.load` raises, or a model that is not an
+                encoder (a decoder LM, a ViT, ...).
+        """
+        from ..hub.pretrained import load
+
+        model, tok = load(source, device=device, revision=revision)
+        if not isinstance(model, EncoderModel):
+            raise QkvError(f"{source} is a {type(model).__name__}, not a protein encoder")
+        run_dir = Path(source)
+        meta_path = run_dir / "task.json"
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
+
     def rows(
         self,
         sequences: list[str],
