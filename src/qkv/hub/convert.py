@@ -160,19 +160,38 @@ def read_hf(
     hf_config = read_json(folder / "config.json")
     family = family_of(hf_config)
     tok = read_tokenizer(folder, tokenizer) if family.tokenizer else None
-    state = read_state_dict(folder)
+    pooling = _pooling(folder)
+    extra = {**({"pooling": pooling} if pooling else {}), **(settings or {})}
+    return convert_state(hf_config, read_state_dict(folder), tok, extra, where=folder / "config.json")
+
+
+def convert_state(
+    hf_config: dict,
+    state: dict[str, torch.Tensor],
+    tokenizer: HFTokenizer | None,
+    settings: dict | None = None,
+    where: str | Path = "config.json",
+) -> Converted:
+    """The in-memory core of :func:`read_hf`: an HF ``config.json`` (as a dict) and state dict
+    (HF tensor names) → a qkv model, for checkpoints that reach qkv by another road than an HF
+    folder (fair-esm, fairseq). ``settings``: qkv model-config fields to set (``pooling`` only
+    for encoders); ``where`` names the config in error messages.
+
+    Raises:
+        QkvError: an unsupported architecture, a config that does not read as its family, or a
+            missing/unexpected/mis-shaped tensor.
+    """
+    family = family_of(hf_config)
     if family.prefix and not any(k.startswith(family.prefix) for k in state):
         state = {family.prefix + k: v for k, v in state.items()}  # a bare base model
     parts = keymap.parts_present(family.rules, set(state)) | {"base"}
     try:
         config = family.from_hf(hf_config, parts)
     except (KeyError, TypeError, ValueError) as exc:
-        raise QkvError(f"{folder / 'config.json'}: cannot read it as {family.name}: {exc}") from None
-    pooling = _pooling(folder)
-    extra = {
-        **({"pooling": pooling} if pooling and isinstance(config, EncoderConfig) else {}),
-        **(settings or {}),
-    }
+        raise QkvError(f"{where}: cannot read it as {family.name}: {exc}") from None
+    extra = dict(settings or {})
+    if "pooling" in extra and not isinstance(config, EncoderConfig):
+        del extra["pooling"]
     if extra:
         config = type(config).from_dict({**config.to_dict(), **extra})
     rules = keymap.expand(family.rules, layer_counts(config), parts)
@@ -184,7 +203,7 @@ def read_hf(
         for r in keymap.expand(family.rules, layer_counts(config), {r.part for r in family.rules} - parts)
     }
     keymap.load_into(model, qkv_state, TASK_HEADS + tuple(absent), {r.qkv for r in rules if r.reshape})
-    return Converted(model.eval(), tok, family, parts, hf_config, kept)
+    return Converted(model.eval(), tokenizer, family, parts, hf_config, kept)
 
 
 def import_hf(
