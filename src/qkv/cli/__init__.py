@@ -12,14 +12,40 @@ from __future__ import annotations
 
 import argparse
 
-from . import caption, classify, convert, evaluate, explain, generate, prepare, train, translate
+from . import (
+    caption,
+    classify,
+    contacts,
+    convert,
+    embed,
+    evaluate,
+    explain,
+    generate,
+    prepare,
+    train,
+    translate,
+    variants,
+)
 from .console import log, report, setup_logging
 from .options import Parser, debug_option, take_late_words
 
 __all__ = ["build_parser", "main"]
 
 # in the order `qkv --help` lists the verbs
-VERBS = (train, prepare, translate, evaluate, generate, classify, caption, convert, explain)
+VERBS = (
+    train,
+    prepare,
+    translate,
+    evaluate,
+    generate,
+    classify,
+    embed,
+    variants,
+    contacts,
+    caption,
+    convert,
+    explain,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

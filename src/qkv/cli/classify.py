@@ -1,19 +1,17 @@
-"""The verbs that read an encoder's output: ``classify`` (TSV of classes), ``embed``
-(embeddings to a file), ``similarity`` and ``search`` (sentence embeddings compared)."""
+"""The verbs that read an encoder's output: ``classify`` (TSV of classes), ``similarity`` and
+``search`` (sentence embeddings compared); ``embed`` is :mod:`qkv.cli.embed`."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import QkvError
-from .console import log
-from .options import device_option
-from .output import save_embeddings, write_line, write_predictions, write_tsv
+from .options import device_option, revision_option
+from .output import write_line, write_predictions, write_tsv
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register ``classify``, ``embed``, ``similarity`` and ``search``."""
+    """Register ``classify``, ``similarity`` and ``search``."""
     p = sub.add_parser("classify", help="predict classes of proteins, texts or images (TSV on stdout)")
     p.add_argument("run_dir")
     p.add_argument(
@@ -26,25 +24,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     device_option(p)
     p.set_defaults(func=_cmd_classify)
-
-    p = sub.add_parser(
-        "embed",
-        help="embeddings: sentences with a pretrained text encoder (--model), or "
-        "proteins with a protein encoder run",
-    )
-    p.add_argument(
-        "inputs",
-        nargs="+",
-        metavar="INPUT",
-        help="--model NAME TEXT_FILE (one sentence per line), or RUN_DIR FASTA",
-    )
-    p.add_argument("--model", help="pretrained text encoder: minilm, an HF folder or a converted run")
-    p.add_argument("--out", required=True, help="output .safetensors file")
-    p.add_argument(
-        "--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence"
-    )
-    device_option(p)
-    p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("similarity", help="cosine similarity of two sentences' embeddings")
     p.add_argument("first")
@@ -65,7 +44,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _text_encoder_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="minilm", help="text encoder (default minilm)")
+    p.add_argument(
+        "--model",
+        default="minilm",
+        help="text encoder: minilm (default), a Hub name org/name, an HF folder or a converted run",
+    )
+    revision_option(p)
 
 
 def _cmd_classify(args) -> int:
@@ -84,45 +68,9 @@ def _cmd_classify(args) -> int:
     return 0
 
 
-def _cmd_embed(args) -> int:
-    from ..data.files import read_lines
-
-    if args.model is not None:  # a pretrained text encoder: one text per line
-        if len(args.inputs) != 1:
-            raise QkvError("with --model, give one text file (one sentence per line)")
-        texts = read_lines(args.inputs[0])
-        vectors = _text_encoder(args.model, args.device).embed(texts)
-        save_embeddings(args.out, vectors, texts, str(args.model))
-        log(
-            f"{len(texts)} sentence embeddings of width {vectors.shape[1]} (mean pooling, L2-normalised) "
-            f"-> {args.out} (tensor 'mean', texts in metadata 'ids')"
-        )
-        return 0
-    if len(args.inputs) != 2:
-        raise QkvError("give RUN_DIR FASTA (a protein encoder), or --model NAME TEXT_FILE")
-    import torch
-
-    from ..data.protein import read_fasta
-    from ..device import resolve_device
-    from ..inference.protein import ProteinEncoder
-
-    run_dir, fasta = args.inputs
-    encoder = ProteinEncoder.from_run(run_dir, resolve_device(args.device))
-    records = read_fasta(fasta)
-    ids = [r.id for r in records]
-    pooled, residues = encoder.embed([r.sequence for r in records], ids, per_residue=args.per_residue)
-    # residues is empty without --per-residue: then there is nothing extra to save
-    extra = {f"residues/{i}": torch.from_numpy(r).contiguous() for i, r in zip(ids, residues, strict=False)}
-    save_embeddings(args.out, pooled, ids, str(Path(run_dir).resolve()), extra)
-    log(
-        f"{len(ids)} embeddings of width {pooled.shape[1]} -> {args.out} (tensor 'mean', ids in metadata"
-        + (", per-residue tensors 'residues/<id>')" if args.per_residue else ")")
-    )
-    return 0
-
-
 def _cmd_similarity(args) -> int:
-    write_line(f"{_text_encoder(args.model, args.device).similarity(args.first, args.second):.4f}")
+    encoder = _text_encoder(args.model, args.device, args.revision)
+    write_line(f"{encoder.similarity(args.first, args.second):.4f}")
     return 0
 
 
@@ -130,13 +78,13 @@ def _cmd_search(args) -> int:
     from ..data.files import read_lines
 
     corpus = read_lines(args.corpus)
-    hits = _text_encoder(args.model, args.device).search(args.query, corpus, args.top_k)
+    hits = _text_encoder(args.model, args.device, args.revision).search(args.query, corpus, args.top_k)
     write_tsv([f"{score:.4f}", corpus[i]] for score, i in hits)
     return 0
 
 
-def _text_encoder(source: str, device: str):
+def _text_encoder(source: str, device: str, revision: str | None = None):
     from ..device import resolve_device
     from ..inference.text import TextEncoder
 
-    return TextEncoder.load(source, resolve_device(device))
+    return TextEncoder.load(source, resolve_device(device), revision)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import QkvError
 from .console import log
+from .options import revision_option
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -14,14 +16,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "convert",
         help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, `convert --to hf RUN_DIR HF_DIR`",
     )
-    p.add_argument("paths", nargs="+", help="hf HF_DIR|NAME RUN_DIR, or (with --to hf) RUN_DIR HF_DIR")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        help="hf HF_DIR|NAME RUN_DIR (NAME: a short name such as antiberty or sapiens-vh, or a Hub "
+        "name org/name), or (with --to hf) RUN_DIR HF_DIR",
+    )
     p.add_argument("--to", choices=("hf",), help="export a qkv run directory as an HF folder")
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
+    revision_option(p)
     p.set_defaults(func=_cmd_convert)
 
 
 def _cmd_convert(args) -> int:
-    from ..hub.convert import export_hf, import_hf
+    from ..hub.convert import export_hf, refuse_nonempty, write_run
 
     if args.to == "hf":
         if len(args.paths) != 2:
@@ -34,11 +42,18 @@ def _cmd_convert(args) -> int:
         return 0
     if len(args.paths) != 3 or args.paths[0] != "hf":
         raise QkvError("usage: qkv convert hf HF_DIR|NAME RUN_DIR  (or: qkv convert --to hf RUN_DIR HF_DIR)")
-    from ..hub.pretrained import is_short_name, locate
+    from ..hub.hub_names import split_revision
+    from ..hub.pretrained import read
 
     source, run_dir = args.paths[1:]
-    folder, tokenizer, settings = locate(source) if is_short_name(source) else (source, None, {})
-    conv = import_hf(folder, run_dir, args.tokenizer or tokenizer, settings)
+    refuse_nonempty(run_dir)  # before a Hub download
+    conv = read(source, args.revision, args.tokenizer)
+    if Path(source).exists():
+        recorded = str(Path(source).resolve())
+    else:  # a name, with the revision it was read at
+        repo, revision = split_revision(source, args.revision)
+        recorded = repo + (f"@{revision}" if revision else "")
+    write_run(conv, run_dir, recorded)
     n = sum(p.numel() for p in conv.model.parameters())
     log(
         f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"

@@ -64,10 +64,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init",
         metavar="MODEL",
-        help="start from a pretrained model: protein-*: a protein-mlm run directory or antiberty; "
-        "text-cls: minilm, an HF folder or a converted run; lm: an lm run, a GPT-2 HF folder or "
-        "iglm (with train.lora_rank=R: LoRA adapters instead of every weight); caption: a vit run "
-        "(the image encoder)",
+        help="start from a pretrained model: protein-*: a protein-mlm run directory, antiberty or "
+        "sapiens-vh/sapiens-vl; text-cls: minilm, an HF folder or a converted run; lm: an lm run, a "
+        "GPT-2 HF folder or iglm (with train.lora_rank=R: LoRA adapters instead of every weight); "
+        "protein-*, text-cls, lm: also a Hugging Face Hub name org/name, pinned to a branch, tag or "
+        "commit as org/name@REVISION; caption: a vit run (the image encoder)",
     )
     p.add_argument(
         "--freeze",

@@ -291,6 +291,12 @@ class HFTokenizer:
             raise QkvError(f"vocabulary {path} is not UTF-8 text (byte {exc.start})") from None
         if not vocab_list:
             raise QkvError(f"vocabulary {path} is empty")
+        return cls.from_tokens(vocab_list, lowercase)
+
+    @classmethod
+    def from_tokens(cls, vocab_list: Sequence[str], lowercase: bool = False) -> HFTokenizer:
+        """:meth:`from_vocab` from the tokens themselves (id = index), for a vocabulary that
+        comes as a list rather than a file (fair-esm's alphabet)."""
         vocab = {t: i for i, t in enumerate(vocab_list)}
         special = [t for t in vocab_list if (t[:1], t[-1:]) in (("[", "]"), ("<", ">")) and len(t) > 2]
         unk = next((t for t in HF_SPECIALS["unk"] if t in vocab), special[0] if special else vocab_list[0])

@@ -206,6 +206,14 @@ def convert_state(
     return Converted(model.eval(), tokenizer, family, parts, hf_config, kept)
 
 
+def refuse_nonempty(run_dir: str | Path) -> None:
+    """Raise :class:`QkvError` when ``run_dir`` exists and is not an empty directory: what
+    :func:`write_run` would refuse, checked before a checkpoint is read or downloaded."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
+
+
 def import_hf(
     folder: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None, settings: dict | None = None
 ) -> Converted:
@@ -215,10 +223,21 @@ def import_hf(
     Raises:
         QkvError: see :func:`read_hf`; or ``run_dir`` exists and is not empty.
     """
-    run_dir = Path(run_dir)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
+    refuse_nonempty(run_dir)
     conv = read_hf(folder, tokenizer, settings)
+    write_run(conv, run_dir, str(Path(folder).resolve()))
+    return conv
+
+
+def write_run(conv: Converted, run_dir: str | Path, source: str) -> None:
+    """Write a converted checkpoint as a qkv run directory; ``source`` (a folder, or a name)
+    is recorded as where it came from.
+
+    Raises:
+        QkvError: ``run_dir`` exists and is not empty.
+    """
+    refuse_nonempty(run_dir)
+    run_dir = Path(run_dir)
     conv.config.save(run_dir / "config.json")
     if conv.tokenizer is not None:
         conv.tokenizer.save(run_dir / "tokenizer.json")
@@ -231,19 +250,18 @@ def import_hf(
         {
             "family": conv.family.name,
             "parts": sorted(conv.parts),
-            "source": str(Path(folder).resolve()),
+            "source": source,
             "hf_config": conv.hf_config,
         },
     )
     write_json(
         run_dir / "train_config.json",
-        {**runs.run_header(conv.family.recipe, conv.config), "converted_from": str(Path(folder).resolve())},
+        {**runs.run_header(conv.family.recipe, conv.config), "converted_from": source},
     )
     save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
     logger.debug(
-        f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {folder} into {run_dir}"
+        f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {source} into {run_dir}"
     )
-    return conv
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:

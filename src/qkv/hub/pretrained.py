@@ -10,28 +10,43 @@ nothing is downloaded at run time):
   8-layer BERT masked LM trained on antibody sequences. MIT.
 - ``iglm``: IgLM (``iglm==0.1.0``; Shuai et al., Cell Systems 2023), a 4-layer GPT-2 antibody
   LM. JHU academic licence, non-commercial: tests and examples only.
+- ``sapiens-vh``, ``sapiens-vl``: Sapiens (``sapiens==1.0.5``; Prihoda et al., mAbs 2022), 4-layer
+  RoBERTa masked LMs of human heavy and light variable domains (fairseq checkpoints, converted
+  by :mod:`qkv.hub.sapiens`). MIT.
+
+Beside the short names, every function here takes a Hugging Face Hub name (``org/name``, with a
+revision as ``revision=`` or ``org/name@revision``), fetched into the Hugging Face cache
+(:mod:`qkv.hub.hub_names`), and a local HF folder. A path that exists wins over a name.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import QkvError
+
+if TYPE_CHECKING:
+    from .convert import Converted
 
 
 @dataclass(frozen=True)
 class Pretrained:
     """Where a short name's files are: the ``package`` (module name), the HF ``folder`` and
-    ``tokenizer`` inside it (``None``: the folder's own), the ``pip`` requirement, and
-    ``settings`` its ``config.json`` does not say (qkv model-config fields)."""
+    ``tokenizer`` inside it (``None``: the folder's own), the ``pip`` requirement,
+    ``settings`` its ``config.json`` does not say (qkv model-config fields), and ``fairseq``: a
+    fairseq checkpoint in the folder (Sapiens) read instead of an HF folder, ``tokenizer``
+    then being its ``dict.txt``."""
 
     package: str
     folder: str
     tokenizer: str | None
     pip: str
     settings: tuple[tuple[str, object], ...] = ()
+    fairseq: str | None = None
 
 
 PRETRAINED = {
@@ -44,6 +59,12 @@ PRETRAINED = {
     "iglm": Pretrained(
         "iglm", "trained_models/IgLM", "trained_models/vocab.txt", "iglm==0.1.0", settings=(("eos_id", 2),)
     ),
+    **{
+        f"sapiens-{chain}": Pretrained(
+            "sapiens", "models/v1", "models/v1/dict.txt", "sapiens==1.0.5", fairseq=f"checkpoint_{chain}.pt"
+        )
+        for chain in ("vh", "vl")
+    },
 }
 
 
@@ -61,7 +82,10 @@ def locate(name: str) -> tuple[Path, Path | None, dict]:
             (with the command that installs it).
     """
     if name not in PRETRAINED:
-        raise QkvError(f"unknown pretrained model {name!r}; known: {', '.join(PRETRAINED)} (or give a path)")
+        raise QkvError(
+            f"unknown pretrained model {name!r}; known: {', '.join(PRETRAINED)} (or give a path or a "
+            "Hub name org/name)"
+        )
     entry = PRETRAINED[name]
     spec = importlib.util.find_spec(entry.package)
     if spec is None or not spec.submodule_search_locations:
@@ -79,32 +103,73 @@ def is_run_dir(path: Path) -> bool:
     return (path / "train_config.json").is_file()
 
 
+def hf_folder(name_or_path: str | Path, revision: str | None = None) -> tuple[Path, Path | None, dict] | None:
+    """``(HF folder, tokenizer file or None, model settings)`` of a short name, a Hub name
+    (downloaded into the Hugging Face cache, or found there; ``revision``: its branch, tag or
+    commit) or an HF folder path; ``None`` where there is no HF folder: a qkv run directory, or
+    a Sapiens short name (a fairseq checkpoint, converted by :func:`read`).
+
+    Raises:
+        QkvError: a path to nothing, an unknown short name (the known ones listed), or the
+            errors of :func:`locate` and :func:`~qkv.hub.hub_names.download`.
+    """
+    from .hub_names import download, is_hub_name, split_revision
+
+    path, text = Path(name_or_path), str(name_or_path)
+    if path.is_dir():
+        return None if is_run_dir(path) else (path, None, {})
+    if is_hub_name(text):
+        return download(*split_revision(text, revision)), None, {}
+    if "/" in text or os.sep in text:
+        raise QkvError(f"HF folder not found: {text}")
+    found = locate(text)  # a short name, or the error that lists them
+    return None if PRETRAINED[text].fairseq else found
+
+
+def read(
+    name_or_path: str | Path, revision: str | None = None, tokenizer: str | Path | None = None
+) -> Converted:
+    """The :class:`~qkv.hub.convert.Converted` checkpoint (in memory, nothing written) of a
+    short name, a Hub name or an HF folder (see :func:`hf_folder`); ``tokenizer`` replaces the
+    folder's own.
+
+    Raises:
+        QkvError: a qkv run directory (already converted), or the errors of :func:`hf_folder`
+            and :func:`~qkv.hub.convert.read_hf`.
+    """
+    from .convert import read_hf
+    from .sapiens import read_sapiens
+
+    entry = PRETRAINED[str(name_or_path)] if is_short_name(name_or_path) else None
+    if entry is not None and entry.fairseq is not None:
+        folder, dict_txt, _ = locate(str(name_or_path))
+        assert dict_txt is not None  # a fairseq entry names its dictionary
+        return read_sapiens(folder / entry.fairseq, tokenizer or dict_txt)
+    found = hf_folder(name_or_path, revision)
+    if found is None:
+        raise QkvError(f"{name_or_path} is a qkv run directory, not a checkpoint to convert")
+    folder, own_tokenizer, settings = found
+    return read_hf(folder, tokenizer or own_tokenizer, settings)
+
+
 def load(name_or_path: str | Path, device="cpu", revision: str | None = None):
     """Model (eval mode) and tokenizer of a qkv run directory, an HF folder (converted in
-    memory) or a short name (:data:`PRETRAINED`). ``revision``: a Hub name's branch, tag or
-    commit (ignored for the others).
+    memory), a short name (:data:`PRETRAINED`) or a Hub name (``org/name`` or
+    ``org/name@revision``; ``revision``: its branch, tag or commit, ignored for the others).
 
     Returns:
         ``(model, tokenizer)``: a qkv model (``EncoderModel``, ``DecoderLM``, ...) and its
         tokenizer.
 
     Raises:
-        QkvError: nothing at that path and not a known name, or any error of
-            :func:`qkv.runs.load_run` / :func:`qkv.hub.convert.read_hf`.
+        QkvError: nothing at that path, an unknown short name, a Hub name neither cached nor
+            downloadable (:func:`hf_folder`), or any error of :func:`qkv.runs.load_run` /
+            :func:`qkv.hub.convert.read_hf`.
     """
     from .. import runs
-    from .convert import read_hf
 
     path = Path(name_or_path)
-    if path.is_dir():
-        if is_run_dir(path):
-            return runs.load_run(path, device=device)
-        conv = read_hf(path)
-    elif is_short_name(name_or_path):
-        conv = read_hf(*locate(str(name_or_path)))  # folder, tokenizer, settings
-    else:
-        raise QkvError(
-            f"no model at {name_or_path}: not a directory, and not one of the pretrained "
-            f"names {', '.join(PRETRAINED)}"
-        )
+    if path.is_dir() and is_run_dir(path):
+        return runs.load_run(path, device=device)
+    conv = read(name_or_path, revision)
     return conv.model.to(device).eval(), conv.tokenizer

@@ -208,7 +208,8 @@ class TextGenerator:
         dtype: torch.dtype = torch.float32,
         quantize: str | None = None,
     ) -> TextGenerator:
-        """Load a trained LM run (or a pretrained short name: ``iglm``).
+        """Load a trained LM run (or a pretrained short name, ``iglm``, or a Hub name of a GPT-2,
+        ``org/name`` or ``org/name@revision``).
         ``dtype=torch.bfloat16`` casts the weights for faster decoding (decoding streams the
         weights, and bfloat16 halves their bytes; where the CPU has native bfloat16 they go to
         oneDNN's kernel; ``benchmarks/limits.py``; logits differ slightly from float32's, and
@@ -221,11 +222,12 @@ class TextGenerator:
 
         Raises:
             QkvError: an unknown ``quantize``, a missing run, or a model that is not an LM."""
+        from ..hub.hub_names import is_hub_name
         from ..hub.pretrained import is_short_name, load
 
         if quantize not in (None, "int8"):
             raise QkvError(f"unknown quantisation {quantize!r}; choose int8 (or none)")
-        if is_short_name(run_dir):
+        if is_short_name(run_dir) or is_hub_name(run_dir):
             model, tokenizer = load(run_dir, device)
             if not isinstance(model, DecoderLM):
                 raise QkvError(f"{run_dir} is not a language model")

@@ -4,9 +4,9 @@ probabilities (per sequence or per residue) or embeddings out. Beside
 
 Over-long inputs: a sequence-level model keeps the first ``max_len - 2`` residues (with a
 warning: signal peptides and most sequence-level signals a short model can use sit at the N
-terminus; refusing would make whole proteomes unusable). A residue-level model, and
-:meth:`ProteinEncoder.embed`, split a long chain into consecutive windows of ``max_len - 2``
-residues, so every residue is covered.
+terminus; refusing would make whole proteomes unusable). A residue-level model splits a long
+chain into consecutive windows of ``max_len - 2`` residues, so every residue is covered;
+:meth:`ProteinEncoder.embed` uses the overlapping windows of :mod:`qkv.inference.embed`.
 """
 
 from __future__ import annotations
@@ -142,23 +142,22 @@ class ProteinEncoder:
             out[i].append(p)
         return [parts[0] if self.level == "sequence" else np.concatenate(parts) for parts in out]
 
-    @torch.no_grad()
     def embed(
         self, sequences: list[str], ids: list[str] | None = None, per_residue: bool = False
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """``(N, D)`` mean of the final hidden states over each sequence's residues (specials
-        and padding excluded) and, if ``per_residue``, one ``(L, D)`` array per sequence.
-        Long sequences are embedded window by window."""
-        rows, owner = self.rows(sequences, ids, whole_chain=True)
-        per_row: list = [None] * len(rows)
-        for idx in self.batches(rows):
-            tokens = pad_sequences([rows[i] for i in idx], self.tok.pad_id)
-            hidden, _, _ = self.model.encode(tokens.to(self.device))
-            states = hidden.float().cpu().numpy()
-            for j, i in enumerate(idx):
-                per_row[i] = states[j, 1 : len(rows[i]) - 1]
-        residues: list = [[] for _ in sequences]
-        for i, h in zip(owner, per_row, strict=True):
-            residues[i].append(h)
-        residues = [np.concatenate(parts) for parts in residues]
-        return np.stack([r.mean(0) for r in residues]), residues if per_residue else []
+        and padding excluded) and, if ``per_residue``, one ``(L, D)`` array per sequence, in
+        input order. Long sequences are embedded in overlapping windows
+        (:class:`~qkv.inference.embed.Embedder`, which also reads other layers and streams
+        whole FASTA files into shards).
+
+        Raises:
+            QkvError: an empty sequence or a character the tokenizer refuses.
+        """
+        from .embed import Embedder
+
+        ids = ids or [f"sequence {i + 1}" for i in range(len(sequences))]
+        last = len(self.model.layers)
+        pool = Embedder(self, [last], per_residue).pool(sequences, ids)
+        residues = [r.numpy() for r in pool.residues[last]] if per_residue else []
+        return pool.means()[last].numpy(), residues

@@ -46,13 +46,19 @@ class TextEncoder:
         self.device, self.max_tokens = torch.device(device), max_tokens
 
     @classmethod
-    def load(cls, name_or_path: str | Path, device: torch.device | str = "cpu") -> TextEncoder:
-        """A run directory (a converted encoder or a ``text-cls`` run), an HF folder or a
-        pretrained short name (``minilm``). Raises :class:`QkvError` when it is not a text
-        encoder."""
+    def load(
+        cls, name_or_path: str | Path, device: torch.device | str = "cpu", revision: str | None = None
+    ) -> TextEncoder:
+        """A run directory (a converted encoder or a ``text-cls`` run), an HF folder, a
+        pretrained short name (``minilm``) or a Hub name (``sentence-transformers/all-MiniLM-L6-v2``;
+        ``revision``: its branch, tag or commit), through :func:`qkv.hub.pretrained.load`.
+
+        Raises:
+            QkvError: what :func:`~qkv.hub.pretrained.load` raises, or a model that is not a
+                text encoder."""
         from ..hub.pretrained import load
 
-        model, tokenizer = load(name_or_path, device)
+        model, tokenizer = load(name_or_path, device, revision)
         if not isinstance(model, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
             raise QkvError(
                 f"{name_or_path} is not a pretrained text encoder (a BERT-style model with its own tokenizer)"

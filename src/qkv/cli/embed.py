@@ -1,0 +1,151 @@
+"""``qkv embed``: protein embeddings of a FASTA file of any size into a directory of shards
+(streamed, resumable: run the same command again after a kill), or sentence embeddings of a
+text file with a pretrained text encoder (``--model``) into one file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import QkvError
+from .console import log
+from .options import device_option, quiet_option, revision_option
+from .output import save_embeddings
+
+# the options that only protein embeddings take, with the values that mean "not given"
+PROTEIN_ONLY = {
+    "layers": None,
+    "per_residue": False,
+    "max_tokens": None,
+    "shard_size": None,
+}
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register ``embed``."""
+    p = sub.add_parser(
+        "embed",
+        help="embeddings: proteins of a FASTA file with a protein encoder (into a directory of "
+        "shards), or sentences with a pretrained text encoder (--model)",
+        description="Proteins: MODEL FASTA --out DIR writes DIR/shard-00000.safetensors, ... "
+        "(tensors mean/layer<k> (n, D) and, with --per-residue, residues/layer<k>/<id> (L, D); "
+        "the ids in each shard's metadata 'ids') and DIR/manifest.json. Running the same command "
+        "again resumes an interrupted run at its next shard, with the same bytes; a directory "
+        "made with another model, input or settings is refused. Sequences longer than the model "
+        "are embedded in overlapping windows (stride half the width; each residue from the "
+        "window it is most central in). Sentences: --model NAME TEXT_FILE --out FILE.safetensors.",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="MODEL FASTA (MODEL: a run directory, an HF folder, a short name such as "
+        "antiberty, or a Hub name org/name), or --model NAME TEXT_FILE (one sentence per line)",
+    )
+    p.add_argument(
+        "--model",
+        help="pretrained text encoder: minilm, a Hub name org/name[@REVISION], an HF folder or "
+        "a converted run",
+    )
+    p.add_argument(
+        "--out", required=True, help="proteins: output directory; sentences: output .safetensors file"
+    )
+    p.add_argument(
+        "--layers",
+        help="proteins: layers to keep, as ESM's repr_layers: 0 = embeddings, k = after layer k, "
+        "the last = after the final norm, negative from the end; comma-separated, or 'all' "
+        "(default: the last)",
+    )
+    p.add_argument(
+        "--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help="proteins: tokens per batch, padding included (default 16384); batches are sorted by length",
+    )
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        help="proteins: sequences per shard (default 10000, 1000 with --per-residue; a shard is "
+        "held in memory whole)",
+    )
+    revision_option(p)
+    device_option(p)
+    quiet_option(p, "no progress bar; warnings only")
+    p.set_defaults(func=_cmd_embed)
+
+
+def _cmd_embed(args) -> int:
+    if args.model is not None:
+        return _embed_texts(args)
+    if len(args.inputs) != 2:
+        raise QkvError("give MODEL FASTA (a protein encoder), or --model NAME TEXT_FILE")
+    from tqdm import tqdm
+
+    from ..device import resolve_device
+    from ..inference.embed import MANIFEST, Embedder, EmbedJob
+    from ..inference.protein import ProteinEncoder
+
+    source, fasta = args.inputs
+    if Path(args.out).suffix == ".safetensors":
+        raise QkvError(
+            f"--out {args.out}: protein embeddings go into a directory (shards and {MANIFEST}), not one file"
+        )
+    layers = _layers(args.layers)
+    encoder = ProteinEncoder.load(source, resolve_device(args.device), args.revision)
+    embedder = Embedder(encoder, layers, args.per_residue, args.max_tokens)
+    job = EmbedJob.open(embedder, fasta, args.out, args.shard_size)
+    with tqdm(
+        total=job.total,
+        initial=job.done,
+        unit="seq",
+        file=sys.stderr,
+        disable=args.quiet or job.done == job.total,
+        dynamic_ncols=True,
+    ) as bar:
+        manifest = job.run(bar.update)
+    names = ", ".join(f"mean/layer{k}" for k in embedder.layers)
+    log(
+        f"{job.total} embeddings of width {embedder.d_model} in {len(manifest['shards'])} shard(s) -> "
+        f"{args.out} (tensors {names}" + (", residues/layer<k>/<id>" if args.per_residue else "") + ")"
+    )
+    return 0
+
+
+def _layers(spec: str | None) -> str | list[int]:
+    """``--layers``: ``"all"``, or comma-separated integers (default: the last layer)."""
+    if spec is None:
+        return [-1]
+    if spec.strip() == "all":
+        return "all"
+    try:
+        return [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise QkvError(
+            f"--layers {spec}: give comma-separated layer numbers (e.g. 0,6,-1) or 'all'"
+        ) from None
+
+
+def _embed_texts(args) -> int:
+    """Sentence embeddings of a text file (one sentence per line) into one ``.safetensors``."""
+    from ..data.files import read_lines
+    from ..device import resolve_device
+    from ..inference.text import TextEncoder
+
+    given = [k for k, unset in PROTEIN_ONLY.items() if getattr(args, k) != unset]
+    if given:
+        raise QkvError(
+            f"--{given[0].replace('_', '-')} applies to protein embeddings only (not with --model)"
+        )
+    if len(args.inputs) != 1:
+        raise QkvError("with --model, give one text file (one sentence per line)")
+    texts = read_lines(args.inputs[0])
+    vectors = TextEncoder.load(args.model, resolve_device(args.device), args.revision).embed(texts)
+    save_embeddings(args.out, vectors, texts, str(args.model))
+    log(
+        f"{len(texts)} sentence embeddings of width {vectors.shape[1]} (mean pooling, L2-normalised) "
+        f"-> {args.out} (tensor 'mean', texts in metadata 'ids')"
+    )
+    return 0

@@ -1,0 +1,167 @@
+"""fair-esm checkpoints (Lin et al. 2023, ESM-2; the ``esm`` package's ``ESM2`` module and its
+torch-hub ``.pt`` files) → qkv.
+
+A fair-esm state dict is renamed to the HF ``EsmForMaskedLM`` names (as transformers'
+``convert_esm`` script does) and converted by :func:`qkv.hub.convert.convert_state`, so the ESM
+family's own key map (:data:`qkv.hub.families.ESM`) does the rest: one layer mapping, not two.
+The contact head's logistic regression (Rao et al. 2021) lands in ``Converted.kept`` as
+``esm.contact_head.regression.weight`` / ``.bias``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from ..data.tokenizers import HFTokenizer
+from ..errors import QkvError
+from ..files import read_settings_checkpoint
+from .convert import Converted, convert_state
+
+# fair-esm's ``Alphabet.from_architecture("ESM-1b")``, which every ESM-2 model uses: id = index.
+ESM_ALPHABET = (
+    "<cls>", "<pad>", "<eos>", "<unk>",
+    "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q", "N", "F", "Y", "M", "H", "W", "C",
+    "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>",
+)  # fmt: skip
+PAD_ID, MASK_ID = ESM_ALPHABET.index("<pad>"), ESM_ALPHABET.index("<mask>")
+
+# fair-esm name (regular expression, matched at the start) → HF name; the rest of the name
+# (``weight``/``bias``) is kept
+_LAYER = r"esm.encoder.layer.\1."
+FAIR_TO_HF = (
+    (r"embed_tokens\.", "esm.embeddings.word_embeddings."),
+    (r"layers\.(\d+)\.self_attn\.q_proj\.", _LAYER + "attention.self.query."),
+    (r"layers\.(\d+)\.self_attn\.k_proj\.", _LAYER + "attention.self.key."),
+    (r"layers\.(\d+)\.self_attn\.v_proj\.", _LAYER + "attention.self.value."),
+    (r"layers\.(\d+)\.self_attn\.out_proj\.", _LAYER + "attention.output.dense."),
+    (r"layers\.(\d+)\.self_attn\.rot_emb\.", _LAYER + "attention.self.rotary_embeddings."),
+    (r"layers\.(\d+)\.self_attn_layer_norm\.", _LAYER + "attention.LayerNorm."),
+    (r"layers\.(\d+)\.fc1\.", _LAYER + "intermediate.dense."),
+    (r"layers\.(\d+)\.fc2\.", _LAYER + "output.dense."),
+    (r"layers\.(\d+)\.final_layer_norm\.", _LAYER + "LayerNorm."),
+    (r"emb_layer_norm_after\.", "esm.encoder.emb_layer_norm_after."),
+    (r"lm_head\.dense\.", "lm_head.dense."),
+    (r"lm_head\.layer_norm\.", "lm_head.layer_norm."),
+    (r"lm_head\.weight$", "lm_head.decoder.weight"),
+    (r"lm_head\.bias$", "lm_head.bias"),
+    (r"contact_head\.regression\.", "esm.contact_head.regression."),
+)
+# what fairseq checkpoints put before the module names (fair-esm's upgrade_state_dict strips it)
+_FAIRSEQ_PREFIX = re.compile(r"^(encoder\.sentence_encoder\.|encoder\.)")
+
+
+def esm_tokenizer() -> HFTokenizer:
+    """ESM-2's residue tokenizer: ``<cls> residues <eos>``, one token per letter."""
+    return HFTokenizer.from_tokens(list(ESM_ALPHABET))
+
+
+def hf_config(num_layers: int, embed_dim: int, attention_heads: int, token_dropout: bool = True) -> dict:
+    """The HF ``EsmConfig`` of a fair-esm ESM-2 (as ``convert_esm`` writes it): pre-LN, rotary,
+    FFN width ``4 * embed_dim``, 1,026 positions (1,024 tokens: the 1,022 residues ESM-2 was
+    trained on, ``<cls>`` and ``<eos>``), no dropout."""
+    return {
+        "architectures": ["EsmForMaskedLM"],
+        "model_type": "esm",
+        "vocab_size": len(ESM_ALPHABET),
+        "hidden_size": embed_dim,
+        "num_attention_heads": attention_heads,
+        "intermediate_size": 4 * embed_dim,
+        "num_hidden_layers": num_layers,
+        "max_position_embeddings": 1026,
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-5,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "pad_token_id": PAD_ID,
+        "mask_token_id": MASK_ID,
+        "token_dropout": token_dropout,
+        "emb_layer_norm_before": False,
+        "position_embedding_type": "rotary",
+    }
+
+
+def to_hf_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A fair-esm ESM-2 state dict (with or without fairseq's ``encoder.`` prefix) in HF names.
+
+    Raises:
+        QkvError: names fair-esm's ESM-2 does not have (listed), or an output projection
+            ``lm_head.weight`` that is not the token embedding (ESM-2 ties them).
+    """
+    out, unknown = {}, []
+    for name, tensor in state_dict.items():
+        name = _FAIRSEQ_PREFIX.sub("", name)
+        hf = next((re.sub(f"^{p}", r, name) for p, r in FAIR_TO_HF if re.match(p, name)), None)
+        if hf is None:
+            unknown.append(name)
+        else:
+            out[hf] = tensor
+    if unknown:
+        raise QkvError(
+            f"not a fair-esm ESM-2 state dict: unknown tensor(s) {', '.join(sorted(unknown)[:10])}"
+        )
+    tied, embed = out.get("lm_head.decoder.weight"), out.get("esm.embeddings.word_embeddings.weight")
+    if tied is not None and embed is not None and not torch.equal(tied, embed):
+        raise QkvError("fair-esm lm_head.weight differs from embed_tokens.weight; ESM-2 ties them")
+    return out
+
+
+def from_fair_esm(
+    state_dict: dict[str, torch.Tensor],
+    num_layers: int,
+    embed_dim: int,
+    attention_heads: int,
+    token_dropout: bool = True,
+) -> Converted:
+    """A fair-esm ``ESM2(num_layers, embed_dim, attention_heads, token_dropout=...)`` state dict
+    → a qkv :class:`~qkv.models.encoder.EncoderModel` with its MLM head (eval mode, float32),
+    the ESM tokenizer, and the contact regression in ``kept`` (when the state dict has it).
+
+    Raises:
+        QkvError: unknown tensor names, or tensors missing or mis-shaped for the given sizes
+            (named by :func:`~qkv.hub.convert.convert_state`).
+    """
+    config = hf_config(num_layers, embed_dim, attention_heads, token_dropout)
+    return convert_state(config, to_hf_names(state_dict), esm_tokenizer(), where="fair-esm ESM2")
+
+
+def _field(cfg: object, name: str):
+    return cfg[name] if isinstance(cfg, dict) else getattr(cfg, name)
+
+
+def load_fair_esm(path: str | Path) -> Converted:
+    """A fair-esm ESM-2 ``.pt`` checkpoint (torch hub's ``esm2_t6_8M_UR50D.pt``: ``{"model":
+    state dict, "cfg": {"model": settings}}``) converted by :func:`from_fair_esm`; a
+    ``<name>-contact-regression.pt`` beside it adds the contact head, as fair-esm does. Read with
+    ``torch.load(weights_only=True)`` (``argparse.Namespace`` allowed, the settings' type).
+
+    Raises:
+        QkvError: a missing or refused file, or one that is not a fair-esm ESM-2 checkpoint.
+    """
+    path = Path(path)
+    data = read_settings_checkpoint(path, "fair-esm")
+    try:
+        cfg = _field(data["cfg"], "model") if "cfg" in data else data["args"]
+        sizes = {
+            k: int(_field(cfg, k)) for k in ("encoder_layers", "encoder_embed_dim", "encoder_attention_heads")
+        }
+        token_dropout = bool(_field(cfg, "token_dropout")) if _has(cfg, "token_dropout") else True
+        state = dict(data["model"])
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise QkvError(f"{path} is not a fair-esm ESM-2 checkpoint (no {exc})") from None
+    regression = path.with_name(f"{path.stem}-contact-regression.pt")
+    if regression.is_file():
+        state.update(read_settings_checkpoint(regression, "fair-esm").get("model", {}))
+    return from_fair_esm(
+        state,
+        sizes["encoder_layers"],
+        sizes["encoder_embed_dim"],
+        sizes["encoder_attention_heads"],
+        token_dropout,
+    )
+
+
+def _has(cfg: object, name: str) -> bool:
+    return name in cfg if isinstance(cfg, dict) else hasattr(cfg, name)
