@@ -64,6 +64,7 @@ class ProteinEncoder(Protocol):
     width: int
     max_tokens: int
 
+
 MANIFEST = "manifest.json"
 FORMAT = "qkv-embeddings/1"
 SHARD_SIZE = 10_000  # sequences per shard, mean vectors only
