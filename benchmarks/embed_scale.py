@@ -82,28 +82,42 @@ def build_model(folder: Path) -> Path:
     return folder
 
 
-def write_fasta(path: Path, n: int) -> Path:
-    """The first ``n`` records of the RefSeq proteomes repeated (streamed: one record in memory)."""
+INPUTS = {
+    "proteomes": "the 17 RefSeq proteomes replicated (48,857 proteins, mean 312 residues)",
+    "peptides": "the shared peptide sets but sol_han, replicated (short peptides)",
+}
+
+
+def source_files(source: str) -> list[Path]:
+    """The FASTA files an input replicates: the 17 RefSeq proteomes, or the peptide sets (all but
+    ``sol_han``, whose sequences are whole proteins)."""
+    data = Path(os.environ.get("QKV_DATA_DIR", HERE.parent.parent / "shared" / "data"))
+    if source == "peptides":
+        files = sorted(p for p in (data / "peptides").glob("*/seqs.fasta") if p.parent.name != "sol_han")
+    else:
+        files = sorted((data / "refseq_proteomes").glob("*.faa"))
+    if not files:
+        raise SystemExit(f"no {source} FASTA files: set QKV_DATA_DIR to the shared data directory")
+    return files
+
+
+def write_fasta(path: Path, n: int, source: str = "proteomes") -> Path:
+    """The first ``n`` records of ``source`` (:func:`source_files`) repeated (streamed: one
+    record in memory)."""
     if path.is_file():
         return path
     from qkv.data.protein import fasta_entries, record_id
 
-    files = sorted(
-        (
-            Path(os.environ.get("QKV_DATA_DIR", HERE.parent.parent / "shared" / "data")) / "refseq_proteomes"
-        ).glob("*.faa")
-    )
-    if not files:
-        raise SystemExit("no RefSeq proteomes: set QKV_DATA_DIR to the shared data directory")
+    files = source_files(source)
     tmp = path.with_suffix(".tmp")
     written, copy = 0, 0
     with open(tmp, "w") as out:
         while written < n:
-            for f in files:
+            for k, f in enumerate(files):  # the file's index in the id: peptide sets share ids
                 for title, seq, _ in fasta_entries(f):
                     if written == n:
                         break
-                    out.write(f">{record_id(title)}_{copy}\n{seq}\n")
+                    out.write(f">{k}_{record_id(title)}_{copy}\n{seq}\n")
                     written += 1
             copy += 1
     tmp.rename(path)
@@ -181,7 +195,7 @@ def resume_check(model: Path, work: Path, n: int, args) -> str:
     with an uninterrupted run's. Returns a one-line verdict."""
     import shutil
 
-    fasta = write_fasta(work / f"in_{n}.fasta", n)
+    fasta = write_fasta(work / f"in_proteomes_{n}.fasta", n)
     shard = str(max(n // 5, 1))
     whole, killed = work / f"resume_{n}_whole", work / f"resume_{n}_killed"
     for d in (whole, killed):
@@ -217,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16384)
     p.add_argument("--shard-size", type=int, default=10000, help="qkv's default; the reference's chunk size")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--source",
+        choices=("proteomes", "peptides"),
+        default="proteomes",
+        help="what the inputs replicate: the RefSeq proteomes (mean 312 residues) or the shared "
+        "peptide sets (short: a million fit in minutes)",
+    )
     p.add_argument("--resume-check", type=int, default=1000, help="N for the kill-and-resume check")
     p.add_argument("--append-results", action="store_true")
     p.add_argument("--hf-worker", nargs=3, metavar=("MODEL", "FASTA", "MEANS_NPY"), help=argparse.SUPPRESS)
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args.work / "esm_tiny")
     rows = []
     for n in args.sizes:
-        fasta = write_fasta(args.work / f"in_{n}.fasta", n)
+        fasta = write_fasta(args.work / f"in_{args.source}_{n}.fasta", n, args.source)
         out, means = args.work / f"out_{n}", args.work / f"hf_means_{n}.npy"
         shutil.rmtree(out, ignore_errors=True)
         ours = measure(qkv_embed(model, fasta, out, args, "--shard-size", str(args.shard_size)), args.threads)
@@ -268,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             f"`python benchmarks/embed_scale.py {shlex.join(argv if argv is not None else sys.argv[1:])}` "
             f"on {machine()}, transformers {transformers.__version__}. A random ESM-2-shaped encoder "
             f"(d_model 64, 2 layers, max_len 128), mean of the last layer; {args.max_tokens} padded tokens "
-            f"per batch, shards/chunks of {args.shard_size}; inputs: the RefSeq proteomes replicated. "
+            f"per batch, shards/chunks of {args.shard_size}; inputs: {INPUTS[args.source]}. "
             "Wall time end to end (process start to exit), one process at a time.",
             "",
             "| N | qkv s | qkv seq/s | qkv peak RSS MB | HF s | HF seq/s | HF peak RSS MB | qkv / HF "

@@ -85,6 +85,14 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
         "emoji test exact match (openmoji)": (0.0, 1.0),
         "largest |cross-attention row sum - 1|": (0.0, 1e-5),
     },
+    "08_protein_research": {
+        "Sapiens probe test AUROC": (0.0, 1.0),
+        "composition probe test AUROC": (0.0, 1.0),
+        "1NCB_H top-L/5 long-range precision": (0.0, 1.0),
+        "1NCB_L top-L/5 long-range precision": (0.0, 1.0),
+        # the wild type's own column is exactly 0, so the largest score is never below it
+        "largest masked-marginal score": (0.0, math.inf),
+    },
 }
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
