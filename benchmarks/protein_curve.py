@@ -36,10 +36,14 @@ RUN_FILES = ("config.json", "tokenizer.json", "train_config.json")
 
 
 def weight_files(run: Path) -> list[tuple[int, Path]]:
-    """``(step, file)`` of every snapshot, then the final weights at the run's last step."""
+    """``(step, file)`` of every snapshot, then, once the run has finished (its ``summary.json``
+    written), the final weights at its last step."""
     snaps = sorted((int(p.stem.split("_")[1]), p) for p in (run / "snapshots").glob("step_*.safetensors"))
+    if not (run / "summary.json").is_file():
+        return snaps
     last = max(json.loads(line).get("step", 0) for line in (run / "metrics.jsonl").read_text().splitlines())
-    return [*snaps, (last, run / "model.safetensors")]
+    # the final weights (the best validation perplexity) stand for the last step's snapshot
+    return [*(s for s in snaps if s[0] != last), (last, run / "model.safetensors")]
 
 
 def cpu_hours(run: Path, step: int) -> float:
@@ -61,14 +65,25 @@ def main() -> int:
     p.add_argument("runs", nargs="+", help="protein-mlm run directories")
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--plot", help="draw Spearman and contact precision against CPU hours (PNG)")
+    p.add_argument(
+        "--cache",
+        help="JSON lines of rows already measured: those weights are not measured again, new rows "
+        "are appended (so the curve of a run still training can be measured as it goes)",
+    )
     args = p.parse_args()
 
     assays = [load_assay(name) for name in ASSAYS]
     parsed = {a.name: parse_variants(a.variants, a.wild_type) for a in assays}
     fit, test = shared_chains("fit"), shared_chains("evaluate")
+    cache = Path(args.cache) if args.cache else None
+    done = [json.loads(line) for line in cache.read_text().splitlines()] if cache and cache.is_file() else []
     rows = [{"run": "BLOSUM62", **{a.name: blosum_spearman(a, parsed[a.name]) for a in assays}}]
     for run in map(Path, args.runs):
         for step, weights in weight_files(run):
+            known = [r for r in done if r["run"] == str(run) and r["step"] == step]
+            if known:
+                rows.append(known[0])
+                continue
             with tempfile.TemporaryDirectory() as tmp:
                 for name in RUN_FILES:
                     shutil.copy(run / name, tmp)
@@ -82,6 +97,9 @@ def main() -> int:
                 row["contacts"] = mean_precision(evaluate_contacts(encoder, head, test))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
+            if cache:
+                with cache.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
     head = ["run", "step", "CPU h", *(a.name for a in assays), "top-L/5 long-range precision"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:

@@ -29,6 +29,7 @@ machine, device and thread count.
 from __future__ import annotations
 
 import array
+import ctypes
 import hashlib
 import json
 import logging
@@ -319,6 +320,7 @@ class Embedder:
         for batch in plan.batches:
             tokens = plan.tokens(batch, self.encoder.tok.pad_id).to(self.encoder.device)
             done = pool.add(batch, encode_layers(self.model, tokens, self.layers))
+            _return_freed_memory()
             if progress is not None:
                 progress(done)
         return pool
@@ -535,6 +537,18 @@ class EmbedJob:
             self.manifest["complete"] = self.done == self.total
             write_json(self.out / MANIFEST, self.manifest)
         return self.manifest
+
+
+def _return_freed_memory() -> None:
+    """Hand the pages the allocator holds free back to the system, after each batch. glibc keeps
+    them (every batch's activations have another shape, and its heap fragments), so without this
+    a run's resident memory grew with the number of batches, by half over 300,000 peptides,
+    though nothing is kept; with it, it stays flat. Elsewhere than glibc: nothing to do."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def _save_shard(path: Path, tensors: dict[str, torch.Tensor], ids: list[str]) -> None:
