@@ -44,17 +44,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-ESM_VOCAB = [
-    "<cls>",
-    "<pad>",
-    "<eos>",
-    "<unk>",
-    *"LAGVSERTIDPKQNFYMHWCXBUZO",
-    ".",
-    "-",
-    "<null_1>",
-    "<mask>",
-]
 
 
 def build_model(folder: Path) -> Path:
@@ -64,9 +53,11 @@ def build_model(folder: Path) -> Path:
     import torch
     import transformers
 
+    from qkv.hub.fair_esm import ESM_ALPHABET
+
     torch.manual_seed(0)
     cfg = transformers.EsmConfig(
-        vocab_size=len(ESM_VOCAB),
+        vocab_size=len(ESM_ALPHABET),
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -74,11 +65,11 @@ def build_model(folder: Path) -> Path:
         max_position_embeddings=128,
         position_embedding_type="rotary",
         token_dropout=True,
-        mask_token_id=ESM_VOCAB.index("<mask>"),
-        pad_token_id=ESM_VOCAB.index("<pad>"),
+        mask_token_id=ESM_ALPHABET.index("<mask>"),
+        pad_token_id=ESM_ALPHABET.index("<pad>"),
     )
     transformers.EsmForMaskedLM(cfg).eval().save_pretrained(folder)
-    (folder / "vocab.txt").write_text("\n".join(ESM_VOCAB) + "\n", encoding="utf-8")
+    (folder / "vocab.txt").write_text("\n".join(ESM_ALPHABET) + "\n", encoding="utf-8")
     return folder
 
 

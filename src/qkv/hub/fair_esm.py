@@ -19,6 +19,7 @@ from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
 from ..files import read_settings_checkpoint
 from .convert import Converted, convert_state
+from .keymap import fairseq_layer_names, rename_fairseq
 
 # fair-esm's ``Alphabet.from_architecture("ESM-1b")``, which every ESM-2 model uses: id = index.
 ESM_ALPHABET = (
@@ -33,15 +34,8 @@ PAD_ID, MASK_ID = ESM_ALPHABET.index("<pad>"), ESM_ALPHABET.index("<mask>")
 _LAYER = r"esm.encoder.layer.\1."
 FAIR_TO_HF = (
     (r"embed_tokens\.", "esm.embeddings.word_embeddings."),
-    (r"layers\.(\d+)\.self_attn\.q_proj\.", _LAYER + "attention.self.query."),
-    (r"layers\.(\d+)\.self_attn\.k_proj\.", _LAYER + "attention.self.key."),
-    (r"layers\.(\d+)\.self_attn\.v_proj\.", _LAYER + "attention.self.value."),
-    (r"layers\.(\d+)\.self_attn\.out_proj\.", _LAYER + "attention.output.dense."),
+    *fairseq_layer_names(_LAYER, "attention.LayerNorm.", "LayerNorm."),
     (r"layers\.(\d+)\.self_attn\.rot_emb\.", _LAYER + "attention.self.rotary_embeddings."),
-    (r"layers\.(\d+)\.self_attn_layer_norm\.", _LAYER + "attention.LayerNorm."),
-    (r"layers\.(\d+)\.fc1\.", _LAYER + "intermediate.dense."),
-    (r"layers\.(\d+)\.fc2\.", _LAYER + "output.dense."),
-    (r"layers\.(\d+)\.final_layer_norm\.", _LAYER + "LayerNorm."),
     (r"emb_layer_norm_after\.", "esm.encoder.emb_layer_norm_after."),
     (r"lm_head\.dense\.", "lm_head.dense."),
     (r"lm_head\.layer_norm\.", "lm_head.layer_norm."),
@@ -90,18 +84,7 @@ def to_hf_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         QkvError: names fair-esm's ESM-2 does not have (listed), or an output projection
             ``lm_head.weight`` that is not the token embedding (ESM-2 ties them).
     """
-    out, unknown = {}, []
-    for name, tensor in state_dict.items():
-        name = _FAIRSEQ_PREFIX.sub("", name)
-        hf = next((re.sub(f"^{p}", r, name) for p, r in FAIR_TO_HF if re.match(p, name)), None)
-        if hf is None:
-            unknown.append(name)
-        else:
-            out[hf] = tensor
-    if unknown:
-        raise QkvError(
-            f"not a fair-esm ESM-2 state dict: unknown tensor(s) {', '.join(sorted(unknown)[:10])}"
-        )
+    out = rename_fairseq(state_dict, FAIR_TO_HF, _FAIRSEQ_PREFIX, "fair-esm ESM-2")
     tied, embed = out.get("lm_head.decoder.weight"), out.get("esm.embeddings.word_embeddings.weight")
     if tied is not None and embed is not None and not torch.equal(tied, embed):
         raise QkvError("fair-esm lm_head.weight differs from embed_tokens.weight; ESM-2 ties them")

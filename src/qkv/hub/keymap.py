@@ -185,3 +185,43 @@ def load_into(
     with torch.no_grad():
         for name, t in state.items():
             params[name].copy_(t.to(params[name].dtype))
+
+
+def fairseq_layer_names(layer: str, attention_norm: str, output_norm: str) -> tuple[tuple[str, str], ...]:
+    """The renames of a fairseq ``TransformerSentenceEncoderLayer`` (fair-esm's ESM-2, fairseq's
+    RoBERTa) to an HF family's names: ``(regular expression matched at the start of a fairseq
+    name, replacement)``, the rest of the name (``weight``/``bias``) kept. ``layer`` is the HF
+    prefix of layer ``\\1`` (e.g. ``"esm.encoder.layer.\\1."``); ``attention_norm`` and
+    ``output_norm`` the HF names of the layer's two norms under it."""
+    return (
+        (r"layers\.(\d+)\.self_attn\.q_proj\.", layer + "attention.self.query."),
+        (r"layers\.(\d+)\.self_attn\.k_proj\.", layer + "attention.self.key."),
+        (r"layers\.(\d+)\.self_attn\.v_proj\.", layer + "attention.self.value."),
+        (r"layers\.(\d+)\.self_attn\.out_proj\.", layer + "attention.output.dense."),
+        (r"layers\.(\d+)\.self_attn_layer_norm\.", layer + attention_norm),
+        (r"layers\.(\d+)\.fc1\.", layer + "intermediate.dense."),
+        (r"layers\.(\d+)\.fc2\.", layer + "output.dense."),
+        (r"layers\.(\d+)\.final_layer_norm\.", layer + output_norm),
+    )
+
+
+def rename_fairseq(
+    state: dict[str, torch.Tensor], table: tuple[tuple[str, str], ...], prefix: re.Pattern, what: str
+) -> dict[str, torch.Tensor]:
+    """``state`` with each name stripped of ``prefix`` and renamed by the first entry of
+    ``table`` (:func:`fairseq_layer_names` style) that matches it.
+
+    Raises:
+        QkvError: names no entry matches (the first ten listed), as not a ``what`` state dict.
+    """
+    out, unknown = {}, []
+    for name, tensor in state.items():
+        name = prefix.sub("", name)
+        renamed = next((re.sub(f"^{p}", r, name) for p, r in table if re.match(p, name)), None)
+        if renamed is None:
+            unknown.append(name)
+        else:
+            out[renamed] = tensor
+    if unknown:
+        raise QkvError(f"not a {what} state dict: unknown tensor(s) {', '.join(sorted(unknown)[:10])}")
+    return out

@@ -23,6 +23,7 @@ from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
 from ..files import read_settings_checkpoint
 from .convert import Converted, convert_state
+from .keymap import fairseq_layer_names, rename_fairseq
 
 # fairseq's Dictionary: these four first, then dict.txt's symbols, then the masked-LM task's mask
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
@@ -34,14 +35,7 @@ FAIRSEQ_TO_BERT = (
     (r"embed_tokens\.", "bert.embeddings.word_embeddings."),
     (r"embed_positions\.", "bert.embeddings.position_embeddings."),
     (r"emb_layer_norm\.", "bert.embeddings.LayerNorm."),
-    (r"layers\.(\d+)\.self_attn\.q_proj\.", _LAYER + "attention.self.query."),
-    (r"layers\.(\d+)\.self_attn\.k_proj\.", _LAYER + "attention.self.key."),
-    (r"layers\.(\d+)\.self_attn\.v_proj\.", _LAYER + "attention.self.value."),
-    (r"layers\.(\d+)\.self_attn\.out_proj\.", _LAYER + "attention.output.dense."),
-    (r"layers\.(\d+)\.self_attn_layer_norm\.", _LAYER + "attention.output.LayerNorm."),
-    (r"layers\.(\d+)\.fc1\.", _LAYER + "intermediate.dense."),
-    (r"layers\.(\d+)\.fc2\.", _LAYER + "output.dense."),
-    (r"layers\.(\d+)\.final_layer_norm\.", _LAYER + "output.LayerNorm."),
+    *fairseq_layer_names(_LAYER, "attention.output.LayerNorm.", "output.LayerNorm."),
     (r"lm_head\.dense\.", "cls.predictions.transform.dense."),
     (r"lm_head\.layer_norm\.", "cls.predictions.transform.LayerNorm."),
     (r"lm_head\.bias$", "cls.predictions.bias"),
@@ -77,18 +71,7 @@ def to_bert_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         QkvError: names a fairseq RoBERTa encoder does not have (listed), or an output
             projection that is not the token embedding (RoBERTa ties them).
     """
-    out, unknown = {}, []
-    for name, tensor in state.items():
-        name = _PREFIX.sub("", name)
-        hf = next((re.sub(f"^{p}", r, name) for p, r in FAIRSEQ_TO_BERT if re.match(p, name)), None)
-        if hf is None:
-            unknown.append(name)
-        else:
-            out[hf] = tensor
-    if unknown:
-        raise QkvError(
-            f"not a fairseq RoBERTa state dict: unknown tensor(s) {', '.join(sorted(unknown)[:10])}"
-        )
+    out = rename_fairseq(state, FAIRSEQ_TO_BERT, _PREFIX, "fairseq RoBERTa")
     embed = out.get("bert.embeddings.word_embeddings.weight")
     tied = out.pop("cls.predictions.decoder.weight", embed)
     if embed is None or tied is None or not torch.equal(tied, embed):
