@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from Bio.Align import substitution_matrices
 from contacts_eval import evaluate_contacts, fit_contact_head, mean_precision  # noqa: E402
 from scipy.stats import spearmanr
@@ -60,6 +61,16 @@ def blosum_spearman(assay, variants) -> float:
     return float(spearmanr(scores, assay.scores[: len(variants)]).statistic)
 
 
+def chance_precision(chains) -> float:
+    """The expected precision of a random ranking: the mean share of long-range pairs (|i - j| >=
+    24) that are contacts."""
+    shares = []
+    for c in chains:
+        i, j = np.triu_indices(len(c.sequence), 24)
+        shares.append(float(c.contacts()[i, j].mean()))
+    return float(np.mean(shares))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="protein-mlm run directories")
@@ -77,7 +88,13 @@ def main() -> int:
     fit, test = shared_chains("fit"), shared_chains("evaluate")
     cache = Path(args.cache) if args.cache else None
     done = [json.loads(line) for line in cache.read_text().splitlines()] if cache and cache.is_file() else []
-    rows = [{"run": "BLOSUM62", **{a.name: blosum_spearman(a, parsed[a.name]) for a in assays}}]
+    rows = [
+        {
+            "run": "BLOSUM62",
+            **{a.name: blosum_spearman(a, parsed[a.name]) for a in assays},
+            "contacts_chance": chance_precision(test),
+        }
+    ]
     for run in map(Path, args.runs):
         for step, weights in weight_files(run):
             known = [r for r in done if r["run"] == str(run) and r["step"] == step]
@@ -114,29 +131,43 @@ def main() -> int:
 
 
 def plot(rows: list[dict], assays: list[str], path: Path) -> None:
+    """Spearman per assay (one colour each; BLOSUM62 dotted) and top-L/5 contact precision (chance
+    dotted) against CPU hours; one line style per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
     model_rows = [r for r in rows if "step" in r]
-    for run in dict.fromkeys(r["run"] for r in model_rows):
+    for style, run in zip(("--", "-", ":"), dict.fromkeys(r["run"] for r in model_rows), strict=False):
         pts = sorted((r for r in model_rows if r["run"] == run), key=lambda r: r["cpu_hours"])
         hours = [r["cpu_hours"] for r in pts]
-        for name in assays:
-            left.plot(hours, [r[name] for r in pts], marker="o", label=f"{name} ({Path(run).name})")
-        right.plot(hours, [100 * r["contacts"]["L/5"] for r in pts], marker="o", label=Path(run).name)
-    blosum = rows[0]
+        for i, name in enumerate(assays):
+            label = f"{name}" if style == "-" else None
+            left.plot(hours, [r[name] for r in pts], style, marker="o", color=f"C{i}", label=label)
+        right.plot(
+            hours,
+            [100 * r["contacts"]["L/5"] for r in pts],
+            style,
+            marker="o",
+            color="k",
+            label=Path(run).name,
+        )
     for i, name in enumerate(assays):
-        left.axhline(blosum[name], ls=":", lw=0.8, color=f"C{i}")
+        left.axhline(rows[0][name], ls=":", lw=1, color=f"C{i}")
+    right.axhline(100 * rows[0]["contacts_chance"], ls=":", lw=1, color="0.5", label="chance")
     left.set(
         xlabel="CPU hours of pretraining",
         ylabel="Spearman (masked marginals)",
         title="zero-shot variant effects (dotted: BLOSUM62)",
     )
-    right.set(xlabel="CPU hours of pretraining", ylabel="precision, %", title="top-L/5 long-range contacts")
-    left.legend(fontsize=7)
+    right.set(
+        xlabel="CPU hours of pretraining",
+        ylabel="precision, %",
+        title="top-L/5 long-range contacts, 20 held-out chains",
+    )
+    left.legend(fontsize=7, title="solid: recipe default; dashed: short run", title_fontsize=7)
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
