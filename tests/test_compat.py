@@ -374,8 +374,9 @@ def test_the_old_inference_package_name_forwards_with_a_warning():
         return {m.name for m in pkgutil.iter_modules(importlib.import_module(package).__path__)}
 
     # generate.invariant's one function joined the other attention backends in qkv.nn.attention;
-    # modules added to qkv.inference since (caption, issue 43) never had the old name
-    since = {"caption"}
+    # modules added to qkv.inference since (caption, issue 43; embed, variants, contacts,
+    # issue 44) never had the old name
+    since = {"caption", "embed", "variants", "contacts"}
     assert modules("qkv.inference") and (modules("qkv.inference") - since) | {"invariant"} == modules(
         "qkv.generate"
     )
