@@ -432,3 +432,12 @@ def test_benchmark_runs_on_a_tiny_model(hf_folder, tmp_path):
     assert "| 0.121 | 0.047 | 0.021 | -0.12 |" in table[2]
     result = json.loads(out.read_text())["results"][str(hf_folder)]["TDP-43"]
     assert result["n_variants"] == 60 and -1 <= result["spearman"] <= 1
+
+
+def test_a_wild_type_longer_than_a_file_name_is_read_as_a_sequence():
+    """``--wt`` with a whole protein (BLAT's 286 residues): checking it for a file must not fail
+    on a name longer than the file system allows (it did: "File name too long")."""
+    from qkv.cli.variants import _wild_type
+
+    long = "MSIQHFRVAL" * 30  # 300 residues, over the usual 255-byte name limit
+    assert _wild_type(long) == long

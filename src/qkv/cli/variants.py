@@ -59,7 +59,11 @@ def _wild_type(text: str) -> str:
     from ..data.protein import read_fasta
     from ..data.tokenizers import AminoAcidTokenizer
 
-    if Path(text).is_file():
+    try:
+        is_file = Path(text).is_file()
+    except OSError:  # longer than a file name can be: a sequence
+        is_file = False
+    if is_file:
         records = read_fasta(text)
         if len(records) != 1:
             raise QkvError(f"{text} holds {len(records)} records; give the wild type alone")
