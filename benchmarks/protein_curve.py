@@ -76,6 +76,7 @@ def main() -> int:
     p.add_argument("runs", nargs="+", help="protein-mlm run directories")
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--plot", help="draw Spearman and contact precision against CPU hours (PNG)")
+    p.add_argument("--labels", nargs="+", help="the runs' names in the plot (default: their folder names)")
     p.add_argument(
         "--cache",
         help="JSON lines of rows already measured: those weights are not measured again, new rows "
@@ -126,11 +127,12 @@ def main() -> int:
     if args.out:
         write_json(Path(args.out), {"rows": rows})
     if args.plot:
-        plot(rows, [a.name for a in assays], Path(args.plot))
+        labels = dict(zip(args.runs, args.labels or [Path(r).name for r in args.runs], strict=False))
+        plot(rows, [a.name for a in assays], Path(args.plot), labels)
     return 0
 
 
-def plot(rows: list[dict], assays: list[str], path: Path) -> None:
+def plot(rows: list[dict], assays: list[str], path: Path, labels: dict[str, str]) -> None:
     """Spearman per assay (one colour each; BLOSUM62 dotted) and top-L/5 contact precision (chance
     dotted) against CPU hours; one line style per run."""
     import matplotlib
@@ -167,7 +169,10 @@ def plot(rows: list[dict], assays: list[str], path: Path) -> None:
         ylabel="precision, %",
         title="top-L/5 long-range contacts, 20 held-out chains",
     )
-    left.legend(fontsize=7, title="solid: recipe default; dashed: short run", title_fontsize=7)
+    styles = "; ".join(
+        f"{s}: {labels.get(r, Path(r).name)}" for s, r in zip(("dashed", "solid"), labels, strict=False)
+    )
+    left.legend(fontsize=7, title=styles, title_fontsize=7)
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
