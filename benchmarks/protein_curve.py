@@ -154,7 +154,7 @@ def plot(rows: list[dict], assays: list[str], path: Path, labels: dict[str, str]
             style,
             marker="o",
             color="k",
-            label=Path(run).name,
+            label=labels.get(run, Path(run).name),
         )
     for i, name in enumerate(assays):
         left.axhline(rows[0][name], ls=":", lw=1, color=f"C{i}")
