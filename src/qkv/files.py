@@ -68,6 +68,22 @@ def write_json(path: Path, data: dict) -> None:
     write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
+def read_json(path: Path, what: str = "JSON object") -> dict:
+    """The JSON object in ``path`` (written by :func:`write_json`).
+
+    Raises:
+        QkvError: an unreadable file or invalid JSON, or JSON that is not an object (then the
+            message says the file is not a ``what``).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QkvError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise QkvError(f"{path} is not a {what}")
+    return data
+
+
 def save_weights(model: torch.nn.Module, path: Path) -> None:
     """Atomically save a model's parameters and persistent buffers as safetensors.
 

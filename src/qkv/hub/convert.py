@@ -11,7 +11,6 @@ loads. :func:`read_hf` builds the qkv model in memory without writing anything.
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import shutil
@@ -26,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from .. import runs
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..files import atomic_write, save_weights, torch_load_refusal, write_json
+from ..files import atomic_write, read_json, save_weights, torch_load_refusal, write_json
 from ..models.config import EncoderConfig, LMConfig, ModelConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
@@ -71,16 +70,6 @@ class Converted:
         """The model's config: every qkv model keeps it as ``.config`` (torch types module
         attributes as ``Tensor | Module``, hence the cast)."""
         return cast(ModelConfig, self.model.config)
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise QkvError(f"{path} is not a JSON object")
-    return data
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:

@@ -44,7 +44,7 @@ import torch
 from ..data.batching import pad_sequences, token_batches
 from ..data.protein import fasta_entries, record_id
 from ..errors import QkvError
-from ..files import atomic_write, write_json
+from ..files import atomic_write, read_json, write_json
 from ..models.encoder import EncoderModel
 
 if TYPE_CHECKING:
@@ -562,15 +562,7 @@ def _save_shard(path: Path, tensors: dict[str, torch.Tensor], ids: list[str]) ->
 
 def _read_manifest(out: Path) -> dict | None:
     path = out / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot read {path}: {exc}") from None
-    if not isinstance(found, dict):
-        raise QkvError(f"{path} is not a qkv embeddings manifest")
-    return found
+    return read_json(path, "qkv embeddings manifest") if path.is_file() else None
 
 
 def read_embeddings(out: str | Path, layer: int | None = None) -> tuple[list[str], np.ndarray]:

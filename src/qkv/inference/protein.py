@@ -59,11 +59,8 @@ class ProteinEncoder:
         converted pretrained protein encoder (``qkv convert hf antiberty RUN``), through
         :func:`qkv.runs.load_run`. Raises :class:`QkvError` for a missing,
         incomplete or other kind of run directory."""
-        run_dir = Path(run_dir)
-        model, tok = runs.load_run(run_dir, device=device, family=PROTEIN_KINDS)
-        meta_path = run_dir / "task.json"
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
+        model, tok = runs.load_run(Path(run_dir), device=device, family=PROTEIN_KINDS)
+        return cls._with_task(model, tok, run_dir, device)
 
     @classmethod
     def load(
@@ -81,8 +78,13 @@ class ProteinEncoder:
         model, tok = load(source, device=device, revision=revision)
         if not isinstance(model, EncoderModel):
             raise QkvError(f"{source} is a {type(model).__name__}, not a protein encoder")
-        run_dir = Path(source)
-        meta_path = run_dir / "task.json"
+        return cls._with_task(model, tok, source, device)
+
+    @classmethod
+    def _with_task(cls, model: EncoderModel, tok, source: str | Path, device) -> ProteinEncoder:
+        """The encoder with the task its run directory's ``task.json`` names (classes, level);
+        a masked LM when there is none (a name, an HF folder, a protein-mlm run)."""
+        meta_path = Path(source) / "task.json"
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
 
