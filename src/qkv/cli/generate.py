@@ -1,5 +1,7 @@
 """``qkv generate``: continue a prompt with a trained or pretrained language model, streamed to
-stdout (or the most likely next tokens, ``--top-probs``)."""
+stdout (or the most likely next tokens, ``--top-probs``); with a masked diffusion LM run
+(``qkv train diffusion-lm``), generate by unmasking or fill a template's masked spans
+(``--infill``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import logging
 import sys
 
 from ..errors import QkvError
+from ..inference.diffusion import REMASKING
 from .console import log
 from .options import device_option, sampling_options
 from .output import write_tsv
@@ -43,7 +46,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "faster on CPUs with native bfloat16, at a small quality cost)",
     )
     p.add_argument("--verbose", action="store_true", help="print tokens/s on stderr after each sample")
+    d = p.add_argument_group("masked diffusion LM runs (qkv train diffusion-lm)")
+    d.add_argument(
+        "--infill",
+        metavar="TEMPLATE",
+        help='fill the masked spans of TEMPLATE, each "_" one token ("ROMEO: ____ my lord")',
+    )
+    d.add_argument("--steps", type=int, help="denoising steps in all (default: one per masked token)")
+    d.add_argument(
+        "--remasking",
+        choices=REMASKING,
+        help="which predictions each step keeps: the most confident (LLaDA, the default) or random (MDLM)",
+    )
+    d.add_argument(
+        "--block-length",
+        type=int,
+        help="unmask in left-to-right blocks of this many tokens (semi-autoregressive)",
+    )
+    d.add_argument("--mask-char", help='the character that marks a masked token in --infill (default "_")')
+    d.add_argument("--trajectory", metavar="PNG", help="draw the denoising trajectory of the first sample")
     p.set_defaults(func=_cmd_generate)
+
+
+DIFFUSION_OPTIONS = ("infill", "steps", "remasking", "block_length", "mask_char", "trajectory")
 
 
 class _PromptEcho:
@@ -64,7 +89,33 @@ class _PromptEcho:
         self(0, "\n")
 
 
+def _is_diffusion_run(args) -> bool:
+    """Whether ``run_dir`` is a ``diffusion-lm`` run; diffusion options on any other model are
+    refused (one line, before loading)."""
+    from ..recipes import registry
+
+    diffusion = args.run_dir is not None and registry.kind_of(args.run_dir).name == "diffusion-lm"
+    given = [f"--{k.replace('_', '-')}" for k in DIFFUSION_OPTIONS if getattr(args, k) is not None]
+    if given and not diffusion:
+        raise QkvError(f"{', '.join(given)} apply to masked diffusion LM runs (qkv train diffusion-lm) only")
+    if diffusion:
+        ar_only = [
+            f
+            for f, v in (("--top-probs", args.top_probs), ("--top-k", args.top_k), ("--top-p", args.top_p))
+            if v is not None
+        ]
+        if args.stop:
+            ar_only.append("--stop")
+        if ar_only:
+            raise QkvError(
+                f"{', '.join(ar_only)} apply to autoregressive LMs; {args.run_dir} is a diffusion LM"
+            )
+    return diffusion
+
+
 def _cmd_generate(args) -> int:
+    if _is_diffusion_run(args):
+        return _cmd_diffusion(args)
     gen = _load(args)
     temperature = 1.0 if args.temperature is None else args.temperature
     if args.top_probs is not None:
@@ -121,3 +172,44 @@ def _load(args):
             f"{args.max_new_tokens})"
         )
     return TextGenerator.from_run(args.run_dir or args.model, device=device, dtype=dtype, quantize=quantize)
+
+
+def _cmd_diffusion(args) -> int:
+    """``qkv generate`` of a masked diffusion LM: a continuation of ``--prompt`` or the filled
+    ``--infill`` template, each sample on its own line(s); the trajectory drawn on request."""
+    from ..device import resolve_device
+    from ..inference.diffusion import MASK_CHAR, DiffusionGenerator
+
+    if args.steps is not None and args.steps < 1:
+        raise QkvError(f"--steps must be >= 1 (got {args.steps})")
+    if args.num_samples < 1:
+        raise QkvError(f"--num-samples must be >= 1 (got {args.num_samples})")
+    gen = DiffusionGenerator.from_run(args.run_dir, resolve_device(args.device))
+    options = {
+        "remasking": args.remasking or "confidence",
+        "block_length": args.block_length,
+        "temperature": 0.0 if args.greedy else (1.0 if args.temperature is None else args.temperature),
+        "num_samples": args.num_samples,
+        "seed": args.seed,
+        "trace": args.trajectory is not None,
+    }
+    if args.infill is not None:
+        texts = gen.infill(args.infill, args.steps, mask_char=args.mask_char or MASK_CHAR, **options)
+    else:
+        texts = [
+            args.prompt + t for t in gen.generate(args.prompt, args.max_new_tokens, args.steps, **options)
+        ]
+    for i, text in enumerate(texts):
+        if len(texts) > 1:
+            log(f"--- sample {i + 1} ---")
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    if args.trajectory is not None:
+        from ..explain.diffusion import plot_trajectory, token_labels
+        from ..explain.plots import save
+
+        trace = gen.last_trace
+        assert trace is not None
+        labels = token_labels(gen.tokenizer, trace.states[-1][0].tolist(), gen.mask_id)
+        log(f"trajectory: {save(plot_trajectory(trace, labels), args.trajectory)}")
+    return 0

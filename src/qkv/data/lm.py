@@ -64,13 +64,22 @@ def reads_lines(tok) -> bool:
 LMData: TypeAlias = torch.Tensor | Split | list[torch.Tensor]
 
 
-def encode_corpus(tok, text: str) -> LMData:
-    """Token ids (int64) of a corpus. With a protein vocabulary (IgLM's) every line is one
-    sequence, tags included (``[HEAVY] [HUMAN] EVQLV...``), followed by the vocabulary's end
-    token (``[SEP]``: how IgLM scores a whole sequence), and the result is one tensor per
-    sequence: such a model was trained on one sequence per row from position 0, and is trained
-    and scored so (:func:`~qkv.data.text.sequence_batch`). Other tokenizers read the text as
-    one stream ``(n,)``, newlines included, cut into windows.
+def end_token(tok) -> int:
+    """The token that closes a sequence read one per line: the vocabulary's ``[SEP]`` (how IgLM
+    scores a whole sequence), else its end token, else the newline."""
+    for name in ("sep_id", "eos_id"):
+        if getattr(tok, name, None) is not None:
+            return getattr(tok, name)
+    return tok.encode("\n")[0]
+
+
+def encode_corpus(tok, text: str, by_line: bool | None = None) -> LMData:
+    """Token ids (int64) of a corpus. Read ``by_line`` (default: with a protein vocabulary,
+    IgLM's), every line is one sequence, tags included (``[HEAVY] [HUMAN] EVQLV...``), followed
+    by :func:`end_token`, and the result is one tensor per sequence: such a model was trained on
+    one sequence per row from position 0, and is trained and scored so
+    (:func:`~qkv.data.text.sequence_batch`). Otherwise the text is one stream ``(n,)``,
+    newlines included, cut into windows.
 
     Raises:
         QkvError: characters the tokenizer does not know: a character vocabulary names them; a
@@ -78,9 +87,9 @@ def encode_corpus(tok, text: str) -> LMData:
             token that stands for anything).
     """
     rows = None
-    if reads_lines(tok):
+    if reads_lines(tok) if by_line is None else by_line:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        end = tok.sep_id if tok.sep_id is not None else tok.eos_id
+        end = end_token(tok)
         rows = [[*row, end] for row in tok.encode_batch(lines, add_special_tokens=False)]
         ids = [i for row in rows for i in row]
     else:
@@ -111,14 +120,19 @@ def lm_batch(data: LMData, item: torch.Tensor, block_size: int) -> tuple[torch.T
     return windows_at(data, item, block_size)
 
 
+def _shortest_first(data: list[torch.Tensor], batch: int) -> Iterator[torch.Tensor]:
+    """Indices of every sequence, shortest first (little padding), ``batch`` at a time."""
+    order = torch.tensor(sorted(range(len(data)), key=lambda i: len(data[i])), dtype=torch.long)
+    yield from order.split(batch)
+
+
 def eval_batches(data: LMData, block_size: int, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(x, y)`` batches that predict every token of a split once: consecutive windows of a
     stream (made batch by batch: a split on disk is never held whole), or whole sequences
     (shortest first, little padding), ``batch`` at a time."""
     if isinstance(data, list):
-        order = torch.tensor(sorted(range(len(data)), key=lambda i: len(data[i])), dtype=torch.long)
-        for start in range(0, len(order), batch):
-            yield lm_batch(data, order[start : start + batch], block_size)
+        for item in _shortest_first(data, batch):
+            yield lm_batch(data, item, block_size)
         return
     for start in range(0, num_windows(len(data), block_size), batch):
         yield lm_batch(data, consecutive_windows(len(data), block_size, start, batch), block_size)
@@ -133,14 +147,16 @@ def check_stream(name: str, n_tokens: int, max_len: int) -> None:
         )
 
 
-def encode_splits(tok, train_text: str, val_text: str, max_len: int) -> tuple[LMData, LMData]:
-    """Both splits encoded (:func:`encode_corpus`) and checked: a stream must hold a window of
-    ``max_len``, a corpus of sequences at least one sequence.
+def encode_splits(
+    tok, train_text: str, val_text: str, max_len: int, by_line: bool | None = None
+) -> tuple[LMData, LMData]:
+    """Both splits encoded (:func:`encode_corpus`, ``by_line``) and checked: a stream must hold
+    a window of ``max_len``, a corpus of sequences at least one sequence.
 
     Raises:
         QkvError: unknown characters (:func:`encode_corpus`), or a split too short (named).
     """
-    train_data, val_data = encode_corpus(tok, train_text), encode_corpus(tok, val_text)
+    train_data, val_data = encode_corpus(tok, train_text, by_line), encode_corpus(tok, val_text, by_line)
     for name, data in (("training", train_data), ("validation", val_data)):
         if isinstance(data, list):
             if not data:
@@ -159,3 +175,33 @@ def train_batches(data: LMData, batch_size: int, block_size: int, seed: int) -> 
         return list(torch.randperm(len(data), generator=g).split(batch_size))
     steps = max(1, len(data) // (batch_size * block_size))
     return WindowBatches(len(data), block_size, batch_size, steps, seed)
+
+
+def masked_rows(
+    data: LMData, item: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(x0 (B, T), valid)`` of one batch for a masked (diffusion) LM, which reads whole rows
+    rather than (input, next token) pairs: the windows of :func:`lm_batch` (``T =
+    block_size``, ``valid`` ``None``), or whole sequences cut to ``block_size`` tokens and
+    right-padded with id 0, ``valid (B, T)`` bool ``False`` at padding."""
+    if not isinstance(data, list):
+        return lm_batch(data, item, block_size)[0], None
+    rows = [data[i][:block_size] for i in item.tolist()]
+    x = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+    valid = torch.zeros(x.shape, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        x[b, : len(r)], valid[b, : len(r)] = r, True
+    return x, valid
+
+
+def eval_rows(
+    data: LMData, block_size: int, batch: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """:func:`masked_rows` batches that cover a split once: consecutive windows of a stream
+    (the inputs of :func:`eval_batches`' windows), or every sequence, shortest first."""
+    if isinstance(data, list):
+        for item in _shortest_first(data, batch):
+            yield masked_rows(data, item, block_size)
+        return
+    for x, _ in eval_batches(data, block_size, batch):
+        yield x, None

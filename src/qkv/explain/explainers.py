@@ -54,7 +54,8 @@ class InputTooLong(QkvError):
 class DecodingOptions:
     """How the output is produced: ``beam_size`` (translation; 1 = greedy), ``alpha`` (length
     penalty), and for language models ``max_new_tokens``, ``temperature`` (0 = greedy),
-    ``top_k``, ``top_p`` and ``seed`` (sampling is reproducible for a given seed)."""
+    ``top_k``, ``top_p`` and ``seed`` (sampling is reproducible for a given seed); ``step``: the
+    denoising step whose input a diffusion LM's attention is taken from (``None``: the last)."""
 
     beam_size: int = 4
     alpha: float = 0.6
@@ -63,6 +64,7 @@ class DecodingOptions:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = 0
+    step: int | None = None
 
 
 @dataclass

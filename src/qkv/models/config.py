@@ -294,6 +294,28 @@ class LMConfig(StackConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DiffusionLMConfig(LMConfig):
+    """Hyper-parameters of :class:`qkv.models.diffusion_lm.DiffusionLM` (a masked diffusion
+    language model: LLaDA, Nie et al. 2025; MDLM, Sahoo et al. 2024): :class:`LMConfig`'s
+    fields, rotary positions by default (the issue's "rotary or sinusoidal": no learned table,
+    so a window shorter than ``max_len`` is read as at training), and ``mask_id``, the token
+    that stands for a masked position (the last id of the vocabulary: the recipe adds it to the
+    tokenizer's).
+    """
+
+    positional: Literal["sinusoidal", "learned", "rotary"] = "rotary"
+    mask_id: int | None = None
+
+    _special_ids: ClassVar[tuple[str, ...]] = ("bos_id", "eos_id", "mask_id")
+
+    def problems(self) -> list[str]:
+        out = super().problems()
+        if self.mask_id is None and self.vocab_size is not None:
+            out.append("mask_id must be set (the [MASK] token's id)")
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class EncoderConfig(StackConfig):
     """Hyper-parameters of :class:`qkv.models.encoder.EncoderModel` (BERT/ESM-style,
     bidirectional). Defaults are qkv's protein encoder (3.2 M parameters): 4 pre-LN layers of

@@ -15,6 +15,7 @@ from torch import nn
 from .caption import CaptionModel
 from .config import (
     CaptionConfig,
+    DiffusionLMConfig,
     EncoderConfig,
     LMConfig,
     RNNConfig,
@@ -23,6 +24,7 @@ from .config import (
     ViTConfig,
 )
 from .decoder_lm import DecoderLM
+from .diffusion_lm import DiffusionLM
 from .encoder import EncoderModel
 from .rnn import RNNSeq2Seq
 from .transformer import Transformer
@@ -47,9 +49,10 @@ ENCODER = ModelType("encoder", EncoderConfig, EncoderModel)
 VIT = ModelType("vit", ViTConfig, VisionTransformer, tokenizer=False)
 RNN_SEQ2SEQ = ModelType("rnn-seq2seq", RNNConfig, RNNSeq2Seq)  # the recurrent baseline
 CAPTION = ModelType("caption", CaptionConfig, CaptionModel)  # image → text
+DIFFUSION_LM = ModelType("diffusion-lm", DiffusionLMConfig, DiffusionLM)  # masked diffusion
 
 MODEL_TYPES: dict[str, ModelType] = {
-    t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT, RNN_SEQ2SEQ, CAPTION)
+    t.name: t for t in (TRANSFORMER, DECODER_LM, ENCODER, VIT, RNN_SEQ2SEQ, CAPTION, DIFFUSION_LM)
 }
 
 

@@ -304,17 +304,25 @@ class LMRun(TrainingRun):
             tok = load_tokenizer(self.run_dir / "tokenizer.json")
         elif s.init is not None:
             self.pretrained, tok = init_model(s)
-        train_text, val_text = corpus_splits(s.corpus, s.val_corpus, s.val_fraction, reads_lines(tok))
+        by_line = self.by_line(tok)
+        train_text, val_text = corpus_splits(s.corpus, s.val_corpus, s.val_fraction, by_line)
         if tok is None:
             tok = build_tokenizer(s.tokenizer, s.vocab_size, train_text + val_text, train_text)
         self.tokenizer = tok
         try:
-            train_data, val_data = encode_splits(tok, train_text, val_text, s.model.max_len)
+            train_data, val_data = encode_splits(
+                tok, train_text, val_text, s.model.max_len, self.by_line(tok)
+            )
         except QkvError as exc:
             if s.init is None:
                 raise
             raise QkvError(f"the corpus does not fit init={s.init}'s tokenizer: {exc}") from None
         return train_data, val_data, len(val_text) / num_tokens(val_data)
+
+    def by_line(self, tok: Tokenizer | None) -> bool:
+        """Whether the corpus is read one sequence per line (:func:`~qkv.data.lm.encode_corpus`):
+        with a protein vocabulary (IgLM's)."""
+        return reads_lines(tok)
 
     def new_run_files(self) -> dict[str, dict]:
         return {"data.json": self.record} if self.settings.data is not None else {}
@@ -409,6 +417,30 @@ def write_samples(generator: TextGenerator, path: Path, settings: LMSettings) ->
     return texts
 
 
+def run_split(run_dir: str | Path, tok, split: str, by_line: bool | None = None) -> tuple[LMData, float]:
+    """A language-model run's corpus split (``"val"`` or ``"train"``) as the run read it (its
+    token shards, or its corpus split again with its tokenizer, ``by_line`` as in training),
+    and its characters per token.
+
+    Raises:
+        QkvError: an unknown split, a missing corpus or shard directory.
+    """
+    meta = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
+    if split not in ("val", "train"):
+        raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
+    if meta.get("data"):  # token shards (qkv prepare lm): the whole split, read from disk
+        prepared = PreparedData.open(meta["data"], "lm")
+        data = prepared.val if split == "val" else prepared.train
+        return data, prepared.meta["chars"][split] / len(data)
+    by_line = reads_lines(tok) if by_line is None else by_line
+    train_text, val_text = corpus_splits(
+        meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], by_line
+    )
+    text = val_text if split == "val" else train_text
+    data = encode_corpus(tok, text, by_line)
+    return data, len(text) / num_tokens(data)
+
+
 def evaluate_run(
     run_dir: str | Path,
     split: str = "val",
@@ -417,23 +449,8 @@ def evaluate_run(
     """Loss, perplexity, bits per token and per character of a run on its corpus split
     (``"val"`` or ``"train"``), every token predicted once (consecutive windows, or whole
     sequences for a protein corpus: :func:`~qkv.data.lm.eval_batches`)."""
-    run_dir = Path(run_dir)
     model, tok = runs.load_run(run_dir, device=device, family="lm")
-    meta = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
-    if split not in ("val", "train"):
-        raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
-    data: LMData
-    if meta.get("data"):  # token shards (qkv prepare lm): the whole split, read from disk
-        prepared = PreparedData.open(meta["data"], "lm")
-        data = prepared.val if split == "val" else prepared.train
-        chars_per_token = prepared.meta["chars"][split] / len(data)
-    else:
-        train_text, val_text = corpus_splits(
-            meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], reads_lines(tok)
-        )
-        text = val_text if split == "val" else train_text
-        data = encode_corpus(tok, text)
-        chars_per_token = len(text) / num_tokens(data)
+    data, chars_per_token = run_split(run_dir, tok, split)
     with torch.no_grad():
         nll, n = split_nll(model, data, model.config.max_len)
     metrics = _metrics(nll, n, chars_per_token, prefix="")

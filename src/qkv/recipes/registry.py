@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import runs
 from ..errors import QkvError
-from . import caption, encoder, lm, protein_mlm, protein_tasks, text_cls, translation, vit
+from . import caption, diffusion_lm, encoder, lm, protein_mlm, protein_tasks, text_cls, translation, vit
 from .base import Recipe
 
 RECIPES: dict[str, Recipe] = {
@@ -20,6 +20,7 @@ RECIPES: dict[str, Recipe] = {
         translation.RECIPE,
         translation.RNN_RECIPE,
         lm.RECIPE,
+        diffusion_lm.RECIPE,
         protein_mlm.RECIPE,
         protein_tasks.CLS_RECIPE,
         protein_tasks.RESIDUE_RECIPE,

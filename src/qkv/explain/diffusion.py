@@ -1,0 +1,155 @@
+"""Looking inside a masked diffusion LM: the denoising trajectory (which position is fixed at
+which step, and how sure the model was) and the bidirectional attention at any step.
+
+Sources: Nie et al. 2025 (LLaDA), §2.4 and Fig. 5 (the sampling process drawn as tokens
+appearing step by step, coloured by when); the attention is the encoder's self-attention
+(Vaswani et al. 2017, §3.2), taken on the partly masked input of the chosen step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from torch import nn
+
+from .. import runs
+from ..errors import QkvError
+from ..inference.diffusion import MASK_CHAR, DiffusionGenerator, Trace
+from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _Pass
+
+MASK_LABEL = "▒"  # how a still-masked position is drawn
+
+
+def token_labels(tokenizer, ids: list[int], mask_id: int) -> list[str]:
+    """One display label per token, masks as :data:`MASK_LABEL`, a newline as ``⏎``."""
+    out = []
+    for i in ids:
+        label = MASK_LABEL if i == mask_id else str(tokenizer.id_to_token(i))
+        out.append(label.replace("\n", "⏎").replace("Ġ", "␣").replace(" ", "␣"))
+    return out
+
+
+def plot_trajectory(trace: Trace, labels: list[str], row: int = 0, title: str = "") -> Figure:
+    """The denoising trajectory of one row: positions across, steps down; the token unmasked at
+    each step is written in its cell, coloured by the model's confidence when it was kept;
+    given tokens on a grey top line.
+
+    Args:
+        trace: a :class:`~qkv.inference.diffusion.Trace` (``fixed_at``, ``confidence`` set).
+        labels: the final token of every position (:func:`token_labels`).
+        row: which row of the batch.
+
+    Raises ``ValueError`` if ``labels`` and the trace disagree in length or the trace is empty.
+    """
+    if trace.fixed_at is None or trace.confidence is None:
+        raise ValueError("the trace is empty: run denoise(..., trace=Trace())")
+    fixed = trace.fixed_at[row].numpy()
+    conf = trace.confidence[row].numpy()
+    if len(labels) != len(fixed):
+        raise ValueError(f"{len(labels)} labels for {len(fixed)} positions")
+    steps = max(1, len(trace.states) - 1)
+    grid = np.full((steps, len(fixed)), np.nan)
+    for pos, (s, c) in enumerate(zip(fixed, conf, strict=True)):
+        if s >= 0:
+            grid[s, pos] = c
+    cmap = colormaps["viridis"].with_extremes(bad="white")
+    fig = Figure(figsize=(1.5 + 0.22 * len(fixed), 1.2 + 0.22 * (steps + 1)), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    for pos, s in enumerate(fixed):
+        if s >= 0:
+            ax.text(pos, s, labels[pos], ha="center", va="center", fontsize=7, color="white")
+        else:
+            ax.text(pos, -1, labels[pos], ha="center", va="center", fontsize=7, color="#555555")
+    ax.set_ylim(steps - 0.5, -1.5)
+    ax.set_xlabel("position")
+    ax.set_ylabel("step (top row: given tokens)")
+    ax.set_xticks([])
+    ax.set_title(title or "denoising trajectory: the token kept at each step")
+    fig.colorbar(image, ax=ax, label="confidence when kept", shrink=0.8)
+    return fig
+
+
+class DiffusionLMExplainer(Explainer[str]):
+    """Masked diffusion LMs (``qkv train diffusion-lm``): the input is an infill template (each
+    ``_`` one token to fill) or a prompt (then ``max_new_tokens`` masks are appended, as far as
+    the context allows). The output holds the filled text and the trajectory; the attention is
+    that of the input of step ``options.step`` (default the last step's), masks shown as
+    :data:`MASK_LABEL`."""
+
+    family, kinds, input_label = "diffusion-lm", ("encoder",), "template (_ = a token to fill) or prompt"
+
+    def __init__(
+        self, run_dir: str | Path, device: torch.device | str = "cpu", max_chars: int = DEFAULT_MAX_CHARS
+    ) -> None:
+        model, tokenizer = runs.load_run(run_dir, device=device, family="diffusion-lm")
+        self.generator = DiffusionGenerator(model, tokenizer)
+        super().__init__(model, run_dir, max_chars)
+        self.tokenizer, self.subword = tokenizer, tokenizer.kind == "bpe"
+        self.example = (
+            "ROMEO:\nBut soft, ____ light through yonder ______ breaks"
+            if tokenizer.kind == "char"
+            else "The ____ of"
+        )
+
+    def layers(self, kind: str) -> nn.ModuleList:
+        return self.model.layers
+
+    def template(self, text: str, max_new_tokens: int) -> str:
+        """``text`` itself when it has a mask, else ``text`` with masks appended (at most what
+        the context holds beside it)."""
+        if MASK_CHAR in text:
+            return text
+        room = self.config.max_len - len(self.generator.encode(text))
+        if room < 1:
+            raise QkvError(f"the prompt fills the model's context ({self.config.max_len} tokens)")
+        return text + MASK_CHAR * min(max_new_tokens, room)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.generator.encode_template(self.template(text, 1)))
+
+    def _prepare(self, text, options: DecodingOptions):
+        gen = self.generator
+        template = self.template(text, options.max_new_tokens)
+        sample = options.temperature > 0
+        filled = gen.infill(
+            template, seed=options.seed, trace=True, temperature=options.temperature if sample else 0.0
+        )[0]
+        trace = gen.last_trace
+        assert trace is not None and trace.fixed_at is not None and trace.confidence is not None
+        final = trace.states[-1][0].tolist()
+        n_steps = len(trace.states) - 1
+        step = n_steps - 1 if options.step is None else options.step
+        if not 0 <= step < max(1, n_steps):
+            raise QkvError(f"step {step} out of range: this denoising took steps 0..{n_steps - 1}")
+        state = trace.states[step].to(next(self.model.parameters()).device)
+        pieces = token_labels(self.tokenizer, state[0].tolist(), gen.mask_id)
+
+        def forward(need_weights):
+            return {"encoder": self.model(state, need_weights=need_weights).attentions}
+
+        trajectory = [
+            {"position": i, "token": lab, "step": int(s), "confidence": None if s < 0 else round(float(c), 4)}
+            for i, (lab, s, c) in enumerate(
+                zip(
+                    token_labels(self.tokenizer, final, gen.mask_id),
+                    trace.fixed_at[0],
+                    trace.confidence[0],
+                    strict=True,
+                )
+            )
+        ]
+        output = {
+            "text": filled,
+            "next_tokens": [],
+            "classes": [],
+            "residues": None,
+            "step": step,
+            "steps": n_steps,
+            "trajectory": trajectory,
+        }
+        return _Pass(forward, {"encoder": (pieces, pieces)}, output)
