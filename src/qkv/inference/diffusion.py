@@ -103,7 +103,7 @@ def denoise(
     if trace is not None:
         trace.fixed_at = torch.full(x.shape, -1, dtype=torch.long)
         trace.confidence = torch.full(x.shape, float("nan"))
-        trace.states = [x.cpu()]
+        trace.states = [x.to("cpu", copy=True)]
     step = 0
     for k in range(n_blocks):
         block_steps = steps // n_blocks + (k < steps % n_blocks)
@@ -112,7 +112,7 @@ def denoise(
             if n_keep:
                 _step(model, x, [r[k] for r in rows], n_keep, remasking, temperature, generator, trace, step)
             if trace is not None:
-                trace.states.append(x.cpu())
+                trace.states.append(x.to("cpu", copy=True))  # x changes in place
             step += 1
     return x
 
