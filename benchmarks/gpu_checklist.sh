@@ -9,7 +9,8 @@
 #      recipe, `make demo`'s command with a DEMO_MINUTES budget, the paper's translation recipe
 #      (FULL_CONFIG, configs/paper_base.json: the file that was configs/multi30k_de_en.json on
 #      2026-11-24) with a FULL_MINUTES budget (validation BLEU every 200 steps: minutes to BLEU 40),
-#      and the test suite.
+#      the test suite, and the masked diffusion LM on the nanoGPT recipe's settings (`dlm`: the same
+#      model, data, steps and schedule as `lm`, learned positions as there; issue 45).
 # Every job is stopped (SIGINT, then SIGKILL) at DEADLINE seconds after the start, less MARGIN
 # for the report; a time budget that no longer fits is shortened, and says so.
 #
@@ -20,8 +21,8 @@
 #              (the other sets the tests read; fashion-mnist is left out: 29 MB)
 # Run there (OUT: the folder whose files come back; at most 8 files, all written here):
 #   OUT=/path bash benchmarks/gpu_checklist.sh
-# $OUT gets checklist.log (this script's output and the final table), mfu.log, lm.log, demo.log,
-# full.log, tests.log, summaries.json (each run's summary.json) and runs.tar.gz (each run's
+# $OUT gets checklist.log (this script's output and the final table), mfu.log, lm.log, dlm.log,
+# demo.log, full.log, tests.log, summaries.json (each run's summary.json) and runs.tar.gz (each run's
 # metrics.jsonl, settings and loss.png, the tests' JUnit XML, nvidia-smi every 10 s).
 #
 # Settings (environment):
@@ -31,7 +32,7 @@
 #   TEST_WORKERS=8 TESTS=tests    pytest -n (0: no pytest-xdist) and paths; TEST_ARGS: more
 #   MFU_WORKLOADS="translation-base translation gpt2-small"  MFU_ARGS (e.g. "--steps 2")
 #   MFU_TIMEOUT=150               seconds
-#   JOBS="lm demo full tests"     which of the concurrent jobs run (MFU=0 skips the MFU)
+#   JOBS="lm dlm demo full tests" which of the concurrent jobs run (MFU=0 skips the MFU)
 #   R=/tmp/qkv-gpu                run directories (outside $OUT: only 8 files come back)
 #   QKV_DATA_DIR                  if set, used as it is; else .gpudata/, unpacked into /tmp/qkv-data
 #   SMOKE=1                       a CPU smoke test of this script on any machine: tiny budgets,
@@ -46,7 +47,7 @@ MARGIN=${MARGIN:-30}
 DEMO_MINUTES=${DEMO_MINUTES:-5}
 FULL_MINUTES=${FULL_MINUTES:-5}
 FULL_CONFIG=${FULL_CONFIG:-configs/paper_base.json}
-JOBS=${JOBS:-lm demo full tests}
+JOBS=${JOBS:-lm dlm demo full tests}
 MFU=${MFU:-1}
 MFU_TIMEOUT=${MFU_TIMEOUT:-150}
 MFU_WORKLOADS=${MFU_WORKLOADS:-translation-base translation gpt2-small}
@@ -131,8 +132,9 @@ print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {tor
       f"qkv from {qkv.__path__[0]}; {torch.get_num_threads()} CPU threads")
 PY
     # The notebooks' tests need nbclient and a kernel; without them they are left out, said here.
-    # 05 needs the pretrained weights (not carried), 06 the Fashion-MNIST training set (not carried).
+    # 05 and 08 need the pretrained weights (not carried), 06 the Fashion-MNIST training set (not carried).
     local nb="--deselect tests/test_notebooks.py::test_notebook_runs_in_quick_mode[05_pretrained_encoder]"
+    nb+=" --deselect tests/test_notebooks.py::test_notebook_runs_in_quick_mode[08_protein_research]"
     nb+=" --deselect tests/test_notebooks.py::test_notebook_runs_in_quick_mode[06_images_vit]"
     python3 -c "import nbclient, nbformat, ipykernel" 2> /dev/null \
         || { nb="--ignore=tests/test_notebooks.py"; echo "tests/test_notebooks.py left out: no nbclient/ipykernel"; }
@@ -159,11 +161,13 @@ PY
     full=$(fit_minutes "$FULL_MINUTES" 75)
     [ "$demo" != "$DEMO_MINUTES" ] && echo "demo budget shortened to $demo min to end before the deadline"
     [ "$full" != "$FULL_MINUTES" ] && echo "full budget shortened to $full min to end before the deadline"
-    rm -rf "$R/lm" "$R/demo" "$R/full" "$R"/*.status "$R/tests.xml"
+    rm -rf "$R/lm" "$R/dlm" "$R/demo" "$R/full" "$R"/*.status "$R/tests.xml"
     # shellcheck disable=SC2086
     {
         want lm && job lm python3 -m qkv train lm --config configs/shakespeare_char_gpu.json --out "$R/lm" \
             train.max_minutes="$(fit_minutes 100 40)" $TRAIN_EXTRA $LM_EXTRA  # a backstop: 5,000 steps is the budget
+        want dlm && job dlm python3 -m qkv train diffusion-lm --config configs/shakespeare_char_gpu.json \
+            --out "$R/dlm" model.positional=learned train.max_minutes="$(fit_minutes 100 40)" $TRAIN_EXTRA $LM_EXTRA
         want demo && job demo python3 -m qkv train translation --out "$R/demo" \
             train.max_minutes="$demo" $TRAIN_EXTRA $MT_EXTRA
         want full && job full python3 -m qkv train translation --config "$FULL_CONFIG" \
@@ -183,7 +187,7 @@ import json, sys
 from pathlib import Path
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 result = {}
-for name in ("lm", "demo", "full"):
+for name in ("lm", "dlm", "demo", "full"):
     run = root / name
     s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
     rows = []
@@ -195,14 +199,14 @@ for name in ("lm", "demo", "full"):
 out.write_text(json.dumps(result, indent=1))
 PY
     (cd "$R" && tar -czf - --exclude='*.safetensors' --exclude='*.pt' --exclude='snapshots' \
-        --exclude='*.bin' --exclude='tokenizer.json' lm demo full tests.xml gpu.csv 2> /dev/null) > "$OUT/runs.tar.gz"
+        --exclude='*.bin' --exclude='tokenizer.json' lm dlm demo full tests.xml gpu.csv 2> /dev/null) > "$OUT/runs.tar.gz"
 
     # 6. The table
     echo
     echo "| job | exit | wall s | result |"
     echo "|---|---|---|---|"
     [ "$MFU" = 1 ] && echo "| mfu | $MFU_RC | - | $(grep -c '^| [a-z].*\*\*' "$OUT/mfu.log") workload rows in mfu.log |"
-    for name in lm demo full tests; do
+    for name in lm dlm demo full tests; do
         want "$name" || continue
         local rc=none wall=-
         [ -f "$R/$name.status" ] && read -r rc wall < "$R/$name.status"

@@ -375,8 +375,8 @@ def test_the_old_inference_package_name_forwards_with_a_warning():
 
     # generate.invariant's one function joined the other attention backends in qkv.nn.attention;
     # modules added to qkv.inference since (caption, issue 43; embed, variants, contacts,
-    # issue 44) never had the old name
-    since = {"caption", "embed", "variants", "contacts"}
+    # issue 44; diffusion, issue 45) never had the old name
+    since = {"caption", "embed", "variants", "contacts", "diffusion"}
     assert modules("qkv.inference") and (modules("qkv.inference") - since) | {"invariant"} == modules(
         "qkv.generate"
     )

@@ -313,7 +313,9 @@ def test_cli_predicts_fits_plots_and_refuses(tmp_path, data_dir, esm2, esm_run, 
 
     # an HF folder with the head in its weights (as the Hub's ESM-2 checkpoints have it)
     export_hf(esm_run, tmp_path / "hf")
-    status, _, err = run_cli("contacts", tmp_path / "hf", fasta, "--out", tmp_path / "hf.safetensors")
+    status, _, err = run_cli(
+        "contacts", tmp_path / "hf", fasta, "--out", tmp_path / "hf.safetensors", "--device", "cpu"
+    )  # on the CPU as the first: bit for bit only on the same device
     assert status == 0, err
     from_hf = load_file(tmp_path / "hf.safetensors")
     assert all(torch.equal(from_hf[k], own[k]) for k in SEQS)

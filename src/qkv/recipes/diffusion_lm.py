@@ -195,19 +195,17 @@ def write_samples(generator: DiffusionGenerator, path: Path, settings: Diffusion
     return texts
 
 
-def evaluate_run(
-    run_dir: str | Path, split: str = "val", device: torch.device | str = "cpu", *, samples: int | None = None
-) -> dict:
+def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device | str = "cpu") -> dict:
     """The bound per token and per character of a run on its corpus split (``"val"`` or
-    ``"train"``), with its Monte Carlo standard error: ``samples`` draws per window (default the
-    run's ``bound_samples``), the run's seed.
+    ``"train"``), with its Monte Carlo standard error: the run's ``bound_samples`` draws per
+    window and its seed (on the device of training, the same figure as ``summary.json``).
 
     Raises:
         QkvError: a missing run, a run of another kind, an unknown split."""
     model, tok = runs.load_run(run_dir, device=device, family="diffusion-lm")
     meta = read_json(Path(run_dir) / "train_config.json", "run settings")
     data, chars_per_token = run_split(run_dir, tok, split, meta.get("by_line") or None)
-    b = validation_bound(model, data, samples or meta["bound_samples"], meta["eps"], meta["train"]["seed"])
+    b = validation_bound(model, data, meta["bound_samples"], meta["eps"], meta["train"]["seed"])
     return {"split": split, **bound_metrics(b, chars_per_token, prefix=f"{split}_")}
 
 
