@@ -364,7 +364,7 @@ def test_resume_continues_the_run(diffusion_run, tmp_path, capsys):
 
 
 @needs_data
-def test_explainer_shows_the_trajectory_and_attention_at_a_step(diffusion_run):
+def test_explainer_shows_the_trajectory_and_attention_at_a_step(diffusion_run, tmp_path):
     from qkv.explain.diffusion import MASK_LABEL, DiffusionLMExplainer
     from qkv.explain.explainers import DecodingOptions
 
@@ -385,3 +385,7 @@ def test_explainer_shows_the_trajectory_and_attention_at_a_step(diffusion_run):
     )
     with pytest.raises(QkvError, match="out of range"):
         explainer.explain(template, DecodingOptions(step=9))
+    from qkv.explain.plots import write_pictures
+
+    written = write_pictures(explainer, template, tmp_path, DecodingOptions(temperature=0))
+    assert tmp_path / "trajectory.png" in written and (tmp_path / "trajectory.png").stat().st_size > 0

@@ -93,6 +93,14 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
         # the wild type's own column is exactly 0, so the largest score is never below it
         "largest masked-marginal score": (0.0, math.inf),
     },
+    "09_masked_diffusion_lm": {
+        # log2 65 = 6.02: no worse than uniform (the bound too: [MASK] is never predicted, SUBS)
+        "AR validation loss (bits/char)": (0.5, 6.1),
+        "diffusion validation bound (bits/char)": (0.5, 6.1),
+        # given tokens are carried over and every [MASK] is filled, whatever the weights
+        "given characters changed by infilling": (0, 0),
+        "masks left after generation": (0, 0),
+    },
 }
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")

@@ -205,11 +205,11 @@ def _cmd_diffusion(args) -> int:
         sys.stdout.write(text + "\n")
     sys.stdout.flush()
     if args.trajectory is not None:
-        from ..explain.diffusion import plot_trajectory, token_labels
+        from ..explain.diffusion import plot_trajectory, token_labels, trajectory
         from ..explain.plots import save
 
         trace = gen.last_trace
         assert trace is not None
         labels = token_labels(gen.tokenizer, trace.states[-1][0].tolist(), gen.mask_id)
-        log(f"trajectory: {save(plot_trajectory(trace, labels), args.trajectory)}")
+        log(f"trajectory: {save(plot_trajectory(trajectory(trace, labels)), args.trajectory)}")
     return 0

@@ -33,38 +33,43 @@ def token_labels(tokenizer, ids: list[int], mask_id: int) -> list[str]:
     return out
 
 
-def plot_trajectory(trace: Trace, labels: list[str], row: int = 0, title: str = "") -> Figure:
-    """The denoising trajectory of one row: positions across, steps down; the token unmasked at
-    each step is written in its cell, coloured by the model's confidence when it was kept;
-    given tokens on a grey top line.
-
-    Args:
-        trace: a :class:`~qkv.inference.diffusion.Trace` (``fixed_at``, ``confidence`` set).
-        labels: the final token of every position (:func:`token_labels`).
-        row: which row of the batch.
+def trajectory(trace: Trace, labels: list[str], row: int = 0) -> list[dict]:
+    """One row of a trace as JSON-ready records, one per position: ``position``, ``token`` (its
+    final label), ``step`` (the step that unmasked it, ``-1`` if given) and ``confidence``
+    (the probability of the kept token then; ``None`` if given).
 
     Raises ``ValueError`` if ``labels`` and the trace disagree in length or the trace is empty.
     """
     if trace.fixed_at is None or trace.confidence is None:
         raise ValueError("the trace is empty: run denoise(..., trace=Trace())")
-    fixed = trace.fixed_at[row].numpy()
-    conf = trace.confidence[row].numpy()
+    fixed, conf = trace.fixed_at[row].tolist(), trace.confidence[row].tolist()
     if len(labels) != len(fixed):
         raise ValueError(f"{len(labels)} labels for {len(fixed)} positions")
-    steps = max(1, len(trace.states) - 1)
-    grid = np.full((steps, len(fixed)), np.nan)
-    for pos, (s, c) in enumerate(zip(fixed, conf, strict=True)):
-        if s >= 0:
-            grid[s, pos] = c
+    return [
+        {"position": i, "token": lab, "step": s, "confidence": None if s < 0 else round(c, 4)}
+        for i, (lab, s, c) in enumerate(zip(labels, fixed, conf, strict=True))
+    ]
+
+
+def plot_trajectory(rows: list[dict], title: str = "") -> Figure:
+    """The denoising trajectory (:func:`trajectory`'s records): positions across, steps down;
+    the token unmasked at each step written in its cell, coloured by the model's confidence
+    when it was kept; given tokens on a grey top line."""
+    steps = max([r["step"] for r in rows] + [0]) + 1
+    grid = np.full((steps, len(rows)), np.nan)
+    for r in rows:
+        if r["step"] >= 0:
+            grid[r["step"], r["position"]] = r["confidence"]
     cmap = colormaps["viridis"].with_extremes(bad="white")
-    fig = Figure(figsize=(1.5 + 0.22 * len(fixed), 1.2 + 0.22 * (steps + 1)), layout="constrained")
+    fig = Figure(figsize=(1.5 + 0.22 * len(rows), 1.2 + 0.22 * (steps + 1)), layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
-    for pos, s in enumerate(fixed):
-        if s >= 0:
-            ax.text(pos, s, labels[pos], ha="center", va="center", fontsize=7, color="white")
-        else:
-            ax.text(pos, -1, labels[pos], ha="center", va="center", fontsize=7, color="#555555")
+    for r in rows:
+        given = r["step"] < 0
+        ax.text(
+            r["position"], -1 if given else r["step"], r["token"], ha="center", va="center", fontsize=7,
+            color="#555555" if given else "white",
+        )  # fmt: skip
     ax.set_ylim(steps - 0.5, -1.5)
     ax.set_xlabel("position")
     ax.set_ylabel("step (top row: given tokens)")
@@ -132,17 +137,7 @@ class DiffusionLMExplainer(Explainer[str]):
         def forward(need_weights):
             return {"encoder": self.model(state, need_weights=need_weights).attentions}
 
-        trajectory = [
-            {"position": i, "token": lab, "step": int(s), "confidence": None if s < 0 else round(float(c), 4)}
-            for i, (lab, s, c) in enumerate(
-                zip(
-                    token_labels(self.tokenizer, final, gen.mask_id),
-                    trace.fixed_at[0],
-                    trace.confidence[0],
-                    strict=True,
-                )
-            )
-        ]
+        rows = trajectory(trace, token_labels(self.tokenizer, final, gen.mask_id))
         output = {
             "text": filled,
             "next_tokens": [],
@@ -150,6 +145,6 @@ class DiffusionLMExplainer(Explainer[str]):
             "residues": None,
             "step": step,
             "steps": n_steps,
-            "trajectory": trajectory,
+            "trajectory": rows,
         }
         return _Pass(forward, {"encoder": (pieces, pieces)}, output)

@@ -473,7 +473,8 @@ def write_pictures(
 
     Files: ``attention_<kind>.png`` per attention kind (heads × layers grid),
     ``alignment.png`` (translation), ``positional_encoding.png``, ``next_tokens.png`` (LM) or
-    ``classes.png`` (protein sequence classifier), ``steps.png`` (Eq. 1 step by step for
+    ``classes.png`` (protein sequence classifier), ``trajectory.png`` (a masked diffusion LM's
+    denoising, :func:`~qkv.explain.diffusion.plot_trajectory`), ``steps.png`` (Eq. 1 step by step for
     ``head`` of ``layer`` of the first attention kind, when the model's attention is Eq. 1;
     ``layer`` also picks the alignment's).
 
@@ -507,6 +508,10 @@ def write_pictures(
     except ValueError:
         pass  # a model without positions has nothing to draw
     output = result.output
+    if "trajectory" in output:  # a masked diffusion LM: which position was unmasked when
+        from .diffusion import plot_trajectory
+
+        written.append(save(plot_trajectory(output["trajectory"]), out / "trajectory.png"))
     if output["next_tokens"]:
         fig = plot_bars(
             [t["token"] for t in output["next_tokens"]],
