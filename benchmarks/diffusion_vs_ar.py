@@ -14,8 +14,12 @@ model size, steps and schedule:
   character, with the share of distinct word bigrams (repetition lowers it) beside the
   validation text's.
 
+- ``--plot PNG``: both validation curves against training steps (log scale), the steps at
+  which the AR model first reached the diffusion model's final bound marked (the compute the
+  diffusion model needed, in AR steps).
+
 Usage:
-    python benchmarks/diffusion_vs_ar.py --ar RUN --diffusion RUN [--judge RUN] [--json F]
+    python benchmarks/diffusion_vs_ar.py --ar RUN --diffusion RUN [--judge RUN] [--json F] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -52,6 +56,37 @@ def at_minutes(curve: list[dict], minutes: float) -> dict | None:
     return rows[-1] if rows else None
 
 
+def first_step_at_or_below(curve: list[dict], bits: float) -> int | None:
+    """The first evaluated step whose validation bits/char is at or below ``bits``."""
+    return next((r["step"] for r in curve if r["val_bits_per_char"] <= bits), None)
+
+
+def plot_curves(curves: dict[str, list[dict]], final_bound: float, path: Path) -> None:
+    """Validation bits/char of both runs against steps, the diffusion run's final bound drawn
+    across."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for (name, curve), colour in zip(curves.items(), ("tab:blue", "tab:orange"), strict=True):
+        label = "autoregressive (exact NLL)" if name == "ar" else "masked diffusion (bound)"
+        ax.plot(
+            [r["step"] for r in curve],
+            [r["val_bits_per_char"] for r in curve],
+            "o-",
+            ms=3,
+            color=colour,
+            label=label,
+        )
+    ax.axhline(final_bound, color="tab:orange", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation bits per character")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110)
+
+
 def distinct_bigrams(texts: list[str]) -> float:
     """Distinct word bigrams / word bigrams, over all texts (1.0: no bigram repeats)."""
     bigrams = [b for t in texts for b in zip(t.split(), t.split()[1:], strict=False)]
@@ -80,6 +115,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path, help="draw both validation curves to this PNG")
     args = p.parse_args()
     torch.manual_seed(args.seed)
 
@@ -111,6 +147,10 @@ def main() -> None:
     for name, other in (("ar", "diffusion"), ("diffusion", "ar")):
         row = at_minutes(curves[name], out["runs"][other]["train_minutes"])
         out["runs"][name]["val_bits_per_char_at_other_wall"] = row and row["val_bits_per_char"]
+    bound = out["runs"]["diffusion"]["val_bits_per_char"]
+    out["ar_steps_to_the_final_bound"] = first_step_at_or_below(curves["ar"], bound)
+    if args.plot:
+        plot_curves(curves, bound, args.plot)
 
     judge, judge_tok = runs.load_run(args.judge or args.ar, family="lm")
     ar_gen = TextGenerator.from_run(args.ar)
@@ -144,7 +184,10 @@ def main() -> None:
             f"| {name} | {r['parameters']:,} | {r['steps']:,} | {r['train_minutes']} | {v} | "
             f"{'-' if other is None else f'{other:.4f}'} |"
         )
-    print()
+    print(
+        f"\nthe AR model first reached the diffusion model's final bound at step "
+        f"{out['ar_steps_to_the_final_bound']} (evaluated steps only)\n"
+    )
     print("| samples | judge bits/char | distinct word bigrams | first sample |")
     print("|---|---|---|---|")
     for name, r in out["samples"].items():
