@@ -112,6 +112,8 @@ class DiffusionLMRun(LMRun):
         model = DiffusionLM(config).to(self.device)
         self.zero_shot = None
         self.block_size = config.max_len
+        assert config.mask_id is not None
+        self.mask_id = config.mask_id  # the loop may wrap the model (DDP under torchrun)
         logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {self.device}")
         return model
 
@@ -120,13 +122,14 @@ class DiffusionLMRun(LMRun):
         x0 = x0.to(self.device)
         valid = None if valid is None else valid.to(self.device)
         t = sample_times(len(x0), self.settings.eps, stratified=True, device=self.device)
-        xt, masked = mask_tokens(x0, t, model.config.mask_id, valid)
+        xt, masked = mask_tokens(x0, t, self.mask_id, valid)
         loss = masked_diffusion_loss(model(xt, valid).logits, x0, masked, t).sum()
         return loss, x0.numel() if valid is None else int(valid.sum())
 
     def _bound(self, model, samples: int, max_batches: int | None) -> BoundEstimate:
         s = self.settings
-        return validation_bound(model, self.val_data, samples, s.eps, s.train.seed, max_batches)
+        module = getattr(model, "module", model)  # the model inside DDP
+        return validation_bound(module, self.val_data, samples, s.eps, s.train.seed, max_batches)
 
     def validate(self, model) -> dict:
         b = self._bound(model, 1, self.settings.eval_limit)
