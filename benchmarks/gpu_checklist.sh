@@ -30,6 +30,7 @@
 #   DEMO_MINUTES=5 FULL_MINUTES=5 training budgets of the two translation runs
 #   FULL_CONFIG=configs/paper_base.json  settings of the second one
 #   TEST_WORKERS=8 TESTS=tests    pytest -n (0: no pytest-xdist) and paths; TEST_ARGS: more
+#                                 (both split at spaces: no quoted -k expression; name node ids in TESTS)
 #   MFU_WORKLOADS="translation-base translation gpt2-small"  MFU_ARGS (e.g. "--steps 2")
 #   MFU_TIMEOUT=150               seconds
 #   JOBS="lm dlm demo full tests" which of the concurrent jobs run (MFU=0 skips the MFU)
