@@ -88,6 +88,7 @@ def denoise(
             an unknown ``remasking``.
     """
     mask_id = model.config.mask_id
+    assert mask_id is not None  # DiffusionLM requires it
     if remasking not in REMASKING:
         raise QkvError(f"unknown remasking {remasking!r}; choose {' or '.join(REMASKING)}")
     if steps < 1:

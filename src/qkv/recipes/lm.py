@@ -430,8 +430,8 @@ def run_split(run_dir: str | Path, tok, split: str, by_line: bool | None = None)
         raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
     if meta.get("data"):  # token shards (qkv prepare lm): the whole split, read from disk
         prepared = PreparedData.open(meta["data"], "lm")
-        data = prepared.val if split == "val" else prepared.train
-        return data, prepared.meta["chars"][split] / len(data)
+        shard = prepared.val if split == "val" else prepared.train
+        return shard, prepared.meta["chars"][split] / len(shard)
     by_line = reads_lines(tok) if by_line is None else by_line
     train_text, val_text = corpus_splits(
         meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], by_line
