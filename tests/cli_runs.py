@@ -29,6 +29,16 @@ TINY_LM = [
 ]
 
 
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """``qkv.cli.main(args)`` in this process: ``(exit status, stdout, stderr)``."""
+    from qkv.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    res = capsys.readouterr()
+    return code, res.out, res.err
+
+
 def qkv(*args: str, cwd: Path | None = None, data: Path = DATA) -> subprocess.CompletedProcess:
     """``python -m qkv ARGS`` (one thread, no stdin) from ``cwd``, with ``data`` as the data
     directory."""

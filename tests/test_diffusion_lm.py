@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from cli_runs import DATA
+from cli_runs import DATA, TINY_LM, run_main
 
 from qkv.cli import main
 from qkv.errors import ConfigError, QkvError
@@ -226,18 +226,12 @@ def test_sampler_refusals():
 # ------------------------------------------------------------------ the recipe and the CLI
 
 TINY = [
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.d_ff=64",
-    "model.n_layers=1",
-    "model.max_len=32",
-    "batch_size=4",
+    *TINY_LM,  # later keys win
     "eval_batches=2",
     "num_samples=2",
     "sample_tokens=40",
     "bound_samples=2",
     "train.eval_every=10",
-    "train.precision=fp32",
     "train.device=cpu",  # samples and bounds are compared with the CPU's random streams
     "--quiet",
 ]
@@ -251,11 +245,7 @@ def diffusion_run(tmp_path_factory):
     return out
 
 
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    res = capsys.readouterr()
-    return code, res.out, res.err
+_run = run_main
 
 
 @needs_data
@@ -312,10 +302,7 @@ def test_diffusion_generate_refusals(diffusion_run, capsys, args, needle):
 @needs_data
 def test_diffusion_options_refused_for_an_autoregressive_run(tmp_path, capsys):
     run = tmp_path / "ar"
-    assert (
-        main(["train", "lm", "--out", str(run), "--max-steps", "2", *TINY[:5], "sample_tokens=4", "--quiet"])
-        == 0
-    )
+    assert main(["train", "lm", "--out", str(run), "--max-steps", "2", *TINY_LM, "--quiet"]) == 0
     _refused(*_run(capsys, "generate", str(run), "--infill", "a _ b"), "diffusion LM runs")
     _refused(*_run(capsys, "generate", str(run), "--steps", "4"), "diffusion LM runs")
 

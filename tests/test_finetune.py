@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from cli_runs import run_main
 from pretrained_marks import installed
 
 from qkv.cli import main
@@ -112,11 +113,7 @@ def test_lora_settings_are_checked():
         TrainSettings(lora_rank=2, lora_dropout=1.0)
 
 
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    res = capsys.readouterr()
-    return code, res.out, res.err
+_run = run_main
 
 
 def _refused(code: int, out: str, err: str, *needles: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_runs import run_main
 from torch import nn
 from torch_ref import copy_attention_from_torch
 
@@ -607,11 +608,7 @@ def lm_run(tmp_path_factory):
     return out
 
 
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    res = capsys.readouterr()
-    return code, res.out, res.err
+_run = run_main
 
 
 def _clean_error(code: int, out: str, err: str, *needles: str) -> None:

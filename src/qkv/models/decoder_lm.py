@@ -21,7 +21,19 @@ from .config import LMConfig
 from .outputs import LMOutput
 from .stack import TransformerStack, position_ids
 
-__all__ = ["DecoderLM", "position_ids"]
+__all__ = ["DecoderLM", "add_lm_head", "position_ids"]
+
+
+def add_lm_head(model: TransformerStack, config: LMConfig) -> None:
+    """Give a stack its ``lm_head``: the bias-free projection to the vocabulary, initialised
+    with the rest of the model (GPT-2's), then tied to the token embeddings when
+    ``config.tie_embeddings`` (§3.4: "the same weight matrix between the two embedding layers
+    and the pre-softmax linear transformation")."""
+    assert config.vocab_size is not None  # TransformerStack.__init__ required it
+    model.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+    model._init_weights()
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
 
 
 class DecoderLM(TransformerStack):
@@ -46,14 +58,11 @@ class DecoderLM(TransformerStack):
     """
 
     config: LMConfig  # the stack's config, this family's own (set in TransformerStack.__init__)
+    lm_head: nn.Linear  # set by add_lm_head
 
     def __init__(self, config: LMConfig) -> None:
         super().__init__(config)
-        assert config.vocab_size is not None  # TransformerStack.__init__ required it
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self._init_weights()
-        if config.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        add_lm_head(self, config)
 
     def forward(
         self,

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import DiffusionLMConfig
+from .decoder_lm import add_lm_head
 from .outputs import LMOutput
 from .stack import TransformerStack
 
@@ -41,15 +42,12 @@ class DiffusionLM(TransformerStack):
 
     causal = False
     config: DiffusionLMConfig
+    lm_head: nn.Linear  # set by add_lm_head
 
     def __init__(self, config: DiffusionLMConfig) -> None:
         config.require("vocab_size", "mask_id")
         super().__init__(config)
-        assert config.vocab_size is not None
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self._init_weights()
-        if config.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        add_lm_head(self, config)
 
     def forward(
         self,
