@@ -376,3 +376,14 @@ def test_explainer_shows_the_trajectory_and_attention_at_a_step(diffusion_run, t
 
     written = write_pictures(explainer, template, tmp_path, DecodingOptions(temperature=0))
     assert tmp_path / "trajectory.png" in written and (tmp_path / "trajectory.png").stat().st_size > 0
+
+
+@needs_data
+def test_a_bpe_vocabulary_trains_and_infills(tmp_path, capsys):
+    """lm's BPE tokenizer: [MASK] is the id after its vocabulary, each _ of a template one piece."""
+    run = tmp_path / "bpe"
+    settings = [*TINY, "tokenizer=bpe", "vocab_size=300", "sample_tokens=12"]
+    assert main(["train", "diffusion-lm", "--out", str(run), "--max-steps", "4", *settings]) == 0
+    assert json.loads((run / "config.json").read_text())["mask_id"] == 300
+    code, out, _ = _run(capsys, "generate", str(run), "--infill", "The ___ of", "--seed", "0")
+    assert code == 0 and out.startswith("The ") and out.rstrip("\n").endswith(" of")
