@@ -53,12 +53,13 @@ def _write_run(run, model, config, recipe: str, tokenizer, extra: dict | None = 
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> dict:
     """Run directories of the model families with tiny random models (2 layers, 2 heads):
-    ``{"translation": path, "translation-rnn": path, "lm": path, "protein": path}`` (protein: a
-    2-class sequence classifier; translation-rnn: a GRU with additive attention). For code that
-    reads runs; nothing here is trained."""
+    ``{"translation": path, "translation-rnn": path, "lm": path, "diffusion-lm": path,
+    "protein": path}`` (protein: a 2-class sequence classifier; translation-rnn: a GRU with
+    additive attention). For code that reads runs; nothing here is trained."""
     from qkv.data.tokenizers import AminoAcidTokenizer, CharTokenizer, SubwordTokenizer
     from qkv.models import DecoderLM, LMConfig, Transformer, TransformerConfig
-    from qkv.models.config import EncoderConfig, RNNConfig
+    from qkv.models.config import DiffusionLMConfig, EncoderConfig, RNNConfig
+    from qkv.models.diffusion_lm import DiffusionLM
     from qkv.models.encoder import EncoderModel
     from qkv.models.rnn import RNNSeq2Seq
 
@@ -92,6 +93,15 @@ def tiny_runs(tmp_path_factory) -> dict:
         max_len=64,
         positional="rotary",
     )
+    dlm_cfg = DiffusionLMConfig(
+        vocab_size=chars.vocab_size + 1,
+        mask_id=chars.vocab_size,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=2,
+        max_len=64,
+    )
     aa = AminoAcidTokenizer()
     enc_cfg = EncoderConfig(
         vocab_size=aa.vocab_size,
@@ -115,6 +125,7 @@ def tiny_runs(tmp_path_factory) -> dict:
             {"train_config.json": {"recipe": "translation-rnn", "model_type": "rnn-seq2seq"}},
         ),
         "lm": _write_run(root / "lm", DecoderLM(lm_cfg), lm_cfg, "lm", chars),
+        "diffusion-lm": _write_run(root / "dlm", DiffusionLM(dlm_cfg), dlm_cfg, "diffusion-lm", chars),
         "protein": _write_run(
             root / "protein",
             EncoderModel(enc_cfg),

@@ -22,11 +22,16 @@ pytestmark = pytest.mark.skipif(
 )
 playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 
-INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+INPUTS = {
+    "translation": "Ein Mann liest ein Buch.",
+    "lm": "ROMEO:\nBut soft",
+    "diffusion-lm": "ROMEO:\nBut soft, ____ light",
+    "protein": "GIGKFLHSAKKFGKAFV",
+}
 ARTIFACTS = Path(os.environ.get("QKV_TEST_ARTIFACTS", "test-artifacts"))
 
 
-@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+@pytest.mark.parametrize("family", ["translation", "lm", "diffusion-lm", "protein"])
 def test_page_types_input_and_renders_every_head(tiny_runs, family):
     explainer = load_explainer(tiny_runs[family])
     server, thread, base = serve_in_thread(create_app(explainer))
@@ -167,3 +172,33 @@ def test_served_minilm_page_outputs_the_pairs_cosine_similarity(tmp_path):
     assert f"cosine similarity {cosine:.3f}" in outputs[0] and 0.3 < cosine < 1
     assert "a sentence embedding of 384 numbers" in outputs[1] and "Its words closest to it" in outputs[1]
     assert "puppy" not in outputs[1] and "park" in outputs[1]  # the sentence's own words
+
+
+def test_diffusion_page_shows_the_attention_at_a_clicked_step(tiny_runs):
+    """A click on a token of the trajectory reruns the model and shows the attention on the
+    input of the step that unmasked it (its masks drawn ▒)."""
+    server, thread, base = serve_in_thread(create_app(load_explainer(tiny_runs["diffusion-lm"])))
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(base + "/")
+            page.locator("#family", has_text="diffusion-lm").wait_for()
+            page.fill("#input", "ROMEO: ____ light")  # characters of the tiny vocabulary
+            page.fill("#temperature", "0")
+            page.click("#run")
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            assert "input of step 3" in page.inner_text("#output")
+            assert page.locator("#trajectory .traj-token:not(.given)").count() == 4
+            first = page.locator('#trajectory .traj-token[title^="unmasked at step 0,"]')
+            first.click()
+            page.wait_for_function("document.querySelector('#output').innerText.includes('input of step 0')")
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            assert page.locator("#trajectory .traj-token.shown").count() == 1
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not errors, errors

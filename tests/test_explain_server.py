@@ -18,7 +18,12 @@ from fastapi.testclient import TestClient
 from qkv.explain.server import MAX_BODY_BYTES, MAX_IMAGE_BYTES, create_app, serve_in_thread
 from qkv.recipes.loading import load_explainer
 
-INPUTS = {"translation": "Ein Mann liest ein Buch.", "lm": "ROMEO:\nBut soft", "protein": "GIGKFLHSAKKFGKAFV"}
+INPUTS = {
+    "translation": "Ein Mann liest ein Buch.",
+    "lm": "ROMEO:\nBut soft",
+    "diffusion-lm": "ROMEO:\nBut soft, ____ light",
+    "protein": "GIGKFLHSAKKFGKAFV",
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +33,7 @@ def clients(tiny_runs):
     }
 
 
-@pytest.mark.parametrize("family", ["translation", "lm", "protein"])
+@pytest.mark.parametrize("family", ["translation", "lm", "diffusion-lm", "protein"])
 def test_server_answers_json_for_each_family(clients, family):
     client = clients[family]
     info = client.get("/api/info").json()

@@ -67,6 +67,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
     search_options(p, beam=4, length_penalty=False)
     sampling_options(p, max_new_tokens=40, temperature=1.0, seed=0)
+    p.add_argument(
+        "--step",
+        type=int,
+        help="diffusion-lm runs: the denoising step (from 0) whose input the attention is on (default: last)",
+    )
     device_option(p, default="cpu")
     p.set_defaults(func=_cmd_explain)
 
@@ -167,4 +172,5 @@ def _decoding_options(args):
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        step=args.step,
     )

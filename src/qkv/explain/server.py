@@ -120,6 +120,9 @@ class ExplainRequest(BaseModel):
     seed: int | None = Field(
         0, ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64, the range torch's generator accepts"
     )
+    step: int | None = Field(
+        None, ge=0, le=4096, description="a diffusion LM: the denoising step whose input the attention is on"
+    )
     merge_words: bool = True
 
     @field_validator("text")

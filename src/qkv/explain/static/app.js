@@ -24,6 +24,7 @@ const state = {
   picture: null,  // ViT runs: the model's input of the last run, a loaded <img>
   standalone: null,  // standalone page: the embedded data (info, explanation, body, steps, notes)
   decoded: {},       // standalone page: Q, K, V of a "kind/layer", decoded once
+  step: null,        // diffusion LMs: the denoising step whose input the attention is on (null: the last)
 };
 
 // ViT runs take an image instead of text (GET /api/info says "input": "image").
@@ -138,9 +139,9 @@ function hideError() { const box = $("error"); box.textContent = ""; box.hidden 
 // ---------- set-up
 
 async function init() {
-  $("run").addEventListener("click", run);
+  $("run").addEventListener("click", () => { state.step = null; run(); });
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); state.step = null; run(); }
   });
   $("input").addEventListener("input", updateCount);
   $("kind").addEventListener("change", () => { state.kind = $("kind").value; selectKind(); });
@@ -179,7 +180,7 @@ function applyInfo(info) {
   if (info.max_chars) input.maxLength = info.max_chars;
   input.value = info.example || "";
   for (const node of document.querySelectorAll("[data-family]")) {
-    node.hidden = node.dataset.family !== info.family;
+    node.hidden = !node.dataset.family.split(" ").includes(info.family);
   }
   document.title = `qkv · explain · ${info.family}`;
   const image = isImage();
@@ -339,9 +340,12 @@ function requestBody() {
   };
   // An LM samples its continuation and /api/steps runs the model again: both requests must
   // use one seed or the step-through would describe a different sample than the heatmap.
-  if (state.info && state.info.family === "lm" && body.seed === null) {
+  const sampling = state.info && ["lm", "diffusion-lm"].includes(state.info.family);
+  if (sampling && body.seed === null) {
     body.seed = Math.floor(Math.random() * 2 ** 31);
   }
+  // A diffusion LM: the attention on the input of the step picked in the trajectory (null: the last).
+  if (state.info && state.info.family === "diffusion-lm") body.step = state.step ?? null;
   return body;
 }
 
@@ -408,6 +412,14 @@ function renderOutput(data, body) {
       (body.top_k ? `, top-k ${body.top_k}` : "") + (body.top_p ? `, top-p ${body.top_p}` : "")));
     out.append(el("h3", {}, "Next-token probabilities after the prompt"));
     out.append(bars("next-tokens", (o.next_tokens || []).map((t) => [showToken(t.token), t.prob])));
+  } else if (data.family === "diffusion-lm") {
+    out.append(el("p", { class: "out-text", id: "output-text" }, o.text ?? ""));
+    out.append(el("p", { class: "muted small" },
+      `${o.steps} denoising steps, ` +
+      (body.temperature === 0 ? "the most likely token kept at each" : `sampled with temperature ${body.temperature}, seed ${body.seed}`) +
+      `; the attention below is on the input of step ${o.step} (▒: still masked)`));
+    out.append(el("h3", {}, "Denoising trajectory"));
+    out.append(trajectoryView(o.trajectory, o.steps, o.step));
   } else if (data.family === "vit") {
     out.append(el("p", { class: "out-text", id: "output-text" }, `predicted: ${o.prediction}`));
     out.append(el("p", { class: "muted small" }, data.input));
@@ -483,6 +495,30 @@ function bars(id, items, value = (p) => `${(p * 100).toFixed(1)} %`) {
       el("div", { class: "bar-track" }, fill),
       el("span", { class: "bar-value" }, value(p))));
   }
+  return wrap;
+}
+
+// A masked diffusion LM's trajectory: each token coloured by the step that unmasked it (dark:
+// early, light: late; grey: given), its confidence on hover. On a served page a click on a
+// token shows the attention on the input of the step that unmasked it.
+function trajectoryView(rows, steps, shown) {
+  const wrap = el("div", { class: "trajectory", id: "trajectory" });
+  for (const r of rows) {
+    const given = r.step < 0;
+    const span = el("span", {
+      class: "traj-token" + (given ? " given" : "") + (r.step === shown ? " shown" : ""),
+      title: given ? "given" : `unmasked at step ${r.step}, p = ${r.confidence}`,
+    }, showToken(r.token));
+    if (!given) {
+      const t = steps > 1 ? r.step / (steps - 1) : 0;
+      span.style.background = `hsl(${230 - 180 * t}, 65%, ${35 + 35 * t}%)`;
+      if (!state.standalone) span.addEventListener("click", () => { state.step = r.step; run(); });
+    }
+    wrap.append(span);
+  }
+  wrap.append(el("p", { class: "muted small" }, state.standalone
+    ? "Colour: the step that unmasked each token, dark (early) to light (late); grey: given. Hover for its confidence."
+    : "Colour: the step that unmasked each token, dark (early) to light (late); grey: given. Hover for its confidence; click a token for the attention at its step."));
   return wrap;
 }
 
