@@ -194,7 +194,8 @@ def test_diffusion_page_shows_the_attention_at_a_clicked_step(tiny_runs):
             assert page.locator("#trajectory .traj-token:not(.given)").count() == 4
             first = page.locator('#trajectory .traj-token[title^="unmasked at step 0,"]')
             first.click()
-            page.wait_for_function("document.querySelector('#output').innerText.includes('input of step 0')")
+            # a selector, not wait_for_function: the page's CSP forbids evaluating strings
+            page.locator("#output", has_text="input of step 0").wait_for(timeout=60_000)
             page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
             assert page.locator("#trajectory .traj-token.shown").count() == 1
             browser.close()
