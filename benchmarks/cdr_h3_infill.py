@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -130,13 +131,9 @@ def recovery(truth: str, predicted: str) -> float:
 
 def mean_se(values: list[float]) -> tuple[float, float]:
     """Mean and standard error of the mean (``nan`` for fewer than two values)."""
-    if not values:
-        return float("nan"), float("nan")
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return m, float("nan")
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
-    return m, math.sqrt(var / len(values))
+    nan = float("nan")
+    mean = statistics.fmean(values) if values else nan
+    return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else nan
 
 
 def residue_ids(tok, text: str) -> list[int]:

@@ -63,9 +63,11 @@ def digest(run: Path) -> dict[str, str]:
     }
 
 
-def refused(done: subprocess.CompletedProcess, *needles: str) -> str:
-    """Assert a clean refusal: exit 2, one line on stderr starting ``error:``, no traceback,
-    nothing on stdout; return the line."""
+def refused(done: subprocess.CompletedProcess | tuple[int, str, str], *needles: str) -> str:
+    """Assert a clean refusal of a command run by :func:`qkv` or :func:`run_main`: exit 2, one
+    line on stderr starting ``error:``, no traceback, nothing on stdout; return the line."""
+    if isinstance(done, tuple):
+        done = subprocess.CompletedProcess((), *done)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]

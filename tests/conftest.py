@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -93,14 +94,9 @@ def tiny_runs(tmp_path_factory) -> dict:
         max_len=64,
         positional="rotary",
     )
+    # the LM's model without its look-ahead mask, and [MASK] after the characters
     dlm_cfg = DiffusionLMConfig(
-        vocab_size=chars.vocab_size + 1,
-        mask_id=chars.vocab_size,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=2,
-        max_len=64,
+        **{**dataclasses.asdict(lm_cfg), "vocab_size": chars.vocab_size + 1, "mask_id": chars.vocab_size}
     )
     aa = AminoAcidTokenizer()
     enc_cfg = EncoderConfig(

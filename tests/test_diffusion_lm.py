@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from cli_runs import DATA, TINY_LM, run_main
+from cli_runs import DATA, TINY_LM, refused, run_main
 
 from qkv.cli import main
 from qkv.errors import ConfigError, QkvError
@@ -245,9 +245,6 @@ def diffusion_run(tmp_path_factory):
     return out
 
 
-_run = run_main
-
-
 @needs_data
 def test_run_reloads_to_identical_samples(diffusion_run):
     summary = json.loads((diffusion_run / "summary.json").read_text())
@@ -264,24 +261,20 @@ def test_run_reloads_to_identical_samples(diffusion_run):
 
 @needs_data
 def test_generate_and_infill_from_the_command_line(diffusion_run, capsys, tmp_path):
-    code, out, _ = _run(
+    code, out, _ = run_main(
         capsys, "generate", str(diffusion_run), "--infill", "ROMEO: ____ my lord", "--seed", "0"
     )
     assert code == 0 and out.startswith("ROMEO: ") and out.rstrip("\n").endswith(" my lord")
     assert len(out.rstrip("\n")) == len("ROMEO: ____ my lord")
     png = tmp_path / "t.png"
-    code, out, _ = _run(
+    code, out, _ = run_main(
         capsys, "generate", str(diffusion_run), "--prompt", "ROMEO:", "--max-new-tokens", "50",
         "--block-length", "10", "--steps", "25", "--seed", "3", "--trajectory", str(png),
     )  # fmt: skip
     assert code == 0 and out.startswith("ROMEO:") and len(out.rstrip("\n")) == 56 and png.stat().st_size > 0
-    code, first, _ = _run(capsys, "generate", str(diffusion_run), "--max-new-tokens", "20", "--seed", "9")
-    assert first == _run(capsys, "generate", str(diffusion_run), "--max-new-tokens", "20", "--seed", "9")[1]
-
-
-def _refused(code: int, out: str, err: str, needle: str) -> None:
-    assert code == 2 and out == ""
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and needle in err, err
+    again = ("generate", str(diffusion_run), "--max-new-tokens", "20", "--seed", "9")
+    code, first, _ = run_main(capsys, *again)
+    assert first == run_main(capsys, *again)[1]
 
 
 @needs_data
@@ -296,15 +289,15 @@ def _refused(code: int, out: str, err: str, needle: str) -> None:
     ],
 )
 def test_diffusion_generate_refusals(diffusion_run, capsys, args, needle):
-    _refused(*_run(capsys, "generate", str(diffusion_run), *args), needle)
+    refused(run_main(capsys, "generate", str(diffusion_run), *args), needle)
 
 
 @needs_data
 def test_diffusion_options_refused_for_an_autoregressive_run(tmp_path, capsys):
     run = tmp_path / "ar"
     assert main(["train", "lm", "--out", str(run), "--max-steps", "2", *TINY_LM, "--quiet"]) == 0
-    _refused(*_run(capsys, "generate", str(run), "--infill", "a _ b"), "diffusion LM runs")
-    _refused(*_run(capsys, "generate", str(run), "--steps", "4"), "diffusion LM runs")
+    refused(run_main(capsys, "generate", str(run), "--infill", "a _ b"), "diffusion LM runs")
+    refused(run_main(capsys, "generate", str(run), "--steps", "4"), "diffusion LM runs")
 
 
 def test_settings_refusals():
@@ -344,7 +337,7 @@ def test_resume_continues_the_run(diffusion_run, tmp_path, capsys):
 
     run = tmp_path / "run"
     shutil.copytree(diffusion_run, run)
-    code, out, _ = _run(
+    code, out, _ = run_main(
         capsys, "train", "diffusion-lm", "--out", str(run), "--resume", "--max-steps", "30", "--json", *TINY
     )
     assert code == 0 and json.loads(out)["steps"] == 30
@@ -385,5 +378,5 @@ def test_a_bpe_vocabulary_trains_and_infills(tmp_path, capsys):
     settings = [*TINY, "tokenizer=bpe", "vocab_size=300", "sample_tokens=12"]
     assert main(["train", "diffusion-lm", "--out", str(run), "--max-steps", "4", *settings]) == 0
     assert json.loads((run / "config.json").read_text())["mask_id"] == 300
-    code, out, _ = _run(capsys, "generate", str(run), "--infill", "The ___ of", "--seed", "0")
+    code, out, _ = run_main(capsys, "generate", str(run), "--infill", "The ___ of", "--seed", "0")
     assert code == 0 and out.startswith("The ") and out.rstrip("\n").endswith(" of")

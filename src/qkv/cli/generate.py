@@ -178,15 +178,13 @@ def _cmd_diffusion(args) -> int:
     """``qkv generate`` of a masked diffusion LM: a continuation of ``--prompt`` or the filled
     ``--infill`` template, each sample on its own line(s); the trajectory drawn on request."""
     from ..device import resolve_device
-    from ..inference.diffusion import MASK_CHAR, DiffusionGenerator
+    from ..inference.diffusion import DEFAULT_REMASKING, MASK_CHAR, DiffusionGenerator
 
-    if args.steps is not None and args.steps < 1:
-        raise QkvError(f"--steps must be >= 1 (got {args.steps})")
     if args.num_samples < 1:
         raise QkvError(f"--num-samples must be >= 1 (got {args.num_samples})")
     gen = DiffusionGenerator.from_run(args.run_dir, resolve_device(args.device))
     options = {
-        "remasking": args.remasking or "confidence",
+        "remasking": args.remasking or DEFAULT_REMASKING,
         "block_length": args.block_length,
         "temperature": 0.0 if args.greedy else (1.0 if args.temperature is None else args.temperature),
         "num_samples": args.num_samples,
@@ -205,11 +203,10 @@ def _cmd_diffusion(args) -> int:
         sys.stdout.write(text + "\n")
     sys.stdout.flush()
     if args.trajectory is not None:
-        from ..explain.diffusion import plot_trajectory, token_labels, trajectory
+        from ..explain.diffusion import plot_trajectory, trajectory
         from ..explain.plots import save
 
-        trace = gen.last_trace
-        assert trace is not None
-        labels = token_labels(gen.tokenizer, trace.states[-1][0].tolist(), gen.mask_id)
-        log(f"trajectory: {save(plot_trajectory(trajectory(trace, labels)), args.trajectory)}")
+        assert gen.last_trace is not None  # asked for with trace=True
+        fig = plot_trajectory(trajectory(gen.last_trace, gen.tokenizer))
+        log(f"trajectory: {save(fig, args.trajectory)}")
     return 0

@@ -24,27 +24,33 @@ from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _Pass
 MASK_LABEL = "▒"  # how a still-masked position is drawn
 
 
-def token_labels(tokenizer, ids: list[int], mask_id: int) -> list[str]:
-    """One display label per token, masks as :data:`MASK_LABEL`, a newline as ``⏎``."""
-    out = []
-    for i in ids:
-        label = MASK_LABEL if i == mask_id else str(tokenizer.id_to_token(i))
-        out.append(label.replace("\n", "⏎").replace("Ġ", "␣").replace(" ", "␣"))
-    return out
+def token_pieces(tokenizer, ids: list[int], mask_id: int | None = None) -> list[str]:
+    """The tokenizer's piece of each id, ``mask_id`` as :data:`MASK_LABEL`: what the explainer's
+    attention maps are labelled from (:func:`~qkv.explain.labels.piece_labels` and word
+    merging read the pieces' own word markers)."""
+    return [MASK_LABEL if i == mask_id else str(tokenizer.id_to_token(i)) for i in ids]
 
 
-def trajectory(trace: Trace, labels: list[str], row: int = 0) -> list[dict]:
-    """One row of a trace as JSON-ready records, one per position: ``position``, ``token`` (its
-    final label), ``step`` (the step that unmasked it, ``-1`` if given) and ``confidence``
-    (the probability of the kept token then; ``None`` if given).
+def token_labels(tokenizer, ids: list[int], mask_id: int | None = None) -> list[str]:
+    """One display label per token (:func:`token_pieces`), white space and the byte-level word
+    marker visible: a newline as ``⏎``, a space as ``␣``."""
+    return [
+        p.replace("\n", "⏎").replace("Ġ", "␣").replace(" ", "␣")
+        for p in token_pieces(tokenizer, ids, mask_id)
+    ]
 
-    Raises ``ValueError`` if ``labels`` and the trace disagree in length or the trace is empty.
+
+def trajectory(trace: Trace, tokenizer, row: int = 0) -> list[dict]:
+    """One row of a trace as JSON-ready records, one per position: ``position``, ``token`` (the
+    label of its final token, :func:`token_labels`), ``step`` (the step that unmasked it, ``-1``
+    if given) and ``confidence`` (the probability of the kept token then; ``None`` if given).
+
+    Raises ``ValueError`` for an empty trace.
     """
     if trace.fixed_at is None or trace.confidence is None:
         raise ValueError("the trace is empty: run denoise(..., trace=Trace())")
+    labels = token_labels(tokenizer, trace.states[-1][row].tolist())  # no mask is left at the end
     fixed, conf = trace.fixed_at[row].tolist(), trace.confidence[row].tolist()
-    if len(labels) != len(fixed):
-        raise ValueError(f"{len(labels)} labels for {len(fixed)} positions")
     return [
         {"position": i, "token": lab, "step": s, "confidence": None if s < 0 else round(c, 4)}
         for i, (lab, s, c) in enumerate(zip(labels, fixed, conf, strict=True))
@@ -120,24 +126,20 @@ class DiffusionLMExplainer(Explainer[str]):
     def _prepare(self, text, options: DecodingOptions):
         gen = self.generator
         template = self.template(text, options.max_new_tokens)
-        sample = options.temperature > 0
-        filled = gen.infill(
-            template, seed=options.seed, trace=True, temperature=options.temperature if sample else 0.0
-        )[0]
+        filled = gen.infill(template, seed=options.seed, trace=True, temperature=options.temperature)[0]
         trace = gen.last_trace
-        assert trace is not None and trace.fixed_at is not None and trace.confidence is not None
-        final = trace.states[-1][0].tolist()
-        n_steps = len(trace.states) - 1
+        assert trace is not None
+        n_steps = len(trace.states) - 1  # at least 1: a template has a mask
         step = n_steps - 1 if options.step is None else options.step
-        if not 0 <= step < max(1, n_steps):
+        if not 0 <= step < n_steps:
             raise QkvError(f"step {step} out of range: this denoising took steps 0..{n_steps - 1}")
         state = trace.states[step].to(next(self.model.parameters()).device)
-        pieces = token_labels(self.tokenizer, state[0].tolist(), gen.mask_id)
+        pieces = token_pieces(self.tokenizer, state[0].tolist(), gen.mask_id)
 
         def forward(need_weights):
             return {"encoder": self.model(state, need_weights=need_weights).attentions}
 
-        rows = trajectory(trace, token_labels(self.tokenizer, final, gen.mask_id))
+        rows = trajectory(trace, self.tokenizer)
         output = {
             "text": filled,
             "next_tokens": [],

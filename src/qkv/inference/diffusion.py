@@ -27,6 +27,7 @@ from ..models.diffusion_lm import DiffusionLM
 
 Remasking = Literal["confidence", "random"]
 REMASKING: tuple[str, ...] = ("confidence", "random")
+DEFAULT_REMASKING: Remasking = "confidence"  # LLaDA's
 MASK_CHAR = "_"
 
 
@@ -55,18 +56,18 @@ class Trace:
     confidence: torch.Tensor | None = None
 
 
-def _blocks(positions: list[int], block_length: int | None) -> list[list[int]]:
-    """The masked positions of a row in left-to-right blocks of ``block_length`` (all in one
-    block when ``None``)."""
-    size = block_length or max(1, len(positions))
-    return [positions[i : i + size] for i in range(0, len(positions), size)]
+def _blocks(masked: torch.Tensor, block_length: int | None) -> list[torch.Tensor]:
+    """The masked positions of a row (``masked (T,)`` bool) in left-to-right blocks of
+    ``block_length`` (all in one block when ``None``), each a long tensor of positions."""
+    positions = masked.nonzero().flatten()
+    return list(positions.split(block_length or len(positions))) if len(positions) else []
 
 
 def denoise(
     model: DiffusionLM,
     x: torch.Tensor,
     steps: int,
-    remasking: Remasking = "confidence",
+    remasking: Remasking = DEFAULT_REMASKING,
     block_length: int | None = None,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
@@ -93,10 +94,11 @@ def denoise(
         raise QkvError(f"unknown remasking {remasking!r}; choose {' or '.join(REMASKING)}")
     if steps < 1:
         raise QkvError(f"--steps must be >= 1 (got {steps})")
-    counts = (x == mask_id).sum(dim=1).tolist()
+    masked = x == mask_id
+    counts = masked.sum(dim=1).tolist()
     if len(set(counts)) > 1:
         raise QkvError(f"every row needs the same number of masks (got {counts})")
-    rows = [_blocks((x[b] == mask_id).nonzero().flatten().tolist(), block_length) for b in range(len(x))]
+    rows = [_blocks(row, block_length) for row in masked]
     n_blocks = len(rows[0])
     if n_blocks and steps < n_blocks:
         raise QkvError(f"--steps ({steps}) must be at least the number of blocks ({n_blocks})")
@@ -123,21 +125,20 @@ def _step(model, x, blocks, n_keep, remasking, temperature, generator, trace, st
     mask_id = model.config.mask_id
     with torch.no_grad():
         logits = model(x).logits.float()  # (B, T, V)
-    probs = torch.softmax(logits, dim=-1)
     if temperature > 0:
         drawn = torch.softmax(logits / temperature, dim=-1)
         pred = torch.multinomial(drawn.flatten(0, 1), 1, generator=generator).view(x.shape)
     else:
         pred = logits.argmax(dim=-1)
-    conf = probs.gather(-1, pred[..., None]).squeeze(-1)  # (B, T)
+    # p(pred) under the untempered distribution, without materialising it: exp(logit - logsumexp)
+    conf = (logits.gather(-1, pred[..., None]).squeeze(-1) - logits.logsumexp(-1)).exp()  # (B, T)
     for b, block in enumerate(blocks):
-        open_ = [i for i in block if int(x[b, i]) == mask_id]
-        cand = torch.tensor(open_, device=x.device)
+        cand = block[x[b, block] == mask_id]  # the block's positions still masked
         if remasking == "confidence":
             score = conf[b, cand]
         else:
-            score = torch.rand(len(open_), generator=generator, device=x.device)
-        keep = cand[score.topk(min(n_keep, len(open_))).indices]
+            score = torch.rand(len(cand), generator=generator, device=x.device)
+        keep = cand[score.topk(min(n_keep, len(cand))).indices]
         x[b, keep] = pred[b, keep]
         if trace is not None:
             trace.fixed_at[b, keep.cpu()] = step
@@ -233,7 +234,7 @@ class DiffusionGenerator:
         ``temperature``. Raises :class:`QkvError` as :meth:`encode_template` and :func:`denoise`."""
         ids = self.encode_template(template, mask_char)
         n = ids.count(self.mask_id)
-        rows = self._run([ids] * num_samples, trace, seed, steps=steps or n, **options)
+        rows = self._run([ids] * num_samples, trace, seed, steps=n if steps is None else steps, **options)
         return self.tokenizer.decode_batch(rows)
 
     def generate(
@@ -261,15 +262,15 @@ class DiffusionGenerator:
         prompt_ids = self.encode(prompt)
         max_len = self.model.config.max_len
         self._check_length(len(prompt_ids) + 1, "the prompt with one new token")
-        steps = steps or max_new_tokens
+        steps = max_new_tokens if steps is None else steps
+        window = max_new_tokens if len(prompt_ids) + max_new_tokens <= max_len else max_len // 2
         rows = [list(prompt_ids) for _ in range(num_samples)]
         done = 0
         while done < max_new_tokens:
-            fits = len(prompt_ids) + max_new_tokens <= max_len and done == 0
-            chunk = max_new_tokens if fits else min(max_new_tokens - done, max_len // 2)
-            chunk_steps = max(1, math.ceil(steps * chunk / max_new_tokens))
+            chunk = min(window, max_new_tokens - done)
+            chunk_steps = math.ceil(steps * chunk / max_new_tokens)  # 0 only for steps 0: refused
             # every row has the same length: one window of the same width per row
-            x = [r[len(r) - min(len(r), max_len - chunk) :] + [self.mask_id] * chunk for r in rows]
+            x = [r[max(0, len(r) - (max_len - chunk)) :] + [self.mask_id] * chunk for r in rows]
             filled = self._run(x, trace, None if seed is None else seed + done, steps=chunk_steps, **options)
             for r, f in zip(rows, filled, strict=True):
                 r += f[-chunk:]

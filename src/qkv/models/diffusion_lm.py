@@ -45,8 +45,7 @@ class DiffusionLM(TransformerStack):
     lm_head: nn.Linear  # set by add_lm_head
 
     def __init__(self, config: DiffusionLMConfig) -> None:
-        config.require("vocab_size", "mask_id")
-        super().__init__(config)
+        super().__init__(config)  # requires vocab_size; the config itself refuses no mask_id
         add_lm_head(self, config)
 
     def forward(

@@ -26,7 +26,7 @@ from ..data.lm import eval_rows, masked_rows
 from ..errors import ConfigError
 from ..explain.diffusion import DiffusionLMExplainer
 from ..files import read_json, write_text
-from ..inference.diffusion import REMASKING, DiffusionGenerator, Remasking
+from ..inference.diffusion import DEFAULT_REMASKING, REMASKING, DiffusionGenerator, Remasking
 from ..models.config import DiffusionLMConfig
 from ..models.diffusion_lm import DiffusionLM
 from ..models.model_types import DIFFUSION_LM
@@ -40,7 +40,7 @@ from ..train.diffusion import (
 )
 from ..train.loop import LoopState
 from .base import Recipe
-from .lm import SHARD_EVAL_BATCHES, LMRun, LMSettings, _metrics, run_split, start_token
+from .lm import LMRun, LMSettings, _metrics, run_split, start_token
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class DiffusionLMSettings(LMSettings):
     by_line: bool = False
     bound_samples: int = 4
     steps: int | None = None
-    remasking: Remasking = "confidence"
+    remasking: Remasking = DEFAULT_REMASKING
     block_length: int | None = None
 
     def __post_init__(self) -> None:
@@ -113,23 +113,22 @@ class DiffusionLMRun(LMRun):
         self.zero_shot = None
         self.block_size = config.max_len
         assert config.mask_id is not None
-        self.mask_id = config.mask_id  # the loop may wrap the model (DDP under torchrun)
+        self.mask_id = config.mask_id  # the steps' model may be wrapped (DDP, compiled): no .config
         logger.info(f"model: {model.num_parameters() / 1e6:.2f} M parameters on {self.device}")
         return model
 
     def loss(self, model, item) -> tuple[torch.Tensor, int]:
         x0, valid = masked_rows(self.train_data, item, self.block_size)
+        count = x0.numel() if valid is None else int(valid.sum())  # before the move: no device sync
         x0 = x0.to(self.device)
         valid = None if valid is None else valid.to(self.device)
         t = sample_times(len(x0), self.settings.eps, stratified=True, device=self.device)
         xt, masked = mask_tokens(x0, t, self.mask_id, valid)
-        loss = masked_diffusion_loss(model(xt, valid).logits, x0, masked, t).sum()
-        return loss, x0.numel() if valid is None else int(valid.sum())
+        return masked_diffusion_loss(model(xt, valid).logits, x0, masked, t).sum(), count
 
     def _bound(self, model, samples: int, max_batches: int | None) -> BoundEstimate:
         s = self.settings
-        module = getattr(model, "module", model)  # the model inside DDP
-        return validation_bound(module, self.val_data, samples, s.eps, s.train.seed, max_batches)
+        return validation_bound(model, self.val_data, samples, s.eps, s.train.seed, max_batches)
 
     def validate(self, model) -> dict:
         b = self._bound(model, 1, self.settings.eval_limit)
@@ -137,8 +136,7 @@ class DiffusionLMRun(LMRun):
 
     def summarize(self, model, state: LoopState) -> dict:
         s = self.settings
-        cap = None if s.data is None else SHARD_EVAL_BATCHES
-        b = self._bound(model, s.bound_samples, cap)
+        b = self._bound(model, s.bound_samples, s.summary_limit)
         summary: dict = {"validation": bound_metrics(b, self.chars_per_token)}
         generator = DiffusionGenerator(model, self.tokenizer)
         summary["samples"] = write_samples(generator, self.run_dir / "samples.txt", s)
@@ -207,7 +205,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device |
         QkvError: a missing run, a run of another kind, an unknown split."""
     model, tok = runs.load_run(run_dir, device=device, family="diffusion-lm")
     meta = read_json(Path(run_dir) / "train_config.json", "run settings")
-    data, chars_per_token = run_split(run_dir, tok, split, meta.get("by_line") or None)
+    data, chars_per_token = run_split(run_dir, tok, split)
     b = validation_bound(model, data, meta["bound_samples"], meta["eps"], meta["train"]["seed"])
     return {"split": split, **bound_metrics(b, chars_per_token, prefix=f"{split}_")}
 

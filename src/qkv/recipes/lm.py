@@ -152,6 +152,12 @@ class LMSettings:
             return SHARD_EVAL_BATCHES
         return self.eval_batches
 
+    @property
+    def summary_limit(self) -> int | None:
+        """Batches of the summary's validation: the whole split, as far as a prepared one is not
+        too large for it (at most :data:`SHARD_EVAL_BATCHES`: the same cap at any size)."""
+        return None if self.data is None else SHARD_EVAL_BATCHES
+
     def model_config(self, tok) -> LMConfig:
         """``model`` with the tokenizer's vocabulary and start token."""
         return replace(self.model, vocab_size=tok.vocab_size, bos_id=start_token(tok))
@@ -304,15 +310,13 @@ class LMRun(TrainingRun):
             tok = load_tokenizer(self.run_dir / "tokenizer.json")
         elif s.init is not None:
             self.pretrained, tok = init_model(s)
-        by_line = self.by_line(tok)
+        by_line = self.by_line(tok)  # a tokenizer built below (characters, BPE) never reads lines
         train_text, val_text = corpus_splits(s.corpus, s.val_corpus, s.val_fraction, by_line)
         if tok is None:
             tok = build_tokenizer(s.tokenizer, s.vocab_size, train_text + val_text, train_text)
         self.tokenizer = tok
         try:
-            train_data, val_data = encode_splits(
-                tok, train_text, val_text, s.model.max_len, self.by_line(tok)
-            )
+            train_data, val_data = encode_splits(tok, train_text, val_text, s.model.max_len, by_line)
         except QkvError as exc:
             if s.init is None:
                 raise
@@ -356,9 +360,7 @@ class LMRun(TrainingRun):
     def summarize(self, model, state: LoopState) -> dict:
         s = self.settings
         with torch.no_grad():
-            # the whole split, as far as a prepared one is not too large for it (the same cap at any size)
-            cap = None if s.data is None else SHARD_EVAL_BATCHES
-            nll, n = split_nll(model, self.val_data, self.block_size, cap)
+            nll, n = split_nll(model, self.val_data, self.block_size, s.summary_limit)
         summary: dict = {"validation": {**_metrics(nll, n, self.chars_per_token), "tokens": n}}
         if self.zero_shot is not None:
             summary.update(init=s.init, init_validation=self.zero_shot)
@@ -417,10 +419,11 @@ def write_samples(generator: TextGenerator, path: Path, settings: LMSettings) ->
     return texts
 
 
-def run_split(run_dir: str | Path, tok, split: str, by_line: bool | None = None) -> tuple[LMData, float]:
+def run_split(run_dir: str | Path, tok, split: str) -> tuple[LMData, float]:
     """A language-model run's corpus split (``"val"`` or ``"train"``) as the run read it (its
-    token shards, or its corpus split again with its tokenizer, ``by_line`` as in training),
-    and its characters per token.
+    token shards, or its corpus split again with its tokenizer, one sequence per line where
+    training read it so: a ``by_line`` setting or a protein vocabulary), and its characters
+    per token.
 
     Raises:
         QkvError: an unknown split, a missing corpus or shard directory.
@@ -432,7 +435,7 @@ def run_split(run_dir: str | Path, tok, split: str, by_line: bool | None = None)
         prepared = PreparedData.open(meta["data"], "lm")
         shard = prepared.val if split == "val" else prepared.train
         return shard, prepared.meta["chars"][split] / len(shard)
-    by_line = reads_lines(tok) if by_line is None else by_line
+    by_line = bool(meta.get("by_line")) or reads_lines(tok)
     train_text, val_text = corpus_splits(
         meta["corpus"], meta.get("val_corpus"), meta["val_fraction"], by_line
     )

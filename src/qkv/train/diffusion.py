@@ -129,6 +129,7 @@ def estimate_bound(
     total, variance, tokens = 0.0, 0.0, 0
     with torch.no_grad():
         for x0, valid in batches:
+            tokens += x0.numel() if valid is None else int(valid.sum())  # before the move: no sync
             x0 = x0.to(device)
             valid = None if valid is None else valid.to(device)
             draws = []
@@ -140,6 +141,5 @@ def estimate_bound(
             total += float(values.mean(0).sum())
             if samples > 1:
                 variance += float(values.var(0).sum()) / samples
-            tokens += x0.numel() if valid is None else int(valid.sum())
     stderr = math.sqrt(variance) / tokens if samples > 1 else float("nan")
     return BoundEstimate(total / tokens, stderr, tokens, samples)
