@@ -133,6 +133,18 @@ class SubwordTokenizer:
         return cls(tok)
 
     @classmethod
+    def residues(cls) -> SubwordTokenizer:
+        """One piece per amino-acid code (the 20 standard residues and ``XBZUO``) after the
+        specials ``<pad> <bos> <eos> <unk>``: a BPE with no merges, so that a translation run
+        between proteins (heavy → light chain) reads residues with the same framing and
+        decoding as text. ``decode`` joins the residues without spaces."""
+        vocab = {t: i for i, t in enumerate(SPECIALS + list(AMINO_ACIDS + RARE_CODES))}
+        tok = RustTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+        tok.add_special_tokens(SPECIALS)
+        tok.decoder = decoders.Fuse()
+        return cls(tok)
+
+    @classmethod
     def load(cls, path: str | Path) -> SubwordTokenizer:
         """Load ``tokenizer.json``; raises :class:`QkvError` if missing or unreadable."""
         return cls(read_tokenizer_json(path))

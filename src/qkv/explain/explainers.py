@@ -26,6 +26,7 @@ from torch import nn
 
 from .. import runs
 from ..errors import QkvError
+from ..files import read_json
 from ..inference.lm import TextGenerator
 from ..inference.search import beam_search, greedy_decode
 from ..inference.translator import SEQ2SEQ_RECIPES
@@ -351,6 +352,10 @@ class TranslationExplainer(Explainer[str]):
             "fr": "Un homme fait du vélo dans le parc.",
             "cs": "Muž jede na kole parkem.",
         }.get(src, "")
+        if meta.get("data") and (Path(run_dir) / "pairs.json").is_file():  # the user's own pairs
+            held = read_json(Path(run_dir) / "pairs.json")
+            self.input_label = f"source to translate ({Path(meta['data']).name})"
+            self.example = (held["val"] or held["test"] or [[""]])[0][0]
 
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.encoder.layers if kind == "encoder" else self.model.decoder.layers

@@ -23,12 +23,13 @@ import torch
 
 from .._deprecated import moved
 from ..data.batching import make_batch, token_batches
+from ..data.parallel import ParallelData, file_record, read_pairs, split_pairs
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import SPLITS, encode_pairs, eval_batches, fitting_pairs, load_multi30k
 from ..errors import ConfigError, QkvError
-from ..evaluate.bleu import translation_scores
+from ..evaluate.bleu import residue_recovery, translation_scores
 from ..explain.explainers import RNNTranslationExplainer, TranslationExplainer
-from ..files import load_weights, save_weights
+from ..files import load_weights, read_json, save_weights
 from ..inference.translator import SEQ2SEQ_RECIPES, Translator
 from ..models.config import RNNConfig, TransformerConfig
 from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
@@ -41,10 +42,15 @@ from ..train.loop import LoopState
 from ..train.losses import label_smoothed_nll
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import require_at_least_one
+from .common import read_run_json, require_at_least_one
 from .skeleton import TrainingRun
 
 logger = logging.getLogger(__name__)
+
+# the vocabularies of a run on its own pairs: the joint BPE, one piece per residue, or chosen by the data
+TOKENIZERS = ("auto", "bpe", "amino-acid")
+# what a run on its own pairs keeps of them: the files it read and its held-out pairs
+PAIRS_FILE = "pairs.json"
 
 
 # The demo's training: a 10-minute budget, the rate decaying linearly to 0 at its end.
@@ -71,7 +77,15 @@ class TranslationSettings:
     (first N pairs; smoke runs), ``label_smoothing`` (§5.4), ``max_tokens`` (padded tokens per
     micro-batch), ``val_bleu`` (greedy BLEU at each validation, else loss picks checkpoints),
     the test decoding's ``beam_size`` and length penalty ``alpha`` (§6.1), and ``test``
-    (score test2016 at the end; ``false`` for sweeps, which choose on validation only).
+    (score the test split at the end; ``false`` for sweeps, which choose on validation only).
+
+    A user's own pairs instead of Multi30k (:mod:`qkv.data.parallel`): ``data`` (a TSV,
+    ``source<TAB>target`` per line, or two named ``columns`` of a TSV with a header, e.g.
+    ``columns=heavy,light``); ``val_data``/``test_data`` (files of the same form), else
+    ``val_fraction``/``test_fraction`` of ``data`` held out, drawn by ``train.seed``, pairs
+    sharing a source kept together; ``tokenizer``: ``bpe`` (the joint BPE), ``amino-acid`` (one
+    piece per residue) or ``auto`` (amino-acid when every source and target is a protein
+    sequence, else bpe). ``src_lang``/``tgt_lang`` are Multi30k's and ignored then.
 
     The defaults are the demo (``make demo``): a model and schedule chosen for a 10-minute
     budget on 2 CPU cores by sweeps on validation BLEU (``benchmarks/demo_sweep.py``, then
@@ -111,6 +125,13 @@ class TranslationSettings:
     beam_size: int = 4
     alpha: float = 0.6
     test: bool = True
+    data: str | None = None
+    columns: str | None = None
+    val_data: str | None = None
+    test_data: str | None = None
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    tokenizer: str = "auto"
 
     name: ClassVar[str] = "translation"  # the recipe's name in the run directory
 
@@ -122,6 +143,17 @@ class TranslationSettings:
         require_at_least_one(self, "max_tokens", "beam_size", "max_train_tokens", "train_limit", "val_limit")
         if self.model.max_len < 2:
             raise ConfigError(f"model.max_len ({self.model.max_len}) must leave room for a token and eos")
+        if self.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"tokenizer={self.tokenizer!r}: choose one of {', '.join(TOKENIZERS)}")
+        for name in ("val_fraction", "test_fraction"):
+            if not 0.0 <= getattr(self, name) < 0.5:
+                raise ConfigError(f"{name} ({getattr(self, name)}) must be in [0, 0.5)")
+        if self.data is None:
+            given = [k for k in ("columns", "val_data", "test_data") if getattr(self, k) is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} go with data=PAIRS.tsv (a file of your own pairs)")
+            if self.tokenizer == "amino-acid":
+                raise ConfigError("tokenizer=amino-acid reads protein pairs: give them as data=PAIRS.tsv")
 
     def model_config(self, tok: SubwordTokenizer) -> TransformerConfig | RNNConfig:
         """``model`` with the joint vocabulary and the tokenizer's special ids."""
@@ -179,8 +211,14 @@ class TranslationRun(TrainingRun):
 
     def setup(self) -> TransformerConfig | RNNConfig:
         s = self.settings
-        train_src, train_tgt = load_multi30k("train", s.src_lang, s.tgt_lang)
-        val_src, val_tgt = load_multi30k("val", s.src_lang, s.tgt_lang)
+        if s.data is None:
+            train_src, train_tgt = load_multi30k("train", s.src_lang, s.tgt_lang)
+            val_src, val_tgt = load_multi30k("val", s.src_lang, s.tgt_lang)
+            kind, source = "bpe", f"Multi30k {s.src_lang}->{s.tgt_lang}"
+        else:
+            train, val, kind = self.own
+            train_src, train_tgt, val_src, val_tgt = train.src, train.tgt, val.src, val.tgt
+            source = f"{train.path.name} ({len(self.record['test'])} test pairs held out)"
         if s.train_limit:
             train_src, train_tgt = train_src[: s.train_limit], train_tgt[: s.train_limit]
         if s.val_limit:
@@ -188,29 +226,85 @@ class TranslationRun(TrainingRun):
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume and tok_path.is_file():
             self.tokenizer = SubwordTokenizer.load(tok_path)
+        elif kind == "amino-acid":
+            self.tokenizer = SubwordTokenizer.residues()
         else:
             self.tokenizer = SubwordTokenizer.train(train_src + train_tgt, s.vocab_size)
         tok = self.tokenizer
         config = s.model_config(tok)
         # a pair fits the model when each side plus eos (source) or bos (target) is within max_len
         longest = min(s.max_train_tokens, config.max_len - 1)
-        self.pairs = [
-            (a, b)
-            for a, b in encode_pairs(tok, train_src, train_tgt)
-            if 0 < len(a) <= longest and 0 < len(b) <= longest
-        ]
+        encoded = encode_pairs(tok, train_src, train_tgt)
+        self.pairs = [(a, b) for a, b in encoded if 0 < len(a) <= longest and 0 < len(b) <= longest]
         if not self.pairs:
+            most = max(max(len(a), len(b)) for a, b in encoded)
             raise QkvError(
-                f"no training pair has at most {longest} tokens a side (max_train_tokens, model.max_len)"
+                f"no training pair has at most {longest} tokens a side (the longest has {most}): "
+                "raise max_train_tokens and model.max_len"
+            )
+        if len(self.pairs) < 0.9 * len(encoded):
+            logger.warning(
+                f"{len(encoded) - len(self.pairs)} of {len(encoded)} training pairs are longer than "
+                f"{longest} tokens a side and are left out (max_train_tokens, model.max_len)"
             )
         val_pairs = fitting_pairs(encode_pairs(tok, val_src, val_tgt), config.max_len)
         self.lengths = [(len(a), len(b)) for a, b in self.pairs]
+        vocabulary = "one piece per residue" if kind == "amino-acid" else "joint BPE vocabulary"
         logger.info(
-            f"Multi30k {s.src_lang}->{s.tgt_lang}: {len(self.pairs)} training pairs, "
-            f"{len(val_pairs)} validation pairs, joint BPE vocabulary {tok.vocab_size}"
+            f"{source}: {len(self.pairs)} training pairs, {len(val_pairs)} validation pairs, "
+            f"{vocabulary} {tok.vocab_size}"
         )
         self.val_batches, self.val_src, self.val_tgt = eval_batches(tok, val_pairs), val_src, val_tgt
         return config
+
+    def before_start(self) -> None:
+        if self.settings.data is not None:  # checked before the run starts logging
+            self.own = self._own_pairs()
+
+    def _own_pairs(self) -> tuple[ParallelData, ParallelData, str]:
+        """``data=``'s training and validation pairs and the vocabulary's kind; the held-out
+        pairs and the files' checksums in :attr:`record` (``pairs.json``). Every file is read
+        and checked before anything is written."""
+        s = self.settings
+        data = read_pairs(s.data, s.columns)
+        given = {k: read_pairs(f, s.columns) for k in ("val", "test") if (f := getattr(s, f"{k}_data"))}
+        fractions = [0.0 if k in given else getattr(s, f"{k}_fraction") for k in ("val", "test")]
+        train, val, test = split_pairs(data, fractions[0], fractions[1], s.train.seed)
+        val, test = given.get("val", val), given.get("test", test)
+        if not len(val):
+            raise ConfigError("no validation pairs: set val_fraction above 0 or give val_data=")
+        kind = s.tokenizer
+        held = [part for part in (train, val, test) if len(part)]
+        if kind == "auto":
+            kind = "amino-acid" if all(part.are_residues() for part in held) else "bpe"
+        elif kind == "amino-acid":
+            for part in held:
+                part.check_residues()
+        self.record = {
+            "files": {
+                k: file_record(part.path)
+                for k, part in (("data", data), *((f"{k}_data", v) for k, v in given.items()))
+            },
+            "columns": s.columns,
+            "tokenizer": kind,
+            "train_pairs": len(train),
+            "val": [list(p) for p in zip(val.src, val.tgt, strict=True)],
+            "test": [list(p) for p in zip(test.src, test.tgt, strict=True)],
+        }
+        if self.resume and (self.run_dir / PAIRS_FILE).is_file():
+            saved = read_run_json(self.run_dir, PAIRS_FILE)["files"]
+            changed = [
+                k for k, v in self.record["files"].items() if saved.get(k, {}).get("sha256") != v["sha256"]
+            ]
+            if changed:
+                raise QkvError(
+                    f"{', '.join(getattr(s, k) for k in changed)} changed since this run started (sha256 "
+                    "differs); resume with the pairs it was trained on"
+                )
+        return train, val, kind
+
+    def new_run_files(self) -> dict[str, dict]:
+        return {PAIRS_FILE: self.record} if self.settings.data is not None else {}
 
     def build_model(self, config: TransformerConfig | RNNConfig) -> torch.nn.Module:
         random.seed(self.settings.train.seed)
@@ -269,9 +363,10 @@ class TranslationRun(TrainingRun):
     def summarize(self, model, state: LoopState) -> dict:
         s = self.settings
         summary = dict(self.selected)
-        if s.test:
-            summary["test2016"] = evaluate_run(
-                self.run_dir, "test2016", device=self.device, beam_size=s.beam_size, alpha=s.alpha
+        split = "test2016" if s.data is None else "test"
+        if s.test and (s.data is None or self.record["test"]):
+            summary[split] = evaluate_run(
+                self.run_dir, split, device=self.device, beam_size=s.beam_size, alpha=s.alpha
             )
         return summary
 
@@ -285,7 +380,15 @@ def evaluate_run(
     alpha: float = 0.6,
     limit: int | None = None,
 ) -> dict:
-    """Score a run on a Multi30k split: sacreBLEU (cased, lowercased), chrF, loss, ppl, n."""
+    """Score a run on a split of its data: sacreBLEU (cased, lowercased), chrF, loss, ppl, n;
+    between proteins also the residues recovered (:func:`~qkv.evaluate.bleu.residue_recovery`).
+
+    ``split``: ``test`` (a Multi30k run's ``test2016``, an own-data run's held-out test pairs),
+    ``val``, and for Multi30k runs ``test2016`` and ``train``.
+
+    Raises:
+        QkvError: a split the run's data does not have, or an unreadable run.
+    """
     run_dir = Path(run_dir)
     model, tok = load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
     meta = (
@@ -293,7 +396,7 @@ def evaluate_run(
         if (run_dir / "train_config.json").is_file()
         else {}
     )
-    src, ref = load_multi30k(split, meta.get("src_lang", "de"), meta.get("tgt_lang", "en"))
+    split, src, ref, residues = _evaluation_pairs(run_dir, meta, split)
     if limit:
         src, ref = src[:limit], ref[:limit]
     t0 = time.perf_counter()
@@ -303,6 +406,8 @@ def evaluate_run(
         pairs = fitting_pairs(encode_pairs(tok, src, ref), model.config.max_len)
         nll, n = _teacher_forced_nll(model, eval_batches(tok, pairs), tok.pad_id)
     scores = translation_scores(hyps, ref)
+    if residues:
+        scores["recovery"] = residue_recovery(hyps, ref)
     return {
         "split": split,
         **scores,
@@ -318,29 +423,54 @@ def evaluate_run(
     }
 
 
+def _evaluation_pairs(run_dir: Path, meta: dict, split: str) -> tuple[str, list[str], list[str], bool]:
+    """``(split name, sources, references, proteins?)`` of a run's split (:func:`evaluate_run`)."""
+    if meta.get("data") is None:
+        split = "test2016" if split == "test" else split
+        return split, *load_multi30k(split, meta.get("src_lang", "de"), meta.get("tgt_lang", "en")), False
+    if split not in ("val", "test"):
+        raise QkvError(
+            f"{run_dir} was trained on {meta['data']}: its splits are val and test ({split} is Multi30k's)"
+        )
+    record = read_json(run_dir / PAIRS_FILE)
+    if not record[split]:
+        raise QkvError(f"{run_dir} holds no {split} pairs ({split}_fraction was 0)")
+    src, ref = (list(side) for side in zip(*record[split], strict=True))
+    return split, src, ref, record["tokenizer"] == "amino-acid"
+
+
 def summary_text(summary: dict, run_dir: Path) -> str:
     """What ``qkv train translation`` shows at the end: three test translations, the test
     scores, the wall time and what to run next."""
     run = Path(run_dir).resolve()
-    if "test2016" not in summary:  # test=false
+    split = next((k for k in ("test2016", "test") if k in summary), None)
+    if split is None:  # test=false
         valid = summary["validation"]
         return (
             f"validation BLEU {valid.get('val_bleu', float('nan')):.2f} after "
             f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
-            f"(test2016 not scored: test=false); run directory: {run}"
+            f"(no test split scored); run directory: {run}"
         )
-    test = summary["test2016"]
-    lines = [f"example translations (test2016, beam {test['beam_size']}):"]
-    lines += [f"  DE:  {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}" for ex in test["examples"][:3]]
+    test = summary[split]
+    source = "DE: " if split == "test2016" else "SRC:"
+    lines = [f"example translations ({split}, beam {test['beam_size']}):"]
     lines += [
-        f"\ntest2016 BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
-        f"chrF {test['chrf']:.2f}) after {summary['train_minutes']:.1f} min of training, "
-        f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
-        f'next:\n  qkv translate {run} "Ein Hund rennt über die Wiese."\n'
-        f"  qkv explain {run} --serve        # attention of every layer and head, in the browser\n"
-        f"  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
-        f"   # the 2-hour recipe (see README)",
+        f"  {source} {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}" for ex in test["examples"][:3]
     ]
+    recovery = f", residues recovered {test['recovery']:.3f}" if "recovery" in test else ""
+    example = "Ein Hund rennt über die Wiese." if split == "test2016" else test["examples"][0]["src"]
+    lines += [
+        f"\n{split} BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
+        f"chrF {test['chrf']:.2f}{recovery}) after {summary['train_minutes']:.1f} min of training, "
+        f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
+        f'next:\n  qkv translate {run} "{example}"\n'
+        f"  qkv explain {run} --serve        # attention of every layer and head, in the browser",
+    ]
+    if split == "test2016":
+        lines[-1] += (
+            "\n  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
+            "   # the 2-hour recipe (see README)"
+        )
     return "\n".join(lines)
 
 
@@ -349,7 +479,8 @@ RECIPE = Recipe(
     settings=TranslationSettings,
     train=TranslationRun.train,
     evaluate=evaluate_run,
-    splits=("test2016", *(s for s in SPLITS if s != "test2016")),
+    # "test": test2016 for a Multi30k run, the held-out pairs of a run on its own pairs
+    splits=("test", *SPLITS),
     evaluate_options=("beam_size", "alpha", "limit"),
     summary=summary_text,
     model_type=TRANSFORMER,
