@@ -1,4 +1,5 @@
-"""``qkv convert``: Hugging Face checkpoints in (``convert hf``) and out (``convert --to hf``)."""
+"""``qkv convert``: Hugging Face checkpoints in (``convert hf``) and out (``convert --to hf``), and a
+LoRA run's adapters out as a PEFT adapter beside its base model (``convert --to peft``)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register ``convert``."""
     p = sub.add_parser(
         "convert",
-        help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, `convert --to hf RUN_DIR HF_DIR`",
+        help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, `convert --to hf RUN_DIR HF_DIR`, "
+        "`convert --to peft LORA_RUN_DIR DIR`",
     )
     p.add_argument(
         "paths",
         nargs="+",
         help="hf HF_DIR|NAME RUN_DIR (NAME: a short name such as antiberty or sapiens-vh, or a Hub "
-        "name org/name), or (with --to hf) RUN_DIR HF_DIR",
+        "name org/name), or (with --to hf) RUN_DIR HF_DIR, or (with --to peft) LORA_RUN_DIR DIR",
     )
-    p.add_argument("--to", choices=("hf",), help="export a qkv run directory as an HF folder")
+    p.add_argument(
+        "--to",
+        choices=("hf", "peft"),
+        help="export a qkv run directory as an HF folder (hf), or a LoRA run as the HF base model in "
+        "DIR/base plus its adapters as a PEFT adapter in DIR (peft)",
+    )
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)
     p.set_defaults(func=_cmd_convert)
@@ -31,6 +38,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def _cmd_convert(args) -> int:
     from ..hub.convert import export_hf, refuse_nonempty, write_run
 
+    if args.to == "peft":
+        if len(args.paths) != 2:
+            raise QkvError("usage: qkv convert --to peft LORA_RUN_DIR DIR")
+        from ..hub.peft_export import export_peft
+
+        done = export_peft(*args.paths)
+        log(
+            f"wrote {done.out}/base (the HF base model, W0 {done.base_weights}) and PEFT's "
+            f"adapter_config.json + adapter_model.safetensors ({', '.join(done.target_modules)}"
+            + (f"; head: {', '.join(done.modules_to_save)}" if done.modules_to_save else "")
+            + f"): load with peft.PeftModel.from_pretrained(transformers.{done.auto_class}"
+            f'.from_pretrained("{done.out}/base"), "{done.out}")'
+        )
+        return 0
     if args.to == "hf":
         if len(args.paths) != 2:
             raise QkvError("usage: qkv convert --to hf RUN_DIR HF_DIR")

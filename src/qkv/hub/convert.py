@@ -267,6 +267,22 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
     model, _ = runs.load_run(run_dir)
+    hf_config, tensors = hf_state(model, run_dir)
+    write_hf(run_dir, out_dir, hf_config, tensors)
+    logger.debug(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
+    return out_dir
+
+
+def hf_state(
+    model: torch.nn.Module, run_dir: Path, leave_out: frozenset[str] = frozenset()
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """What :func:`export_hf` writes for ``model`` (a model of the run ``run_dir``, whose
+    ``hf.json`` and kept HF tensors it reads), in memory: ``(HF config dict, HF tensors)``.
+    ``leave_out``: head parts not to write (``{"mlm"}``: the bare encoder).
+
+    Raises:
+        QkvError: a model the family cannot express (the fields named).
+    """
     if not isinstance(model, (EncoderModel, DecoderLM, Transformer, VisionTransformer)):
         raise QkvError(
             f"{run_dir} holds a {type(model).__name__}; qkv exports encoders, decoder-only "
@@ -286,7 +302,7 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
         for part in {r.part for r in family.rules}
         if all(r.qkv in state for r in keymap.expand(family.rules, counts, {part}))
     }
-    parts = has & set(meta["parts"]) if "parts" in meta else has
+    parts = (has & set(meta["parts"]) if "parts" in meta else has) - leave_out
     if isinstance(model.config, LMConfig) and model.config.tie_embeddings:
         parts.discard("lm_head")
     hf_config = {**meta.get("hf_config", {}), **family.to_hf(model.config)}
@@ -297,11 +313,15 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
         tensors.update(load_file(run_dir / HF_EXTRA))
     if hf_config["architectures"][0] == family.base_model:  # a bare base model: no prefix
         tensors = {k.removeprefix(family.prefix): v for k, v in tensors.items()}
+    return hf_config, tensors
+
+
+def write_hf(run_dir: Path, out_dir: Path, hf_config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Write an HF folder from :func:`hf_state`'s output: ``config.json``, the run's
+    ``tokenizer.json`` (a family that reads text) and ``model.safetensors`` (last)."""
     write_json(out_dir / "config.json", hf_config)
-    if family.tokenizer:
+    if family_of(hf_config).tokenizer:
         shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
     atomic_write(
         out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
     )
-    logger.debug(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
-    return out_dir

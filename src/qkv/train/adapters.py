@@ -56,7 +56,8 @@ class LoraSettings:
         return [name for g in groups for name in MODULE_GROUPS[g]]
 
 
-def _peft():
+def peft_library():
+    """The ``peft`` module. Raises :class:`QkvError` (how to install it) when it is missing."""
     try:
         import peft
     except ImportError:
@@ -76,7 +77,7 @@ def add_lora(model: torch.nn.Module, lora: LoraSettings, trainable: tuple[str, .
         ConfigError: unknown module groups, or none of them in this model.
         QkvError: peft is not installed.
     """
-    peft = _peft()
+    peft = peft_library()
     targets = lora.targets()
     present = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     adapted = sorted(present & set(targets))
@@ -111,7 +112,7 @@ def save_adapters(model: torch.nn.Module, run_dir: Path, lora: LoraSettings) -> 
 
     state = {
         k: v.detach().contiguous()
-        for k, v in _peft().get_peft_model_state_dict(model, save_embedding_layers=False).items()
+        for k, v in peft_library().get_peft_model_state_dict(model, save_embedding_layers=False).items()
     }
     atomic_write(run_dir / ADAPTER_WEIGHTS, lambda tmp: save_file(state, tmp))
     adapted = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if _is_lora(m)})
