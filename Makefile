@@ -2,20 +2,21 @@
 # `make vit` trains the Vision Transformer on Fashion-MNIST (30 min) and prints test accuracy.
 # `make docs` serves the docs site on http://127.0.0.1:8000/, `make docs-build` builds it into
 # site/ as CI does (--strict), `make notebooks` re-runs the notebooks at full budget, in place.
+# `make package` builds the sdist and the wheel, installs the wheel into a clean venv and runs it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo vit caption test lint docs docs-build notebooks venv pretrained clean
+.PHONY: demo vit caption test lint docs docs-build notebooks package venv pretrained clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned first: on our machines this takes the local CPU wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test,lint,docs]"
+	$(BIN)/pip install --quiet -e ".[test,lint,docs,package]"
 	$(MAKE) pretrained
 	touch $(BIN)/qkv
 
@@ -58,6 +59,13 @@ docs-build: venv
 # Every notebook top to bottom at full budget, outputs saved in place (commit them after).
 notebooks: venv
 	$(BIN)/python notebooks/execute.py
+
+# What `pip install qkv` gives a user (.ci/package, about 2 min): python -m build (sdist, then the
+# wheel from it), their contents checked, the wheel installed into a clean venv with torch 2.13.0
+# and run there from outside the repository: qkv --version, a 5-step LM and its explainer page,
+# notebook 01 in quick mode. Everything happens in a temporary directory.
+package: venv
+	PYTHON=$(PYTHON) BUILD_PYTHON=$(abspath $(BIN))/python .ci/package
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site .cache/mkdocs-jupyter

@@ -187,3 +187,25 @@ def test_train_ends_with_the_summary_and_the_run_directory_and_json_on_request(t
     out, err = capsys.readouterr()
     assert json.loads(out) == json.loads((piped / "summary.json").read_text())
     assert json.loads(out)["steps"] == 3 and "test accuracy" in err.lower()
+
+
+def test_version_prints_the_installed_distributions_version(capsys, monkeypatch):
+    """``qkv --version``: the installed metadata's version (pip's; the build reads it from
+    ``qkv.__version__``, which .ci/package checks in the wheel); a source tree that was never
+    installed falls back to ``qkv.__version__``."""
+    import importlib.metadata
+
+    import qkv
+    import qkv.cli
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"qkv {importlib.metadata.version('qkv')}\n"
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(qkv, "__version__", "9.8.7")
+    monkeypatch.setattr(qkv.cli.metadata, "version", not_installed)
+    assert qkv.cli.version() == "9.8.7"

@@ -8,11 +8,19 @@ are fenced ```` ```py ```` (shown, never run) or ```` ```bash ````.
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import importlib.util
 import io
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -149,3 +157,102 @@ def test_the_contributing_page_is_contributing_md_with_its_links_into_docs_made_
     page = type("Page", (), {"file": type("File", (), {"src_uri": "contributing.md"})()})()
     text = hooks.on_page_markdown("stub", page, {"docs_dir": str(DOCS)}, None)
     assert text.startswith("# Contributing to qkv") and "](architecture.md" in text and "](docs/" not in text
+
+
+CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+# A $...$ or $$...$$ pair left as text in a notebook's prose: an equation MathJax did not typeset.
+RAW_MATH = re.compile(r"\$\$?[^$\s][^$]*\$")
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> Path:
+    """The docs site: ``$QKV_DOCS_SITE`` where a built one is named (.ci/run names the site/ that
+    ``make docs-build`` built just before the tests), else ``mkdocs build --strict`` into a
+    temporary directory (seconds with mkdocs-jupyter's cache of converted notebooks)."""
+    if os.environ.get("QKV_DOCS_SITE"):
+        site = Path(os.environ["QKV_DOCS_SITE"])
+        assert (site / "index.html").is_file(), f"QKV_DOCS_SITE={site} holds no built site"
+        return site
+    pytest.importorskip("mkdocs_jupyter", reason="the docs extra is not installed (pip install -e .[docs])")
+    site = tmp_path_factory.mktemp("site")
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    return site
+
+
+def _serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # the browser's requests are checked, not logged
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def _raw_math(page) -> list[str]:
+    """``$...$`` pairs left as text in a notebook page's Markdown cells, code spans excepted."""
+    code = page.locator(".jp-MarkdownCell code").all_inner_texts()
+    found = [m for text in page.locator(".jp-MarkdownCell").all_inner_texts() for m in RAW_MATH.findall(text)]
+    return [m for m in found if not any(m in c for c in code)]  # `$QKV_DATA_DIR` is no math
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium)")
+def test_the_site_asks_no_other_host_and_typesets_the_notebooks_math(built_site):
+    """In Chromium, the home page, a guide and every notebook page load everything they ask for
+    from the site's own host (no fonts, MathJax or scripts from a CDN), nothing fails to load,
+    and the notebooks' equations are typeset (by the vendored MathJax 3) with none left raw."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    notebooks = sorted(p.parent.name for p in (built_site / "notebooks").glob("*/index.html"))
+    assert "01_attention_by_hand" in notebooks
+    pages = ["", "guides/translation/"] + [f"notebooks/{name}/" for name in notebooks]
+    server, base = _serve(built_site)
+    requests: list[str] = []
+    failed: list[str] = []
+    errors: list[str] = []
+    math: dict[str, tuple[int, int, list[str]]] = {}  # notebook page -> (typeset, MathJax errors, raw)
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page()
+            page.on("request", lambda req: requests.append(req.url))
+            page.on("requestfailed", lambda req: failed.append(req.url))
+            page.on("response", lambda res: res.status >= 400 and failed.append(f"{res.status} {res.url}"))
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            for path in pages:
+                page.goto(base + path)
+                if path.startswith("notebooks/"):
+                    try:  # a selector, not an evaluated condition (docs/javascripts/mathjax.js sets it)
+                        page.wait_for_selector(
+                            'html[data-mathjax="typeset"]', state="attached", timeout=30_000
+                        )
+                    except playwright.TimeoutError:
+                        math[path] = (0, 0, ["(MathJax never finished)"])
+                        break  # the requests so far say why
+                page.wait_for_load_state("networkidle")  # MathJax's fonts, the search index
+                if path.startswith("notebooks/"):
+                    typeset = page.locator(".jp-MarkdownCell mjx-container").count()
+                    math[path] = (typeset, page.locator("mjx-merror").count(), _raw_math(page))
+            browser.close()
+    finally:
+        server.shutdown()
+    own = urlsplit(base).netloc
+    elsewhere = [
+        u for u in requests if urlsplit(u).scheme not in ("data", "blob") and urlsplit(u).netloc != own
+    ]
+    assert not elsewhere, f"the site asked other hosts: {elsewhere}"
+    assert len(requests) > 2 * len(pages), "every page asks for its styles and scripts"
+    assert any(u.endswith("/javascripts/mathjax/tex-chtml.js") for u in requests)
+    assert any(u.endswith(".woff") for u in requests), "MathJax's fonts come from the site"
+    assert not failed, failed
+    assert not errors, errors
+    for path, (_, merrors, raw) in math.items():
+        assert merrors == 0 and not raw, f"{path}: {merrors} MathJax errors, left raw: {raw}"
+    assert math["notebooks/01_attention_by_hand/"][0] >= 30  # Eq. 1 and its pieces, 38 equations

@@ -11,6 +11,7 @@ into an exit status (:mod:`qkv.cli.console`).
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
 
 from . import (
     caption,
@@ -29,7 +30,7 @@ from . import (
 from .console import log, report, setup_logging
 from .options import Parser, debug_option, take_late_words
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "version"]
 
 # in the order `qkv --help` lists the verbs
 VERBS = (
@@ -48,9 +49,21 @@ VERBS = (
 )
 
 
+def version() -> str:
+    """The version of the installed ``qkv`` distribution (its metadata, what pip reports), or
+    ``qkv.__version__`` when qkv runs from a source tree that was never installed."""
+    try:
+        return metadata.version("qkv")
+    except metadata.PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``qkv`` and every verb."""
     parser = Parser(prog="qkv", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"qkv {version()}")
     debug_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for verb in VERBS:
