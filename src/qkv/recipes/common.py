@@ -146,20 +146,21 @@ def read_run_json(run_dir: Path, name: str) -> dict:
 
 
 def git_commit() -> str | None:
-    """The qkv source's git commit (provenance in ``train_config.json``), if known."""
+    """The qkv source's git commit (provenance in ``train_config.json``), if known: only from
+    a checkout of qkv itself, never from a repository an installed wheel happens to sit in (a
+    virtual environment inside the user's own project)."""
+    package = Path(__file__).resolve().parents[1]
     try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=5,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
+        top, commit = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=package,
+            timeout=5,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError, ValueError):  # no git, not a repository
         return None
+    return commit if Path(top).resolve() / "src" / "qkv" == package else None
 
 
 @dataclass(frozen=True)

@@ -446,8 +446,11 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     split = next((k for k in ("test2016", "test") if k in summary), None)
     if split is None:  # test=false
         valid = summary["validation"]
+        score = (
+            f"BLEU {valid['val_bleu']:.2f}" if "val_bleu" in valid else f"perplexity {valid['val_ppl']:.2f}"
+        )
         return (
-            f"validation BLEU {valid.get('val_bleu', float('nan')):.2f} after "
+            f"validation {score} after "
             f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
             f"(no test split scored); run directory: {run}"
         )
@@ -457,11 +460,19 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     lines += [
         f"  {source} {ex['src']}\n  REF: {ex['ref']}\n  QKV: {ex['hyp']}" for ex in test["examples"][:3]
     ]
-    recovery = f", residues recovered {test['recovery']:.3f}" if "recovery" in test else ""
     example = "Ein Hund rennt über die Wiese." if split == "test2016" else test["examples"][0]["src"]
+    if "recovery" in test:  # proteins: BLEU counts words, and a chain is one
+        scores = (
+            f"residues recovered {test['recovery']:.3f}, perplexity {test['ppl']:.2f}, "
+            f"chrF {test['chrf']:.2f}"
+        )
+    else:
+        scores = (
+            f"BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
+            f"chrF {test['chrf']:.2f})"
+        )
     lines += [
-        f"\n{split} BLEU {test['bleu']:.2f} (sacreBLEU, cased; lowercased {test['bleu_lowercase']:.2f}, "
-        f"chrF {test['chrf']:.2f}{recovery}) after {summary['train_minutes']:.1f} min of training, "
+        f"\n{split} {scores} after {summary['train_minutes']:.1f} min of training, "
         f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
         f'next:\n  qkv translate {run} "{example}"\n'
         f"  qkv explain {run} --serve        # attention of every layer and head, in the browser",
