@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QkvError
 from .console import log, remove_unstarted
 from .options import quiet_option, words_after_options
 from .output import write_json, write_line
+
+if TYPE_CHECKING:
+    from ..train.dry_run import DryRun
 
 # train options that are settings (``--max-steps N`` is ``train.max_steps=N``, ``--task X`` is ``task=X``)
 SETTING_FLAGS = {
@@ -42,7 +45,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the resolved settings as JSON (what --config reads) and exit",
     )
-    p.add_argument("--out", help="run directory to create (or continue with --resume)")
+    p.add_argument(
+        "--out", help="run directory to create (or continue with --resume); optional with --dry-run"
+    )
     p.add_argument("--resume", action="store_true", help="continue training in --out")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes of training")
@@ -69,6 +74,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "GPT-2 HF folder or iglm (with train.lora_rank=R: LoRA adapters instead of every weight); "
         "protein-*, text-cls, lm: also a Hugging Face Hub name org/name, pinned to a branch, tag or "
         "commit as org/name@REVISION; caption: a vit run (the image encoder)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="estimate the run, writing nothing: build its model and batches, time a few steps, one "
+        "validation and the run's end, then print parameters, peak memory, speed, the steps the "
+        "budgets allow and the wall time (--out is checked, not created; --json: as JSON)",
     )
     p.add_argument(
         "--freeze",
@@ -103,6 +115,8 @@ def _cmd_train(args) -> int:
             f"train.lora_rank adapts a pretrained model; {args.recipe!r} runs train from random weights "
             "(LoRA: lm, text-cls, protein-cls, protein-residue with --init)"
         )
+    if args.dry_run:
+        return _dry_run(recipe, settings, args)
     if args.out is None:
         raise QkvError("qkv train needs --out RUN_DIR (where the run is written)")
     from ..train import distributed
@@ -136,6 +150,108 @@ def _cmd_train(args) -> int:
         else:
             write_line(Path(args.out).resolve())
     return 0
+
+
+def _dry_run(recipe: Any, settings: Any, args: argparse.Namespace) -> int:
+    """``--dry-run``: the estimate of :meth:`~qkv.recipes.skeleton.TrainingRun.dry_run` on stdout
+    (a table, or ``--json``); nothing written."""
+    from ..recipes.skeleton import run_class
+    from ..train.dry_run import process_age_s
+
+    if args.resume:
+        raise QkvError("--dry-run estimates a new run; it does not take --resume")
+    startup_s = process_age_s()  # this process's start-up, which the real run's repeats
+    estimate = run_class(recipe).dry_run(settings, args.out, startup_s=startup_s)
+    if args.json:
+        write_json(estimate.to_dict())
+    else:
+        for line in dry_run_table(estimate):
+            write_line(line)
+    return 0
+
+
+def dry_run_table(estimate: DryRun) -> list[str]:
+    """A :class:`~qkv.train.dry_run.DryRun` as lines of a two-column table."""
+    t, plan, mem = estimate.timings, estimate.plan, estimate.memory
+    params = (
+        f"{estimate.parameters:,} ({estimate.trainable_parameters:,} trainable, "
+        f"{estimate.frozen_parameters:,} frozen"
+    )
+    if estimate.adapter_parameters:
+        params += f"; {estimate.adapter_parameters:,} of the trainable are LoRA adapters, merged at the end"
+    rows = [("parameters", params + ")")]
+    if mem.cuda_allocated_mib is not None:
+        rows.append(
+            (
+                "peak GPU memory",
+                f"{mem.cuda_allocated_mib:,.0f} MiB allocated, {mem.cuda_reserved_mib:,.0f} MiB reserved "
+                "(torch.cuda max_memory_allocated / max_memory_reserved; the CUDA context comes on top)",
+            )
+        )
+    if mem.peak_rss_mib is not None:
+        rows.append(("peak memory", f"{mem.peak_rss_mib:,.0f} MiB (the process's peak resident set size)"))
+    if estimate.longest_batch is not None:
+        rows.append(("", f"with a step on the epoch's longest batch ({estimate.longest_batch} tokens a row)"))
+    rows.append(
+        (
+            "speed",
+            f"{t.step_s:.3g} s/step, {t.targets_per_s:,.0f} {estimate.target_unit}/s "
+            f"({t.timed_steps} steps timed after {t.warmup_steps} warm-up steps)",
+        )
+    )
+    train = f"train.{plan.bound}"
+    if plan.steps is None:
+        rows.append(
+            ("steps", "no budget (train.max_steps, max_epochs, max_minutes unset): trains until stopped")
+        )
+    else:
+        why = {
+            "max_steps": f"{train} ends it",
+            "max_epochs": f"{train} ends it",
+            "one_epoch": "one epoch, the recipe's budget without train.max_steps or train.max_epochs",
+            "max_minutes": f"{train} binds: the steps made in that time"
+            + ("" if plan.step_budget is None else f", of {plan.step_budget:,} the other budgets allow"),
+        }.get(plan.bound or "", "")
+        rows.append(("steps", f"{plan.steps:,} ({plan.epochs:.2f} epochs): {why}"))
+        rows.append(("validation", f"{_count(plan.validations, 'pass')} of {_duration(t.validation_s)}"))
+        rows.append(
+            (
+                "checkpoints",
+                f"{_count(plan.checkpoints, 'save')} of {_duration(t.save_s)}, "
+                f"{_count(plan.snapshots, 'snapshot')} of {_duration(t.snapshot_s)}",
+            )
+        )
+    rows.append(("end of the run", f"{_duration(t.final_s)} (final weights, summary, test scores)"))
+    if plan.wall_s is not None and plan.train_s is not None and plan.after_s is not None:
+        rows.append(
+            (
+                "estimated time",
+                f"{_duration(plan.wall_s)}: {_duration(t.startup_s + t.prepare_s)} preparing, "
+                f"{_duration(plan.train_s)} training, {_duration(plan.after_s + t.final_s)} after",
+            )
+        )
+    rows.append(
+        (
+            "dry run",
+            f"{_duration(estimate.seconds)} on {estimate.device} ({estimate.precision}); nothing written",
+        )
+    )
+    width = max(len(name) for name, _ in rows)
+    return [f"{name:<{width}}  {value}" for name, value in rows]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _saved_settings(run_dir: str | None, recipe: str) -> dict | None:

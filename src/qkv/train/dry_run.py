@@ -1,0 +1,494 @@
+"""What a run will cost, measured before it starts (``qkv train RECIPE ... --dry-run``).
+
+A dry run is the run itself, shortened: the same settings, data, tokenizer, model, batches,
+loss, optimizer and schedule, in a temporary directory that is removed at the end
+(:meth:`qkv.recipes.skeleton.TrainingRun.dry_run` drives it). It measures, once each, what the
+real run repeats, and what it does once:
+
+- the preparation (data, tokenizer, model: everything before the first step);
+- a few optimizer steps on the run's own batches: :data:`WARMUP_STEPS` first, untimed per step
+  (the first steps allocate the optimizer's moments and, with ``train.compile``, compile), then
+  :data:`MIN_STEPS` to :data:`MAX_STEPS` timed ones (until :data:`TIMED_SECONDS` have passed).
+  Where an epoch's batches differ in length (a token budget per batch: translation, the
+  protein and text tasks), the steps take a sample of every length (:func:`spread`), the
+  longest batch among them;
+- one validation pass (with the ``best.safetensors`` it writes), one checkpoint
+  (``train_state.pt`` and ``last.safetensors``), one snapshot, one epoch's batches;
+- the end of the run, whole: the recipe's final weights and summary (test scores, samples,
+  baselines), on the weights of the few steps.
+
+:func:`plan_run` turns these into the run's estimate: the steps its budgets allow (a time budget,
+``train.max_minutes``, counts validations and checkpoints too: the loop's clock runs through
+them), the validations and checkpoints that follow from ``train.eval_every`` and
+``train.snapshot_minutes``, and the wall time. Memory is measured, not estimated: the peak of
+the process, whose batches, validation and end are the real run's.
+
+What the few steps cannot know: how long a model that has learnt makes its outputs, where
+validation or the summary generates text (translation's greedy BLEU, captioning, a test set
+decoded with beam search): decoding stops at ``eos``, which a model of a few steps may emit
+sooner or later than a trained one. And on the CPU with glibc's allocator, a run over batches of
+many shapes keeps growing its resident set for its first hundred steps or so (freed blocks of
+one size that the next shapes do not fit), beyond what a short dry run sees.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..errors import QkvError
+from .checkpointing import LoopState
+from .metrics import TrainMetrics
+from .settings import TrainSettings
+from .step import Stepper
+
+WARMUP_STEPS = 2
+MIN_STEPS = 5
+MAX_STEPS = 20
+TIMED_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds a dry run measured.
+
+    Attributes:
+        startup_s: the process's start to the run's (interpreter, imports, the command line);
+            0 where unknown (a dry run from Python).
+        prepare_s: the run's checks, data, tokenizer and model, up to its first step.
+        batches_s: one epoch's batches (the real run makes them at every epoch's start).
+        warmup_steps / warmup_s: the first optimizer steps and their seconds together.
+        timed_steps / step_s: the steps timed after them and their mean seconds each.
+        targets_per_s: the loss's targets (tokens, examples) per second of the timed steps.
+        save_s: one checkpoint (``train_state.pt`` and ``last.safetensors``).
+        validation_s: one validation pass, ``best.safetensors`` included.
+        snapshot_s: one snapshot for averaging.
+        final_s: the end of the run: the final weights, the summary and ``summary.json``.
+    """
+
+    startup_s: float
+    prepare_s: float
+    batches_s: float
+    warmup_steps: int
+    warmup_s: float
+    timed_steps: int
+    step_s: float
+    targets_per_s: float
+    save_s: float
+    validation_s: float
+    snapshot_s: float
+    final_s: float
+
+    def steps_s(self, k: int) -> float:
+        """Seconds of ``k`` optimizer steps from the first (the warm-up's cost included)."""
+        w = min(k, self.warmup_steps)
+        first = self.warmup_s * w / self.warmup_steps if self.warmup_steps else 0.0
+        return first + (k - w) * self.step_s
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run's settings imply, with a dry run's :class:`Timings`.
+
+    Attributes:
+        steps: the optimizer steps it makes (``None``: no budget, it trains until stopped).
+        bound: what ends it: ``"max_steps"``, ``"max_epochs"``, ``"max_minutes"`` (those
+            ``train`` settings), ``"one_epoch"`` (the sequence-classification recipes' budget
+            when none is set); ``None`` without a budget.
+        step_budget: the steps the step and epoch budgets allow (``None``: unlimited); fewer
+            when the time budget binds.
+        steps_per_epoch: optimizer steps in one pass over the training data.
+        validations: validation passes in the loop (the last step's included).
+        snapshots / checkpoints: snapshots and checkpoint saves the loop writes.
+        train_s: the training loop's clock at the end of the last step (steps, validations,
+            checkpoints; ``summary.json``'s ``train_minutes``).
+        after_s: the loop's work after it: the last validation, snapshot and checkpoints.
+        total_s: the run's seconds: preparation, loop and end of the run (``summary.json``'s
+            ``total_minutes``).
+        wall_s: the command's: ``total_s`` and the process's start-up (what ``time`` measures).
+    """
+
+    steps: int | None
+    bound: str | None
+    step_budget: int | None
+    steps_per_epoch: int
+    validations: int
+    snapshots: int
+    checkpoints: int
+    train_s: float | None
+    after_s: float | None
+    total_s: float | None
+    wall_s: float | None
+
+    @property
+    def epochs(self) -> float | None:
+        """Passes over the training data (``None`` without a budget)."""
+        return None if self.steps is None else self.steps / self.steps_per_epoch
+
+
+def plan_run(
+    cfg: TrainSettings, steps_per_epoch: int, t: Timings, step_budget_key: str = "max_steps"
+) -> Plan:
+    """The steps, validations, checkpoints and seconds of a run of ``cfg`` (its ``max_steps``
+    the run's step count, as :meth:`~qkv.recipes.skeleton.TrainingRun.total_steps` resolved it)
+    with the measured :class:`Timings` ``t``.
+
+    The loop (:func:`qkv.train.loop.train_loop`) saves a checkpoint before its first step,
+    makes an epoch's batches at each epoch's start, validates and saves after every
+    ``eval_every``-th step, snapshots and saves every ``snapshot_minutes`` (after every step at
+    0); at the end it validates the last step (unless it just did), snapshots and saves it. Its
+    clock runs through all of it, and before each step it compares with ``max_minutes`` the
+    clock as the step before ended (its backward pass, before what followed it): the first step
+    that ends at or past the budget is the last. ``step_budget_key`` names the setting behind
+    ``cfg.max_steps`` in :attr:`Plan.bound`.
+
+    Raises:
+        ValueError: ``steps_per_epoch`` below 1.
+    """
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch ({steps_per_epoch}) must be >= 1")
+    budgets = {}
+    if cfg.max_steps is not None:
+        budgets[step_budget_key] = cfg.max_steps
+    if cfg.max_epochs is not None:  # (the recipe may have counted them in steps already)
+        by_epochs = cfg.max_epochs * steps_per_epoch
+        budgets["max_epochs"] = min(by_epochs, budgets.get("max_epochs", by_epochs))
+    bound = min(budgets, key=lambda k: budgets[k]) if budgets else None
+    step_budget = budgets[bound] if bound is not None else None
+
+    clock = _LoopClock(cfg, steps_per_epoch, t)
+    steps = step_budget
+    if cfg.max_minutes is not None:
+        in_time = clock.first_step_at(cfg.max_minutes * 60, step_budget)
+        if in_time is not None and (step_budget is None or in_time < step_budget):
+            steps, bound = in_time, "max_minutes"
+    if steps is None:
+        return Plan(None, None, None, steps_per_epoch, 0, 0, 0, None, None, None, None)
+    periodic_validations = steps // cfg.eval_every
+    periodic_snapshots = clock.snapshots_before(steps + 1)
+    train_s = clock.at_step(steps)
+    # after the last step: one validation (periodic, with its save, or the final one), a
+    # snapshot (periodic, with its save, or the final one) and the final save
+    snapped_last = periodic_snapshots > clock.snapshots_before(steps)
+    after_s = (
+        t.validation_s
+        + (t.save_s if steps % cfg.eval_every == 0 else 0.0)
+        + t.snapshot_s
+        + (t.save_s if snapped_last else 0.0)
+        + t.save_s
+    )
+    total_s = t.prepare_s + train_s + after_s + t.final_s
+    return Plan(
+        steps=steps,
+        bound=bound,
+        step_budget=step_budget,
+        steps_per_epoch=steps_per_epoch,
+        validations=periodic_validations + (1 if steps % cfg.eval_every else 0),
+        snapshots=periodic_snapshots + (0 if snapped_last else 1),
+        checkpoints=2 + periodic_validations + periodic_snapshots,
+        train_s=train_s,
+        after_s=after_s,
+        total_s=total_s,
+        wall_s=t.startup_s + total_s,
+    )
+
+
+class _LoopClock:
+    """The training loop's clock (seconds from its start) as :func:`plan_run` describes it."""
+
+    def __init__(self, cfg: TrainSettings, steps_per_epoch: int, t: Timings) -> None:
+        self.cfg, self.steps_per_epoch, self.t = cfg, steps_per_epoch, t
+
+    def _without_snapshots(self, k: int) -> float:
+        t = self.t
+        return (
+            t.save_s  # before the first step
+            + math.ceil(k / self.steps_per_epoch) * t.batches_s
+            + t.steps_s(k)
+            + ((k - 1) // self.cfg.eval_every) * (t.validation_s + t.save_s)
+        )
+
+    def snapshots_before(self, k: int) -> int:
+        """Snapshots taken after the steps before step ``k`` (the final one not counted)."""
+        if self.cfg.snapshot_minutes == 0:
+            return k - 1
+        return int(self._without_snapshots(k - 1) // (self.cfg.snapshot_minutes * 60)) if k > 1 else 0
+
+    def at_step(self, k: int) -> float:
+        """The clock as step ``k`` (from 1) ends its backward pass: what the loop reads as the
+        training time (``summary.json``'s ``train_minutes``) and checks the budget against."""
+        return self._without_snapshots(k) + self.snapshots_before(k) * (self.t.snapshot_s + self.t.save_s)
+
+    def first_step_at(self, budget_s: float, step_budget: int | None) -> int | None:
+        """The first step whose clock reaches ``budget_s`` (the loop's last), at most
+        ``step_budget``; ``None`` when the steps allowed end before it."""
+        hi = self.t.warmup_steps + math.ceil(budget_s / max(self.t.step_s, 1e-9)) + 1
+        if step_budget is not None:
+            hi = min(hi, step_budget)
+        if self.at_step(hi) < budget_s:
+            return None
+        lo = 1
+        while lo < hi:  # at_step grows with k
+            mid = (lo + hi) // 2
+            if self.at_step(mid) >= budget_s:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak memory of a dry run, in MiB (2**20 bytes).
+
+    Attributes:
+        peak_rss_mib: the process's peak resident set size (``getrusage``'s ``ru_maxrss``, what
+            ``/usr/bin/time -v`` reports as "Maximum resident set size"), from the process's
+            start, imports included; ``None`` where the platform has no ``resource`` module.
+        cuda_allocated_mib / cuda_reserved_mib: on CUDA, the most memory tensors held
+            (``torch.cuda.max_memory_allocated``) and the most the caching allocator reserved
+            from the GPU (``max_memory_reserved``, what ``nvidia-smi`` sees, without the CUDA
+            context), since the dry run started; ``None`` elsewhere.
+    """
+
+    peak_rss_mib: float | None
+    cuda_allocated_mib: float | None = None
+    cuda_reserved_mib: float | None = None
+
+
+def peak_rss_mib() -> float | None:
+    """The process's peak resident set size so far in MiB (``None``: not measurable here)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (interpreter, imports), or 0 where unknown: what a
+    command spends before its run starts, which the run it estimates spends too."""
+    try:  # psutil is optional (and ships no types)
+        psutil = importlib.import_module("psutil")
+        return max(time.time() - psutil.Process().create_time(), 0.0)
+    except ImportError:
+        pass
+    try:  # Linux without psutil: the start time in clock ticks after boot
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """A dry run's report: the model, the measured speed and memory, and the run's estimate.
+
+    Attributes:
+        recipe / device / precision: the run's, as resolved on this machine.
+        parameters / trainable_parameters: what the run's ``summary.json`` reports under these
+            keys (the saved model's parameters; those that trained).
+        frozen_parameters: parameters of the model in training that do not train (a probe's
+            encoder, a LoRA run's pretrained weights).
+        adapter_parameters: LoRA adapters: trained, then merged into the saved weights (so not
+            among ``parameters``); 0 without them.
+        target_unit: what the loss counts (``"tokens"``, ``"examples"``): the unit of
+            :attr:`Timings.targets_per_s`.
+        longest_batch: the padded length of the epoch's longest batch, which the dry run
+            stepped on too (its memory is in the peak); ``None`` when batches are all alike or
+            their lengths unknown (:func:`batch_lengths`).
+        timings / plan / memory: what was measured and what the settings imply.
+        seconds: the dry run's own duration.
+    """
+
+    recipe: str
+    device: str
+    precision: str
+    parameters: int
+    trainable_parameters: int
+    frozen_parameters: int
+    adapter_parameters: int
+    target_unit: str
+    longest_batch: int | None
+    timings: Timings
+    plan: Plan
+    memory: Memory
+    seconds: float
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready values: the figures at the top level (``steps``,
+        ``train_minutes`` and ``total_minutes`` estimate ``summary.json``'s keys of those
+        names; ``wall_minutes`` adds the process's start-up), the measured seconds under
+        ``"timings"``."""
+        plan = self.plan
+
+        def minutes(s: float | None) -> float | None:
+            return None if s is None else round(s / 60, 2)
+
+        return {
+            "recipe": self.recipe,
+            "device": self.device,
+            "precision": self.precision,
+            "parameters": self.parameters,
+            "trainable_parameters": self.trainable_parameters,
+            "frozen_parameters": self.frozen_parameters,
+            "adapter_parameters": self.adapter_parameters,
+            **asdict(self.memory),
+            "seconds_per_step": self.timings.step_s,
+            "targets_per_s": self.timings.targets_per_s,
+            "target_unit": self.target_unit,
+            "longest_batch": self.longest_batch,
+            "steps": plan.steps,
+            "bound": plan.bound,
+            "step_budget": plan.step_budget,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "epochs": None if plan.epochs is None else round(plan.epochs, 3),
+            "validations": plan.validations,
+            "snapshots": plan.snapshots,
+            "checkpoints": plan.checkpoints,
+            "train_minutes": minutes(plan.train_s),
+            "total_minutes": minutes(plan.total_s),
+            "wall_minutes": minutes(plan.wall_s),
+            "timings": asdict(self.timings),
+            "dry_run_seconds": round(self.seconds, 2),
+        }
+
+
+def time_steps(
+    stepper: Stepper,
+    batches: Callable[[int], Sequence],
+    first_epoch: Sequence,
+    cfg: TrainSettings,
+    state: LoopState,
+    metrics: TrainMetrics,
+    warmup_steps: int = WARMUP_STEPS,
+    min_steps: int = MIN_STEPS,
+    max_steps: int = MAX_STEPS,
+    seconds: float = TIMED_SECONDS,
+    lengths: list[int] | None = None,
+) -> tuple[float, list[float], int]:
+    """Make optimizer steps as the loop does (groups of ``cfg.accum_steps`` micro-batches;
+    ``state`` counts them): ``warmup_steps``, then timed ones until ``max_steps``, or
+    ``min_steps`` once ``seconds`` have passed.
+
+    Which groups: with the padded ``lengths`` of ``first_epoch``'s batches, those starting at
+    :func:`spread` (every length of the epoch, in a shuffled order), then, untimed unless it
+    came up, the one starting at the longest batch, so that the peak memory is the epoch's;
+    otherwise ``first_epoch``'s from its start, then ``batches(1)``'s, ...
+
+    Returns:
+        ``(seconds of the warm-up steps, seconds of each timed step, targets of the timed steps)``.
+
+    Raises:
+        QkvError: an epoch without batches. NonFiniteLoss: as the loop's steps.
+    """
+    if not len(first_epoch):
+        raise QkvError("the first epoch has no training batches")
+    accum = cfg.accum_steps
+    starts = spread(lengths, warmup_steps + max_steps, cfg.seed) if lengths else []
+    epoch_batches = first_epoch
+
+    def next_group() -> Sequence:
+        nonlocal epoch_batches
+        if starts:
+            i = starts[state.step % len(starts)]
+            return first_epoch[i : i + accum]
+        while state.batch_in_epoch >= len(epoch_batches):
+            state.epoch += 1
+            state.batch_in_epoch = 0
+            epoch_batches = batches(state.epoch)
+            if not len(epoch_batches):
+                raise QkvError(f"epoch {state.epoch} has no training batches")
+        group = epoch_batches[state.batch_in_epoch : state.batch_in_epoch + accum]
+        state.batch_in_epoch += len(group)
+        return group
+
+    def one_step(group: Sequence) -> tuple[float, int]:
+        started = time.perf_counter()
+        stats = stepper(group, state)
+        took = time.perf_counter() - started
+        state.step += 1
+        state.elapsed_s = stats.elapsed
+        metrics.train_step(state, stats)
+        return took, stats.tokens
+
+    def step_next() -> tuple[float, int]:
+        return one_step(next_group())
+
+    warmup_s = sum(step_next()[0] for _ in range(warmup_steps))
+    times: list[float] = []
+    targets = 0
+    while len(times) < max_steps and (len(times) < min_steps or sum(times) < seconds):
+        took, n = step_next()
+        times.append(took)
+        targets += n
+    if lengths:
+        longest = max(range(len(lengths)), key=lengths.__getitem__)
+        if longest not in starts[: state.step]:
+            one_step(first_epoch[longest : longest + accum])  # for the peak memory, not timed
+    return warmup_s, times, targets
+
+
+def spread(lengths: list[int], k: int, seed: int) -> list[int]:
+    """``k`` positions of ``lengths`` (batches' padded lengths) evenly spaced in length order:
+    the shortest and the longest first (a dry run's warm-up steps: ``torch.compile`` compiles
+    for a new shape there, not in the timed steps), then the others shuffled by ``seed``. A
+    stratified sample of an epoch's batches: its mean step time varies less than that of ``k``
+    batches taken at random, and its shapes are as various as the epoch's (the CPU allocator's
+    resident set grows with them)."""
+    by_length = sorted(range(len(lengths)), key=lengths.__getitem__)
+    n, m = len(by_length), min(k, len(by_length))
+    picks = [by_length[round(j * (n - 1) / max(m - 1, 1))] for j in range(m)]
+    ends, middle = picks[:1] + picks[-1:] if m > 1 else picks, picks[1:-1]
+    random.Random(seed).shuffle(middle)
+    return ends + middle
+
+
+def batch_lengths(epoch_batches: Sequence, length: Callable[[Any], int | None]) -> list[int] | None:
+    """The padded length (by ``length``) of each batch of ``epoch_batches`` (a list: batches
+    made on demand are not read); ``None`` where one is unknown or all are alike."""
+    if not isinstance(epoch_batches, list) or not epoch_batches:
+        return None
+    lengths = [length(b) for b in epoch_batches]
+    known = [n for n in lengths if n is not None]
+    if len(known) < len(lengths) or min(known) == max(known):
+        return None
+    return known
+
+
+def padded_length(batch: object) -> int | None:
+    """The padded length of a training batch whose shape shows it: a ``(B, L)`` tensor of ids,
+    a list of token lists (rows of ``L`` at most), or an object holding ``(B, L)`` id tensors
+    (translation's :class:`~qkv.data.batching.TranslationBatch`: the longer of ``src`` and
+    ``tgt_in``); ``None`` for anything else (indices, images)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.size(1) if batch.dim() == 2 and not batch.is_floating_point() else None
+    if isinstance(batch, list) and batch and all(isinstance(row, list) for row in batch):
+        return max(len(row) for row in batch)
+    fields = vars(batch).values() if hasattr(batch, "__dict__") else ()
+    ids = [
+        v.size(1)
+        for v in fields
+        if isinstance(v, torch.Tensor) and v.dim() == 2 and not v.is_floating_point()
+    ]
+    return max(ids) if ids else None
+
+
+def timed(fn: Callable[..., object], *args: object) -> float:
+    """Seconds ``fn(*args)`` took."""
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
