@@ -28,6 +28,56 @@ TINY_LM = [
     "train.precision=fp32",
 ]
 
+# a translation run of seconds on the first 300 Multi30k pairs
+TINY_TRANSLATION = [
+    "train_limit=300",
+    "val_limit=8",
+    "vocab_size=200",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.d_ff=32",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1",
+    "model.max_len=64",
+    "max_tokens=512",
+    "test=false",
+    "train.eval_every=3",
+    "train.snapshot_minutes=0",
+    "train.keep_snapshots=3",
+    "train.warmup_steps=2",
+    "train.precision=fp32",
+]
+
+
+def tiny_mlm_run(run: Path) -> Path:
+    """A tiny protein-mlm run directory in ``run`` (random weights, seed 0) to start probes,
+    LoRA and fine-tunes from."""
+    import torch
+
+    from qkv.data.tokenizers import AminoAcidTokenizer
+    from qkv.files import save_weights, write_json
+    from qkv.models.config import EncoderConfig
+    from qkv.models.encoder import EncoderModel
+
+    run.mkdir(parents=True)
+    cfg = EncoderConfig(
+        vocab_size=AminoAcidTokenizer().vocab_size,
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        n_layers=1,
+        max_len=64,
+        pad_id=1,
+        dropout=0.0,
+        positional="rotary",
+    )
+    torch.manual_seed(0)
+    save_weights(EncoderModel(cfg), run / "model.safetensors")
+    write_json(run / "config.json", cfg.to_dict())
+    write_json(run / "train_config.json", {"recipe": "protein-mlm"})
+    AminoAcidTokenizer().save(run / "tokenizer.json")
+    return run
+
 
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
     """``qkv.cli.main(args)`` in this process: ``(exit status, stdout, stderr)``."""

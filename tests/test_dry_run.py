@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import DATA, TINY_LM, digest, refused, run_main
+from cli_runs import DATA, TINY_LM, TINY_TRANSLATION, digest, refused, run_main, tiny_mlm_run
 
-from qkv.data.tokenizers import AminoAcidTokenizer
-from qkv.files import save_weights, write_json
-from qkv.models.config import EncoderConfig
-from qkv.models.encoder import EncoderModel
 from qkv.train.dry_run import Timings, plan_run
 from qkv.train.settings import TrainSettings
 
@@ -26,25 +22,8 @@ needs_multi30k = pytest.mark.skipif(  # in CI missing data must fail, not skip
     reason=f"Multi30k not found under {DATA} (set QKV_DATA_DIR)",
 )
 
-TINY_TRANSLATION = [
-    "train_limit=300",
-    "val_limit=8",
-    "vocab_size=200",
-    "model.d_model=16",
-    "model.n_heads=2",
-    "model.d_ff=32",
-    "model.n_encoder_layers=1",
-    "model.n_decoder_layers=1",
-    "model.max_len=64",
-    "max_tokens=512",
-    "test=false",
-    "train.eval_every=4",
-    "train.snapshot_minutes=0",
-    "train.keep_snapshots=2",
-    "train.warmup_steps=2",
-    "train.precision=fp32",
-    "train.threads=1",
-]
+# the shared tiny run, with a validation every 4 steps and 2 snapshots kept, on one thread
+TINY_TRANSLATION = [*TINY_TRANSLATION, "train.eval_every=4", "train.keep_snapshots=2", "train.threads=1"]
 
 
 @pytest.fixture
@@ -153,24 +132,7 @@ def protein_task(tmp_path) -> tuple[Path, Path]:
         lines.append(f"t{i},{seq},{label},{'train' if i < 40 else 'val' if i < 50 else 'test'}")
     csv = tmp_path / "toy.csv"
     csv.write_text("\n".join(lines) + "\n")
-    init = tmp_path / "mlm"
-    init.mkdir()
-    cfg = EncoderConfig(
-        vocab_size=AminoAcidTokenizer().vocab_size,
-        d_model=32,
-        n_heads=2,
-        d_ff=64,
-        n_layers=1,
-        max_len=64,
-        pad_id=1,
-        positional="rotary",
-    )
-    torch.manual_seed(0)
-    save_weights(EncoderModel(cfg), init / "model.safetensors")
-    write_json(init / "config.json", cfg.to_dict())
-    write_json(init / "train_config.json", {"recipe": "protein-mlm"})
-    AminoAcidTokenizer().save(init / "tokenizer.json")
-    return csv, init
+    return csv, tiny_mlm_run(tmp_path / "mlm")
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_runs import tiny_mlm_run
 from safetensors.torch import load_file
 
 from qkv.cli import main
@@ -21,11 +22,9 @@ from qkv.data.protein_tasks import (
     load_user_file,
     stratified_split,
 )
-from qkv.data.tokenizers import AminoAcidTokenizer
 from qkv.errors import QkvError
 from qkv.evaluate.baselines import baseline_metrics, composition, window_features
 from qkv.evaluate.classification import classification_metrics, per_group_binary_mcc
-from qkv.files import save_weights, write_json
 from qkv.inference.protein import ProteinEncoder
 from qkv.models.config import EncoderConfig
 from qkv.models.encoder import EncoderModel
@@ -73,25 +72,7 @@ def toy_csv(tmp_path) -> Path:
 @pytest.fixture
 def pretrained_run(tmp_path) -> Path:
     """A tiny protein-mlm run directory (random weights) to start probes and fine-tunes from."""
-    run = tmp_path / "mlm"
-    run.mkdir()
-    cfg = EncoderConfig(
-        vocab_size=AminoAcidTokenizer().vocab_size,
-        d_model=32,
-        n_heads=2,
-        d_ff=64,
-        n_layers=1,
-        max_len=64,
-        pad_id=1,
-        dropout=0.0,
-        positional="rotary",
-    )
-    torch.manual_seed(0)
-    save_weights(EncoderModel(cfg), run / "model.safetensors")
-    write_json(run / "config.json", cfg.to_dict())
-    write_json(run / "train_config.json", {"recipe": "protein-mlm"})
-    AminoAcidTokenizer().save(run / "tokenizer.json")
-    return run
+    return tiny_mlm_run(tmp_path / "mlm")
 
 
 def test_stratified_split_is_80_10_10_and_fixed():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import DATA, TINY_LM, digest, qkv, refused
+from cli_runs import DATA, TINY_LM, TINY_TRANSLATION, digest, qkv, refused
 from safetensors.torch import load_file
 
 from qkv.compat import recorded_snapshot
@@ -40,24 +40,6 @@ needs_multi30k = pytest.mark.skipif(
 )
 # a snapshot at every step, one kept: every step of a resumed run prunes the one before
 SNAPSHOTS = ["train.snapshot_minutes=0", "train.keep_snapshots=1"]
-TINY_TRANSLATION = [
-    "train_limit=300",
-    "val_limit=8",
-    "vocab_size=200",
-    "model.d_model=16",
-    "model.n_heads=2",
-    "model.d_ff=32",
-    "model.n_encoder_layers=1",
-    "model.n_decoder_layers=1",
-    "model.max_len=64",
-    "max_tokens=512",
-    "test=false",
-    "train.eval_every=3",
-    "train.snapshot_minutes=0",
-    "train.keep_snapshots=3",
-    "train.warmup_steps=2",
-    "train.precision=fp32",
-]
 
 
 def _ok(done) -> None:
