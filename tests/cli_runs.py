@@ -79,6 +79,35 @@ def tiny_mlm_run(run: Path) -> Path:
     return run
 
 
+# ESM's residue vocabulary (its vocab.txt, in order): tiny ESM checkpoints' tokenizer
+ESM_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO", ".", "-", "<null_1>", "<mask>"]
+
+
+def tiny_gpt2_folder(folder: Path, sentences: list[str]) -> Path:
+    """A random-init (seed 0) tiny GPT-2 saved by ``transformers`` into ``folder`` with a
+    byte-level BPE tokenizer of 300 pieces learnt from ``sentences``: what ``qkv convert`` and
+    ``--init`` read from an HF folder. GPT-2's default start/end id (50256) lies outside this
+    vocabulary, so the converted config names none."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(sentences * 10, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = transformers.GPT2Config(
+        vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=2, n_positions=64
+    )
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return folder
+
+
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
     """``qkv.cli.main(args)`` in this process: ``(exit status, stdout, stderr)``."""
     from qkv.cli import main

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from cli_runs import run_main
+from cli_runs import run_main, tiny_gpt2_folder
 from pretrained_marks import installed
 
 from qkv.cli import main
@@ -127,26 +127,9 @@ def _refused(code: int, out: str, err: str, *needles: str) -> None:
 def gpt2_folder(tmp_path_factory):
     """A random-init tiny GPT-2 saved by ``transformers`` with a byte-level BPE tokenizer: what
     ``qkv convert`` and ``--init`` read from an HF folder."""
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    folder = tmp_path_factory.mktemp("gpt2")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(SENTENCES * 10, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    # GPT-2's default start/end id (50256) lies outside this vocabulary, so the converted
-    # config names none and the run starts its samples from the corpus's newline token.
-    cfg = transformers.GPT2Config(
-        vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=2, n_positions=64
-    )
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
-    return folder
+    pytest.importorskip("transformers")
+    # no start/end id in this vocabulary: the run starts its samples from the corpus's newline
+    return tiny_gpt2_folder(tmp_path_factory.mktemp("gpt2"), SENTENCES)
 
 
 @pytest.fixture(scope="module")

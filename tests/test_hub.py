@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from cli_runs import ESM_VOCAB
 
 transformers = pytest.importorskip("transformers", reason="the parity reference (pip install transformers)")
 
@@ -19,17 +20,7 @@ from qkv.models.encoder import masked_mean  # noqa: E402
 from qkv.models.stack import position_ids  # noqa: E402
 
 TOL = 1e-5
-PROTEIN_VOCAB = [
-    "<cls>",
-    "<pad>",
-    "<eos>",
-    "<unk>",
-    *"LAGVSERTIDPKQNFYMHWCXBUZO",
-    ".",
-    "-",
-    "<null_1>",
-    "<mask>",
-]
+PROTEIN_VOCAB = ESM_VOCAB
 WORD_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(45)]]
 
 

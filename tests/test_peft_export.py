@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import DATA, refused, run_main
+from cli_runs import DATA, ESM_VOCAB, refused, run_main, tiny_gpt2_folder
 from safetensors.torch import load_file
 
 from qkv.runs import load_run
@@ -27,17 +27,6 @@ SENTENCES = [
     "Two birds sang in the old tree by the river.",
 ]
 WORDS = ["good", "bad", "film", "movie", "great", "awful", "plot", "the", "a", "very"]
-PROTEIN_VOCAB = [
-    "<cls>",
-    "<pad>",
-    "<eos>",
-    "<unk>",
-    *"LAGVSERTIDPKQNFYMHWCXBUZO",
-    ".",
-    "-",
-    "<null_1>",
-    "<mask>",
-]
 # a few steps at a high rate and a large alpha: adapters far from zero in seconds
 LORA = ["train.lora_rank=4", "train.lora_alpha=32", "train.lr=3e-2", "--quiet"]
 
@@ -54,21 +43,7 @@ def _train(tmp_path_factory, name: str, *args: str) -> Path:
 def gpt2_lora(tmp_path_factory) -> tuple[Path, Path]:
     """(a tiny random GPT-2 HF folder with a byte-level BPE tokenizer, a LoRA lm run from it
     with adapters on every projection)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    folder = tmp_path_factory.mktemp("gpt2")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
-    tok.train_from_iterator(SENTENCES * 10, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    cfg = transformers.GPT2Config(
-        vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=2, n_positions=64
-    )
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    folder = tiny_gpt2_folder(tmp_path_factory.mktemp("gpt2"), SENTENCES)
     corpus = folder / "text.txt"
     corpus.write_text("\n".join(SENTENCES * 40) + "\n", encoding="utf-8")
     run = _train(
@@ -118,7 +93,7 @@ def _esm_folder(tmp_path_factory) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     transformers.EsmModel(cfg).eval().save_pretrained(folder)
-    (folder / "vocab.txt").write_text("\n".join(PROTEIN_VOCAB) + "\n", encoding="utf-8")
+    (folder / "vocab.txt").write_text("\n".join(ESM_VOCAB) + "\n", encoding="utf-8")
     return folder
 
 
