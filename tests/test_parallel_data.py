@@ -161,6 +161,25 @@ def test_train_refuses_bad_data_before_writing(tmp_path, capsys, settings, needl
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"one column\n", "line 1 has 1 tab-separated field"),
+        (b"a\tb\n\nc\td\n", "line 2 is empty"),
+        (b"a\tb\nc\td\te\n", "line 2 has 3 tab-separated field"),
+        (b"a\tb\nc\xe9\td\n", "line 2: not UTF-8"),
+        (b"a\tb\nc\t\n", "line 2: the target is empty"),  # what paste makes of a shorter second file
+    ],
+    ids=["one-column", "empty-line", "fields", "latin-1", "unpaired"],
+)
+def test_the_command_names_the_bad_line_and_writes_nothing(tmp_path, capsys, content, needle):
+    bad = tmp_path / "pairs.tsv"
+    bad.write_bytes(content)
+    out = tmp_path / "run"
+    refused(run_main(capsys, "train", "translation", "--out", str(out), f"data={bad}", *TINY), needle)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.tsv"]
+
+
 # ---------------------------------------------------------------- runs
 
 
