@@ -228,3 +228,8 @@ def test_protein_pairs_read_one_residue_per_piece(tmp_path, capsys):
     _, tokenizer = load_run(run)
     assert tokenizer.encode("ACW") == [4 + residues.index(c) for c in "ACW"]
     assert tokenizer.decode(tokenizer.encode("EVQLV")) == "EVQLV"
+    from qkv.explain.explainers import TranslationExplainer
+
+    explainer = TranslationExplainer(run)
+    assert not explainer.subword, "residues are shown one by one, not merged into a 'word'"
+    assert explainer.example in chains and "pairs.tsv" in explainer.input_label

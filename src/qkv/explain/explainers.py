@@ -356,6 +356,7 @@ class TranslationExplainer(Explainer[str]):
             held = read_json(Path(run_dir) / "pairs.json")
             self.input_label = f"source to translate ({Path(meta['data']).name})"
             self.example = (held["val"] or held["test"] or [[""]])[0][0]
+            self.subword = held.get("tokenizer") != "amino-acid"  # residues are not word pieces
 
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.encoder.layers if kind == "encoder" else self.model.decoder.layers
