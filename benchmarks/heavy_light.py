@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections import Counter
@@ -38,19 +39,13 @@ from pathlib import Path
 
 from Bio.Align import PairwiseAligner
 
-from qkv.data.parallel import read_pairs
-from qkv.evaluate.bleu import residue_recovery
+from qkv.data.parallel import PAIRS_FILE, read_pairs
+from qkv.evaluate.bleu import residue_aligner, residue_recovery
 from qkv.files import read_json
 from qkv.inference.translator import Translator
-from qkv.recipes.translation import PAIRS_FILE, evaluate_run
+from qkv.recipes.translation import evaluate_run
 
 PARATOPE = ("paratope_train.tsv", "paratope_val.tsv", "paratope_test.tsv")
-
-
-def aligner() -> PairwiseAligner:
-    a = PairwiseAligner(mode="global", match_score=1.0, mismatch_score=0.0)
-    a.open_gap_score, a.extend_gap_score = -1.0, -0.5
-    return a
 
 
 def nearest(query: str, pool: list[str], align: PairwiseAligner) -> int:
@@ -96,8 +91,6 @@ def recovery_stats(hyps: list[str], refs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True)
     p.add_argument("--split", choices=("val", "test"), default="val")
@@ -115,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(train) != record["train_pairs"]:
         raise SystemExit(f"{len(train)} training pairs rebuilt, the run had {record['train_pairs']}")
 
-    align = aligner()
+    align = residue_aligner()
     common, count = Counter(light for _, light in train).most_common(1)[0]
     train_heavy = [h for h, _ in train]
     hyps = {

@@ -233,3 +233,16 @@ def test_protein_pairs_read_one_residue_per_piece(tmp_path, capsys):
     explainer = TranslationExplainer(run)
     assert not explainer.subword, "residues are shown one by one, not merged into a 'word'"
     assert explainer.example in chains and "pairs.tsv" in explainer.input_label
+
+
+def test_resume_needs_the_pairs_the_run_started_on(tmp_path, capsys):
+    pairs = write_tsv(tmp_path / "pairs.tsv", word_pairs(60))
+    run = tmp_path / "run"
+    args = ["train", "translation", "--out", str(run), "--quiet", f"data={pairs}", *TINY]
+    assert run_main(capsys, *args, "train.max_steps=2")[0] == 0
+    moved = tmp_path / "moved.tsv"
+    pairs.rename(moved)  # the same pairs elsewhere: resumed (paths are not compared)
+    again = [a.replace(str(pairs), str(moved)) for a in args]
+    assert run_main(capsys, *again, "train.max_steps=3", "--resume")[0] == 0
+    write_tsv(moved, word_pairs(60, seed=1))  # other pairs under the same name: refused
+    refused(run_main(capsys, *again, "train.max_steps=4", "--resume"), "is not the data this run started on")

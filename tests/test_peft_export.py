@@ -181,6 +181,24 @@ def test_an_lm_adapter_on_gpt2s_packed_conv1d_gives_the_runs_logits_in_peft(gpt2
         assert _max_diff(model.merge_and_unload()(input_ids=tokens).logits, expected) <= TOL
 
 
+def _classifier_matches(run: Path, out: Path, family: str):
+    """Assert that the exported sequence classifier gives the run's logits (also merged) and
+    that its base without the adapters computes other states; ``(merged model, tokens, the
+    run's output)``."""
+    ours, _ = load_run(run)
+    tokens = _tokens(family, ours.config.vocab_size)
+    model = _peft_model(out, "AutoModelForSequenceClassification")
+    with torch.no_grad():
+        expected = ours(tokens, head="sequence")
+        assert _max_diff(model(input_ids=tokens).logits, expected.logits) <= TOL
+        # without the adapters the encoder computes other states: the adapters matter
+        bare = transformers.AutoModel.from_pretrained(out / "base").eval()
+        assert _max_diff(bare(input_ids=tokens).last_hidden_state, expected.hidden) > APART
+        merged = model.merge_and_unload()
+        assert _max_diff(merged(input_ids=tokens).logits, expected.logits) <= TOL
+    return merged, tokens, expected
+
+
 def test_a_bert_classifier_splits_the_packed_qkv_adapter_and_keeps_its_head(bert_lora, tmp_path, capsys):
     folder, run = bert_lora
     out = tmp_path / "peft"
@@ -209,17 +227,8 @@ def test_a_bert_classifier_splits_the_packed_qkv_adapter_and_keeps_its_head(bert
     base = load_file(out / "base" / "model.safetensors")
     assert set(base) == set(pretrained) and all(torch.equal(v, pretrained[k]) for k, v in base.items())
 
-    ours, _ = load_run(run)
-    tokens = _tokens("bert", ours.config.vocab_size)
-    model = _peft_model(out, "AutoModelForSequenceClassification")
+    merged, tokens, expected = _classifier_matches(run, out, "bert")
     with torch.no_grad():
-        expected = ours(tokens, head="sequence")
-        assert _max_diff(model(input_ids=tokens).logits, expected.logits) <= TOL
-        # without the adapters the encoder computes other states: the adapters matter
-        bare = transformers.AutoModel.from_pretrained(out / "base").eval()
-        assert _max_diff(bare(input_ids=tokens).last_hidden_state, expected.hidden) > APART
-        merged = model.merge_and_unload()
-        assert _max_diff(merged(input_ids=tokens).logits, expected.logits) <= TOL
         assert _max_diff(merged.bert(input_ids=tokens).last_hidden_state, expected.hidden) <= TOL
 
 
@@ -239,15 +248,7 @@ def test_an_esm_classifier_maps_its_pooler_and_head_to_esms_classification_head(
     } <= names
     assert json.loads((out / "base" / "config.json").read_text())["architectures"] == ["EsmModel"]
 
-    ours, _ = load_run(run)
-    tokens = _tokens("esm", ours.config.vocab_size)
-    model = _peft_model(out, "AutoModelForSequenceClassification")
-    with torch.no_grad():
-        expected = ours(tokens, head="sequence")
-        assert _max_diff(model(input_ids=tokens).logits, expected.logits) <= TOL
-        bare = transformers.AutoModel.from_pretrained(out / "base").eval()
-        assert _max_diff(bare(input_ids=tokens).last_hidden_state, expected.hidden) > APART
-        assert _max_diff(model.merge_and_unload()(input_ids=tokens).logits, expected.logits) <= TOL
+    _classifier_matches(run, out, "esm")
 
 
 @pytest.mark.skipif(

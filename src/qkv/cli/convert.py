@@ -38,9 +38,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def _cmd_convert(args) -> int:
     from ..hub.convert import export_hf, refuse_nonempty, write_run
 
+    if args.to and len(args.paths) != 2:
+        shown = "LORA_RUN_DIR DIR" if args.to == "peft" else "RUN_DIR HF_DIR"
+        raise QkvError(f"usage: qkv convert --to {args.to} {shown}")
     if args.to == "peft":
-        if len(args.paths) != 2:
-            raise QkvError("usage: qkv convert --to peft LORA_RUN_DIR DIR")
         from ..hub.peft_export import export_peft
 
         done = export_peft(*args.paths)
@@ -53,8 +54,6 @@ def _cmd_convert(args) -> int:
         )
         return 0
     if args.to == "hf":
-        if len(args.paths) != 2:
-            raise QkvError("usage: qkv convert --to hf RUN_DIR HF_DIR")
         out = export_hf(*args.paths)
         log(
             f"wrote {out} (config.json, model.safetensors, tokenizer.json): load it with "

@@ -16,16 +16,18 @@ source or target, a missing named column.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
+from .files import sha256sum
 from .tokenizers import AMINO_ACIDS, RARE_CODES
 
 RESIDUES = frozenset(AMINO_ACIDS + RARE_CODES)
+# what a run on its own pairs keeps of them: the files it read and its held-out pairs
+PAIRS_FILE = "pairs.json"
 
 
 @dataclass(frozen=True)
@@ -173,4 +175,4 @@ def split_pairs(
 
 def file_record(path: Path) -> dict:
     """Where a pairs file was and what it held (sha256): what a run keeps of its data."""
-    return {"path": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {"path": str(path.resolve()), "sha256": sha256sum(path)}

@@ -34,12 +34,9 @@ def residue_recovery(hypotheses: list[str], references: list[str]) -> float:
     Raises:
         ValueError: different numbers of hypotheses and references, or an empty reference.
     """
-    from Bio.Align import PairwiseAligner
-
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    aligner = PairwiseAligner(mode="global", match_score=1.0, mismatch_score=0.0)
-    aligner.open_gap_score, aligner.extend_gap_score = -1.0, -0.5
+    aligner = residue_aligner()
     total = 0.0
     for hyp, ref in zip(hypotheses, references, strict=True):
         if not ref:
@@ -48,3 +45,14 @@ def residue_recovery(hypotheses: list[str], references: list[str]) -> float:
             counts = aligner.align(hyp, ref)[0].counts()
             total += counts.identities / len(ref)
     return total / len(references)
+
+
+def residue_aligner():
+    """The global aligner of :func:`residue_recovery` (Biopython's ``PairwiseAligner``, match
+    1, mismatch 0, gap open -1, extend -0.5): its ``score`` is also what nearest-sequence
+    lookups rank by."""
+    from Bio.Align import PairwiseAligner
+
+    aligner = PairwiseAligner(mode="global", match_score=1.0, mismatch_score=0.0)
+    aligner.open_gap_score, aligner.extend_gap_score = -1.0, -0.5
+    return aligner

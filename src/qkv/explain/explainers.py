@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .. import runs
+from ..data.parallel import PAIRS_FILE
 from ..errors import QkvError
 from ..files import read_json
 from ..inference.lm import TextGenerator
@@ -352,8 +353,8 @@ class TranslationExplainer(Explainer[str]):
             "fr": "Un homme fait du vélo dans le parc.",
             "cs": "Muž jede na kole parkem.",
         }.get(src, "")
-        if meta.get("data") and (Path(run_dir) / "pairs.json").is_file():  # the user's own pairs
-            held = read_json(Path(run_dir) / "pairs.json")
+        if meta.get("data") and (Path(run_dir) / PAIRS_FILE).is_file():  # the user's own pairs
+            held = read_json(Path(run_dir) / PAIRS_FILE)
             self.input_label = f"source to translate ({Path(meta['data']).name})"
             self.example = (held["val"] or held["test"] or [[""]])[0][0]
             self.subword = held.get("tokenizer") != "amino-acid"  # residues are not word pieces

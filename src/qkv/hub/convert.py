@@ -195,12 +195,13 @@ def convert_state(
     return Converted(model.eval(), tokenizer, family, parts, hf_config, kept)
 
 
-def refuse_nonempty(run_dir: str | Path) -> None:
-    """Raise :class:`QkvError` when ``run_dir`` exists and is not an empty directory: what
-    :func:`write_run` would refuse, checked before a checkpoint is read or downloaded."""
-    run_dir = Path(run_dir)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise QkvError(f"{run_dir} already exists and is not empty; choose a new run directory")
+def refuse_nonempty(path: str | Path, what: str = "run directory") -> None:
+    """Raise :class:`QkvError` when ``path`` exists and is not an empty directory: what
+    :func:`write_run` (and the exports) would refuse, checked before a checkpoint is read or
+    downloaded. ``what``: how the message names a new one."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise QkvError(f"{path} already exists and is not empty; choose a new {what}")
 
 
 def import_hf(
@@ -264,8 +265,7 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
             or an ``out_dir`` that exists and is not empty.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
+    refuse_nonempty(out_dir, "folder")
     model, _ = runs.load_run(run_dir)
     hf_config, tensors = hf_state(model, run_dir)
     write_hf(run_dir, out_dir, hf_config, tensors)

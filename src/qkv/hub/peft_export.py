@@ -60,7 +60,7 @@ from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
 from ..train.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_library
 from . import keymap
-from .convert import hf_state, layer_counts, write_hf
+from .convert import hf_state, layer_counts, refuse_nonempty, write_hf
 from .families import Family, family_for
 
 logger = logging.getLogger(__name__)
@@ -107,8 +107,7 @@ def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
         raise QkvError(f"run directory not found: {run_dir}")
     if not (run_dir / ADAPTER_CONFIG).is_file() or not (run_dir / ADAPTER_WEIGHTS).is_file():
         raise QkvError(f"{run_dir} has no LoRA adapters; qkv convert --to hf exports it")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise QkvError(f"{out_dir} already exists and is not empty; choose a new folder")
+    refuse_nonempty(out_dir, "folder")
     recipe = runs.run_recipe(run_dir)
     if recipe not in TASKS:
         raise QkvError(f"{run_dir} is a {recipe!r} run; qkv exports the adapters of {', '.join(TASKS)} runs")

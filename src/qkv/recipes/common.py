@@ -114,15 +114,26 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
         "path": str(prepared.path.resolve()),
         **{k: v for k, v in prepared.meta.items() if k not in ("token_counts", "splits")},
     }
-    if resume and (run_dir / "data.json").is_file():
-        saved = read_run_json(run_dir, "data.json")
-        if _what_data(saved) != _what_data(record):
-            raise QkvError(f"data={given} {NOT_THE_RUNS_DATA}")
+    if resume:
+        refuse_other_data(run_dir, "data.json", record, given)
     return record
 
 
+def refuse_other_data(run_dir: Path, name: str, record: dict, given: str) -> None:
+    """A resumed run's own data record ``run_dir / name`` (``data.json``, ``pairs.json``) must
+    describe the data ``record`` describes: they are compared without their ``path`` entries (at
+    any depth), so a moved run or moved data resumes; a run saved without the record is not
+    compared.
+
+    Raises:
+        QkvError: other data (``given``: the ``data=`` value, named), before anything is written.
+    """
+    if (run_dir / name).is_file() and _what_data(read_run_json(run_dir, name)) != _what_data(record):
+        raise QkvError(f"data={given} {NOT_THE_RUNS_DATA}")
+
+
 def _what_data(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k != "path"}
+    return {k: _what_data(v) if isinstance(v, dict) else v for k, v in record.items() if k != "path"}
 
 
 # what train_config.json records beside the settings (provenance, not settings)

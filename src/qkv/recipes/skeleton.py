@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -38,7 +37,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import torch
 
 from ..data.batching import token_batches
@@ -47,8 +45,7 @@ from ..evaluate.classification import plot_confusion
 from ..files import write_json
 from ..train import distributed
 from ..train import dry_run as dry
-from ..train.checkpointing import Checkpointer
-from ..train.loop import LoopState, _validate, train_loop
+from ..train.loop import LoopState, _start, _validate, train_loop
 from ..train.metrics import TrainMetrics
 from ..train.optim import make_optimizer
 from ..train.settings import TrainSettings
@@ -232,13 +229,9 @@ class TrainingRun(ABC):
         in_training = sum(p.numel() for p in model.parameters())
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         prepare_s = time.perf_counter() - started
-        # the loop's start for a new run (qkv.train.loop._start): every RNG seeded
-        torch.manual_seed(train.seed)
-        random.seed(train.seed)
-        np.random.seed(train.seed)
-        state = LoopState()
-        checkpoints = Checkpointer(
-            model, optimizer, self.run_dir, train, self.score_key, self.higher_is_better
+        # the loop's start for a new run: its checkpointer, every RNG seeded
+        checkpoints, state = _start(
+            model, optimizer, self.run_dir, train, self.score_key, self.higher_is_better, resume=False
         )
         stepper = Stepper(model, optimizer, lr, self.loss, train, self.context.precision, self.run_dir)
         model.train()

@@ -23,7 +23,7 @@ import torch
 
 from .._deprecated import moved
 from ..data.batching import make_batch, token_batches
-from ..data.parallel import ParallelData, file_record, read_pairs, split_pairs
+from ..data.parallel import PAIRS_FILE, ParallelData, file_record, read_pairs, split_pairs
 from ..data.tokenizers import SubwordTokenizer
 from ..data.translation import SPLITS, encode_pairs, eval_batches, fitting_pairs, load_multi30k
 from ..errors import ConfigError, QkvError
@@ -42,15 +42,13 @@ from ..train.loop import LoopState
 from ..train.losses import label_smoothed_nll
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import read_run_json, require_at_least_one
+from .common import refuse_other_data, require_at_least_one
 from .skeleton import TrainingRun
 
 logger = logging.getLogger(__name__)
 
 # the vocabularies of a run on its own pairs: the joint BPE, one piece per residue, or chosen by the data
 TOKENIZERS = ("auto", "bpe", "amino-acid")
-# what a run on its own pairs keeps of them: the files it read and its held-out pairs
-PAIRS_FILE = "pairs.json"
 
 
 # The demo's training: a 10-minute budget, the rate decaying linearly to 0 at its end.
@@ -216,7 +214,8 @@ class TranslationRun(TrainingRun):
             val_src, val_tgt = load_multi30k("val", s.src_lang, s.tgt_lang)
             kind, source = "bpe", f"Multi30k {s.src_lang}->{s.tgt_lang}"
         else:
-            train, val, kind = self.own
+            train, val = self.own
+            kind = self.record["tokenizer"]
             train_src, train_tgt, val_src, val_tgt = train.src, train.tgt, val.src, val.tgt
             source = f"{train.path.name} ({len(self.record['test'])} test pairs held out)"
         if s.train_limit:
@@ -261,10 +260,11 @@ class TranslationRun(TrainingRun):
         if self.settings.data is not None:  # checked before the run starts logging
             self.own = self._own_pairs()
 
-    def _own_pairs(self) -> tuple[ParallelData, ParallelData, str]:
-        """``data=``'s training and validation pairs and the vocabulary's kind; the held-out
-        pairs and the files' checksums in :attr:`record` (``pairs.json``). Every file is read
-        and checked before anything is written."""
+    def _own_pairs(self) -> tuple[ParallelData, ParallelData]:
+        """``data=``'s training and validation pairs; the vocabulary's kind, the held-out pairs
+        and the files' checksums in :attr:`record` (``pairs.json``). Every file is read and
+        checked before anything is written; a resumed run's files must be the ones it started
+        on (:func:`~qkv.recipes.common.refuse_other_data`)."""
         s = self.settings
         data = read_pairs(s.data, s.columns)
         given = {k: read_pairs(f, s.columns) for k in ("val", "test") if (f := getattr(s, f"{k}_data"))}
@@ -291,17 +291,9 @@ class TranslationRun(TrainingRun):
             "val": [list(p) for p in zip(val.src, val.tgt, strict=True)],
             "test": [list(p) for p in zip(test.src, test.tgt, strict=True)],
         }
-        if self.resume and (self.run_dir / PAIRS_FILE).is_file():
-            saved = read_run_json(self.run_dir, PAIRS_FILE)["files"]
-            changed = [
-                k for k, v in self.record["files"].items() if saved.get(k, {}).get("sha256") != v["sha256"]
-            ]
-            if changed:
-                raise QkvError(
-                    f"{', '.join(getattr(s, k) for k in changed)} changed since this run started (sha256 "
-                    "differs); resume with the pairs it was trained on"
-                )
-        return train, val, kind
+        if self.resume:
+            refuse_other_data(self.run_dir, PAIRS_FILE, self.record, str(s.data))
+        return train, val
 
     def new_run_files(self) -> dict[str, dict]:
         return {PAIRS_FILE: self.record} if self.settings.data is not None else {}
