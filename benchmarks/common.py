@@ -94,11 +94,12 @@ def validation_row(name: str, run_dir: Path, overrides: list[str]) -> dict:
     }
 
 
-def sweep_table(rows: list[dict], minutes: float) -> str:
-    """:func:`validation_row` rows as a markdown table, for proxies of ``minutes`` on one thread."""
+def sweep_table(rows: list[dict], minutes: float | None) -> str:
+    """:func:`validation_row` rows as a markdown table, for proxies of ``minutes`` on one thread
+    (``None``: step budgets)."""
+    budget = "steps (budget)" if minutes is None else f"steps in {minutes:g} min (1 thread)"
     lines = [
-        f"| candidate | steps in {minutes:g} min (1 thread) | val BLEU (greedy, selected weights) "
-        "| curve (step, val BLEU) | settings |",
+        f"| candidate | {budget} | val BLEU (greedy, selected weights) | curve (step, val BLEU) | settings |",
         "|---|---|---|---|---|",
     ]
     lines += [

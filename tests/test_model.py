@@ -74,6 +74,7 @@ VARIANTS = {
     "post-LN/sdpa": dict(),
     "pre-LN/eager": dict(norm_first=True, attention_backend="eager"),
     "learned-pos/shared": dict(positional="learned", share_embeddings=True, tgt_vocab_size=13),
+    "rotary/pre-LN": dict(positional="rotary", norm_first=True),
 }
 
 
@@ -160,6 +161,22 @@ def test_kv_cache_decoding_equals_full_recompute(variant):
         assert (torch.cat(chunks, dim=1) - full).abs().max() <= TOL
     assert caches[0][0].k.shape[2] == 7  # self-attention cache holds all 7 positions
     assert caches[0][1].k.shape[2] == src.size(1)  # cross-attention cache: the source
+
+
+def test_rotary_positions_make_order_matter_and_add_nothing_to_embeddings():
+    """With rotary positions the encoder is not permutation-equivariant (order is seen, as with
+    §3.5's sinusoids and unlike positional="none"), yet no position vector is added: a
+    model's rotary table lives in attention, and its parameters are those of "none"."""
+    rotary, none = tiny_model(positional="rotary"), tiny_model(positional="none")
+    assert rotary.positional is None
+    assert rotary.num_parameters() == none.num_parameters()
+    src = _tokens((1, 6), rotary.config.src_vocab_size, 3)
+    perm = torch.tensor([5, 4, 3, 2, 1, 0])
+    with torch.no_grad():
+        for model, equivariant in ((rotary, False), (none, True)):
+            memory, _, _ = model.encode(src)
+            permuted, _, _ = model.encode(src[:, perm])
+            assert torch.allclose(permuted, memory[:, perm], atol=1e-5) is equivariant
 
 
 def test_kv_cache_needs_start_pos():

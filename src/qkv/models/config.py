@@ -209,7 +209,9 @@ class TransformerConfig(ModelConfig):
     starts every target; Marian starts from ``pad_id``). ``scale_embeddings``: multiply
     embeddings by sqrt(d_model) (§3.4). ``output_bias``: a bias on the output projection
     (Marian's ``final_logits_bias``). ``positional``: also ``"sinusoidal_halves"``, §3.5's
-    values with sines before cosines (Tensor2Tensor, Marian), and ``"none"``: no positions at
+    values with sines before cosines (Tensor2Tensor, Marian), ``"rotary"``: queries and keys of
+    every self-attention rotated by their positions (RoFormer, Su et al. 2021; none added to
+    the embeddings, none in cross-attention), and ``"none"``: no positions at
     all, so the encoder is permutation-equivariant (the lecture's "a single block of weights?",
     which loses order).
 
@@ -221,7 +223,7 @@ class TransformerConfig(ModelConfig):
     tgt_vocab_size: int | None = None
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
-    positional: Literal["sinusoidal", "sinusoidal_halves", "learned", "none"] = "sinusoidal"
+    positional: Literal["sinusoidal", "sinusoidal_halves", "learned", "rotary", "none"] = "sinusoidal"
     scale_embeddings: bool = True
     output_bias: bool = False
     tie_output: bool = True

@@ -17,7 +17,7 @@ from ..nn.embeddings import TokenEmbedding
 from ..nn.layers import DecoderLayer, EncoderLayer
 from ..nn.masks import padding_mask
 from ..nn.norms import build_norm
-from ..nn.positional import build_positional
+from ..nn.positional import RotaryEmbedding, build_positional
 from .config import CaptionConfig, TransformerConfig
 from .outputs import Seq2SeqOutput
 
@@ -46,9 +46,9 @@ class Encoder(nn.Module):
     Shape: ``x (B, S, D)``, ``mask`` bool ``(B, 1, 1, S)`` → ``(B, S, D)`` and per-layer weights.
     """
 
-    def __init__(self, cfg: TransformerConfig | CaptionConfig) -> None:
+    def __init__(self, cfg: TransformerConfig | CaptionConfig, rotary: nn.Module | None = None) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.layers = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers))
         self.final_norm = final_norm(cfg)
 
     def forward(
@@ -69,9 +69,9 @@ class Decoder(nn.Module):
     ``(B, T, D)``, per-layer self and cross weights.
     """
 
-    def __init__(self, cfg: TransformerConfig | CaptionConfig) -> None:
+    def __init__(self, cfg: TransformerConfig | CaptionConfig, rotary: nn.Module | None = None) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_decoder_layers))
         self.final_norm = final_norm(cfg)
 
     def forward(
@@ -132,9 +132,12 @@ class Transformer(nn.Module):
         )
         # None for positional="none": no order information (the lecture's "single block of weights")
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
+        # rotary: one table, shared by every self-attention of both stacks (RoFormer, Su et al.
+        # 2021); cross-attention has none, its keys are the encoder's outputs
+        rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None
         self.embed_dropout = nn.Dropout(cfg.dropout)
-        self.encoder = Encoder(cfg)
-        self.decoder = Decoder(cfg)
+        self.encoder = Encoder(cfg, rotary)
+        self.decoder = Decoder(cfg, rotary)
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         self._init_weights()
         if cfg.output_bias:

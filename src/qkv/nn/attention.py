@@ -407,12 +407,14 @@ class MultiHeadAttention(nn.Module):
                 else "memory given to a self-attention module (build it with cross=True)"
             )
         if not self.cross:
-            q, k, v = self._split(self.w_qkv(x), 3)  # (B, H, Tq, Dh) each
+            packed = self.w_qkv(x)
+            q, k, v = self._split(packed, 3)  # (B, H, Tq, Dh) each
             if self.rotary is not None:
-                if positions is None:
-                    start = 0 if cache is None else cache.length
-                    positions = torch.arange(start, start + x.size(1), device=x.device)
-                q, k = self.rotary(q, positions), self.rotary(k, positions)
+                # queries and keys rotated in one call on a view of both (2, B, H, Tq, Dh), by
+                # consecutive positions from the cache's length unless given
+                at = positions if positions is not None else 0 if cache is None else cache.length
+                qk = packed.view(*x.shape[:2], 3, self.n_heads, self.d_k)[:, :, :2].permute(2, 0, 3, 1, 4)
+                q, k = self.rotary(qk, at).unbind(0)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
             return q, k, v

@@ -137,8 +137,10 @@ EncoderLayer = SelfAttentionLayer  # the paper's name for the bidirectional use
 
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over ``memory``, then the FFN (§3.1), each with
-    residual + normalisation. Cross-attention has no rotary positions: the encoder output
-    already carries its positions.
+    residual + normalisation. ``rotary``: a shared
+    :class:`~qkv.nn.positional.RotaryEmbedding` for the self-attention's queries and keys, or
+    ``None``. Cross-attention has no rotary positions: the encoder output already carries its
+    positions.
 
     Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``self_mask`` broadcastable to
     ``(B, H, T, T)`` (or ``None`` with ``is_causal=True``), ``memory_mask`` broadcastable to
@@ -146,9 +148,9 @@ class DecoderLayer(nn.Module):
     ``caches``: ``(self KVCache, cross KVCache)`` for incremental decoding, or ``None``.
     """
 
-    def __init__(self, config: LayerConfig) -> None:
+    def __init__(self, config: LayerConfig, rotary: nn.Module | None = None) -> None:
         super().__init__()
-        self.self_attn = attention(config)
+        self.self_attn = attention(config, rotary=rotary)
         self.self_attn_block = residual(config)
         # Registration order is initialisation order: each module draws its initial weights
         # from the global RNG as it is built, so building the FFN before cross-attention (not

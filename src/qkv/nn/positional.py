@@ -91,13 +91,15 @@ class RotaryEmbedding(nn.Module):
     Args:
         d_k: per-head width (even). max_len: largest position + 1. base: 10000 as in §3.5.
 
-    Shape: ``x (B, H, T, d_k)``, ``positions (T,)`` or ``(B, T)`` long → ``(B, H, T, d_k)``.
+    Shape: ``x (B, H, T, d_k)``, ``positions (T,)`` or ``(B, T)`` long, or an int start →
+    ``(B, H, T, d_k)``.
     Raises ``ValueError`` for an odd ``d_k``; positions must be below ``max_len`` (unchecked
     in ``forward``, see :func:`check_positions`).
     """
 
     cos: torch.Tensor  # buffers (register_buffer): typed for the checker, nothing at runtime
     sin: torch.Tensor
+    signed_sin: torch.Tensor
 
     def __init__(self, d_k: int, max_len: int, base: float = 10000.0) -> None:
         super().__init__()
@@ -109,14 +111,26 @@ class RotaryEmbedding(nn.Module):
         angle = torch.cat([angle, angle], dim=-1)  # (L, d_k)
         self.register_buffer("cos", angle.cos().float(), persistent=False)
         self.register_buffer("sin", angle.sin().float(), persistent=False)
+        # rotate-half's minus sign folded into the table: x·cos + swap(x)·(-sin, sin) needs no
+        # negated copy of x
+        half = d_k // 2
+        signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+        self.register_buffer("signed_sin", signed, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos[positions], self.sin[positions]  # (T, d_k) or (B, T, d_k)
-        if positions.dim() == 2:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_k)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | int) -> torch.Tensor:
+        """``x (..., T, d_k)`` rotated by ``positions``: ``(T,)`` or ``(B, T)`` long (``x`` is
+        then ``(B, H, T, d_k)``), or an int, the first of ``T`` consecutive positions (a slice
+        of the tables, no gather: the usual case, and queries and keys stacked in one call)."""
+        if isinstance(positions, int):
+            t = x.size(-2)
+            cos, sin = self.cos[positions : positions + t], self.signed_sin[positions : positions + t]
+        else:
+            cos, sin = self.cos[positions], self.signed_sin[positions]  # (T, d_k) or (B, T, d_k)
+            if positions.dim() == 2:
+                cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_k)
         half = x.size(-1) // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return (x * cos + rotated * sin).to(x.dtype)
+        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        return (x * cos + swapped * sin).to(x.dtype)
 
 
 def check_positions(positions: torch.Tensor, max_len: int) -> None:
