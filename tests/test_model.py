@@ -534,6 +534,25 @@ def test_label_smoothed_nll_with_smoothing():
     assert torch.allclose(loss, (1 - eps) * plain + eps * uniform, atol=1e-5)
 
 
+@pytest.mark.parametrize("ignore_index", [PAD, -100])
+def test_label_smoothed_nll_matches_torch_in_value_and_gradient(ignore_index):
+    """One log-softmax for both sums gives F.cross_entropy(label_smoothing=ε)'s loss and
+    gradient, with any ignore_index (one outside the vocabulary too), and its plain NLL."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 6, 9, generator=g, requires_grad=True)
+    target = torch.randint(1, 9, (3, 6), generator=g)
+    target[0, 4:] = ignore_index
+    loss, nll = label_smoothed_nll(logits, target, label_smoothing=0.2, ignore_index=ignore_index)
+    (ours,) = torch.autograd.grad(loss, logits)
+    flat, flat_target = logits.reshape(-1, 9), target.reshape(-1)
+    ref = F.cross_entropy(flat, flat_target, ignore_index=ignore_index, reduction="sum", label_smoothing=0.2)
+    (theirs,) = torch.autograd.grad(ref, logits)
+    plain = F.cross_entropy(flat, flat_target, ignore_index=ignore_index, reduction="sum")
+    assert torch.allclose(loss, ref, atol=1e-5) and torch.allclose(nll, plain, atol=1e-5)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    assert ours[0, 4:].abs().max() == 0  # ignored targets get no gradient
+
+
 # --------------------------------------------------------------------------- beam search vs exhaustive search
 
 

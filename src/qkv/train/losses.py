@@ -20,11 +20,16 @@ def label_smoothed_nll(
     """
     logits = logits.float().reshape(-1, logits.size(-1))
     target = target.reshape(-1)
-    loss = F.cross_entropy(
-        logits, target, ignore_index=ignore_index, reduction="sum", label_smoothing=label_smoothing
-    )
     if label_smoothing == 0.0:
+        loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
         return loss, loss.detach()
-    with torch.no_grad():
-        nll = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
-    return loss, nll
+    # One log-softmax for both sums: the smoothed loss is (1 - ε)·NLL + ε·(the cross-entropy of
+    # the uniform distribution, -mean log p), F.cross_entropy's definition, and the NLL is read
+    # from the same log-probabilities instead of a second softmax over the vocabulary.
+    log_probs = F.log_softmax(logits, dim=-1)  # (N, V)
+    keep = target != ignore_index
+    nll = -log_probs.gather(1, target.masked_fill(~keep, 0)[:, None]).squeeze(1)  # (N,)
+    smooth = -log_probs.mean(dim=-1)  # (N,)
+    mask = keep.to(log_probs.dtype)
+    loss = (((1.0 - label_smoothing) * nll + label_smoothing * smooth) * mask).sum()
+    return loss, (nll.detach() * mask).sum()
