@@ -118,6 +118,18 @@ def test_evaluate_prints_one_json_object(run_dir):
     assert result["n"] == 20 and result["ppl"] > 1
 
 
+def test_evaluate_and_translate_decode_as_the_run_was_tested(tmp_path):
+    """Without --beam/--alpha, ``qkv evaluate`` and ``translate`` use the beam and length
+    penalty of the run's own settings (its test's decoding); given ones win; a folder without
+    settings gets §6.1's 4 and 0.6."""
+    from qkv.recipes.translation import run_decoding
+
+    (tmp_path / "train_config.json").write_text(json.dumps({"beam_size": 5, "alpha": 1.2}))
+    assert run_decoding(tmp_path) == (5, 1.2)
+    assert run_decoding(tmp_path, beam_size=1, alpha=0.0) == (1, 0.0)
+    assert run_decoding(tmp_path / "elsewhere") == (4, 0.6)
+
+
 def test_overlong_line_is_truncated_with_a_warning(run_dir):
     """A 10,000-word line is truncated to the model's limit, with a warning naming it."""
     res = _qkv("translate", str(run_dir), "--beam", "1", stdin=("Hund " * 10000).encode())

@@ -17,7 +17,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir")
     defaults = "; ".join(f"{name}: {', '.join(r.splits)}" for name, r in RECIPES.items() if r.evaluate)
     p.add_argument("--split", help=f"the data split to score, the first named being the default ({defaults})")
-    search_options(p, beam=None)  # None: given or not (only translation takes them)
+    # None: given or not (only translation takes them; absent, the run's own)
+    own = "the run's own: its test's decoding"
+    search_options(p, beam=None, default_beam=own, default_alpha=own)
     p.add_argument("--limit", type=int, help="translation: score only the first N sentences")
     device_option(p)
     p.set_defaults(func=_cmd_evaluate)

@@ -48,15 +48,18 @@ def search_options(
     length_penalty: bool = True,
     who: str = "translation",
     default_beam: str = "4",
+    default_alpha: str = "0.6",
 ) -> None:
     """``--beam`` and (with ``length_penalty``) ``--alpha``: beam search (§6.1) of ``who``'s runs,
-    with these defaults (``None``: the option's absence can be told apart); ``default_beam``
-    says in the help what the beam is when the option is absent."""
+    with these defaults (``None``: the option's absence can be told apart); ``default_beam`` and
+    ``default_alpha`` say in the help what they are when the option is absent."""
     p.add_argument(
         "--beam", type=int, default=beam, help=f"{who}: beam size (1 = greedy; default {default_beam})"
     )
     if length_penalty:
-        p.add_argument("--alpha", type=float, default=alpha, help=f"{who}: length penalty (default 0.6)")
+        p.add_argument(
+            "--alpha", type=float, default=alpha, help=f"{who}: length penalty (default {default_alpha})"
+        )
 
 
 def sampling_options(

@@ -17,7 +17,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir")
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     words_after_options(p, "text")  # sentences after options: `translate RUN --beam 1 "Hallo"`
-    search_options(p, beam=4, alpha=0.6)
+    own = "the run's own: its test's decoding"
+    search_options(p, beam=None, default_beam=own, default_alpha=own)
     device_option(p)
     p.add_argument("--verbose", action="store_true", help="print sentences/s on stderr at the end")
     p.set_defaults(func=_cmd_translate)
@@ -26,9 +27,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def _cmd_translate(args) -> int:
     from ..device import resolve_device
     from ..inference.translator import Translator
+    from ..recipes.translation import run_decoding
 
+    beam, alpha = run_decoding(args.run_dir, args.beam, args.alpha)
     translator = Translator.from_run(
-        args.run_dir, device=resolve_device(args.device), beam_size=args.beam, alpha=args.alpha
+        args.run_dir, device=resolve_device(args.device), beam_size=beam, alpha=alpha
     )
     for line in translator.translate(_read_inputs(args.text)):
         write_line(line)
