@@ -97,7 +97,7 @@ class TranslationSettings:
     are, which §3.5 hoped the sinusoids would let it learn, and in the same steps it scored ~2.5
     validation BLEU more (issue 47's sweep). It validates every 1,000 steps: the clock runs
     through validation, and each greedy pass over the validation set costs steps.
-    ``configs/multi30k_de_en.json`` is the same model given 2 hours, its regularisation back;
+    ``configs/multi30k_de_en.json`` is the same model given 1 hour, its regularisation back;
     the paper's recipe (post-LN, Eq. 3 schedule, sinusoids, d_model 384) is
     ``configs/paper_base.json``.
     """
@@ -497,7 +497,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     if split == "test2016":
         lines[-1] += (
             "\n  qkv train translation --config configs/multi30k_de_en.json --out runs/full"
-            "   # the 2-hour recipe (see README)"
+            "   # the 1-hour recipe (see README)"
         )
     return "\n".join(lines)
 
