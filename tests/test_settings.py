@@ -567,7 +567,8 @@ def test_documented_train_commands_resolve(where, recipe, words, capsys):
 def test_paper_translation_config_keeps_the_paper_recipe_while_the_defaults_are_the_demo():
     """The demo defaults changed (pre-LN, linear decay over the time budget, no dropout); the
     paper's recipe file must still say post-LN + Eq. 3 itself, and never ask for bf16 outright;
-    the 2-hour recipe is the demo's model given 2 hours and its regularisation back."""
+    the 1-hour recipe is the demo's model given 1 hour and its regularisation back. The paper's
+    file keeps §3.5's sinusoids; the demo and the 1-hour recipe have rotary positions."""
     configs = Path(__file__).resolve().parents[1] / "configs"
     full = resolve(TranslationSettings, configs / "paper_base.json", [])
     assert (full.model.norm_first, full.train.schedule, full.model.d_model, full.max_tokens) == (
@@ -587,5 +588,10 @@ def test_paper_translation_config_keeps_the_paper_recipe_while_the_defaults_are_
     demo.train.lr_schedule(demo.model.d_model)  # decays over the time budget: no step count needed
     assert (demo.model.dropout, demo.model.attention_dropout, demo.label_smoothing) == (0.0, 0.0, 0.0)
     long = resolve(TranslationSettings, configs / "multi30k_de_en.json", [])
-    assert (long.model.d_model, long.train.schedule, long.train.max_minutes) == (192, "linear", 120.0)
+    assert (long.model.d_model, long.train.schedule, long.train.max_minutes) == (192, "linear", 60.0)
+    assert (full.model.positional, demo.model.positional, long.model.positional) == (
+        "sinusoidal",
+        "rotary",
+        "rotary",
+    )
     assert long.label_smoothing == 0.1 and long.model.norm_first and long.train.precision == "auto"
