@@ -98,7 +98,6 @@ class RotaryEmbedding(nn.Module):
     """
 
     cos: torch.Tensor  # buffers (register_buffer): typed for the checker, nothing at runtime
-    sin: torch.Tensor
     signed_sin: torch.Tensor
 
     def __init__(self, d_k: int, max_len: int, base: float = 10000.0) -> None:
@@ -110,12 +109,13 @@ class RotaryEmbedding(nn.Module):
         angle = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (L, d_k/2)
         angle = torch.cat([angle, angle], dim=-1)  # (L, d_k)
         self.register_buffer("cos", angle.cos().float(), persistent=False)
-        self.register_buffer("sin", angle.sin().float(), persistent=False)
         # rotate-half's minus sign folded into the table: x·cos + swap(x)·(-sin, sin) needs no
         # negated copy of x
+        sin = angle.sin().float()
         half = d_k // 2
-        signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
-        self.register_buffer("signed_sin", signed, persistent=False)
+        self.register_buffer(
+            "signed_sin", torch.cat([-sin[:, :half], sin[:, half:]], dim=-1), persistent=False
+        )
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | int) -> torch.Tensor:
         """``x (..., T, d_k)`` rotated by ``positions``: ``(T,)`` or ``(B, T)`` long (``x`` is

@@ -395,7 +395,7 @@ def evaluate_run(
     model, tok = load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
     meta = _settings(run_dir)
     split, src, ref, residues = _evaluation_pairs(run_dir, meta, split)
-    beam_size, alpha = run_decoding(run_dir, beam_size, alpha)
+    beam_size, alpha = _decoding(meta, beam_size, alpha)
     if limit:
         src, ref = src[:limit], ref[:limit]
     t0 = time.perf_counter()
@@ -433,7 +433,11 @@ def run_decoding(
 ) -> tuple[int, float]:
     """``(beam_size, alpha)``: the ones given, else the beam search a translation run's test
     was decoded with (its settings; 4 and 0.6, §6.1, for a run that names none)."""
-    meta = _settings(Path(run_dir))
+    return _decoding(_settings(Path(run_dir)), beam_size, alpha)
+
+
+def _decoding(meta: dict, beam_size: int | None, alpha: float | None) -> tuple[int, float]:
+    """:func:`run_decoding` from settings already read."""
     return (
         meta.get("beam_size", 4) if beam_size is None else beam_size,
         meta.get("alpha", 0.6) if alpha is None else alpha,
