@@ -176,7 +176,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("files", "run_files"),  # atomic file writes and weights files; paths inside a run directory
     ("nn",),  # the paper's equations
     ("compat",),  # reading what earlier qkv versions wrote (old weights name nn's modules)
-    ("settings", "device"),  # typed settings trees (their renamed keys are compat's); device, precision
+    # typed settings trees (their renamed keys are compat's); device, precision; CPU threads
+    ("settings", "device", "cpu_share"),
     ("models",),  # the model families
     ("data",),  # data sets, tokenizers, batches, shards
     ("train",),  # the training loop and its pieces

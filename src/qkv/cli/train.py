@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cpu_share import busy_note
 from ..errors import QkvError
 from .console import log, remove_unstarted
 from .options import quiet_option, words_after_options
@@ -143,6 +144,8 @@ def _cmd_train(args) -> int:
     if ctx.is_main:
         if recipe.summary is not None:
             log("\n" + recipe.summary(summary, Path(args.out)))
+        if note := busy_note(summary.get("cpu_share", {}), settings.train.max_minutes is not None):
+            log(f"warning: {note}")  # a time budget's result depends on it
         # stdout holds the result alone, so it pipes: the scores as JSON on request (the same
         # object as summary.json), else the run directory, what every next command takes.
         if args.json:
@@ -228,6 +231,15 @@ def dry_run_table(estimate: DryRun) -> list[str]:
                 "estimated time",
                 f"{_duration(plan.wall_s)}: {_duration(t.startup_s + t.prepare_s)} preparing, "
                 f"{_duration(plan.train_s)} training, {_duration(plan.after_s + t.final_s)} after",
+            )
+        )
+    if estimate.cpu_share.get("busy"):
+        load = estimate.cpu_share
+        rows.append(
+            (
+                "machine load",
+                f"other processes keep {load['others_cpus']:.1f} of {load['cpus']} CPUs busy: these "
+                "figures hold while that lasts (a quiet machine is faster)",
             )
         )
     rows.append(

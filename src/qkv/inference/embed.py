@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from .. import cpu_share
 from ..data.batching import pad_sequences, token_batches
 from ..data.protein import fasta_entries, record_id
 from ..errors import QkvError
@@ -321,6 +322,7 @@ class Embedder:
             tokens = plan.tokens(batch, self.encoder.tok.pad_id).to(self.encoder.device)
             done = pool.add(batch, encode_layers(self.model, tokens, self.layers))
             _return_freed_memory()
+            cpu_share.tick(1)  # between batches: threads may follow the machine's load
             if progress is not None:
                 progress(done)
         return pool

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import runs
+from .. import cpu_share, runs
 from ..errors import QkvError
 from ..models.decoder_lm import DecoderLM
 from ..nn.embeddings import check_token_ids
@@ -84,6 +84,7 @@ def generate_tokens(
     for step in range(max_new_tokens):
         next_ids = choose_next(logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
         emitted = rows.append(next_ids.tolist())
+        cpu_share.tick()  # the thread count may follow the machine's load between tokens
         if on_tokens is not None:
             on_tokens(emitted)
         if rows.finished or step == max_new_tokens - 1:

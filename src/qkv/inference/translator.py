@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .. import runs
+from .. import cpu_share, runs
 from ..data.batching import pad_sequences
 from ..data.tokenizers import SubwordTokenizer
 from ..errors import ConfigError
@@ -102,6 +102,7 @@ class Translator:
             for i, text in zip(chunk, self.tokenizer.decode_batch(hyps), strict=True):
                 out[i] = text
             stats.items += len(chunk)
+            cpu_share.tick(1)  # between batches: threads may follow the machine's load
             stats.new_tokens += sum(len(h) for h in hyps)
         self.last_stats = stats.stop()
         return out

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import cpu_share
 from ..compat import check_format_version
 from ..device import resolve_device, resolve_precision
 from ..errors import ConfigError, QkvError
@@ -285,7 +286,8 @@ def _check_same_model(run_dir: Path, model: dict) -> None:
 
 def start_run(train: TrainSettings) -> RunContext:
     """Join torchrun's process group if there is one (:func:`qkv.train.distributed.init`),
-    apply a :class:`~qkv.train.settings.TrainSettings`' threads and seed, resolve its device
+    choose the CPU threads (:func:`qkv.cpu_share.start`: ``train.threads``, or from the
+    machine's load, re-checked as the run goes), apply the seed, resolve its device
     (under torchrun on CUDA: this process's GPU) and precision, and log (INFO) what was chosen
     and why.
 
@@ -293,8 +295,7 @@ def start_run(train: TrainSettings) -> RunContext:
         QkvError: a device that is not available here.
     """
     ctx = distributed.init(train.device)
-    if train.threads:
-        torch.set_num_threads(train.threads)
+    cpu_share.start(train.threads)  # threads from the machine's load, unless pinned
     torch.manual_seed(train.seed)
     device = resolve_device(train.device, log_level=logging.INFO)
     if ctx.enabled and device.type == "cuda":

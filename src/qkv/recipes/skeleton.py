@@ -39,6 +39,7 @@ from typing import Any, cast
 
 import torch
 
+from .. import cpu_share
 from ..data.batching import token_batches
 from ..errors import QkvError
 from ..evaluate.classification import plot_confusion
@@ -85,6 +86,7 @@ class TrainingRun(ABC):
         self.progress = progress
         self.tokenizer: Any = None
         self.started = time.perf_counter()
+        self.cpu_report: dict = {}  # qkv.cpu_share's report of the training stretch
 
     @classmethod
     def train(cls, settings: Any, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
@@ -146,7 +148,8 @@ class TrainingRun(ABC):
 
     def _fit(self, model: torch.nn.Module) -> LoopState:
         train, optimizer, lr = self._loop_settings(model)
-        return train_loop(
+        since = cpu_share.current().mark()
+        state = train_loop(
             model,
             optimizer,
             lr,
@@ -161,6 +164,8 @@ class TrainingRun(ABC):
             resume=self.resume,
             precision=self.context.precision,
         )
+        self.cpu_report = cpu_share.current().report(since=since)
+        return state
 
     def _figures(self, model: Any, state: LoopState, trained: int) -> dict:
         return {
@@ -170,6 +175,8 @@ class TrainingRun(ABC):
             "parameters": model.num_parameters(),
             "trainable_parameters": trained,
             "total_minutes": round((time.perf_counter() - self.started) / 60, 2),
+            # the machine's load while it trained: a busy machine cuts a time budget's steps
+            "cpu_share": self.cpu_report,
         }
 
     # ---------------------------------------------------------------- the dry run
@@ -302,6 +309,7 @@ class TrainingRun(ABC):
                 torch.cuda.max_memory_reserved(self.device) / 2**20 if cuda else None,
             ),
             seconds=time.perf_counter() - started,
+            cpu_share=_load_so_far(),
         )
 
     def _step_budget_key(self) -> str:
@@ -456,3 +464,11 @@ def run_class(recipe: Any) -> type[TrainingRun]:
     if not (isinstance(owner, type) and issubclass(owner, TrainingRun)):
         raise QkvError(f"{recipe.name!r} runs are not trained by qkv train, so they have no dry run")
     return owner
+
+
+def _load_so_far() -> dict:
+    """The machine's load since the run started (:func:`qkv.cpu_share.start`), as one stretch:
+    what a dry run's speed was measured under."""
+    share = cpu_share.current()
+    share.mark()
+    return share.report()

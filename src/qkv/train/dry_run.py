@@ -312,6 +312,9 @@ class DryRun:
             their lengths unknown (:func:`batch_lengths`).
         timings / plan / memory: what was measured and what the settings imply.
         seconds: the dry run's own duration.
+        cpu_share: the machine's load while the dry run ran
+            (:meth:`qkv.cpu_share.CpuShare.report`): its speed, and so the estimate, is that of
+            this load; ``busy`` when other processes kept a CPU or more busy.
     """
 
     recipe: str
@@ -327,6 +330,7 @@ class DryRun:
     plan: Plan
     memory: Memory
     seconds: float
+    cpu_share: dict
 
     def to_dict(self) -> dict:
         """The report as JSON-ready values: the figures at the top level (``steps``,
@@ -364,6 +368,7 @@ class DryRun:
             "wall_minutes": minutes(plan.wall_s),
             "timings": asdict(self.timings),
             "dry_run_seconds": round(self.seconds, 2),
+            "cpu_share": self.cpu_share,
         }
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import cpu_share
 from ..device import resolve_precision
 from . import distributed
 from .checkpointing import Checkpointer, LoopState, rng_state, set_rng_state
@@ -227,6 +228,7 @@ class _Run:
         state.step += 1
         state.elapsed_s = stats.elapsed
         self.in_step = False
+        cpu_share.tick(1)  # between steps: the thread count may follow the machine's load
         self.metrics.train_step(state, stats)
         self._after_step(stop_requested=stats.stop_requested)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .. import cpu_share
 from ..files import atomic_write, write_text
 from . import distributed
 from .checkpointing import LoopState
@@ -32,7 +33,8 @@ class TrainMetrics:
     Built at the start of a run: a fresh run (``resumed`` false) deletes an earlier
     ``metrics.jsonl``; a resumed one drops the rows after ``state.step``, which it will write
     again. The bar fills by seconds under a time budget alone (its ETA is then exact), else by
-    steps; ``progress`` false (or a rank other than 0) hides it.
+    steps; ``progress`` false (or a rank other than 0) hides it. On a busy machine the bar says
+    what share of a quiet run's steps the run makes (:meth:`qkv.cpu_share.CpuShare.report`).
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class TrainMetrics:
             else None,
         )
         self._window_loss, self._window_tokens, self._window_t = 0.0, 0, time.perf_counter()
+        self._cpu_since = cpu_share.current().mark()
 
     def log(self, row: dict[str, Any]) -> None:
         """Append ``row`` to ``metrics.jsonl`` (rank 0)."""
@@ -89,10 +92,13 @@ class TrainMetrics:
         self.log(row)
         max_minutes = self.cfg.max_minutes
         left = "" if max_minutes is None else f" left {max(0.0, max_minutes - state.elapsed_s / 60):.1f}m"
+        share = cpu_share.current().report(since=self._cpu_since)
+        busy = f" busy: {100 * share['quiet_share']:.0f}% of quiet" if share.get("busy") else ""
         bar.set_postfix_str(
             f"loss {row['train_loss']:.3f} lr {row['lr']:.2e} "
             f"tok/s {row['tokens_per_s']:.0f} ep {state.epoch}"
             + (f" step {state.step}" if self.by_time else left)
+            + busy
         )
         self._window_loss, self._window_tokens, self._window_t = 0.0, 0, time.perf_counter()
 

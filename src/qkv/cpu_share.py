@@ -1,0 +1,342 @@
+"""Sharing a busy CPU: OpenMP threads that stop spinning, a thread count that follows the
+machine's load, and a run that says what share of the machine it had.
+
+Why: PyTorch's CPU kernels run on OpenMP threads (GNU libgomp in the Linux wheels). Between two
+parallel regions an idle thread spins (GNU's default: about 300,000 polls) instead of sleeping,
+which costs nothing on a quiet machine and everything on a busy one: two runs on 2 cores, each
+with 2 spinning threads, get a fifth of one run's steps between them, since each spends its
+time slices waiting for a thread that the other one holds. Three things together keep a run's
+share (``benchmarks/busy_machine.py`` measures each policy; ``docs/performance.md`` shows the
+table):
+
+1. :func:`set_openmp_defaults`: a short spin (``GOMP_SPINCOUNT``) before a waiting thread
+   sleeps, set before torch loads (libgomp reads it once). The user's own variables win.
+2. :class:`CpuShare`: the number of torch threads follows the CPUs that other processes leave
+   free, chosen at the start and re-checked every few seconds between steps
+   (``torch.set_num_threads`` takes effect at the next parallel region). Pinned, it stays:
+   ``train.threads``, ``QKV_THREADS`` or ``OMP_NUM_THREADS``.
+3. :meth:`CpuShare.report`: the share of a quiet run's steps a run made, from its own step rate
+   in quiet and busy stretches, for the summary line, the progress bar and ``summary.json``.
+
+``QKV_CPU_SHARE=0`` turns 1 and 2 off (torch's and OpenMP's own defaults, as before qkv 0.2).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+# libgomp polls this many times before a waiting thread sleeps (its default is 300,000 when
+# the threads fit the CPUs; passive waiting is 0). Chosen in benchmarks/busy_machine.py: a
+# quiet run keeps its speed, two runs side by side stop starving each other.
+SPIN_COUNT = "1000"
+INTERVAL_S = 2.0  # seconds between two looks at the machine's load
+QUIET_CORES = 0.3  # other processes below this many busy CPUs: a quiet stretch
+# a CPU counts as taken when other processes keep it busy at least this fraction of the time
+TAKEN_FROM = 0.6
+BUSY_BELOW = 0.9  # a run that made under this share of a quiet run's steps says so
+
+
+def enabled(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether qkv manages OpenMP's waiting and the thread count (``QKV_CPU_SHARE`` not ``0``)."""
+    env = os.environ if environ is None else environ
+    return env.get("QKV_CPU_SHARE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def set_openmp_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set OpenMP's spin before sleep (``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT`) in ``environ``
+    (default ``os.environ``) unless the user set it, or set ``OMP_WAIT_POLICY`` (which decides
+    it too), or turned this off (``QKV_CPU_SHARE=0``).
+
+    libgomp reads its variables once, when torch loads it: called by ``import qkv`` (so the
+    CLI, ``python -m qkv``, a notebook that imports qkv before torch, the explainer server and
+    the tests get it), and only while torch is not loaded yet (in ``os.environ``); a process
+    that imported torch first keeps OpenMP's default, said at DEBUG level. Child processes
+    inherit the variable.
+
+    Returns:
+        The variables it set (empty when it set none).
+    """
+    env = os.environ if environ is None else environ
+    if not enabled(env) or "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env:
+        return {}
+    if environ is None and "torch" in sys.modules:  # too late: OpenMP has read its variables
+        logger.debug("torch was imported before qkv: OpenMP keeps its own spin before sleep")
+        return {}
+    env["GOMP_SPINCOUNT"] = SPIN_COUNT
+    return {"GOMP_SPINCOUNT": SPIN_COUNT}
+
+
+def pinned_threads(
+    train_threads: int | None = None, environ: MutableMapping[str, str] | None = None
+) -> int | None:
+    """The thread count the user fixed, or ``None`` when qkv may choose: ``train_threads``
+    (``train.threads``), else ``QKV_THREADS``, else ``OMP_NUM_THREADS`` (its first number).
+
+    Raises:
+        ValueError: ``QKV_THREADS`` that is not a positive integer.
+    """
+    if train_threads:
+        return train_threads
+    env = os.environ if environ is None else environ
+    if env.get("QKV_THREADS", "").strip():
+        value = env["QKV_THREADS"].strip()
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"QKV_THREADS={value!r}: expected a positive integer")
+        return int(value)
+    first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+class LoadSampler:
+    """How many CPUs other processes kept busy since the last look: the busy time of this
+    process's CPUs (its affinity) from the kernel's counters, less this process's own CPU time,
+    over the wall time between (``psutil``)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._process = psutil.Process()
+        try:
+            self.cpus = sorted(os.sched_getaffinity(0))
+        except AttributeError:  # macOS, Windows: every CPU
+            self.cpus = list(range(psutil.cpu_count() or 1))
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float]:
+        per_cpu = self._psutil.cpu_times(percpu=True)
+        busy = 0.0
+        for i in self.cpus:
+            if i < len(per_cpu):
+                t = per_cpu[i]
+                # user (guest time is in it), kernel, interrupts and what a hypervisor took;
+                # niced processes yield to this one (their weight is small): not taken
+                busy += t.user + t.system + sum(getattr(t, k, 0.0) for k in ("irq", "softirq", "steal"))
+        own = self._process.cpu_times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def others(self) -> tuple[float, float]:
+        """``(seconds since the last look, CPUs other processes kept busy meanwhile)``."""
+        now = self._read()
+        (t0, busy0, own0), (t1, busy1, own1) = self._last, now
+        self._last = now
+        dt = t1 - t0
+        if dt <= 0:
+            return 0.0, 0.0
+        return dt, min(float(len(self.cpus)), max(0.0, ((busy1 - busy0) - (own1 - own0)) / dt))
+
+
+@dataclass
+class _Window:
+    seconds: float
+    steps: int
+    others: float
+    threads: int
+
+
+@dataclass
+class CpuShare:
+    """The CPU threads of one run, chosen from the load, and the share of the machine it had.
+
+    Call :meth:`start` once (it looks at the load for ``probe_s`` seconds and sets the thread
+    count), then :meth:`tick` between steps (the training loop does, after each optimizer
+    step; the decoders between batches): every ``interval_s`` seconds it looks at the load again
+    and sets ``torch.set_num_threads(max(1, cpus - taken))``, ``taken`` the CPUs other processes
+    keep busy (:data:`TAKEN_FROM` of one or more), at most the count torch started with. A
+    pinned count (:func:`pinned_threads`) or ``QKV_CPU_SHARE=0`` leaves the threads alone, but
+    the load is still measured for :meth:`report`.
+
+    Args:
+        pinned: the user's thread count (``train.threads``), or ``None``.
+        interval_s: seconds between looks at the load (default :data:`INTERVAL_S`).
+        sampler: what measures the load (tests pass a fake).
+    """
+
+    pinned: int | None = None
+    interval_s: float | None = None
+    sampler: LoadSampler | None = None
+    windows: list[_Window] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        if self.interval_s is None:
+            self.interval_s = INTERVAL_S
+        self.pinned = pinned_threads(self.pinned)
+        self.manage = enabled() and self.pinned is None
+        if self.pinned is not None:
+            torch.set_num_threads(self.pinned)
+        self.max_threads = torch.get_num_threads()
+        self.threads = self.max_threads
+        self._steps = 0
+        self._last = time.monotonic()
+
+    @property
+    def cpus(self) -> int:
+        return len(self._sampler().cpus)
+
+    def _sampler(self) -> LoadSampler:
+        if self.sampler is None:
+            self.sampler = LoadSampler()
+        return self.sampler
+
+    def start(self, probe_s: float = 0.25) -> int:
+        """Look at the load for ``probe_s`` seconds, choose the thread count and return it; log
+        a warning when other processes keep a CPU or more busy (a time budget then makes fewer
+        steps, which the run's summary will say)."""
+        self._sampler()
+        if probe_s > 0:
+            time.sleep(probe_s)
+        self._look(0)
+        others = self.windows[-1].others
+        self.windows.clear()  # the probe is no training window
+        self._last = time.monotonic()
+        logger.info(self.describe(others))
+        if others >= TAKEN_FROM:
+            logger.warning(
+                f"the machine is busy: other processes keep {others:.1f} of {self.cpus} CPUs busy, so "
+                f"qkv runs slower than on a quiet machine ({_threads(self.threads)}); a time budget "
+                "makes fewer steps (a training run's summary says how many)"
+            )
+        return self.threads
+
+    def mark(self) -> int:
+        """Close the window in progress and return where the next stretch begins, for
+        :meth:`report` ``(since=...)`` (the training loop marks its start: what came before,
+        data and model preparation, is no training)."""
+        self._look(self._steps)
+        self._steps = 0
+        self._last = time.monotonic()
+        return len(self.windows)
+
+    def tick(self, steps: int = 0) -> None:
+        """Count ``steps`` more steps done; every ``interval_s`` seconds, look at the load again
+        (and change the thread count when it moved)."""
+        self._steps += steps
+        if time.monotonic() - self._last >= (self.interval_s or 0.0):
+            self._look(self._steps)
+            self._steps = 0
+            self._last = time.monotonic()
+
+    def _look(self, steps: int) -> None:
+        seconds, others = self._sampler().others()
+        self.windows.append(_Window(seconds, steps, others, self.threads))
+        if not self.manage:
+            return
+        taken = math.floor(others + (1 - TAKEN_FROM))
+        want = max(1, min(self.max_threads, self.cpus - taken))
+        if want != self.threads:
+            logger.debug(
+                f"others keep {others:.1f} of {self.cpus} CPUs busy: {self.threads} -> {want} threads"
+            )
+            self._torch.set_num_threads(want)
+            self.threads = want
+
+    def describe(self, others: float = 0.0) -> str:
+        """One line: the threads and why (``others``: the CPUs other processes keep busy)."""
+        if self.pinned is not None:
+            return f"CPU threads: {self.threads} (pinned)"
+        if not self.manage:
+            return f"CPU threads: {self.threads} (QKV_CPU_SHARE=0: torch's choice)"
+        return (
+            f"CPU threads: {self.threads} of {self.cpus} CPUs (other processes keep {others:.1f} busy; "
+            f"re-checked every {self.interval_s:g} s)"
+        )
+
+    def report(self, since: int = 0) -> dict:
+        """The machine during the run (the windows from :meth:`mark`'s ``since`` on):
+        ``cpus``, ``others_cpus`` (CPUs other processes kept busy, mean over the run),
+        ``threads`` (the counts used, first to last, repeats dropped),
+        ``quiet_share`` (steps made / steps a quiet run of this machine makes in the same time:
+        the step rate of the quiet stretches (others under :data:`QUIET_CORES` CPUs) against
+        the whole run's; with no quiet stretch, estimated from the load as
+        ``(cpus - others) / cpus``), ``estimated`` (no quiet stretch to compare with) and
+        ``busy`` (``quiet_share`` under :data:`BUSY_BELOW`). ``{}`` before any window."""
+        windows = [w for w in self.windows[since:] if w.seconds > 0]
+        if not windows:
+            return {}
+        seconds = sum(w.seconds for w in windows)
+        others = sum(w.others * w.seconds for w in windows) / seconds
+        steps = sum(w.steps for w in windows)
+        # the first window holds the warm-up (allocation, first shapes): it is no reference
+        quiet = [w for w in windows[1:] if w.others < QUIET_CORES and w.steps > 0]
+        quiet_s = sum(w.seconds for w in quiet)
+        estimated = quiet_s < min(10.0, 0.1 * seconds) or steps == 0
+        if estimated:
+            share = max(0.0, (self.cpus - others) / self.cpus)
+        else:
+            quiet_rate = sum(w.steps for w in quiet) / quiet_s
+            share = min(1.0, steps / seconds / quiet_rate)
+        threads: list[int] = []
+        for w in windows:
+            if not threads or threads[-1] != w.threads:
+                threads.append(w.threads)
+        if threads[-1] != self.threads:
+            threads.append(self.threads)
+        return {
+            "cpus": self.cpus,
+            "others_cpus": round(others, 2),
+            "threads": threads,
+            "quiet_share": round(share, 3),
+            "estimated": estimated,
+            "busy": share < BUSY_BELOW,
+        }
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
+_current: CpuShare | None = None
+
+
+def start(pinned: int | None = None, probe_s: float = 0.25) -> CpuShare:
+    """A new :class:`CpuShare` for this process (``pinned``: ``train.threads``), started
+    (:meth:`CpuShare.start`); :func:`tick` and :func:`current` use it from then on."""
+    global _current
+    _current = CpuShare(pinned)
+    _current.start(probe_s)
+    return _current
+
+
+def current() -> CpuShare:
+    """This process's :class:`CpuShare`; the first call without :func:`start` makes one from a
+    short look at the load (a decoder's first batch, a notebook that calls one directly)."""
+    global _current
+    if _current is None:
+        _current = CpuShare()
+        _current.start(probe_s=0.1)
+    return _current
+
+
+def tick(steps: int = 0) -> None:
+    """:meth:`CpuShare.tick` of this process's :class:`CpuShare`: what the decoders call between
+    batches and the training loop after each step."""
+    current().tick(steps)
+
+
+def busy_note(report: dict, time_budget: bool = True) -> str | None:
+    """The sentence a result carries when its run was slowed by a busy machine, or ``None``:
+    under a time budget (``time_budget``) the steps it lost, else the time it took longer."""
+    if not report.get("busy"):
+        return None
+    how = "estimated from the load" if report["estimated"] else "measured against its quiet stretches"
+    share = f"{100 * report['quiet_share']:.0f} %"
+    what = (
+        f"{share} of the steps a quiet run of this machine makes"
+        if time_budget
+        else f"it ran at {share} of a quiet run's speed on this machine"
+    )
+    return (
+        f"the machine was busy: {what} ({how}; other processes kept {report['others_cpus']:.1f} of "
+        f"{report['cpus']} CPUs busy)"
+    )

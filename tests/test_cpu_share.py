@@ -1,0 +1,187 @@
+"""qkv.cpu_share: the OpenMP environment every entry point sets (the user's own variables kept),
+the thread count that follows the machine's load, and the busy run that says so (warning at the
+start, summary fields, the line after the result). Nothing here is timed: the load is a fake."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from cli_runs import TINY_LM, run_main
+
+from qkv import cpu_share
+from qkv.cpu_share import CpuShare, busy_note, pinned_threads, set_openmp_defaults
+
+
+class FakeLoad:
+    """A :class:`qkv.cpu_share.LoadSampler` whose other processes keep ``others`` CPUs busy."""
+
+    def __init__(self, others: float, cpus: int = 2) -> None:
+        self.others_now = others
+        self.cpus = list(range(cpus))
+
+    def others(self) -> tuple[float, float]:
+        return 1.0, self.others_now
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """torch starts with 2 threads and no variable pins them."""
+    for name in ("QKV_THREADS", "OMP_NUM_THREADS", "QKV_CPU_SHARE"):
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(1)
+
+
+# --- the environment, before torch loads ---
+
+
+def test_openmp_defaults_set_a_short_spin_unless_the_user_chose():
+    env: dict[str, str] = {}
+    assert set_openmp_defaults(env) == {"GOMP_SPINCOUNT": cpu_share.SPIN_COUNT}
+    assert env == {"GOMP_SPINCOUNT": cpu_share.SPIN_COUNT}
+    for own in ({"GOMP_SPINCOUNT": "5"}, {"OMP_WAIT_POLICY": "ACTIVE"}, {"QKV_CPU_SHARE": "0"}):
+        env = dict(own)
+        assert set_openmp_defaults(env) == {} and env == own  # the user's environment wins
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "QKV_CPU_SHARE")
+    }
+    return env | extra
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [({}, cpu_share.SPIN_COUNT), ({"GOMP_SPINCOUNT": "7"}, "7"), ({"QKV_CPU_SHARE": "0"}, "None")],
+)
+def test_every_entry_point_sets_the_spin_before_torch_loads(extra, expected):
+    """``python -m qkv`` (the CLI), and ``import qkv`` before torch (a notebook, the server, the
+    tests): OpenMP's variable is in the environment when torch loads; torch imported first is
+    left alone."""
+    probe = "import os, sys; import {first}; import torch; print(os.environ.get('GOMP_SPINCOUNT'))"
+    for first, want in (("qkv", expected), ("torch, qkv", extra.get("GOMP_SPINCOUNT", "None"))):
+        done = subprocess.run(
+            [sys.executable, "-c", probe.format(first=first)],
+            env=_child_env(**extra),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == want, (first, extra)
+    cli = subprocess.run(
+        [sys.executable, "-m", "qkv", "--version"], env=_child_env(**extra), capture_output=True, text=True
+    )
+    assert cli.returncode == 0 and cli.stdout.startswith("qkv ")
+
+
+def test_pinned_threads_come_from_the_setting_then_the_environment():
+    assert pinned_threads(3, {"QKV_THREADS": "2"}) == 3
+    assert pinned_threads(None, {"QKV_THREADS": "2", "OMP_NUM_THREADS": "4"}) == 2
+    assert pinned_threads(None, {"OMP_NUM_THREADS": "4,2"}) == 4
+    assert pinned_threads(None, {}) is None
+    with pytest.raises(ValueError, match="QKV_THREADS='two'"):
+        pinned_threads(None, {"QKV_THREADS": "two"})
+
+
+# --- threads that follow the load ---
+
+
+def test_threads_follow_the_load_and_come_back(two_threads):
+    load = FakeLoad(others=0.0)
+    share = CpuShare(interval_s=0.0, sampler=load)
+    assert share.start(probe_s=0) == 2 and torch.get_num_threads() == 2
+    load.others_now = 1.0  # another run took a CPU
+    share.tick(1)
+    assert share.threads == 1 and torch.get_num_threads() == 1
+    load.others_now = 0.3  # a browser tab: no CPU taken
+    share.tick(1)
+    assert torch.get_num_threads() == 2
+    load.others_now = 5.0  # more than the machine: still one thread
+    share.tick(1)
+    assert torch.get_num_threads() == 1
+    assert share.report()["threads"] == [2, 1, 2, 1]
+
+
+@pytest.mark.parametrize("how", ["setting", "off"])
+def test_pinned_or_disabled_threads_stay(two_threads, monkeypatch, how):
+    if how == "off":
+        monkeypatch.setenv("QKV_CPU_SHARE", "0")
+    share = CpuShare(pinned=2 if how == "setting" else None, interval_s=0.0, sampler=FakeLoad(others=1.5))
+    share.start(probe_s=0)
+    share.tick(1)
+    assert torch.get_num_threads() == 2
+    assert share.report()["others_cpus"] == 1.5  # measured all the same
+
+
+# --- honest budgets ---
+
+
+def test_the_share_is_measured_against_the_quiet_stretches(two_threads):
+    load = FakeLoad(others=0.0)
+    share = CpuShare(interval_s=0.0, sampler=load)
+    share.start(probe_s=0)
+    for _ in range(20):  # 20 quiet seconds at 10 steps/s (the first is the warm-up)
+        share.tick(10)
+    load.others_now = 1.0
+    for _ in range(20):  # 20 busy seconds at 4 steps/s
+        share.tick(4)
+    report = share.report()
+    assert report["quiet_share"] == pytest.approx((200 + 80) / 40 / 10, abs=1e-3)
+    assert report["busy"] and not report["estimated"]
+    assert report["others_cpus"] == pytest.approx(0.5)
+    note = busy_note(report)
+    assert note is not None and "the machine was busy: 70 % of the steps a quiet run" in note
+
+
+def test_with_no_quiet_stretch_the_share_is_estimated_from_the_load(two_threads):
+    share = CpuShare(interval_s=0.0, sampler=FakeLoad(others=1.0))
+    share.start(probe_s=0)
+    for _ in range(30):
+        share.tick(3)
+    report = share.report()
+    assert report["estimated"] and report["quiet_share"] == 0.5 and report["busy"]
+    assert "estimated from the load" in (busy_note(report) or "")
+    assert "it ran at 50 % of a quiet run's speed" in (busy_note(report, time_budget=False) or "")
+
+
+def test_a_quiet_run_is_not_busy(two_threads):
+    share = CpuShare(interval_s=0.0, sampler=FakeLoad(others=0.1))
+    share.start(probe_s=0)
+    for _ in range(30):
+        share.tick(5)
+    report = share.report()
+    assert not report["busy"] and report["quiet_share"] == 1.0
+    assert busy_note(report) is None and busy_note({}) is None
+
+
+def test_a_busy_run_warns_at_start_and_says_so_in_its_summary(tmp_path, capsys, monkeypatch):
+    """A training run on a machine whose other processes keep 1.5 of its 2 CPUs busy: a warning
+    when it starts, ``cpu_share`` in ``summary.json``, and the sentence after the result."""
+    monkeypatch.setattr(cpu_share, "LoadSampler", lambda: FakeLoad(others=1.5))
+    monkeypatch.setattr(cpu_share, "INTERVAL_S", 0.0)
+    run = tmp_path / "lm"
+    code, out, err = run_main(capsys, "train", "lm", "--out", str(run), "--max-minutes", "0.02", *TINY_LM)
+    assert code == 0, err
+    assert "warning: the machine is busy: other processes keep 1.5 of 2 CPUs busy" in err
+    summary = json.loads((run / "summary.json").read_text())
+    share = summary["cpu_share"]
+    assert share["busy"] and share["others_cpus"] == 1.5 and share["cpus"] == 2
+    assert share["threads"] == [1]
+    assert "warning: the machine was busy: 25 % of the steps a quiet run of this machine makes" in err
+
+
+def test_a_quiet_run_summary_says_it_was_not_busy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cpu_share, "LoadSampler", lambda: FakeLoad(others=0.0))
+    run = tmp_path / "lm"
+    code, out, err = run_main(capsys, "train", "lm", "--out", str(run), "--max-steps", "6", *TINY_LM)
+    assert code == 0, err
+    assert json.loads((run / "summary.json").read_text())["cpu_share"]["busy"] is False
+    assert "the machine was busy" not in err
