@@ -8,11 +8,11 @@ Workloads: ``train``: the demo's training step (the translation recipe's model, 
 batches of its ``max_tokens``; forward, label-smoothed loss, backward, clip, AdamW); ``decode``:
 ``Translator.translate`` (beam 4, the demo's decoder) of 8 test2016 sentences a step, untrained
 weights (every hypothesis runs to the length limit: a fixed amount of work).
-Policies (environment of each worker; ``before`` is qkv 0.1's behaviour):
-``before`` (``QKV_CPU_SHARE=0``: OpenMP's spin, torch's threads), ``threads-1`` (one thread, no
-spin), ``passive`` (``OMP_WAIT_POLICY=PASSIVE``), ``spin`` (qkv's short spin alone, threads
-fixed), ``adaptive`` (threads from the load, OpenMP's long spin), ``default`` (qkv's default:
-both).
+Policies (environment of each worker; ``before`` is what qkv did before :mod:`qkv.cpu_share`):
+``before`` (``QKV_CPU_SHARE=0``: OpenMP's spin, torch's threads), ``threads-1`` (one thread),
+``passive`` (``OMP_WAIT_POLICY=PASSIVE``: no spin), ``spin`` (``GOMP_SPINCOUNT=1000``, threads
+fixed), ``default`` (qkv's default: threads from the load, OpenMP's own spin), ``default+spin``
+(both).
 
 Each worker builds its workload, warms up, then counts steps from a common start time for
 ``--seconds``; the ratio is to ``before`` alone. Workers are processes of their own, started
@@ -40,9 +40,9 @@ POLICIES = {
     "before": {"QKV_CPU_SHARE": "0"},
     "threads-1": {"QKV_CPU_SHARE": "0", "QKV_THREADS": "1"},
     "passive": {"QKV_CPU_SHARE": "0", "OMP_WAIT_POLICY": "PASSIVE"},
-    "spin": {"QKV_THREADS": "0"},  # filled in main(): all CPUs, pinned
-    "adaptive": {"GOMP_SPINCOUNT": "300000"},
+    "spin": {"QKV_CPU_SHARE": "0", "GOMP_SPINCOUNT": "1000"},
     "default": {},
+    "default+spin": {"GOMP_SPINCOUNT": "1000"},
 }
 SCENARIOS = ("alone", "two", "busy1", "busy2", "tests")
 BUSY = [sys.executable, "-c", "while True: pass"]
@@ -107,7 +107,6 @@ def decode_workload(device: str):
 def worker(workload: str, start_at: float, seconds: float, device: str) -> None:
     """Build ``workload``, warm up, then count steps in ``[start_at, start_at + seconds]``;
     print one JSON line."""
-    import qkv  # noqa: F401  (qkv's OpenMP defaults, before torch loads)
     from qkv.cpu_share import CpuShare
 
     one = train_workload(device) if workload == "train" else decode_workload(device)
@@ -177,7 +176,6 @@ def main() -> None:
     from common import machine
 
     cpus = len(os.sched_getaffinity(0))
-    POLICIES["spin"] = {"QKV_THREADS": str(cpus)}
     lines = [
         f"machine: {machine()}; {cpus} CPUs in this process's affinity; device {args.device}; "
         f"{args.seconds:g} s per cell",

@@ -11,11 +11,6 @@ if TYPE_CHECKING:  # annotations only: `import qkv` imports neither torch nor pa
 
 __version__ = "0.1.0"
 
-# before torch loads: OpenMP reads its variables once (qkv.cpu_share says why)
-from .cpu_share import set_openmp_defaults as _set_openmp_defaults  # noqa: E402
-
-_set_openmp_defaults()
-
 
 def load(name_or_path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a qkv run directory, an HF folder or a pretrained short name

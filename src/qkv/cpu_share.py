@@ -1,24 +1,27 @@
-"""Sharing a busy CPU: OpenMP threads that stop spinning, a thread count that follows the
-machine's load, and a run that says what share of the machine it had.
+"""Sharing a busy CPU: a thread count that follows the machine's load, and a run that says
+what share of the machine it had.
 
 Why: PyTorch's CPU kernels run on OpenMP threads (GNU libgomp in the Linux wheels). Between two
-parallel regions an idle thread spins (GNU's default: about 300,000 polls) instead of sleeping,
-which costs nothing on a quiet machine and everything on a busy one: two runs on 2 cores, each
-with 2 spinning threads, get a fifth of one run's steps between them, since each spends its
-time slices waiting for a thread that the other one holds. Three things together keep a run's
-share (``benchmarks/busy_machine.py`` measures each policy; ``docs/performance.md`` shows the
-table):
+parallel regions an idle thread spins (GNU's default: 300,000 polls, the libgomp manual's
+``GOMP_SPINCOUNT``) instead of sleeping, which costs nothing on a quiet machine and everything
+on a busy one: two runs on 2 cores, each with 2 spinning threads, make a quarter of one run's
+steps between them or less, since each spends its time slices waiting for a thread that the
+other one holds. So:
 
-1. :func:`set_openmp_defaults`: a short spin (``GOMP_SPINCOUNT``) before a waiting thread
-   sleeps, set before torch loads (libgomp reads it once). The user's own variables win.
-2. :class:`CpuShare`: the number of torch threads follows the CPUs that other processes leave
-   free, chosen at the start and re-checked every few seconds between steps
-   (``torch.set_num_threads`` takes effect at the next parallel region). Pinned, it stays:
-   ``train.threads``, ``QKV_THREADS`` or ``OMP_NUM_THREADS``.
-3. :meth:`CpuShare.report`: the share of a quiet run's steps a run made, from its own step rate
+1. :class:`CpuShare`: the number of torch threads follows the CPUs that other processes leave
+   free, chosen at the start and re-checked every few seconds between training steps and
+   decoding batches (``torch.set_num_threads`` takes effect at the next parallel region). One
+   thread cannot spin against itself, and a quiet machine keeps torch's own count, so a run
+   alone is what it was. Pinned, it stays: ``train.threads``, ``QKV_THREADS`` or
+   ``OMP_NUM_THREADS``.
+2. :meth:`CpuShare.report`: the share of a quiet run's steps a run made, from its own step rate
    in quiet and busy stretches, for the summary line, the progress bar and ``summary.json``.
 
-``QKV_CPU_SHARE=0`` turns 1 and 2 off (torch's and OpenMP's own defaults, as before qkv 0.2).
+Shorter spins (``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT``) were measured too and are not
+set: they cost a quiet run up to a third of its speed (decoding most) and gained nothing beside
+other work over the thread count alone (``benchmarks/busy_machine.py``; the table is in the
+performance guide, ``docs/guides/performance.md``). ``QKV_CPU_SHARE=0`` turns 1 off (torch's
+own thread count, as qkv had before).
 """
 
 from __future__ import annotations
@@ -26,52 +29,24 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-# libgomp polls this many times before a waiting thread sleeps (its default is 300,000 when
-# the threads fit the CPUs; passive waiting is 0). Chosen in benchmarks/busy_machine.py: a
-# quiet run keeps its speed, two runs side by side stop starving each other.
-SPIN_COUNT = "1000"
 INTERVAL_S = 2.0  # seconds between two looks at the machine's load
 QUIET_CORES = 0.3  # other processes below this many busy CPUs: a quiet stretch
 # a CPU counts as taken when other processes keep it busy at least this fraction of the time
 TAKEN_FROM = 0.6
-BUSY_BELOW = 0.9  # a run that made under this share of a quiet run's steps says so
+BUSY_BELOW = 0.9  # a run that made under this share of a quiet run's steps says so...
+BUSY_FROM = 0.5  # ...when other processes kept at least this many CPUs busy on average
 
 
 def enabled(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Whether qkv manages OpenMP's waiting and the thread count (``QKV_CPU_SHARE`` not ``0``)."""
+    """Whether qkv chooses the thread count from the load (``QKV_CPU_SHARE`` not ``0``)."""
     env = os.environ if environ is None else environ
     return env.get("QKV_CPU_SHARE", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def set_openmp_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set OpenMP's spin before sleep (``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT`) in ``environ``
-    (default ``os.environ``) unless the user set it, or set ``OMP_WAIT_POLICY`` (which decides
-    it too), or turned this off (``QKV_CPU_SHARE=0``).
-
-    libgomp reads its variables once, when torch loads it: called by ``import qkv`` (so the
-    CLI, ``python -m qkv``, a notebook that imports qkv before torch, the explainer server and
-    the tests get it), and only while torch is not loaded yet (in ``os.environ``); a process
-    that imported torch first keeps OpenMP's default, said at DEBUG level. Child processes
-    inherit the variable.
-
-    Returns:
-        The variables it set (empty when it set none).
-    """
-    env = os.environ if environ is None else environ
-    if not enabled(env) or "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env:
-        return {}
-    if environ is None and "torch" in sys.modules:  # too late: OpenMP has read its variables
-        logger.debug("torch was imported before qkv: OpenMP keeps its own spin before sleep")
-        return {}
-    env["GOMP_SPINCOUNT"] = SPIN_COUNT
-    return {"GOMP_SPINCOUNT": SPIN_COUNT}
 
 
 def pinned_threads(
@@ -158,11 +133,14 @@ class CpuShare:
         pinned: the user's thread count (``train.threads``), or ``None``.
         interval_s: seconds between looks at the load (default :data:`INTERVAL_S`).
         sampler: what measures the load (tests pass a fake).
+        cpu_bound: the work runs on the CPU (``False`` for a GPU run, whose speed the CPUs'
+            load does not set: its share is then measured against its quiet stretches only).
     """
 
     pinned: int | None = None
     interval_s: float | None = None
     sampler: LoadSampler | None = None
+    cpu_bound: bool = True
     windows: list[_Window] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -190,9 +168,7 @@ class CpuShare:
         return self.sampler
 
     def start(self, probe_s: float = 0.25) -> int:
-        """Look at the load for ``probe_s`` seconds, choose the thread count and return it; log
-        a warning when other processes keep a CPU or more busy (a time budget then makes fewer
-        steps, which the run's summary will say)."""
+        """Look at the load for ``probe_s`` seconds, choose the thread count and return it."""
         self._sampler()
         if probe_s > 0:
             time.sleep(probe_s)
@@ -201,13 +177,19 @@ class CpuShare:
         self.windows.clear()  # the probe is no training window
         self._last = time.monotonic()
         logger.info(self.describe(others))
+        return self.threads
+
+    def warn_if_busy(self) -> None:
+        """Log a warning when, at the latest look, other processes kept a CPU or more busy: what
+        the training loop says as it starts (after every check of the run's inputs, so that a
+        refused command stays one line)."""
+        others = self.windows[-1].others if self.windows else 0.0
         if others >= TAKEN_FROM:
             logger.warning(
                 f"the machine is busy: other processes keep {others:.1f} of {self.cpus} CPUs busy, so "
                 f"qkv runs slower than on a quiet machine ({_threads(self.threads)}); a time budget "
-                "makes fewer steps (a training run's summary says how many)"
+                "makes fewer steps (the summary will say how many)"
             )
-        return self.threads
 
     def mark(self) -> int:
         """Close the window in progress and return where the next stretch begins, for
@@ -259,8 +241,10 @@ class CpuShare:
         ``quiet_share`` (steps made / steps a quiet run of this machine makes in the same time:
         the step rate of the quiet stretches (others under :data:`QUIET_CORES` CPUs) against
         the whole run's; with no quiet stretch, estimated from the load as
-        ``(cpus - others) / cpus``), ``estimated`` (no quiet stretch to compare with) and
-        ``busy`` (``quiet_share`` under :data:`BUSY_BELOW`). ``{}`` before any window."""
+        ``(cpus - others) / cpus``, or ``None`` for work that is not ``cpu_bound``),
+        ``estimated`` (no quiet stretch to compare with) and ``busy`` (``quiet_share`` under
+        :data:`BUSY_BELOW` while others kept :data:`BUSY_FROM` CPUs or more busy). ``{}``
+        before any window."""
         windows = [w for w in self.windows[since:] if w.seconds > 0]
         if not windows:
             return {}
@@ -271,8 +255,9 @@ class CpuShare:
         quiet = [w for w in windows[1:] if w.others < QUIET_CORES and w.steps > 0]
         quiet_s = sum(w.seconds for w in quiet)
         estimated = quiet_s < min(10.0, 0.1 * seconds) or steps == 0
+        share: float | None
         if estimated:
-            share = max(0.0, (self.cpus - others) / self.cpus)
+            share = max(0.0, (self.cpus - others) / self.cpus) if self.cpu_bound else None
         else:
             quiet_rate = sum(w.steps for w in quiet) / quiet_s
             share = min(1.0, steps / seconds / quiet_rate)
@@ -286,9 +271,9 @@ class CpuShare:
             "cpus": self.cpus,
             "others_cpus": round(others, 2),
             "threads": threads,
-            "quiet_share": round(share, 3),
+            "quiet_share": None if share is None else round(share, 3),
             "estimated": estimated,
-            "busy": share < BUSY_BELOW,
+            "busy": share is not None and share < BUSY_BELOW and others >= BUSY_FROM,
         }
 
 

@@ -298,6 +298,7 @@ def start_run(train: TrainSettings) -> RunContext:
     cpu_share.start(train.threads)  # threads from the machine's load, unless pinned
     torch.manual_seed(train.seed)
     device = resolve_device(train.device, log_level=logging.INFO)
+    cpu_share.current().cpu_bound = device.type == "cpu"
     if ctx.enabled and device.type == "cuda":
         device = torch.device("cuda", ctx.local_rank)
     precision, why = resolve_precision(train.precision, device)

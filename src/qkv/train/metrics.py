@@ -63,7 +63,10 @@ class TrainMetrics:
             else None,
         )
         self._window_loss, self._window_tokens, self._window_t = 0.0, 0, time.perf_counter()
-        self._cpu_since = cpu_share.current().mark()
+        share = cpu_share.current()
+        self._cpu_since = share.mark()
+        if self.main:
+            share.warn_if_busy()
 
     def log(self, row: dict[str, Any]) -> None:
         """Append ``row`` to ``metrics.jsonl`` (rank 0)."""
