@@ -181,7 +181,19 @@ def test_a_busy_run_warns_at_start_and_says_so_in_its_summary(tmp_path, capsys, 
 def test_a_quiet_run_summary_says_it_was_not_busy(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cpu_share, "LoadSampler", lambda: FakeLoad(others=0.0))
     run = tmp_path / "lm"
-    code, out, err = run_main(capsys, "train", "lm", "--out", str(run), "--max-steps", "6", *TINY_LM)
+    code, out, err = run_main(capsys, "train", "lm", "--out", str(run), "--max-minutes", "0.02", *TINY_LM)
     assert code == 0, err
     assert json.loads((run / "summary.json").read_text())["cpu_share"]["busy"] is False
     assert "the machine was busy" not in err
+
+
+def test_a_mark_right_after_a_look_measures_no_window_of_rounding(two_threads):
+    """Two marks a few milliseconds apart (the run's start, then the loop's): the second takes
+    no look, whose load over so short a time would be the kernel's 10-ms ticks."""
+    load = FakeLoad(others=1.0)
+    share = CpuShare(interval_s=0.0, sampler=load)
+    share.start(probe_s=0)
+    share._last -= 1.0  # a second of data preparation since the start
+    first = share.mark()
+    load.others_now = 2.0  # what a look of a few milliseconds could read
+    assert share.mark() == first and share.windows[-1].others == 1.0

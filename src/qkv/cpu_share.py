@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = 2.0  # seconds between two looks at the machine's load
+# the kernel counts CPU time in ticks of 10 ms: a shorter window than this is mostly rounding
+MIN_WINDOW_S = 0.5
 QUIET_CORES = 0.3  # other processes below this many busy CPUs: a quiet stretch
 # a CPU counts as taken when other processes keep it busy at least this fraction of the time
 TAKEN_FROM = 0.6
@@ -194,10 +196,12 @@ class CpuShare:
     def mark(self) -> int:
         """Close the window in progress and return where the next stretch begins, for
         :meth:`report` ``(since=...)`` (the training loop marks its start: what came before,
-        data and model preparation, is no training)."""
-        self._look(self._steps)
-        self._steps = 0
-        self._last = time.monotonic()
+        data and model preparation, is no training). A window shorter than
+        :data:`MIN_WINDOW_S` stays open (its load would be rounding)."""
+        if time.monotonic() - self._last >= MIN_WINDOW_S:
+            self._look(self._steps)
+            self._steps = 0
+            self._last = time.monotonic()
         return len(self.windows)
 
     def tick(self, steps: int = 0) -> None:

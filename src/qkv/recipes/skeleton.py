@@ -164,7 +164,9 @@ class TrainingRun(ABC):
             resume=self.resume,
             precision=self.context.precision,
         )
-        self.cpu_report = cpu_share.current().report(since=since)
+        share = cpu_share.current()
+        share.mark()  # the last stretch of training
+        self.cpu_report = share.report(since=since)
         return state
 
     def _figures(self, model: Any, state: LoopState, trained: int) -> dict:
