@@ -197,3 +197,13 @@ def test_a_mark_right_after_a_look_measures_no_window_of_rounding(two_threads):
     first = share.mark()
     load.others_now = 2.0  # what a look of a few milliseconds could read
     assert share.mark() == first and share.windows[-1].others == 1.0
+
+
+def test_the_warning_comes_from_the_start_look_when_training_starts_at_once(two_threads, qkv_logs):
+    """Data and model ready within half a second of the start: no window since, so the loop's
+    warning reads the start's look."""
+    share = CpuShare(interval_s=10.0, sampler=FakeLoad(others=1.0))
+    share.start(probe_s=0)
+    share.mark()
+    share.warn_if_busy()
+    assert "the machine is busy: other processes keep 1.0 of 2 CPUs busy" in qkv_logs.text

@@ -157,6 +157,7 @@ class CpuShare:
             torch.set_num_threads(self.pinned)
         self.max_threads = torch.get_num_threads()
         self.threads = self.max_threads
+        self.probe_others = 0.0  # what the start's look saw
         self._steps = 0
         self._last = time.monotonic()
 
@@ -175,7 +176,7 @@ class CpuShare:
         if probe_s > 0:
             time.sleep(probe_s)
         self._look(0)
-        others = self.windows[-1].others
+        others = self.probe_others = self.windows[-1].others
         self.windows.clear()  # the probe is no training window
         self._last = time.monotonic()
         logger.info(self.describe(others))
@@ -185,7 +186,7 @@ class CpuShare:
         """Log a warning when, at the latest look, other processes kept a CPU or more busy: what
         the training loop says as it starts (after every check of the run's inputs, so that a
         refused command stays one line)."""
-        others = self.windows[-1].others if self.windows else 0.0
+        others = self.windows[-1].others if self.windows else self.probe_others
         if others >= TAKEN_FROM:
             logger.warning(
                 f"the machine is busy: other processes keep {others:.1f} of {self.cpus} CPUs busy, so "
