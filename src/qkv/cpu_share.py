@@ -170,7 +170,7 @@ class CpuShare:
             self.sampler = LoadSampler()
         return self.sampler
 
-    def start(self, probe_s: float = 0.25) -> int:
+    def start(self, probe_s: float = 0.1) -> int:
         """Look at the load for ``probe_s`` seconds, choose the thread count and return it."""
         self._sampler()
         if probe_s > 0:
@@ -289,7 +289,7 @@ def _threads(n: int) -> str:
 _current: CpuShare | None = None
 
 
-def start(pinned: int | None = None, probe_s: float = 0.25) -> CpuShare:
+def start(pinned: int | None = None, probe_s: float = 0.1) -> CpuShare:
     """A new :class:`CpuShare` for this process (``pinned``: ``train.threads``), started
     (:meth:`CpuShare.start`); :func:`tick` and :func:`current` use it from then on."""
     global _current
