@@ -286,10 +286,28 @@ def test_generate_and_infill_from_the_command_line(diffusion_run, capsys, tmp_pa
         (["--infill", "a __ b", "--steps", "0"], "--steps must be >= 1"),
         (["--top-k", "5"], "apply to autoregressive LMs"),
         (["--infill", "a __ b", "--block-length", "1", "--steps", "1"], "number of blocks"),
+        (["--infill", "a __ b", "--block-length", "0"], "--block-length must be >= 1"),
+        (["--infill", "a __ b", "--block-length", "-1"], "--block-length must be >= 1"),
+        (["--infill", "a __ b", "--mask-char", ""], "one character"),
+        (["--infill", "a __ b", "--mask-char", "__"], "one character"),
+        (["--infill", "a __ b", "--temperature", "-1"], "finite number > 0"),
+        (["--infill", "a __ b", "--temperature", "nan"], "finite number > 0"),
+        (["--infill", "a __ b", "--temperature", "inf"], "finite number > 0"),
+        (["--infill", "ROMEO:_9_"], "position 7 (counted from 0)"),
     ],
 )
 def test_diffusion_generate_refusals(diffusion_run, capsys, args, needle):
     refused(run_main(capsys, "generate", str(diffusion_run), *args), needle)
+
+
+@needs_data
+def test_a_tiny_temperature_draws_the_argmax(diffusion_run, capsys):
+    """1e-300 overflows float32's division; the draw is then the most likely token, as greedy."""
+    greedy = run_main(capsys, "generate", str(diffusion_run), "--infill", "ROMEO: ____", "--greedy")
+    tiny = run_main(
+        capsys, "generate", str(diffusion_run), "--infill", "ROMEO: ____", "--temperature", "1e-300"
+    )
+    assert greedy[0] == tiny[0] == 0 and tiny[1] == greedy[1], tiny
 
 
 @needs_data

@@ -161,9 +161,8 @@ def test_hub_refusals_are_one_line(monkeypatch, error, message):
 
 def test_unknown_name_mentions_hub_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(
-        QkvError, match=r"^unknown pretrained model 'no-such-model'; known: .*Hub name org/name\)$"
-    ):
+    known = r"^unknown pretrained model 'no-such-model'; known: .*Hub name org/name, or an ESM-2 name"
+    with pytest.raises(QkvError, match=known + r" such as esm2_t6_8M_UR50D\)$"):
         pretrained.load("no-such-model")
     with pytest.raises(QkvError, match="^HF folder not found: a/b/c$"):
         pretrained.load("a/b/c")

@@ -770,6 +770,45 @@ def test_resume_continues_to_more_steps(lm_run, tmp_path, capsys):
     assert (run / "model.safetensors").read_bytes() == before
 
 
+@needs_data
+def test_a_text_run_resumes_on_its_own_text_only(lm_run, tmp_path, capsys):
+    """A run on tiny-shakespeare keeps the sha256 of its split texts in data.json: resuming it on
+    other text (the same characters reversed), another split, or token shards (even of the same
+    text) is refused in one line and nothing of the run changes; a run saved without data.json
+    (an older qkv) is checked against the inputs its settings named."""
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    text = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    (tmp_path / "rev.txt").write_text(text[::-1], encoding="utf-8")
+    assert (
+        main(
+            [
+                "prepare",
+                "lm",
+                str(DATA / "tinyshakespeare" / "input.txt"),
+                "--out",
+                str(tmp_path / "d"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    resume = ("train", "lm", "--out", str(run), "--resume", "--max-steps", "25", *SMOKE)
+    for other, named in (
+        (f"corpus={tmp_path / 'rev.txt'}", "corpus="),
+        ("val_fraction=0.2", "val_fraction=0.2"),
+        (f"data={tmp_path / 'd'}", "data="),
+    ):
+        _clean_error(
+            *_run(capsys, *resume, other), "cannot resume", named, "is not the data this run started on"
+        )
+        assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    (run / "data.json").unlink()  # as an older qkv left it
+    _clean_error(*_run(capsys, *resume, f"corpus={tmp_path / 'rev.txt'}"), "corpus=")
+
+
 @pytest.mark.parametrize(
     "override, needle",
     [("d_modle=64", "d_modle"), ("norm=batchnorm", "batchnorm"), ("tokenizer=word", "tokenizer")],

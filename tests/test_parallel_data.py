@@ -246,3 +246,68 @@ def test_resume_needs_the_pairs_the_run_started_on(tmp_path, capsys):
     assert run_main(capsys, *again, "train.max_steps=3", "--resume")[0] == 0
     write_tsv(moved, word_pairs(60, seed=1))  # other pairs under the same name: refused
     refused(run_main(capsys, *again, "train.max_steps=4", "--resume"), "is not the data this run started on")
+
+
+def number_words(n: int) -> str:
+    """``n`` (0-999) in English words: 312 → "three hundred twelve"."""
+    ones = [
+        "zero",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+    ]  # noqa: E501
+    tens = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+    words = [f"{ones[n // 100]} hundred"] if n >= 100 else []
+    rest = n % 100
+    if rest or not words:
+        words.append(
+            ones[rest] if rest < 20 else tens[rest // 10] + (f" {ones[rest % 10]}" if rest % 10 else "")
+        )
+    return " ".join(words)
+
+
+def test_one_word_targets_select_weights_by_chrf_not_a_tie_of_bleu(tmp_path, capsys):
+    """Number words → digits: every target is one word, so corpus BLEU finds no 2- to 4-grams
+    and scores every candidate 0. The weights kept are the candidate with the best validation
+    chrF (ties to the lower validation loss), recomputed here from each candidate's file; the
+    summary prints exact match."""
+    from qkv.recipes.translation import evaluate_run
+
+    rng = random.Random(0)
+    pairs = write_tsv(
+        tmp_path / "numbers.tsv", [(number_words(n), str(n)) for n in rng.sample(range(1000), 600)]
+    )
+    run = tmp_path / "run"
+    code, out, err = run_main(
+        capsys, "train", "translation", "--out", str(run), f"data={pairs}", *TINY, "train.max_steps=240",
+        "train.eval_every=80", "train.snapshot_minutes=0.002", "max_tokens=256", "train.lr=3e-3",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert "exact match" in err and "exact" in summary["test"] and "val_exact" in summary["validation"]
+    candidates = {}
+    for name in ("last", "best", "averaged"):
+        if (run / f"{name}.safetensors").is_file():
+            (run / "model.safetensors").write_bytes((run / f"{name}.safetensors").read_bytes())
+            candidates[name] = evaluate_run(run, "val", beam_size=1)
+    assert len(candidates) == 3, candidates.keys()
+    assert all(c["bleu"] == 0.0 for c in candidates.values())  # the tie the old choice fell into
+    best = min(candidates, key=lambda n: (-candidates[n]["chrf"], candidates[n]["loss"]))
+    assert summary["selected_weights"] == best, {k: (v["chrf"], v["loss"]) for k, v in candidates.items()}
+    assert summary["validation"]["val_chrf"] == pytest.approx(candidates[best]["chrf"])

@@ -4,6 +4,7 @@ LoRA run's adapters out as a PEFT adapter beside its base model (``convert --to 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from ..errors import QkvError
@@ -21,22 +22,36 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "paths",
         nargs="+",
-        help="hf HF_DIR|NAME RUN_DIR (NAME: a short name such as antiberty or sapiens-vh, or a Hub "
-        "name org/name), or (with --to hf) RUN_DIR HF_DIR, or (with --to peft) LORA_RUN_DIR DIR",
+        help="hf CHECKPOINT RUN_DIR (CHECKPOINT: an HF folder, a fair-esm .pt file, a short name "
+        "such as antiberty or sapiens-vh, an ESM-2 name such as esm2_t33_650M_UR50D, or a Hub "
+        "name org/name), or (with --to hf) RUN_DIR|CHECKPOINT HF_DIR, or (with --to peft) "
+        "LORA_RUN_DIR DIR",
     )
     p.add_argument(
         "--to",
         choices=("hf", "peft"),
-        help="export a qkv run directory as an HF folder (hf), or a LoRA run as the HF base model in "
-        "DIR/base plus its adapters as a PEFT adapter in DIR (peft)",
+        help="export a qkv run directory (or a checkpoint qkv reads) as an HF folder (hf), or a LoRA "
+        "run as the HF base model in DIR/base plus its adapters as a PEFT adapter in DIR (peft)",
     )
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)
     p.set_defaults(func=_cmd_convert)
 
 
+def _recorded(source: str, args) -> str:
+    """What a converted run records as its source: the resolved path of a file or folder, or a
+    name with the revision it was read at."""
+    from ..hub.hub_names import split_revision
+
+    if Path(source).exists():
+        return str(Path(source).resolve())
+    repo, revision = split_revision(source, args.revision)
+    return repo + (f"@{revision}" if revision else "")
+
+
 def _cmd_convert(args) -> int:
     from ..hub.convert import export_hf, refuse_nonempty, write_run
+    from ..hub.pretrained import is_run_dir, read
 
     if args.to and len(args.paths) != 2:
         shown = "LORA_RUN_DIR DIR" if args.to == "peft" else "RUN_DIR HF_DIR"
@@ -54,26 +69,29 @@ def _cmd_convert(args) -> int:
         )
         return 0
     if args.to == "hf":
-        out = export_hf(*args.paths)
+        source, out_dir = args.paths
+        if not is_run_dir(Path(source)):  # a checkpoint: through a run directory of its own
+            refuse_nonempty(out_dir, "folder")  # before a Hub download
+            with tempfile.TemporaryDirectory() as tmp:
+                run_dir = Path(tmp) / "run"
+                write_run(read(source, args.revision, args.tokenizer), run_dir, _recorded(source, args))
+                out = export_hf(run_dir, out_dir)
+        else:
+            out = export_hf(source, out_dir)
         log(
             f"wrote {out} (config.json, model.safetensors, tokenizer.json): load it with "
             f"transformers' from_pretrained"
         )
         return 0
     if len(args.paths) != 3 or args.paths[0] != "hf":
-        raise QkvError("usage: qkv convert hf HF_DIR|NAME RUN_DIR  (or: qkv convert --to hf RUN_DIR HF_DIR)")
-    from ..hub.hub_names import split_revision
-    from ..hub.pretrained import read
-
+        raise QkvError(
+            "usage: qkv convert hf CHECKPOINT RUN_DIR  (CHECKPOINT: an HF folder, a fair-esm .pt, or a "
+            "name; or: qkv convert --to hf RUN_DIR|CHECKPOINT HF_DIR)"
+        )
     source, run_dir = args.paths[1:]
     refuse_nonempty(run_dir)  # before a Hub download
     conv = read(source, args.revision, args.tokenizer)
-    if Path(source).exists():
-        recorded = str(Path(source).resolve())
-    else:  # a name, with the revision it was read at
-        repo, revision = split_revision(source, args.revision)
-        recorded = repo + (f"@{revision}" if revision else "")
-    write_run(conv, run_dir, recorded)
+    write_run(conv, run_dir, _recorded(source, args))
     n = sum(p.numel() for p in conv.model.parameters())
     log(
         f"{conv.family.name} ({', '.join(sorted(conv.parts))}; {n / 1e6:.1f} M parameters) -> {run_dir}\n"

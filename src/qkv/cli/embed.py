@@ -53,9 +53,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--layers",
+        nargs="+",
         help="proteins: layers to keep, as ESM's repr_layers: 0 = embeddings, k = after layer k, "
-        "the last = after the final norm, negative from the end; comma-separated, or 'all' "
-        "(default: the last)",
+        "the last = after the final norm, negative from the end; space-separated as in ESM's "
+        "extract.py (--layers 0 6 -1), comma-separated (0,6,-1), or 'all' (default: the last)",
     )
     p.add_argument(
         "--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence"
@@ -114,17 +115,20 @@ def _cmd_embed(args) -> int:
     return 0
 
 
-def _layers(spec: str | None) -> str | list[int]:
-    """``--layers``: ``"all"``, or comma-separated integers (default: the last layer)."""
-    if spec is None:
+def _layers(given: list[str] | None) -> str | list[int]:
+    """``--layers``: ``all``, or integers, space- or comma-separated (default: the last layer)."""
+    if given is None:
         return [-1]
-    if spec.strip() == "all":
+    parts = [part.strip() for word in given for part in word.split(",") if part.strip()]
+    if parts == ["all"]:
         return "all"
     try:
-        return [int(part) for part in spec.split(",")]
+        if not parts:
+            raise ValueError
+        return [int(part) for part in parts]
     except ValueError:
         raise QkvError(
-            f"--layers {spec}: give comma-separated layer numbers (e.g. 0,6,-1) or 'all'"
+            f"--layers {' '.join(given)}: give layer numbers (e.g. 0 6 -1, or 0,6,-1) or 'all'"
         ) from None
 
 

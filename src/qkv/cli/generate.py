@@ -192,7 +192,12 @@ def _cmd_diffusion(args) -> int:
         "trace": args.trajectory is not None,
     }
     if args.infill is not None:
-        texts = gen.infill(args.infill, args.steps, mask_char=args.mask_char or MASK_CHAR, **options)
+        texts = gen.infill(
+            args.infill,
+            args.steps,
+            mask_char=MASK_CHAR if args.mask_char is None else args.mask_char,
+            **options,
+        )
     else:
         texts = [
             args.prompt + t for t in gen.generate(args.prompt, args.max_new_tokens, args.steps, **options)

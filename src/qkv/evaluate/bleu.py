@@ -7,14 +7,24 @@ import sacrebleu
 
 
 def translation_scores(hypotheses: list[str], references: list[str]) -> dict:
-    """``{"bleu", "bleu_lowercase", "chrf"}`` (0-100) of detokenized hypotheses vs references."""
+    """``{"bleu", "bleu_lowercase", "chrf", "exact"}`` (each 0-100) of detokenized hypotheses vs
+    references: corpus BLEU (Papineni et al. 2002) cased and lowercased, corpus chrF (Popović
+    2015; character 6-grams, so a one-word or one-chain target still has n-grams to match, where
+    BLEU's 2- to 4-grams of words find none and score 0), and exact match: the percentage of
+    hypotheses equal to their reference (outer whitespace aside).
+
+    Raises:
+        ValueError: as many hypotheses as references are needed.
+    """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     refs = [references]
+    same = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references, strict=True))
     return {
         "bleu": sacrebleu.corpus_bleu(hypotheses, refs).score,
         "bleu_lowercase": sacrebleu.corpus_bleu(hypotheses, refs, lowercase=True).score,
         "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score,
+        "exact": 100.0 * same / max(len(references), 1),
     }
 
 

@@ -29,6 +29,17 @@ ESM_ALPHABET = (
 )  # fmt: skip
 PAD_ID, MASK_ID = ESM_ALPHABET.index("<pad>"), ESM_ALPHABET.index("<mask>")
 
+# ESM-2's released checkpoints (Lin et al. 2023, Table S1) as fair-esm's ``esm.pretrained`` names
+# them; torch hub caches each as <name>.pt, and the HF Hub holds each as facebook/<name>
+ESM2_NAMES = (
+    "esm2_t6_8M_UR50D",
+    "esm2_t12_35M_UR50D",
+    "esm2_t30_150M_UR50D",
+    "esm2_t33_650M_UR50D",
+    "esm2_t36_3B_UR50D",
+    "esm2_t48_15B_UR50D",
+)
+
 # fair-esm name (regular expression, matched at the start) → HF name; the rest of the name
 # (``weight``/``bias``) is kept
 _LAYER = r"esm.encoder.layer.\1."
@@ -134,9 +145,7 @@ def load_fair_esm(path: str | Path) -> Converted:
         state = dict(data["model"])
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         raise QkvError(f"{path} is not a fair-esm ESM-2 checkpoint (no {exc})") from None
-    regression = path.with_name(f"{path.stem}-contact-regression.pt")
-    if regression.is_file():
-        state.update(read_settings_checkpoint(regression, "fair-esm").get("model", {}))
+    state.update(_regression_state(path))
     return from_fair_esm(
         state,
         sizes["encoder_layers"],
@@ -148,3 +157,62 @@ def load_fair_esm(path: str | Path) -> Converted:
 
 def _has(cfg: object, name: str) -> bool:
     return name in cfg if isinstance(cfg, dict) else hasattr(cfg, name)
+
+
+def _regression_state(path: Path) -> dict[str, torch.Tensor]:
+    """The contact regression's tensors in fair-esm names (``contact_head.regression.*``) from
+    ``<name>-contact-regression.pt`` beside ``path``, or ``{}`` when there is none."""
+    regression = path.with_name(f"{path.stem}-contact-regression.pt")
+    if not regression.is_file():
+        return {}
+    return dict(read_settings_checkpoint(regression, "fair-esm").get("model", {}))
+
+
+def contact_regression(path: str | Path) -> dict[str, torch.Tensor]:
+    """The contact head (Rao et al. 2021) of fair-esm checkpoint ``path`` in HF names
+    (``esm.contact_head.regression.weight`` ``(1, layers · heads)``, ``.bias`` ``(1,)``), read
+    from ``<name>-contact-regression.pt`` beside it without loading the model; ``{}`` when there
+    is none.
+
+    Raises:
+        QkvError: a refused or unreadable regression file, or tensors that are not the head's.
+    """
+    return to_hf_names(_regression_state(Path(path)))
+
+
+def is_checkpoint_file(name_or_path: str | Path) -> bool:
+    """Whether ``name_or_path`` names a fair-esm checkpoint file: a ``.pt`` path (torch hub's
+    form; whether it exists is :func:`load_fair_esm`'s to say)."""
+    return Path(name_or_path).suffix == ".pt" and not Path(name_or_path).is_dir()
+
+
+def is_esm_name(text: str | Path) -> bool:
+    """Whether ``text`` is written as fair-esm names its models (``esm2_t33_650M_UR50D``,
+    ``esm1b_t33_650M_UR50S``, ...): ``esm`` then letters, digits and ``_``, and no path that
+    exists here (a path wins)."""
+    return re.fullmatch(r"esm[0-9a-z]*_\w+", str(text)) is not None and not Path(text).exists()
+
+
+def hub_cache_file(name: str) -> Path:
+    """Where torch hub keeps fair-esm model ``name`` (``esm.pretrained`` downloads there):
+    ``$TORCH_HOME/hub/checkpoints/<name>.pt``, by default under ``~/.cache/torch``."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / f"{name}.pt"
+
+
+def resolve_esm_name(name: str) -> str:
+    """An ESM-2 model as fair-esm names it → what qkv reads: torch hub's cached ``.pt``
+    (:func:`hub_cache_file`, the contact regression beside it) when it is there, else the HF Hub
+    name ``facebook/<name>`` (downloaded or found in the HF cache by
+    :mod:`qkv.hub.hub_names`).
+
+    Raises:
+        QkvError: a name that is not one of :data:`ESM2_NAMES` (ESM-1, ESM-1b, ESM-1v, the MSA
+            Transformer and ESM-IF are other architectures).
+    """
+    if name not in ESM2_NAMES:
+        raise QkvError(
+            f"unknown ESM model {name!r}: qkv reads ESM-2 ({', '.join(ESM2_NAMES)}), a fair-esm "
+            ".pt file or an HF folder"
+        )
+    cached = hub_cache_file(name)
+    return str(cached) if cached.is_file() else f"facebook/{name}"

@@ -230,6 +230,13 @@ BERT = Family(
 # --- ESM-2 ----------------------------------------------------------------------------------
 
 
+# ESM's max_position_embeddings counts fairseq's learned-position table, which starts after the
+# padding index: 1,026 = 1,024 trained tokens + 2 (ESM-1b's table; ESM-2's HF configs keep the
+# number). ESM-2 was trained on crops of 1,024 tokens, <cls> + 1,022 residues + <eos>, and
+# fair-esm's extract.py cuts chains at 1,022 residues (Lin et al. 2023, Methods "Pre-training").
+ESM_POSITION_OFFSET = 2
+
+
 def _esm_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
     if c.get("position_embedding_type", "absolute") != "rotary":
         raise QkvError(
@@ -237,7 +244,7 @@ def _esm_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
             "supported (rotary, as in ESM-2)"
         )
     return EncoderConfig(
-        **_encoder_fields(c),
+        **{**_encoder_fields(c), "max_len": c["max_position_embeddings"] - ESM_POSITION_OFFSET},
         positional="rotary",
         norm_first=True,
         embed_norm=bool(c.get("emb_layer_norm_before", False)),
@@ -269,7 +276,7 @@ def _esm_to_hf(cfg: EncoderConfig) -> dict:
         "num_attention_heads": cfg.n_heads,
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layers,
-        "max_position_embeddings": cfg.max_len,
+        "max_position_embeddings": cfg.max_len + ESM_POSITION_OFFSET,
         "hidden_act": ACT_TO_HF[cfg.activation],
         "layer_norm_eps": cfg.layer_norm_eps,
         "hidden_dropout_prob": cfg.dropout,

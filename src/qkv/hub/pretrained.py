@@ -16,7 +16,10 @@ nothing is downloaded at run time):
 
 Beside the short names, every function here takes a Hugging Face Hub name (``org/name``, with a
 revision as ``revision=`` or ``org/name@revision``), fetched into the Hugging Face cache
-(:mod:`qkv.hub.hub_names`), and a local HF folder. A path that exists wins over a name.
+(:mod:`qkv.hub.hub_names`), a local HF folder, a fair-esm ESM-2 checkpoint (a ``.pt`` file, as
+torch hub saves them) and an ESM-2 model as fair-esm names it (``esm2_t33_650M_UR50D``: torch
+hub's cached ``.pt`` if it is there, else ``facebook/<name>`` from the HF Hub;
+:mod:`qkv.hub.fair_esm`). A path that exists wins over a name.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ def locate(name: str) -> tuple[Path, Path | None, dict]:
     """
     if name not in PRETRAINED:
         raise QkvError(
-            f"unknown pretrained model {name!r}; known: {', '.join(PRETRAINED)} (or give a path or a "
-            "Hub name org/name)"
+            f"unknown pretrained model {name!r}; known: {', '.join(PRETRAINED)} (or give a path, a "
+            "Hub name org/name, or an ESM-2 name such as esm2_t6_8M_UR50D)"
         )
     entry = PRETRAINED[name]
     spec = importlib.util.find_spec(entry.package)
@@ -103,19 +106,39 @@ def is_run_dir(path: Path) -> bool:
     return (path / "train_config.json").is_file()
 
 
+def source_of(name_or_path: str | Path) -> str:
+    """What qkv reads for ``name_or_path``: an ESM-2 name as fair-esm writes it becomes torch
+    hub's cached ``.pt`` or the Hub name ``facebook/<name>``
+    (:func:`~qkv.hub.fair_esm.resolve_esm_name`); anything else is itself.
+
+    Raises:
+        QkvError: an ESM name that is not an ESM-2 model's.
+    """
+    from .fair_esm import is_esm_name, resolve_esm_name
+
+    text = str(name_or_path)
+    return resolve_esm_name(text) if is_esm_name(text) else text
+
+
 def hf_folder(name_or_path: str | Path, revision: str | None = None) -> tuple[Path, Path | None, dict] | None:
     """``(HF folder, tokenizer file or None, model settings)`` of a short name, a Hub name
     (downloaded into the Hugging Face cache, or found there; ``revision``: its branch, tag or
-    commit) or an HF folder path; ``None`` where there is no HF folder: a qkv run directory, or
-    a Sapiens short name (a fairseq checkpoint, converted by :func:`read`).
+    commit), an ESM-2 name (:func:`source_of`) or an HF folder path; ``None`` where there is no
+    HF folder: a qkv run directory, a fair-esm ``.pt`` file, or a Sapiens short name (a fairseq
+    checkpoint; :func:`read` converts both).
 
     Raises:
         QkvError: a path to nothing, an unknown short name (the known ones listed), or the
-            errors of :func:`locate` and :func:`~qkv.hub.hub_names.download`.
+            errors of :func:`source_of`, :func:`locate` and
+            :func:`~qkv.hub.hub_names.download`.
     """
+    from .fair_esm import is_checkpoint_file
     from .hub_names import download, is_hub_name, split_revision
 
-    path, text = Path(name_or_path), str(name_or_path)
+    text = source_of(name_or_path)
+    path = Path(text)
+    if is_checkpoint_file(text):
+        return None
     if path.is_dir():
         return None if is_run_dir(path) else (path, None, {})
     if is_hub_name(text):
@@ -130,32 +153,67 @@ def read(
     name_or_path: str | Path, revision: str | None = None, tokenizer: str | Path | None = None
 ) -> Converted:
     """The :class:`~qkv.hub.convert.Converted` checkpoint (in memory, nothing written) of a
-    short name, a Hub name or an HF folder (see :func:`hf_folder`); ``tokenizer`` replaces the
-    folder's own.
+    short name, a Hub name, an HF folder, a fair-esm ``.pt`` file or an ESM-2 name (see
+    :func:`hf_folder`); ``tokenizer`` replaces the folder's own.
 
     Raises:
-        QkvError: a qkv run directory (already converted), or the errors of :func:`hf_folder`
-            and :func:`~qkv.hub.convert.read_hf`.
+        QkvError: a qkv run directory (already converted), a ``tokenizer`` for a fair-esm
+            checkpoint (its alphabet is fixed), or the errors of :func:`hf_folder`,
+            :func:`~qkv.hub.fair_esm.load_fair_esm` and :func:`~qkv.hub.convert.read_hf`.
     """
     from .convert import read_hf
+    from .fair_esm import is_checkpoint_file, load_fair_esm
     from .sapiens import read_sapiens
+
+    source = source_of(name_or_path)
+    if is_checkpoint_file(source):
+        if tokenizer is not None:
+            raise QkvError(
+                f"{name_or_path} is a fair-esm checkpoint: its alphabet is ESM's, not a tokenizer file"
+            )
+        return load_fair_esm(source)
 
     entry = PRETRAINED[str(name_or_path)] if is_short_name(name_or_path) else None
     if entry is not None and entry.fairseq is not None:
         folder, dict_txt, _ = locate(str(name_or_path))
         assert dict_txt is not None  # a fairseq entry names its dictionary
         return read_sapiens(folder / entry.fairseq, tokenizer or dict_txt)
-    found = hf_folder(name_or_path, revision)
+    found = hf_folder(source, revision)
     if found is None:
         raise QkvError(f"{name_or_path} is a qkv run directory, not a checkpoint to convert")
     folder, own_tokenizer, settings = found
     return read_hf(folder, tokenizer or own_tokenizer, settings)
 
 
+def checkpoint_tensors(name_or_path: str | Path, revision: str | None = None) -> dict:
+    """The tensors a checkpoint holds beside the model qkv builds, in HF names (ESM-2's contact
+    regression ``esm.contact_head.regression.*``, ...): a fair-esm file's
+    ``-contact-regression.pt`` (:func:`~qkv.hub.fair_esm.contact_regression`), else the HF
+    folder's whole state dict; ``{}`` for a Sapiens short name.
+
+    Raises:
+        QkvError: a qkv run directory (its kept tensors are in ``hf_extra.safetensors``), or the
+            errors of :func:`hf_folder` and :func:`~qkv.hub.convert.read_state_dict`.
+    """
+    from .convert import read_state_dict
+    from .fair_esm import contact_regression, is_checkpoint_file
+
+    source = source_of(name_or_path)
+    if is_checkpoint_file(source):
+        return contact_regression(source)
+    if is_short_name(source) and PRETRAINED[source].fairseq:
+        return {}
+    found = hf_folder(source, revision)
+    if found is None:
+        raise QkvError(f"{name_or_path} is a qkv run directory, not a checkpoint")
+    return read_state_dict(found[0])
+
+
 def load(name_or_path: str | Path, device="cpu", revision: str | None = None):
     """Model (eval mode) and tokenizer of a qkv run directory, an HF folder (converted in
-    memory), a short name (:data:`PRETRAINED`) or a Hub name (``org/name`` or
-    ``org/name@revision``; ``revision``: its branch, tag or commit, ignored for the others).
+    memory), a short name (:data:`PRETRAINED`), a Hub name (``org/name`` or
+    ``org/name@revision``; ``revision``: its branch, tag or commit, ignored for the others), a
+    fair-esm ``.pt`` file or an ESM-2 name (``esm2_t33_650M_UR50D``; see :func:`source_of`).
 
     Returns:
         ``(model, tokenizer)``: a qkv model (``EncoderModel``, ``DecoderLM``, ...) and its

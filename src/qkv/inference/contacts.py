@@ -444,14 +444,15 @@ def find_contact_head(
     name, as :meth:`ProteinEncoder.load` reads it): ``head`` (a file of :meth:`ContactHead.save`)
     when given; else the run directory's ``contact_head.safetensors``; else the checkpoint's own
     head (ESM-2's ``esm.contact_head.regression.*``: in a run directory's
-    ``hf_extra.safetensors``, else in the HF folder's weights).
+    ``hf_extra.safetensors``, else in the HF folder's weights, or a fair-esm file's
+    ``-contact-regression.pt``).
 
     Raises:
         QkvError: none of these exists (saying how to fit one), or a head made for other numbers
             of layers and heads.
     """
-    from ..hub.convert import HF_EXTRA, read_state_dict
-    from ..hub.pretrained import hf_folder, is_run_dir
+    from ..hub.convert import HF_EXTRA
+    from ..hub.pretrained import checkpoint_tensors, is_run_dir
 
     path = Path(model)
     run_dir = path.is_dir() and is_run_dir(path)
@@ -465,8 +466,7 @@ def find_contact_head(
         found = _checkpoint_head(read_safetensors(extra), encoder, str(model)) if extra.is_file() else None
         where = f"{model}'s own contact head"
     else:
-        folder = hf_folder(model, revision)
-        found = None if folder is None else _checkpoint_head(read_state_dict(folder[0]), encoder, str(model))
+        found = _checkpoint_head(checkpoint_tensors(model, revision), encoder, str(model))
         where = f"{model}'s own contact head"
     if found is None:
         how = f"qkv contacts {model} --fit" + ("" if run_dir else " --head-out HEAD, then --head HEAD")

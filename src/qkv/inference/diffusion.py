@@ -24,6 +24,7 @@ import torch
 from .. import runs
 from ..errors import QkvError
 from ..models.diffusion_lm import DiffusionLM
+from .sampling import check_sampling, filter_logits
 
 Remasking = Literal["confidence", "random"]
 REMASKING: tuple[str, ...] = ("confidence", "random")
@@ -85,8 +86,9 @@ def denoise(
     block is the argmax of one forward pass.
 
     Raises:
-        QkvError: ``steps`` < 1, fewer steps than blocks, rows with different numbers of masks,
-            an unknown ``remasking``.
+        QkvError: ``steps`` < 1, fewer steps than blocks, ``block_length`` < 1, a
+            ``temperature`` that is not a finite number >= 0, rows with different numbers of
+            masks, an unknown ``remasking``.
     """
     mask_id = model.config.mask_id
     assert mask_id is not None  # DiffusionLM requires it
@@ -94,6 +96,10 @@ def denoise(
         raise QkvError(f"unknown remasking {remasking!r}; choose {' or '.join(REMASKING)}")
     if steps < 1:
         raise QkvError(f"--steps must be >= 1 (got {steps})")
+    if block_length is not None and block_length < 1:
+        raise QkvError(f"--block-length must be >= 1 (got {block_length})")
+    if temperature != 0.0:
+        check_sampling(temperature)  # a finite number > 0, or 0 for the argmax
     masked = x == mask_id
     counts = masked.sum(dim=1).tolist()
     if len(set(counts)) > 1:
@@ -125,9 +131,9 @@ def _step(model, x, blocks, n_keep, remasking, temperature, generator, trace, st
     mask_id = model.config.mask_id
     with torch.no_grad():
         logits = model(x).logits.float()  # (B, T, V)
-    if temperature > 0:
-        drawn = torch.softmax(logits / temperature, dim=-1)
-        pred = torch.multinomial(drawn.flatten(0, 1), 1, generator=generator).view(x.shape)
+    if temperature > 0:  # filter_logits keeps a tiny temperature's division finite (greedy-like)
+        drawn = torch.softmax(filter_logits(logits.flatten(0, 1), temperature), dim=-1)
+        pred = torch.multinomial(drawn, 1, generator=generator).view(x.shape)
     else:
         pred = logits.argmax(dim=-1)
     # p(pred) under the untempered distribution, without materialising it: exp(logit - logsumexp)
@@ -188,19 +194,30 @@ class DiffusionGenerator:
         """Ids of an infill template, every ``mask_char`` one ``[MASK]``.
 
         Raises:
-            QkvError: no ``mask_char`` in the template, a template longer than the context, or
-                characters the tokenizer does not know (named).
+            QkvError: a ``mask_char`` that is not one character, no ``mask_char`` in the
+                template, a template longer than the context, or characters the tokenizer does
+                not know (named, at their position in the template).
         """
+        if len(mask_char) != 1:
+            raise QkvError(f"the mask character must be one character (got {mask_char!r})")
         if mask_char not in template:
             raise QkvError(
                 f"the infill template has no {mask_char!r}: each {mask_char!r} stands for one token to fill"
             )
         ids: list[int] = []
+        start = 0  # of the piece, in the template
         for piece in re.split(f"({re.escape(mask_char)}+)", template):
             if piece.startswith(mask_char):
                 ids += [self.mask_id] * len(piece)
             elif piece:
-                ids += self.tokenizer.encode(piece)
+                try:
+                    ids += self.tokenizer.encode(piece)
+                except QkvError as exc:  # the tokenizer counts within the piece; the user, the template
+                    where = re.sub(
+                        r"position (\d+)", lambda m, at=start: f"position {at + int(m[1])}", str(exc)
+                    )
+                    raise QkvError(f"the infill template: {where} (counted from 0)") from None
+            start += len(piece)
         self._check_length(len(ids), "the infill template")
         return ids
 

@@ -103,9 +103,8 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
     ``meta.json`` says of its sources, settings, counts and BPE sample (not its per-token counts
     or shard list).
 
-    ``resume``: the run's own ``data.json`` must describe the same data; they are compared
-    without the path, so a moved run or a moved prepared directory resumes (a run saved without
-    ``data.json`` is not compared). The caller writes the record when a new run starts.
+    ``resume``: the run's own data must be the same (:func:`refuse_other_data`). The caller
+    writes the record when a new run starts.
 
     Raises:
         QkvError: ``resume`` on other data (``given``: the ``data=`` value, named), before
@@ -116,21 +115,43 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
         **{k: v for k, v in prepared.meta.items() if k not in ("token_counts", "splits")},
     }
     if resume:
-        refuse_other_data(run_dir, "data.json", record, given)
+        refuse_other_data(run_dir, "data.json", record, {"data": given})
     return record
 
 
-def refuse_other_data(run_dir: Path, name: str, record: dict, given: str) -> None:
+def refuse_other_data(run_dir: Path, name: str, record: dict, given: dict[str, object]) -> None:
     """A resumed run's own data record ``run_dir / name`` (``data.json``, ``pairs.json``) must
     describe the data ``record`` describes: they are compared without their ``path`` entries (at
-    any depth), so a moved run or moved data resumes; a run saved without the record is not
-    compared.
+    any depth), so a moved run or moved data resumes. A run saved without the record (by an
+    older qkv) must name the same inputs in ``train_config.json``.
+
+    ``given``: the settings that name the data and their values now (``{"data": "pairs.tsv",
+    "test_data": ...}``); the message names those whose part of the record (``record[key]`` or
+    ``record["files"][key]``) differs, all of them when no part tells.
 
     Raises:
-        QkvError: other data (``given``: the ``data=`` value, named), before anything is written.
+        QkvError: other data, before anything is written.
     """
-    if (run_dir / name).is_file() and _what_data(read_run_json(run_dir, name)) != _what_data(record):
-        raise QkvError(f"data={given} {NOT_THE_RUNS_DATA}")
+    if (run_dir / name).is_file():
+        saved = _what_data(read_run_json(run_dir, name))
+        now = _what_data(record)
+        if saved == now:
+            return
+        differ = [k for k in given if _part(saved, k) != _part(now, k)]
+        differ = differ or [k for k, v in given.items() if v is not None]
+    else:  # an older run: the inputs its settings named
+        settings = read_run_json(run_dir, "train_config.json")
+        differ = [
+            k for k, v in given.items() if settings.get(k) != (recorded_input(v) if isinstance(v, str) else v)
+        ]
+        if not differ:
+            return
+    shown = " ".join(f"{k}={given[k]}" for k in differ)
+    raise QkvError(f"cannot resume {run_dir}: {shown} {NOT_THE_RUNS_DATA}")
+
+
+def _part(record: dict, key: str) -> object:
+    return record.get("files", {}).get(key, record.get(key))
 
 
 def _what_data(record: dict) -> dict:

@@ -85,6 +85,8 @@ class DiffusionLMSettings(LMSettings):
             raise ConfigError(f"bound_samples ({self.bound_samples}) and steps ({self.steps}) must be >= 1")
         if self.remasking not in REMASKING:
             raise ConfigError(f"remasking ({self.remasking!r}) must be one of {', '.join(REMASKING)}")
+        if self.block_length is not None and self.block_length < 1:
+            raise ConfigError(f"block_length ({self.block_length}) must be >= 1 (or null: one block)")
         if self.by_line and self.data is not None:
             raise ConfigError("by_line reads a text corpus; data= shards are one stream")
 

@@ -10,6 +10,7 @@ matrices only, warm-up + cosine decay) → the weights with the best validation 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -50,7 +51,13 @@ from ..train.adapters import add_lora
 from ..train.loop import LoopState
 from ..train.settings import TrainSettings
 from .base import Recipe
-from .common import NOT_THE_RUNS_DATA, prepared_data_record, require_at_least_one
+from .common import (
+    NOT_THE_RUNS_DATA,
+    prepared_data_record,
+    recorded_input,
+    refuse_other_data,
+    require_at_least_one,
+)
 from .skeleton import TrainingRun
 
 logger = logging.getLogger(__name__)
@@ -264,6 +271,19 @@ def _metrics(nll: float, n_tokens: int, chars_per_token: float, prefix: str = "v
     }
 
 
+def corpus_record(train_text: str, val_text: str, settings: LMSettings) -> dict:
+    """What a run trained on a text corpus keeps as ``data.json``: the corpus it named and the
+    sha256 of its training and validation texts as split, so that a resume on other text, another
+    split or token shards is refused (:func:`~qkv.recipes.common.refuse_other_data`)."""
+    named = {"corpus": settings.corpus, "val_corpus": settings.val_corpus}
+    return {
+        "path": {k: v if v is None else recorded_input(v) for k, v in named.items()},  # not compared
+        "val_fraction": None if settings.val_corpus else settings.val_fraction,
+        "train_sha256": hashlib.sha256(train_text.encode("utf-8")).hexdigest(),
+        "val_sha256": hashlib.sha256(val_text.encode("utf-8")).hexdigest(),
+    }
+
+
 class LMRun(TrainingRun):
     """``qkv train lm``: a corpus (or token shards, ``data=``) in random windows or whole
     sequences, next-token cross-entropy; the best validation loss kept; samples written to
@@ -297,7 +317,7 @@ class LMRun(TrainingRun):
         self.record = prepared_data_record(self.run_dir, prepared, self.resume, data)
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
-            raise QkvError(f"data={data} {NOT_THE_RUNS_DATA}")
+            raise QkvError(f"cannot resume {self.run_dir}: data={data} {NOT_THE_RUNS_DATA}")
         for name, split in (("training", prepared.train), ("validation", prepared.val)):
             check_stream(name, len(split), self.settings.model.max_len)
         meta = prepared.meta
@@ -312,6 +332,14 @@ class LMRun(TrainingRun):
             self.pretrained, tok = init_model(s)
         by_line = self.by_line(tok)  # a tokenizer built below (characters, BPE) never reads lines
         train_text, val_text = corpus_splits(s.corpus, s.val_corpus, s.val_fraction, by_line)
+        self.record = corpus_record(train_text, val_text, s)
+        if self.resume:
+            refuse_other_data(
+                self.run_dir,
+                "data.json",
+                self.record,
+                {"corpus": s.corpus, "val_corpus": s.val_corpus, "val_fraction": s.val_fraction},
+            )
         if tok is None:
             tok = build_tokenizer(s.tokenizer, s.vocab_size, train_text + val_text, train_text)
         self.tokenizer = tok
@@ -329,7 +357,7 @@ class LMRun(TrainingRun):
         return reads_lines(tok)
 
     def new_run_files(self) -> dict[str, dict]:
-        return {"data.json": self.record} if self.settings.data is not None else {}
+        return {"data.json": self.record}
 
     def build_model(self, config: LMConfig) -> DecoderLM:
         s = self.settings
