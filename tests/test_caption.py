@@ -389,7 +389,7 @@ def test_caption_refuses_bad_input_in_one_line_before_writing_anything(
         needle = f"{bad}: 5000 x 4000 pixels is more than the 16,000,000 accepted"
     elif case == "one pixel":
         Image.new("L", (1, 1), 200).save(bad)
-        needle = f"{bad}: 1x1 pixels is too small to caption (at least 4x4)"  # the 4 x 4 patch grid
+        needle = f"{bad}: 1x1 pixels is too small (at least 4x4)"  # the 4 x 4 patch grid
     else:
         Image.new("L", (56, 56), 0).save(bad)
         if case == "beam 0":

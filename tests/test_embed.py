@@ -267,6 +267,14 @@ def test_a_killed_run_resumes_to_byte_identical_shards(tmp_path, monkeypatch):
     job.run()
     assert embedded == [[f"p{i}" for i in range(12, 18)], ["p18", "p19"]]  # only what was missing
     assert _files(tmp_path / "resumed") == _files(tmp_path / "whole")
+    # a listed shard cut to half its bytes (a full disk, a copy stopped midway): it and the
+    # shards after it are embedded again, to the same bytes
+    shard = tmp_path / "resumed" / "shard-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    embedded.clear()
+    EmbedJob.open(embedder, fasta, tmp_path / "resumed", shard_size=6).run()
+    assert [ids[0] for ids in embedded] == ["p6", "p12", "p18"]
+    assert _files(tmp_path / "resumed") == _files(tmp_path / "whole")
 
 
 def test_another_model_input_or_setting_is_refused_in_one_line_with_nothing_written(
@@ -350,5 +358,5 @@ def test_protein_options_and_a_file_out_are_refused_where_they_do_not_apply(tmp_
         == "error: --per-residue applies to protein embeddings only (not with --model)\n"
     )
     assert main(["embed", str(run_dir), str(fasta), "--out", str(tmp_path / "d"), "--layers", "1,x"]) == 2
-    assert "--layers 1,x: give comma-separated layer numbers" in capsys.readouterr().err
+    assert "--layers 1,x: give layer numbers (e.g. 0 6 -1, or 0,6,-1)" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "d").exists()

@@ -258,9 +258,17 @@ def test_show_gives_a_notebook_page_for_every_kind_of_image_input(explainer, cap
 
 
 def test_a_wrong_input_is_a_one_line_error(explainer, caption_run, tmp_path, capsys):
+    from PIL import Image
+
     notes = tmp_path / "notes.txt"
     notes.write_text("not an image\n", encoding="utf-8")
+    tiny = tmp_path / "tiny.png"
+    Image.new("L", (1, 1), 200).save(tiny)
+    small = io.BytesIO()
+    Image.new("L", (16000, 1), 200).save(small, format="PNG")
     cases = [
+        (str(tiny), r"1x1 pixels is too small \(at least 4x4\)"),  # as qkv caption refuses it
+        (small.getvalue(), "16000x1 pixels is too small"),
         (str(notes), "not an image"),
         (b"not an image at all", "not an image"),
         (b"", "empty upload"),
@@ -278,6 +286,8 @@ def test_a_wrong_input_is_a_one_line_error(explainer, caption_run, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "not an image" in err[0]
     assert not (tmp_path / "p.html").exists()
+    assert main(["explain", str(caption_run), "--input", str(tiny), "--html", str(tmp_path / "p.html")]) == 2
+    assert "too small" in capsys.readouterr().err and not (tmp_path / "p.html").exists()
 
 
 @pytest.mark.skipif(

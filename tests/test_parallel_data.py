@@ -76,6 +76,11 @@ def test_reads_two_fields_or_two_named_columns(tmp_path):
     assert (data.src, data.tgt, data.lines) == (["EVQ", "QVQ"], ["DIQ", "EIV"], [2, 3])
     assert read_pairs(headed, "light,heavy").src == ["DIQ", "EIV"]  # the order named, not the file's
     assert data.are_residues() and not plain.are_residues()
+    # a byte-order mark (Excel's "CSV UTF-8") is not the first source's first character
+    (tmp_path / "bom.tsv").write_bytes(b"\xef\xbb\xbfa b\tx y\nc\tz\n")
+    assert read_pairs(tmp_path / "bom.tsv").src == ["a b", "c"]
+    (tmp_path / "bom_h.tsv").write_bytes("\ufeffheavy\tlight\nEVQ\tDIQ\n".encode())
+    assert read_pairs(tmp_path / "bom_h.tsv", "heavy,light").src == ["EVQ"]
 
 
 @pytest.mark.parametrize(

@@ -231,3 +231,72 @@ def test_a_deeply_nested_config_file_is_refused(tmp_path, capsys):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     assert main(["train", "lm", "--out", str(tmp_path / "R"), "--config", str(deep)]) == 2
     assert "cannot read config file" in capsys.readouterr().err and not (tmp_path / "R").exists()
+
+
+# options that name a directory the verb fills (a run, prepared shards, protein embeddings,
+# PNG files), each with its own rule for one that exists; every other file option is a
+# file_output_option
+DIRECTORY_OPTIONS = {("train", "out"), ("prepare", "out"), ("embed", "out"), ("explain", "out")}
+FILE_OPTION_NAMES = {"out", "heatmap", "html", "trajectory", "head_out", "plot"}
+
+
+def _verbs():
+    import argparse
+
+    from qkv.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices.items()
+
+
+def _file_options():
+    return [(verb, dest) for verb, parser in _verbs() for dest in parser.get_default("file_outputs") or ()]
+
+
+def test_every_file_a_verb_writes_goes_through_the_one_rule():
+    found = {
+        (verb, action.dest)
+        for verb, parser in _verbs()
+        for action in parser._actions
+        if action.dest in FILE_OPTION_NAMES
+    }
+    declared = set(_file_options())
+    assert found - DIRECTORY_OPTIONS == declared, "declare file outputs with file_output_option"
+    assert len(declared) >= 7
+
+
+@pytest.mark.parametrize(("verb", "dest"), _file_options())
+def test_an_existing_file_is_refused_before_any_work_unless_overwrite(verb, dest, tmp_path, capsys):
+    """Each verb's file options, with placeholders for its other arguments (the check comes
+    before they are read): a file that exists is kept byte for byte and named in one line; a
+    directory, or a folder that does not exist, is refused too; --overwrite lets the verb go on
+    (to its next error here, the placeholder model)."""
+    parser = dict(_verbs())[verb]
+    argv = [verb]
+    for action in parser._actions:
+        if not action.option_strings and action.dest not in ("help",):
+            argv.append(str(tmp_path / "no-model"))
+        elif action.required:
+            argv += [action.option_strings[0], str(tmp_path / "placeholder")]
+    flag = "--" + dest.replace("_", "-")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the user's own file\n")
+    for target, needle in (
+        (mine, "already exists"),
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing" / "f.png", "does not exist"),
+    ):
+        refused((main([*argv, flag, str(target)]), *capsys.readouterr()), flag, str(target), needle)
+    assert mine.read_text() == "the user's own file\n"
+    status = main([*argv, flag, str(mine), "--overwrite"])
+    err = capsys.readouterr().err
+    assert "already exists" not in err and status != 0  # refused later, for the placeholder model
+
+
+def test_embed_sentences_refuse_an_existing_file(tmp_path, capsys):
+    mine = tmp_path / "e.safetensors"
+    mine.write_bytes(b"mine")
+    (tmp_path / "s.txt").write_text("a sentence\n")
+    argv = ["embed", "--model", "minilm", str(tmp_path / "s.txt"), "--out", str(mine)]
+    refused((main(argv), *capsys.readouterr()), "--out", "already exists")
+    assert mine.read_bytes() == b"mine"

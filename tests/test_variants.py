@@ -361,6 +361,7 @@ def test_heatmap_of_a_long_sequence_has_one_panel_per_hundred_positions(tmp_path
         ),
         (["--mutations", "{csv}", "--wt", "MKT4YIAK"], "'4' at position 4 is not an amino-acid code"),
         (["--mutations", "{bad}", "--wt", WT], "row 1: K25J: 'J' is not one of the 20 amino acids"),
+        (["--mutations", "{gap}", "--wt", WT], "row 2: empty mutation"),  # a one-column file's empty cell
         (["--mutations", "{csv}", "--wt", "{empty}"], "no FASTA records found"),
         (["--mutations", "{csv}", "--wt", "missing.fasta"], "wild-type FASTA not found"),
         (["--mutations", "{csv}", "--wt", WT, "--column", "variant"], "has no column 'variant'"),
@@ -374,8 +375,9 @@ def test_cli_refusals_are_one_line_and_write_nothing(
 ):
     (tmp_path / "m.csv").write_text("mutant\nK25W\n")
     (tmp_path / "bad.csv").write_text("mutant\nK25J\n")
+    (tmp_path / "gap.csv").write_text("mutant\nK25W\n\nQ32P\n\n")
     (tmp_path / "empty.fasta").write_text("")
-    names = {"{csv}": "m.csv", "{bad}": "bad.csv", "{empty}": "empty.fasta"}
+    names = {"{csv}": "m.csv", "{bad}": "bad.csv", "{gap}": "gap.csv", "{empty}": "empty.fasta"}
     args = [str(tmp_path / names[a]) if a in names else a for a in args]
     model = str(hf_folder)
     if "--model" in args:

@@ -4,8 +4,9 @@ Human-readable progress goes to stderr; results (translations, JSON) go to stdou
 one line on stderr with a non-zero exit; ``--debug`` shows the traceback.
 
 Each verb module registers its verbs (``add_parsers``) with the function that runs them
-(``func``); :func:`main` parses, sets up logging, runs that function and turns what it raises
-into an exit status (:mod:`qkv.cli.console`).
+(``func``); :func:`main` parses, sets up logging, checks the files the verb will write (one
+rule for all: :func:`~qkv.cli.options.file_output_option`), runs that function and turns what
+it raises into an exit status (:mod:`qkv.cli.console`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from . import (
     variants,
 )
 from .console import log, report, setup_logging
-from .options import Parser, debug_option, take_late_words
+from .options import Parser, check_file_outputs, debug_option, take_late_words
 
 __all__ = ["build_parser", "main", "version"]
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(getattr(args, "quiet", False), args.debug)
     try:
+        check_file_outputs(args)
         return args.func(args)
     except KeyboardInterrupt:
         log("interrupted")

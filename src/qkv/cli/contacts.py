@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .console import log
-from .options import device_option, revision_option
+from .options import device_option, file_output_option, revision_option
 from .output import write_tsv
 
 
@@ -22,7 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="a run directory, an HF folder, a short name or a Hub name (org/name)")
     p.add_argument("fasta", nargs="?", help="the sequences (FASTA) whose contacts to predict")
-    p.add_argument("--out", help="output .safetensors: one (L, L) float32 tensor per sequence id")
+    file_output_option(p, "--out", "output .safetensors: one (L, L) float32 tensor per sequence id")
     p.add_argument(
         "--head",
         help="contact head to predict with (default: the run directory's contact_head.safetensors, "
@@ -34,13 +34,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="fit the head on the shared structures' fit half and print the long-range precision "
         "(top L, L/2, L/5; |i-j| >= 24) of each evaluation chain",
     )
-    p.add_argument(
-        "--head-out",
-        help="--fit: where to write the head (default: MODEL/contact_head.safetensors for a run)",
+    file_output_option(
+        p, "--head-out", "--fit: where to write the head (default: MODEL/contact_head.safetensors for a run)"
     )
-    p.add_argument(
-        "--plot", metavar="PNG", help="--fit: draw predicted and true contacts of one evaluation chain"
-    )
+    file_output_option(p, "--plot", "--fit: draw predicted and true contacts of one evaluation chain", "PNG")
     p.add_argument(
         "--plot-chain", help="--plot: which chain (PDBID_CHAIN; default the first evaluation chain)"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .console import log
-from .options import device_option, quiet_option, revision_option
+from .options import check_new_file, device_option, overwrite_option, quiet_option, revision_option
 from .output import save_embeddings
 
 # the options that only protein embeddings take, with the values that mean "not given"
@@ -72,6 +72,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="proteins: sequences per shard (default 10000, 1000 with --per-residue; a shard is "
         "held in memory whole)",
     )
+    overwrite_option(p)  # sentences: --out is a file (protein shards resume instead)
     revision_option(p)
     device_option(p)
     quiet_option(p, "no progress bar; warnings only")
@@ -145,6 +146,7 @@ def _embed_texts(args) -> int:
         )
     if len(args.inputs) != 1:
         raise QkvError("with --model, give one text file (one sentence per line)")
+    check_new_file(args.out, "--out", args.overwrite)
     texts = read_lines(args.inputs[0])
     vectors = TextEncoder.load(args.model, resolve_device(args.device), args.revision).embed(texts)
     save_embeddings(args.out, vectors, texts, str(args.model))

@@ -8,7 +8,7 @@ import math
 
 from ..errors import QkvError
 from .console import log
-from .options import device_option, sampling_options, search_options
+from .options import device_option, file_output_option, sampling_options, search_options
 from .output import write_line
 
 
@@ -33,11 +33,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(the page shows the pair's cosine similarity)",
     )
     p.add_argument("--out", help="directory for the PNG files (with --input)")
-    p.add_argument(
+    file_output_option(
+        p,
         "--html",
-        metavar="FILE",
-        help="write the explainer page of --input as one self-contained HTML file (no server; "
-        "opens offline in any browser)",
+        "write the explainer page of --input as one self-contained HTML file (no server; opens "
+        "offline in any browser)",
     )
     p.add_argument("--serve", action="store_true", help="start the interactive page instead")
     p.add_argument(

@@ -12,7 +12,7 @@ import sys
 from ..errors import QkvError
 from ..inference.diffusion import REMASKING
 from .console import log
-from .options import device_option, sampling_options
+from .options import device_option, file_output_option, sampling_options
 from .output import write_tsv
 
 
@@ -64,7 +64,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="unmask in left-to-right blocks of this many tokens (semi-autoregressive)",
     )
     d.add_argument("--mask-char", help='the character that marks a masked token in --infill (default "_")')
-    d.add_argument("--trajectory", metavar="PNG", help="draw the denoising trajectory of the first sample")
+    file_output_option(d, "--trajectory", "draw the denoising trajectory of the first sample", "PNG")
     p.set_defaults(func=_cmd_generate)
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import QkvError
 
 
 class Parser(argparse.ArgumentParser):
@@ -12,6 +15,45 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def file_output_option(p: argparse._ActionsContainer, flag: str, help: str, metavar: str = "FILE") -> None:
+    """An option naming a file the verb writes (``--out``, ``--heatmap``, ``--html``, ...). The
+    one rule for every such file (:func:`check_file_outputs`, run by :func:`qkv.cli.main` before
+    the verb starts): one that exists is refused unless ``--overwrite`` is given, which the first
+    such option adds to the verb."""
+    action = p.add_argument(flag, metavar=metavar, help=help)
+    outputs = p.get_default("file_outputs") or ()
+    if not outputs:
+        overwrite_option(p)
+    p.set_defaults(file_outputs=(*outputs, action.dest))
+
+
+def overwrite_option(p: argparse._ActionsContainer) -> None:
+    """``--overwrite``: replace the files the verb's output options name when they exist."""
+    p.add_argument("--overwrite", action="store_true", help="replace output files that exist")
+
+
+def check_new_file(path: str | Path, flag: str, overwrite: bool = False) -> Path:
+    """``path`` as a file an option (``flag``) may write, or :class:`QkvError` in one line
+    naming it: a directory, a file that exists (unless ``overwrite``), or a folder that does
+    not exist (or is a file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise QkvError(f"{flag} {path} is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise QkvError(f"{flag} {path} already exists; choose a new name, or give --overwrite to replace it")
+    if not path.parent.is_dir():
+        raise QkvError(f"{flag} {path}: the folder {path.parent} does not exist")
+    return path
+
+
+def check_file_outputs(args: argparse.Namespace) -> None:
+    """Check every file the verb will write (its :func:`file_output_option` options that were
+    given) with :func:`check_new_file`, before any work."""
+    for dest in getattr(args, "file_outputs", ()):
+        if getattr(args, dest, None) is not None:
+            check_new_file(getattr(args, dest), "--" + dest.replace("_", "-"), args.overwrite)
 
 
 def debug_option(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .console import log
-from .options import device_option, revision_option
+from .options import device_option, file_output_option, revision_option
 from .output import write_line
 
 METHODS = ("masked-marginals", "wt-marginals", "pseudo-ll")  # qkv.inference.variants.METHODS
@@ -42,8 +42,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="masked-marginals (default), wt-marginals or pseudo-ll; multi-mutants: the sum of their "
         "mutations' log-ratios (marginals) or the whole mutated sequence (pseudo-ll)",
     )
-    p.add_argument("--out", help="write the TSV here (atomically) instead of stdout")
-    p.add_argument("--heatmap", help="also draw the saturation matrix (positions x 20 amino acids) as PNG")
+    file_output_option(p, "--out", "write the TSV here (atomically) instead of stdout")
+    file_output_option(
+        p, "--heatmap", "also draw the saturation matrix (positions x 20 amino acids) as PNG", "PNG"
+    )
     p.add_argument(
         "--saturation",
         action="store_true",
@@ -77,7 +79,9 @@ def _wild_type(text: str) -> str:
 
 
 def _read_table(path: str, column: str) -> tuple[list[str], list[list[str]], int]:
-    """Header, rows and the index of ``column`` of a CSV (tab-separated if ``.tsv``)."""
+    """Header, rows and the index of ``column`` of a CSV (tab-separated if ``.tsv``). A blank
+    line before the last row is a row of empty cells (a one-column file's empty cell), which
+    the mutation parser refuses by its row number."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
@@ -87,7 +91,10 @@ def _read_table(path: str, column: str) -> tuple[list[str], list[list[str]], int
     table = list(csv.reader(io.StringIO(text), delimiter="\t" if path.endswith(".tsv") else ","))
     if not table:
         raise QkvError(f"{path} is empty")
-    header, rows = table[0], [r for r in table[1:] if r]
+    header, rows = table[0], table[1:]
+    while rows and not rows[-1]:  # the file's last line breaks
+        rows.pop()
+    rows = [r or [""] * len(header) for r in rows]  # a blank line inside: a row of empty cells
     if column not in header:
         raise QkvError(
             f"{path} has no column {column!r} (columns: {', '.join(header)}); choose one with --column"

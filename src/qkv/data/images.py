@@ -123,7 +123,11 @@ def load_digits() -> ImageSet:
 
 
 def read_image(
-    path: str | Path | BinaryIO, size: int, channels: int, background: Literal["black", "white"] = "black"
+    path: str | Path | BinaryIO,
+    size: int,
+    channels: int,
+    background: Literal["black", "white"] = "black",
+    least: int = 1,
 ) -> np.ndarray:
     """One image file as the model sees it: ``uint8 (size, size, channels)``.
 
@@ -134,14 +138,16 @@ def read_image(
     The rule: decode with Pillow (PNG, JPEG, ...; the first frame of an animation), convert to
     grey (``channels=1``, Pillow's ITU-R 601-2 luma) or RGB (``channels=3``; transparency over
     ``background``: black, as Fashion-MNIST's garments, or white, as emoji are drawn), then
-    resize to ``size × size`` with bilinear filtering (the aspect ratio is not kept).
+    resize to ``size × size`` with bilinear filtering (the aspect ratio is not kept). ``least``:
+    the fewest pixels a side may have (a captioner's patches per row: scaled up from fewer, its
+    patches would hold interpolation rather than the image).
     Nothing else is changed: a Fashion-MNIST model expects a light object on a dark background,
     as in its training data.
 
     Raises:
         QkvError: not a readable image, truncated or corrupt data, more than
-            :data:`MAX_PIXELS` pixels (checked from the header, before decoding), or a
-            channel count other than 1 or 3.
+            :data:`MAX_PIXELS` pixels (checked from the header, before decoding), a side of
+            fewer than ``least`` pixels, or a channel count other than 1 or 3.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -156,6 +162,8 @@ def read_image(
                     f"{name}: {w} x {h} pixels is more than the {MAX_PIXELS:,} accepted "
                     "(decompression-bomb guard)"
                 )
+            if min(w, h) < least:
+                raise QkvError(f"{name}: {w}x{h} pixels is too small (at least {least}x{least})")
             img.load()
             if img.mode in ("RGBA", "LA", "P"):
                 img = img.convert("RGBA")

@@ -16,6 +16,7 @@ source or target, a missing named column.
 
 from __future__ import annotations
 
+import codecs
 import os
 import random
 from dataclasses import dataclass
@@ -75,8 +76,9 @@ def read_pairs(path: str | Path, columns: str | None = None) -> ParallelData:
     """Read a pairs file: each line ``source<TAB>target``, or with ``columns="SRC,TGT"`` a TSV
     whose first line names its columns, the two named ones read. A relative ``path`` that is
     not found is looked up under ``$QKV_DATA_DIR`` too (configs name the shared data sets
-    so: ``antibody/sabdab_chen_developability.tsv``). A trailing ``\\r`` is dropped
-    and so are spaces around each field; the file may end with or without a newline.
+    so: ``antibody/sabdab_chen_developability.tsv``). A UTF-8 byte-order mark at the start
+    (Excel's "CSV UTF-8") and a trailing ``\\r`` are dropped, and so are spaces around each
+    field; the file may end with or without a newline.
 
     Raises:
         QkvError: a missing file, bytes that are not UTF-8, an empty line, a line whose number
@@ -90,7 +92,7 @@ def read_pairs(path: str | Path, columns: str | None = None) -> ParallelData:
         path = shared  # a data set's own name (antibody/...), as the configs give it
     if not path.is_file():
         raise QkvError(f"pairs file not found: {path}")
-    raw = path.read_bytes().split(b"\n")
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8).split(b"\n")  # a byte-order mark is no text
     if raw and raw[-1] == b"":
         raw.pop()  # the final newline ends the last line, it does not start one
     lines: list[str] = []

@@ -159,8 +159,9 @@ class CaptionExplainer(Explainer[ImageInput]):
 
         Raises:
             QkvError: a missing file, empty bytes, a file that is not a readable image (one
-                line, from ``read_image``), pixels of the wrong shape or dtype, or a test index
-                out of range.
+                line, from ``read_image``), one with a side of fewer pixels than the model's
+                patches in a row, pixels of the wrong shape or dtype, or a test index out of
+                range.
         """
         cfg, background = self.config, self.captioner.background
         if isinstance(image, int) and not isinstance(image, bool):
@@ -175,7 +176,7 @@ class CaptionExplainer(Explainer[ImageInput]):
                 raise QkvError("empty upload: choose an image file")
             data = io.BytesIO(image)
             data.name = UPLOAD_NAME
-            pixels = read_image(data, cfg.image_size, cfg.channels, background)
+            pixels = read_image(data, cfg.image_size, cfg.channels, background, cfg.grid_size)
             return pixels, f"{UPLOAD_NAME} ({len(image):,} bytes)"
         if not isinstance(image, (str, Path)):
             raise QkvError(
@@ -188,7 +189,7 @@ class CaptionExplainer(Explainer[ImageInput]):
             if pick:
                 return self.test_image(int(pick.group(1)))
             raise QkvError(f"image file not found: {image} (test:INDEX picks an image of the run's test set)")
-        return read_image(path, cfg.image_size, cfg.channels, background), str(path)
+        return read_image(path, cfg.image_size, cfg.channels, background, cfg.grid_size), str(path)
 
     # ---------- the Explainer interface, with images for text
 

@@ -130,11 +130,9 @@ class Captioner:
         size, channels, least = self.config.image_size, self.config.channels, self.config.grid_size
         images, notes = [], []
         for p in paths:
-            images.append(read_image(p, size, channels, self.background))
+            images.append(read_image(p, size, channels, self.background, least))
             with Image.open(p) as img:  # read_image has checked it: the header only
                 w, h = img.size
-            if min(w, h) < least:
-                raise QkvError(f"{p}: {w}x{h} pixels is too small to caption (at least {least}x{least})")
             if (w, h) != (size, size):
                 notes.append(f"{p}: {w}x{h} pixels, resized to {size}x{size}")
         for note in notes:

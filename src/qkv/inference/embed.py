@@ -43,6 +43,7 @@ import torch
 
 from .. import cpu_share
 from ..data.batching import pad_sequences, token_batches
+from ..data.files import sha256sum
 from ..data.protein import fasta_entries, record_id
 from ..errors import QkvError
 from ..files import atomic_write, read_json, write_json
@@ -499,12 +500,7 @@ class EmbedJob:
                     f"{out} holds embeddings made with another {', '.join(differ) or 'format'}; "
                     "give another --out (or remove it) to start afresh"
                 )
-            missing = [s["file"] for s in found["shards"] if not (out / s["file"]).is_file()]
-            if missing:
-                raise QkvError(
-                    f"{out}: {missing[0]} is listed in {MANIFEST} but missing; remove {out} to start afresh"
-                )
-            manifest = found
+            manifest = _keep_intact_shards(out, found)
         elif out.is_dir() and any(out.iterdir()):
             raise QkvError(f"{out} is not empty and holds no {MANIFEST}; give a new or empty directory")
         return cls(embedder, fasta, out, shard_size, manifest)
@@ -535,10 +531,31 @@ class EmbedJob:
             ids = [sid for sid, _ in chunk]
             tensors = self.embedder.embed([text for _, text in chunk], ids, progress)
             _save_shard(self.out / _shard_name(index), tensors, ids)
-            self.manifest["shards"].append({"file": _shard_name(index), "sequences": len(ids)})
+            digest = sha256sum(self.out / _shard_name(index))
+            self.manifest["shards"].append(
+                {"file": _shard_name(index), "sequences": len(ids), "sha256": digest}
+            )
             self.manifest["complete"] = self.done == self.total
             write_json(self.out / MANIFEST, self.manifest)
         return self.manifest
+
+
+def _keep_intact_shards(out: Path, manifest: dict) -> dict:
+    """``manifest`` with its shards up to the first one that is missing, or whose bytes are not
+    those written (its sha256; a manifest of an older qkv has none, and its shards count as
+    written): that shard and the ones after it are embedded again, with the same bytes."""
+    shards = manifest["shards"]
+    for i, shard in enumerate(shards):
+        path = out / shard["file"]
+        want = shard.get("sha256")
+        if path.is_file() and (want is None or want == sha256sum(path)):
+            continue
+        logger.warning(
+            f"{path} is {'changed or truncated' if path.is_file() else 'missing'}: embedding it and the "
+            f"{len(shards) - i - 1} shard(s) after it again"
+        )
+        return {**manifest, "shards": shards[:i], "complete": False}
+    return manifest
 
 
 def _return_freed_memory() -> None:
