@@ -346,7 +346,7 @@ def test_one_sequence_per_line(tmp_path):
     n_val = json.loads((tmp_path / "run" / "summary.json").read_text())["validation"]["tokens"]
     assert n_val > 0 and summary["validation"]["tokens"] == n_val
     again = evaluate_run(tmp_path / "run")
-    assert again["val_loss"] == pytest.approx(summary["validation"]["val_loss"], rel=1e-6)
+    assert again["loss"] == pytest.approx(summary["validation"]["val_loss"], rel=1e-6)
 
 
 @needs_data

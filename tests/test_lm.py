@@ -742,12 +742,19 @@ def test_evaluate_prints_one_json_object(lm_run, capsys):
     code, out, _ = _run(capsys, "evaluate", str(lm_run))
     assert code == 0
     result = json.loads(out)
-    for key in ("val_loss", "ppl", "bits_per_token", "bits_per_char", "tokens"):
-        assert key in result
+    assert set(result) == {
+        "split",
+        "loss",
+        "ppl",
+        "bits_per_token",
+        "bits_per_char",
+        "tokens",
+    }  # one name each
     summary = json.loads((lm_run / "summary.json").read_text())
-    assert result["val_loss"] == pytest.approx(summary["validation"]["val_loss"], abs=1e-6)
-    assert result["ppl"] == pytest.approx(math.exp(result["val_loss"]))
-    assert result["bits_per_token"] == pytest.approx(result["val_loss"] / math.log(2))
+    assert result["split"] == "val"
+    assert result["loss"] == pytest.approx(summary["validation"]["val_loss"], abs=1e-6)
+    assert result["ppl"] == pytest.approx(math.exp(result["loss"]))
+    assert result["bits_per_token"] == pytest.approx(result["loss"] / math.log(2))
     assert result["bits_per_char"] == pytest.approx(result["bits_per_token"])  # char model
     assert result["tokens"] == summary["validation"]["tokens"]
 

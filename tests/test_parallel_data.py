@@ -249,8 +249,11 @@ def test_resume_needs_the_pairs_the_run_started_on(tmp_path, capsys):
     pairs.rename(moved)  # the same pairs elsewhere: resumed (paths are not compared)
     again = [a.replace(str(pairs), str(moved)) for a in args]
     assert run_main(capsys, *again, "train.max_steps=3", "--resume")[0] == 0
+    # only the test pairs changed: the message names test_data, not the training file
+    test = write_tsv(tmp_path / "test.tsv", word_pairs(10, seed=2))
+    refused(run_main(capsys, *again, f"test_data={test}", "--resume"), f"test_data={test} is not the data")
     write_tsv(moved, word_pairs(60, seed=1))  # other pairs under the same name: refused
-    refused(run_main(capsys, *again, "train.max_steps=4", "--resume"), "is not the data this run started on")
+    refused(run_main(capsys, *again, "train.max_steps=4", "--resume"), f"data={moved} is not the data")
 
 
 def number_words(n: int) -> str:

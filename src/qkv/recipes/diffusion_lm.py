@@ -201,7 +201,8 @@ def write_samples(generator: DiffusionGenerator, path: Path, settings: Diffusion
 def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device | str = "cpu") -> dict:
     """The bound per token and per character of a run on its corpus split (``"val"`` or
     ``"train"``), with its Monte Carlo standard error: the run's ``bound_samples`` draws per
-    window and its seed (on the device of training, the same figure as ``summary.json``).
+    window and its seed (on the device of training, the same figure as ``summary.json``), under
+    ``lm``'s names (``loss``, ``ppl``, ``bits_per_char``, ... and ``loss_stderr``).
 
     Raises:
         QkvError: a missing run, a run of another kind, an unknown split."""
@@ -209,7 +210,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device |
     meta = read_json(Path(run_dir) / "train_config.json", "run settings")
     data, chars_per_token = run_split(run_dir, tok, split)
     b = validation_bound(model, data, meta["bound_samples"], meta["eps"], meta["train"]["seed"])
-    return {"split": split, **bound_metrics(b, chars_per_token, prefix=f"{split}_")}
+    return {"split": split, **bound_metrics(b, chars_per_token, prefix="")}
 
 
 def summary_text(summary: dict, run_dir: Path) -> str:

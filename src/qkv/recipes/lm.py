@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -432,13 +433,15 @@ def _warn_cut(sequences: list[torch.Tensor], block_size: int) -> None:
 def write_samples(generator: TextGenerator, path: Path, settings: LMSettings) -> list[str]:
     """``num_samples`` samples from the start token, written to ``path`` (nanoGPT's sample.py
     settings by default: temperature 0.8, top-k 200)."""
-    texts = generator.generate(
-        [""] * settings.num_samples,
-        settings.sample_tokens,
-        temperature=settings.temperature,
-        top_k=settings.top_k,
-        seed=settings.train.seed,
-    )
+    with warnings.catch_warnings():  # samples outgrow the context by design (as nanoGPT's): it slides
+        warnings.filterwarnings("ignore", message="context longer than the model's max_len")
+        texts = generator.generate(
+            [""] * settings.num_samples,
+            settings.sample_tokens,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            seed=settings.train.seed,
+        )
     header = (
         f"# {settings.num_samples} samples, {settings.sample_tokens} tokens each, from the start "
         f"token; temperature {settings.temperature}, top-k {settings.top_k}, seed {settings.train.seed}\n"
@@ -479,13 +482,14 @@ def evaluate_run(
 ) -> dict:
     """Loss, perplexity, bits per token and per character of a run on its corpus split
     (``"val"`` or ``"train"``), every token predicted once (consecutive windows, or whole
-    sequences for a protein corpus: :func:`~qkv.data.lm.eval_batches`)."""
+    sequences for a protein corpus: :func:`~qkv.data.lm.eval_batches`): ``{"split", "loss",
+    "ppl", "bits_per_token", "bits_per_char", "tokens"}``, the names every recipe's evaluation
+    gives these quantities (the split is named once, not in each key)."""
     model, tok = runs.load_run(run_dir, device=device, family="lm")
     data, chars_per_token = run_split(run_dir, tok, split)
     with torch.no_grad():
         nll, n = split_nll(model, data, model.config.max_len)
-    metrics = _metrics(nll, n, chars_per_token, prefix="")
-    return {"split": split, f"{split}_loss": metrics.pop("loss"), **metrics, "tokens": n}
+    return {"split": split, **_metrics(nll, n, chars_per_token, prefix=""), "tokens": n}
 
 
 def summary_text(summary: dict, run_dir: Path) -> str:
