@@ -68,6 +68,25 @@ def test_resuming_a_damaged_state_is_refused_changes_nothing_and_offers_the_prev
     assert digest(lm_copy) == before
 
 
+def test_a_state_from_a_newer_qkv_is_refused_in_one_line_and_changes_nothing(lm_copy):
+    """train_state.pt carries its own format_version: one this qkv does not know (written by a
+    newer qkv, as the previous state is too) is refused, not misread."""
+    import torch
+
+    from qkv.compat import STATE_FORMAT_VERSION
+
+    for name in ("train_state.pt", "train_state.prev.pt"):
+        state = torch.load(lm_copy / name, weights_only=True)
+        assert state["format_version"] == STATE_FORMAT_VERSION
+        torch.save({**state, "format_version": STATE_FORMAT_VERSION + 1}, lm_copy / name)
+    before = digest(lm_copy)
+    refused(
+        qkv("train", "lm", "--out", str(lm_copy), "--resume", "--quiet", "train.max_steps=8", *TINY_LM),
+        f"was written by a newer qkv (format_version {STATE_FORMAT_VERSION + 1}; this qkv reads up to",
+    )
+    assert digest(lm_copy) == before
+
+
 def test_a_state_that_would_run_code_is_refused_unread(lm_copy):
     import pickle
 

@@ -427,3 +427,21 @@ def test_fasta_with_text_before_the_first_header_is_refused_by_every_reader_alik
         read_fasta(fasta)
     refused(qkv("prepare", "protein-mlm", str(fasta), "--out", str(tmp_path / "out"), "--quiet"), reason)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_name_the_setting_knows_is_recorded_as_a_name_even_beside_a_file_of_that_name(
+    tmp_path, monkeypatch
+):
+    """The corpus and task loaders read their names (tinyshakespeare, sst2, signalp) before any
+    file: a run started beside a file of that name records the name, as it was read; a name
+    the setting does not know that is a file here is recorded as an absolute path."""
+    from qkv.recipes.common import recorded_input
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("tinyshakespeare", "sst2", "signalp", "mine.txt"):
+        (tmp_path / name).write_text("a file of the same name\n")
+    assert recorded_input("tinyshakespeare", "corpus") == "tinyshakespeare"
+    assert recorded_input("sst2", "task") == "sst2" and recorded_input("signalp", "task") == "signalp"
+    assert recorded_input("mine.txt", "corpus") == str(tmp_path / "mine.txt")
+    assert recorded_input("tinyshakespeare", "data") == str(tmp_path / "tinyshakespeare")  # data= is a path
+    assert recorded_input("absent.txt", "corpus") == "absent.txt"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, QkvError
 from .files import load_weights
 from .nn.attention import MultiHeadAttention
 from .run_files import SNAPSHOTS, run_file
@@ -24,6 +24,24 @@ logger = logging.getLogger(__name__)
 # Written into config.json and train_config.json as "format_version"; a file without it is
 # version 1 (everything before this key existed).
 FORMAT_VERSION = 2
+# Written into train_state.pt as "format_version" (its own number: the state changes apart
+# from the JSON files); a state without it is version 1. 2: snapshots named inside the run.
+STATE_FORMAT_VERSION = 2
+
+
+def check_state_version(state: dict) -> None:
+    """Refuse a training state written by a newer qkv (its ``format_version`` above
+    :data:`STATE_FORMAT_VERSION`), whose contents this qkv would misread.
+
+    Raises:
+        QkvError: in one line, saying which versions this qkv reads.
+    """
+    version = state.get("format_version", 1)
+    if not isinstance(version, int) or version > STATE_FORMAT_VERSION:
+        raise QkvError(
+            f"was written by a newer qkv (format_version {version!r}; this qkv reads up to "
+            f"{STATE_FORMAT_VERSION}): upgrade qkv to resume it"
+        )
 
 
 def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> dict:
@@ -50,6 +68,7 @@ def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> d
         QkvError: an old state whose ``last.safetensors`` is missing or does not fit ``model``.
     """
     saved = dict(saved)
+    saved.pop("format_version", None)  # checked as the file was read (check_state_version)
     if "model" not in saved:  # states written before the weights moved into them
         load_weights(model, run_dir / "last.safetensors")
         saved["model"] = model.state_dict()

@@ -348,6 +348,10 @@ def load_user_file(path: str | Path, labels: str | Path | None = None, seed: int
     return ProteinTask(path.stem, "sequence", tuple(sorted(set(labs))), records)
 
 
+# the tasks by name (load_task's); a name wins over a file of that name
+TASKS = ("signalp", "amp-scanner", "secondary-structure", "paratope", "developability")
+
+
 def load_task(task: str, level: str, fold: int = 0, labels: str | None = None, seed: int = 0) -> ProteinTask:
     """The task named on the command line (``signalp``, ``amp-scanner``,
     ``secondary-structure``) or a file path; raises :class:`QkvError` if it does not fit ``level``."""
@@ -358,6 +362,7 @@ def load_task(task: str, level: str, fold: int = 0, labels: str | None = None, s
         "paratope": load_paratope,
         "developability": lambda: load_developability(seed),
     }
+    assert set(builtin) == set(TASKS)
     loaded = builtin[task]() if task in builtin else load_user_file(task, labels, seed)
     if loaded.level != level:
         raise QkvError(

@@ -23,6 +23,9 @@ TINY_SHAKESPEARE_URL = (
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 
+CORPORA = ("tinyshakespeare",)  # corpora by name; a name wins over a file of that name
+
+
 def load_corpus_path(name: str) -> Path:
     """The file of a corpus: ``"tinyshakespeare"`` (data dir, cache or verified download) or the
     path of a text file. Raises :class:`QkvError` if it is neither."""

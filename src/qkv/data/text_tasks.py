@@ -94,6 +94,9 @@ def load_sst2() -> TextTask:
     return TextTask("sst2", ("negative", "positive"), texts, labels, SST2_CITATION)
 
 
+TEXT_TASKS = ("sst2",)  # by name; a name wins over a file of that name
+
+
 def load_text_task(task: str, seed: int = 0) -> TextTask:
     """``"sst2"``, or a TSV/CSV file of labelled texts split 80/10/10 (stratified, ``seed``).
 

@@ -213,9 +213,8 @@ class DiffusionGenerator:
                 try:
                     ids += self.tokenizer.encode(piece)
                 except QkvError as exc:  # the tokenizer counts within the piece; the user, the template
-                    where = re.sub(
-                        r"position (\d+)", lambda m, at=start: f"position {at + int(m[1])}", str(exc)
-                    )
+                    text, _, n = str(exc).rpartition("position ")
+                    where = f"{text}position {start + int(n)}" if n.isdigit() else str(exc)
                     raise QkvError(f"the infill template: {where} (counted from 0)") from None
             start += len(piece)
         self._check_length(len(ids), "the infill template")

@@ -103,8 +103,9 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
     ``meta.json`` says of its sources, settings, counts and BPE sample (not its per-token counts
     or shard list).
 
-    ``resume``: the run's own data must be the same (:func:`refuse_other_data`). The caller
-    writes the record when a new run starts.
+    ``resume``: the run's own data must be the same (:func:`refuse_other_data`), and so must
+    its tokenizer: the run's ``tokenizer.json`` has the bytes of the prepared directory's. The
+    caller writes the record when a new run starts.
 
     Raises:
         QkvError: ``resume`` on other data (``given``: the ``data=`` value, named), before
@@ -116,6 +117,9 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
     }
     if resume:
         refuse_other_data(run_dir, "data.json", record, {"data": given})
+        own, theirs = run_dir / "tokenizer.json", prepared.tokenizer_path
+        if own.is_file() and theirs.is_file() and own.read_bytes() != theirs.read_bytes():
+            raise QkvError(f"cannot resume {run_dir}: data={given} {NOT_THE_RUNS_DATA}")
     return record
 
 
@@ -142,7 +146,9 @@ def refuse_other_data(run_dir: Path, name: str, record: dict, given: dict[str, o
     else:  # an older run: the inputs its settings named
         settings = read_run_json(run_dir, "train_config.json")
         differ = [
-            k for k, v in given.items() if settings.get(k) != (recorded_input(v) if isinstance(v, str) else v)
+            k
+            for k, v in given.items()
+            if settings.get(k) != (recorded_input(v, k) if isinstance(v, str) else v)
         ]
         if not differ:
             return
@@ -236,7 +242,7 @@ def write_settings(
     tree = {**to_dict(settings), "model": model_config.to_dict()}
     for key in INPUT_PATHS:
         if isinstance(tree.get(key), str):
-            tree[key] = recorded_input(tree[key])
+            tree[key] = recorded_input(tree[key], key)
     if resume:
         _check_same_model(run_dir, model_config.to_dict())
         _check_same_weights_trained(run_dir, tree)
@@ -260,10 +266,25 @@ def write_settings(
 INPUT_PATHS = ("corpus", "val_corpus", "data", "init", "task", "labels")
 
 
-def recorded_input(value: str) -> str:
-    """How ``train_config.json`` records an input setting: an existing path made absolute (where
-    it points does not depend on the working directory), anything else (a name) as given."""
-    return str(Path(value).resolve()) if value and Path(value).exists() else value
+def recorded_input(value: str, key: str | None = None) -> str:
+    """How ``train_config.json`` records input setting ``key``: a name the setting knows
+    (:func:`input_names`: a corpus, a task), which its loader reads before
+    any file of that name, as given; else an existing path made absolute (where it points does
+    not depend on the working directory); anything else as given."""
+    if not value or value in input_names(key) or not Path(value).exists():
+        return value
+    return str(Path(value).resolve())
+
+
+def input_names(key: str | None) -> tuple[str, ...]:
+    """The names input setting ``key`` knows that win over a file of the same name (a corpus, a
+    task; a pretrained ``init`` is the other way round: a path that exists wins, as
+    :func:`qkv.hub.pretrained.load` reads it)."""
+    from ..data.protein_tasks import TASKS
+    from ..data.text import CORPORA
+    from ..data.text_tasks import TEXT_TASKS
+
+    return {"corpus": CORPORA, "val_corpus": CORPORA, "task": TASKS + TEXT_TASKS}.get(key or "", ())
 
 
 # Settings that decide which weights a run trains: its training state holds those weights and
@@ -284,7 +305,7 @@ def _check_same_weights_trained(run_dir: Path, settings: dict) -> None:
             continue
         was = (was_tree if isinstance(was_tree, dict) else {}).get(field, defaults.get(field))
         if key in INPUT_PATHS and isinstance(was, str):  # a run of an earlier version: as given
-            was = recorded_input(was)
+            was = recorded_input(was, key)
         if was != now_tree[field]:
             changed.append(f"{key}: {was!r} saved, {now_tree[field]!r} now")
     if changed:

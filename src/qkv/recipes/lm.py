@@ -53,7 +53,6 @@ from ..train.loop import LoopState
 from ..train.settings import TrainSettings
 from .base import Recipe
 from .common import (
-    NOT_THE_RUNS_DATA,
     prepared_data_record,
     recorded_input,
     refuse_other_data,
@@ -278,7 +277,7 @@ def corpus_record(train_text: str, val_text: str, settings: LMSettings) -> dict:
     split or token shards is refused (:func:`~qkv.recipes.common.refuse_other_data`)."""
     named = {"corpus": settings.corpus, "val_corpus": settings.val_corpus}
     return {
-        "path": {k: v if v is None else recorded_input(v) for k, v in named.items()},  # not compared
+        "path": {k: v if v is None else recorded_input(v, k) for k, v in named.items()},  # not compared
         "val_fraction": None if settings.val_corpus else settings.val_fraction,
         "train_sha256": hashlib.sha256(train_text.encode("utf-8")).hexdigest(),
         "val_sha256": hashlib.sha256(val_text.encode("utf-8")).hexdigest(),
@@ -316,9 +315,6 @@ class LMRun(TrainingRun):
         prepared = PreparedData.open(data, "lm")
         self.tokenizer = load_tokenizer(prepared.tokenizer_path)
         self.record = prepared_data_record(self.run_dir, prepared, self.resume, data)
-        tok_path = self.run_dir / "tokenizer.json"
-        if self.resume and tok_path.read_bytes() != prepared.tokenizer_path.read_bytes():
-            raise QkvError(f"cannot resume {self.run_dir}: data={data} {NOT_THE_RUNS_DATA}")
         for name, split in (("training", prepared.train), ("validation", prepared.val)):
             check_stream(name, len(split), self.settings.model.max_len)
         meta = prepared.meta

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from .._deprecated import moved
+from ..compat import check_state_version
 from ..errors import QkvError
 from ..files import atomic_write, read_safetensors, torch_load_refusal
 
@@ -61,6 +62,7 @@ def _read_state(path: Path, mmap: bool) -> dict:
         raise QkvError(torch_load_refusal(exc)) from None
     if not isinstance(state, dict) or any(k not in state for k in _STATE_KEYS):
         raise QkvError(f"is not a qkv training state (it lacks {', '.join(_STATE_KEYS)})")
+    check_state_version(state)
     return state
 
 

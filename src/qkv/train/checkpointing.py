@@ -23,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..compat import upgrade_train_state
+from ..compat import STATE_FORMAT_VERSION, upgrade_train_state
 from ..errors import QkvError
 from ..files import save_weights
 from ..run_files import remove_run_file, run_file, snapshot_name
@@ -113,6 +113,7 @@ class Checkpointer:
             # One file for all of it: two files could be caught half-updated by a SIGKILL.
             save_state(
                 {
+                    "format_version": STATE_FORMAT_VERSION,
                     "model": self.model.state_dict(),
                     "optimizer": self.optimizer.state_dict(),
                     "loop": asdict(state),
