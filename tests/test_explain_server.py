@@ -54,6 +54,20 @@ def test_server_answers_json_for_each_family(clients, family):
     assert page.headers["content-security-policy"].startswith("default-src 'self'")
 
 
+def test_diffusion_server_answers_a_long_template_413_and_a_tiny_temperature_200(tiny_runs):
+    """A template longer than the model's context is over a cap, as for the other servers (413,
+    not 422); a temperature of 1e-300 draws the most likely tokens instead of failing."""
+    client = TestClient(create_app(load_explainer(tiny_runs["diffusion-lm"], max_chars=400)))
+    res = client.post("/api/explain", json={"text": "a" * 399 + "_"})
+    assert res.status_code == 413 and "longer than the model's context (64)" in res.json()["detail"]
+    explain = {"text": INPUTS["diffusion-lm"], "temperature": 1e-300}
+    steps = {**explain, "kind": "encoder", "layer": 0, "head": 0}
+    for path, body in (("/api/explain", explain), ("/api/steps", steps)):
+        res = client.post(path, json=body)
+        assert res.status_code == 200, res.json()
+        assert client.post(path, json={**body, "temperature": 0.5}).status_code == 200  # the next one too
+
+
 def test_server_refuses_input_over_the_cap_with_a_message(clients):
     client = clients["protein"]
     res = client.post("/api/explain", json={"text": "A" * 61})

@@ -3,6 +3,8 @@
 - :class:`QkvError` (and its subclasses) is a problem with the user's input: a file, a value,
   an option, an empty text, a run directory of the wrong kind. The message is one line that
   names the thing; the CLI prints it as ``error: ...`` and exits with status 2.
+- :class:`InputTooLong` is a :class:`QkvError` for an input over a model's context or a cap
+  (the explainer servers answer it with 413, every other user error with 422).
 - :class:`ConfigError` is a :class:`QkvError` that is also a ``ValueError``: a configuration
   value out of range or of the wrong type, raised where a Python user expects ``ValueError``
   (constructing a config dataclass) and shown by the CLI like any other user error.
@@ -15,6 +17,10 @@
 
 class QkvError(Exception):
     """A problem with the user's input, files or configuration, stated in one line."""
+
+
+class InputTooLong(QkvError):
+    """An input longer than a model's context or a cap (characters, tokens), stated in one line."""
 
 
 class ConfigError(QkvError, ValueError):

@@ -26,7 +26,7 @@ from torch import nn
 
 from .. import runs
 from ..data.parallel import PAIRS_FILE
-from ..errors import QkvError
+from ..errors import InputTooLong, QkvError
 from ..files import read_json
 from ..inference.lm import TextGenerator
 from ..inference.search import beam_search, greedy_decode
@@ -46,10 +46,6 @@ KIND_TITLES = {
 InputT = TypeVar("InputT")
 """What an explainer's :meth:`~Explainer.explain` and :meth:`~Explainer.steps` take: ``str``
 for the text families, an image for :class:`~qkv.explain.vision.ImageExplainer`."""
-
-
-class InputTooLong(QkvError):
-    """The input is over the explainer's cap (characters, or the model's context in tokens)."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 
 from .. import runs
-from ..errors import QkvError
+from ..errors import InputTooLong, QkvError
 from ..models.diffusion_lm import DiffusionLM
 from .sampling import check_sampling, filter_logits
 
@@ -222,7 +222,7 @@ class DiffusionGenerator:
 
     def _check_length(self, n: int, what: str) -> None:
         if n > self.model.config.max_len:
-            raise QkvError(
+            raise InputTooLong(
                 f"{what} is {n} tokens, longer than the model's context ({self.model.config.max_len})"
             )
 
