@@ -138,9 +138,7 @@ def _model_word_maps(
         out = model(to_model_input(pixels[None]), torch.tensor([[cfg.bos_id, *ids]]), need_weights=True)
     cross = torch.stack([w[0] for w in out.cross_attentions])  # (L, H, 1 + T, N)
     g = cfg.grid_size
-    return np.stack(
-        [cross[:, :, a:b].mean(2).reshape(cross.shape[0], cross.shape[1], g, g).numpy() for a, b in spans]
-    )
+    return np.stack([cross[:, :, a].reshape(cross.shape[0], cross.shape[1], g, g).numpy() for a, b in spans])
 
 
 def test_the_pages_word_maps_are_the_models_cross_attention(caption_run, image_file, tmp_path):
@@ -189,7 +187,7 @@ def test_explanation_holds_every_kind_and_the_cross_rows_match_the_word_maps(exp
     cross = kinds["cross"]
     assert cross.weights.shape == (2, 2, 1 + t, 16) and cross.query_tokens[-1] == "<eos>"
     for w in out["words"]:
-        rows = cross.weights[:, :, w["start"] : w["end"]].mean(2).reshape(2, 2, 4, 4).numpy()
+        rows = cross.weights[:, :, w["start"]].reshape(2, 2, 4, 4).numpy()  # the first piece's
         np.testing.assert_allclose(np.array(w["maps"]), rows, atol=1e-6)
     steps = explainer.steps(str(image_file), "cross", 1, 1)
     assert len(steps["q"]) == 1 + t and len(steps["k"]) == 16

@@ -155,7 +155,7 @@ def test_lm_init_from_a_gpt2_folder_continues_on_tiny_shakespeare_and_reloads(gp
     assert (config["d_model"], config["n_layers"], config["max_len"]) == (32, 2, 32), "window cut to 32"
     # The run reloads to the outputs it was scored with, and the zero-shot figure is the
     # checkpoint's own on the same windows.
-    assert abs(evaluate_run(out)["val_loss"] - after) <= 1e-5
+    assert abs(evaluate_run(out)["loss"] - after) <= 1e-5
     assert json.loads((out / "init.json").read_text())["validation"]["val_loss"] == before
 
 
@@ -169,7 +169,7 @@ def test_lm_init_with_lora_stores_adapters_merges_and_resumes(gpt2_folder, corpu
     assert first["trainable_parameters"] == 2 * 4 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["rank"] == 4 and adapter["target_modules"] == ["w_1", "w_2", "w_o", "w_qkv"]
-    assert abs(evaluate_run(out)["val_loss"] - first["validation"]["val_loss"]) <= 1e-5
+    assert abs(evaluate_run(out)["loss"] - first["validation"]["val_loss"]) <= 1e-5
     # The merged weights are an ordinary run: they convert to an HF GPT-2 with the same logits
     # and the explainer reads them.
     transformers = pytest.importorskip("transformers")

@@ -283,3 +283,43 @@ def test_scene_task_splits_draw_from_the_right_fashion_mnist_images(monkeypatch)
         novel = [bool(compositions(g) & HELD_OUT) for g in scenes.garments]
         assert all(novel) if split.endswith("novel") else not any(novel)
     assert task["val"].captions != task["test"].captions  # each split its own seed
+
+
+def test_a_shift_moves_each_garment_inside_its_own_cell():
+    """A bright square in each cell moves by the drawn offset, 1 to 3 pixels each way; nothing
+    crosses into another cell; a garment at the cell's edge loses the pixels pushed past it."""
+    from qkv.data.scenes import shift_garments
+
+    images = np.zeros((5, CANVAS, CANVAS, 1), dtype=np.uint8)
+    for cell in range(4):
+        top, left = (cell // 2) * CELL, (cell % 2) * CELL
+        images[:, top + 10 : top + 18, left + 10 : left + 18] = 200 + cell
+    moved = shift_garments(images, np.random.default_rng(0), 1, 3)
+    for i in range(5):
+        for cell in range(4):
+            top, left = (cell // 2) * CELL, (cell % 2) * CELL
+            block = moved[i, top : top + CELL, left : left + CELL, 0]
+            ys, xs = np.nonzero(block)
+            assert set(block[ys, xs]) == {200 + cell} and len(ys) == 64  # whole, and only its own
+            dy, dx = ys.min() - 10, xs.min() - 10
+            assert 1 <= abs(dy) <= 3 and 1 <= abs(dx) <= 3
+    edge = np.zeros((1, CANVAS, CANVAS, 1), dtype=np.uint8)
+    edge[0, :CELL, :CELL] = 255  # fills its cell: a shift loses a border, the other cells stay black
+    out = shift_garments(edge, np.random.default_rng(1), 2, 2)
+    assert out[0, :CELL, :CELL].sum() == 255 * 26 * 26 and out[0, CELL:].sum() == out[0, :, CELL:].sum() == 0
+    with pytest.raises(QkvError, match="0 <= low <= high"):
+        shift_garments(images, np.random.default_rng(0), 3, 1)
+
+
+@pytest.mark.skipif(
+    not (DATA / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").is_file() and not os.environ.get("CI"),
+    reason=f"Fashion-MNIST not found under {DATA} (set QKV_DATA_DIR)",
+)
+def test_the_shifted_splits_are_the_same_scenes_with_their_garments_moved(monkeypatch):
+    monkeypatch.setenv("QKV_DATA_DIR", os.environ.get("QKV_DATA_DIR", str(DATA)))
+    task = load_scene_task(200, 50, only=("test", "test_shifted"))
+    test, shifted = task["test"], task["test_shifted"]
+    assert shifted.meanings == test.meanings and shifted.references == test.references
+    assert shifted.ids[0] == "scenes/test_shifted/0" and not np.array_equal(shifted.images, test.images)
+    again = load_scene_task(200, 50, only=("test_shifted",))["test_shifted"]
+    assert np.array_equal(again.images, shifted.images)  # drawn from the task's seed alone

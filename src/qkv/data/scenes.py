@@ -27,7 +27,7 @@ import functools
 import gc
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,6 +41,7 @@ GRID = 2  # cells per side; the "above"/"below" grammar assumes two rows
 CANVAS = GRID * CELL
 NOUNS = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
 SCENE_SPLITS = ("train", "val", "val_novel", "test", "test_novel")
+SHIFTED_SPLITS = ("val_shifted", "test_shifted")  # val's and test's scenes, garments moved 1-3 px
 REPEAT_PROBABILITY = 0.3  # a row's second garment copies the first's class: captions need counts
 SCENE_CITATION = (
     f"Scenes of garments from {FASHION_MNIST_CITATION}, after the captioned MNIST of Mansimov, "
@@ -338,6 +339,35 @@ def _make_scenes(
     return scenes
 
 
+def shift_garments(images: np.ndarray, rng: np.random.Generator, low: int, high: int) -> np.ndarray:
+    """``images`` (uint8 ``(N, 56, 56, C)`` scenes) with each cell's garment moved inside its cell
+    by a whole number of pixels, rows and columns each ``low`` to ``high`` pixels (uniform) in a
+    random direction; the cell's edges fill with black and what is pushed past them is lost.
+    A captioner that names garments only where the generator puts them is not looking at them:
+    ``low=1, high=3`` makes the shifted test split, ``low=0`` the training augmentation.
+
+    Raises:
+        QkvError: ``0 <= low <= high < 28`` does not hold.
+    """
+    if not 0 <= low <= high < CELL:
+        raise QkvError(f"a shift needs 0 <= low <= high < {CELL} pixels (got {low}, {high})")
+    n = len(images)
+    offsets = rng.integers(low, high + 1, size=(n, GRID * GRID, 2)) * rng.choice(
+        (-1, 1), size=(n, GRID * GRID, 2)
+    )
+    out = np.zeros_like(images)
+    for i in range(n):
+        for cell in range(GRID * GRID):
+            top, left = (cell // GRID) * CELL, (cell % GRID) * CELL
+            dy, dx = (int(v) for v in offsets[i, cell])
+            src = images[i, top : top + CELL, left : left + CELL]
+            dst = out[i, top : top + CELL, left : left + CELL]
+            dst[max(dy, 0) : CELL + min(dy, 0), max(dx, 0) : CELL + min(dx, 0)] = src[
+                max(-dy, 0) : CELL + min(-dy, 0), max(-dx, 0) : CELL + min(-dx, 0)
+            ]
+    return out
+
+
 def load_scene_task(
     n_train: int = 100_000,
     n_eval: int = 2_000,
@@ -354,7 +384,11 @@ def load_scene_task(
     ``test_novel`` (``n_eval`` each) only from Fashion-MNIST's test images. Split k (its place in
     :data:`SCENE_SPLITS`) uses seed ``5 * seed + k``. ``Garment.source`` indexes the
     Fashion-MNIST split used: ``"train"`` (60,000) for train/val/val_novel, ``"test"`` (10,000)
-    for test/test_novel. ``only``: build just these splits (the same scenes as in the whole task).
+    for test/test_novel. ``val_shifted`` and ``test_shifted`` (:data:`SHIFTED_SPLITS`) are
+    ``val``'s and ``test``'s scenes with each garment moved 1 to 3 pixels in each direction
+    inside its cell (:func:`shift_garments`; the captions and boxes stay true), built when
+    ``only`` names them. ``only``: build just these splits (the same scenes as in the whole
+    task); ``None``: :data:`SCENE_SPLITS`.
 
     Raises:
         QkvError: ``n_train`` or ``n_eval`` < 1, ``seed`` < 0, ``val_fraction`` outside (0, 1),
@@ -375,13 +409,25 @@ def load_scene_task(
         "test": (test, everything, n_eval, False),
         "test_novel": (test, everything, n_eval, True),
     }
-    return {
+    # the shifted splits are val's and test's scenes, each garment moved 1-3 pixels in its cell
+    shifted = {f"{s}_shifted": s for s in ("val", "test") if only is not None and f"{s}_shifted" in only}
+    wanted = None if only is None else {*only, *shifted.values()}
+    out = {
         split: _make_scenes(
             images.subset(index), n, len(SCENE_SPLITS) * seed + k, novel, f"scenes/{split}", index
         )
         for k, (split, (images, index, n, novel)) in enumerate(plan.items())
-        if only is None or split in only
+        if wanted is None or split in wanted
     }
+    for k, (name, base) in enumerate(shifted.items()):
+        rng = np.random.default_rng(len(SCENE_SPLITS) * seed + len(plan) + k)
+        scenes = out[base]
+        out[name] = replace(
+            scenes,
+            images=shift_garments(scenes.images, rng, 1, 3),
+            ids=[i.replace(f"scenes/{base}/", f"scenes/{name}/") for i in scenes.ids],
+        )
+    return {k: v for k, v in out.items() if only is None or k in only}
 
 
 def scene_scores(predicted: Sequence[str], meanings: Sequence[Meaning]) -> dict[str, float]:

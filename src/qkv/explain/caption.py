@@ -6,8 +6,8 @@ then one small panel per generated word, in caption order, with the word's atten
 image laid on it. Here the attention is the Transformer's encoder-decoder attention (Vaswani et
 al. 2017, §3.2.3): at every caption position each head of each decoder layer weighs the
 ``N = grid²`` patch states of the image encoder, so a word has one ``grid × grid`` map per
-decoder layer and head. A word of several subword pieces (``t-shirt``) gets the mean of its
-pieces' maps, as :meth:`qkv.inference.caption.Captioner.word_maps` computes it: the numbers are
+decoder layer and head. A word of several subword pieces (``t-shirt``) gets its first piece's
+map, as :meth:`qkv.inference.caption.Captioner.word_maps` computes it: the numbers are
 the model's own, from a teacher-forced pass over ``bos`` + the caption it generated (the same
 weights decoding computed).
 
@@ -63,8 +63,8 @@ class CaptionExplainer(Explainer[ImageInput]):
     ``map_grid`` (the side ``G`` of a word's map: ``grid_size``, 1 for a pooled memory),
     ``memory``, ``n_decoder_layers``, ``n_heads`` and ``words``: one entry per word of the
     caption, in order, ``{"text", "pieces" (display labels), "start", "end" (its slice of
-    ids), "maps"}``, ``maps`` nested lists ``(n_decoder_layers, n_heads, G, G)``: the mean
-    over the word's pieces of their cross-attention rows, patch ``(r, c)`` at ``[r][c]``,
+    ids), "maps"}``, ``maps`` nested lists ``(n_decoder_layers, n_heads, G, G)``: the
+    cross-attention row of the word's first piece, patch ``(r, c)`` at ``[r][c]``,
     rounded to :data:`MAP_DIGITS` decimals.
 
     Args:

@@ -177,12 +177,15 @@ class Captioner:
         return maps.float().cpu().numpy()
 
     def word_maps(self, image: np.ndarray, ids: list[int]) -> tuple[list[Word], np.ndarray]:
-        """The caption's words and, for each, its cross-attention (the mean over its pieces):
-        float32 ``(n_words, n_decoder_layers, n_heads, grid, grid)``."""
+        """The caption's words and, for each, the cross-attention of its first piece: float32
+        ``(n_words, n_decoder_layers, n_heads, grid, grid)``. The first piece is where the model
+        chose the word; the pieces after it ("-", "shirt" of "▁t" "-" "shirt") follow from it
+        and look elsewhere (the "-" at the top-left patch), so a mean over them moved a
+        t-shirt's map onto another garment."""
         words = caption_words(self.tokenizer, ids)
         maps = self.cross_attention(image, ids)  # (L, H, T, N)
         g = self.config.grid_size if self.config.memory == "patches" else 1
-        per_word = [maps[:, :, w.start : w.end].mean(2) for w in words]  # each (L, H, N)
+        per_word = [maps[:, :, w.start] for w in words]  # each (L, H, N)
         shape = (len(words), *maps.shape[:2], g, g)
         return words, (np.stack(per_word).reshape(shape) if words else np.zeros(shape, np.float32))
 

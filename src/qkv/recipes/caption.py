@@ -47,7 +47,8 @@ from .skeleton import TrainingRun
 logger = logging.getLogger(__name__)
 
 TASKS = ("scenes", "emoji")
-SPLITS = ("test", "test_novel", "val", "val_novel")  # scenes; emoji has test and val
+# scenes; emoji has test and val. The shifted splits are scored at the end only (not at each validation)
+SPLITS = ("test", "test_novel", "test_shifted", "val", "val_novel", "val_shifted")
 PHRASINGS = ("random", "canonical")
 
 
@@ -65,6 +66,9 @@ class CaptionSettings:
     first, ``to the left of``; the default: on validation it doubles the exact match, because a
     random phrasing makes the decoder choose which garment to name first and stay consistent
     with it); every phrasing is a reference for BLEU either way.
+    ``shift``: scenes only, move each training garment inside its cell by 0 to ``shift`` pixels
+    in each direction, drawn anew for every batch (:func:`qkv.data.scenes.shift_garments`); the
+    ``*_shifted`` splits score the same scenes with every garment moved 1 to 3 pixels.
     ``bpe_vocab``: the caption tokenizer's largest vocabulary. ``beam_size``:
     decoding for validation and test (1: greedy). ``init``: a ``qkv train vit`` run whose
     encoder starts the image side; ``freeze``: keep it fixed (needs ``init``). ``baseline``:
@@ -91,6 +95,7 @@ class CaptionSettings:
     batch_size: int = 64
     label_smoothing: float = 0.0
     phrasing: str = "canonical"
+    shift: int = 0
     bpe_vocab: int = 2000
     beam_size: int = 1
     init: str | None = None
@@ -112,6 +117,8 @@ class CaptionSettings:
             problems.append(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
         if not 0.0 < self.val_fraction < 0.5:
             problems.append(f"val_fraction ({self.val_fraction}) must be in (0, 0.5)")
+        if not 0 <= self.shift <= 8 or (self.shift and self.task != "scenes"):
+            problems.append(f"shift ({self.shift}) must be 0 to 8 pixels, and is for task=scenes only")
         if self.freeze and not self.init:
             problems.append("freeze=true (a fixed image encoder) needs init=RUN_DIR, a qkv train vit run")
         if problems:
@@ -145,10 +152,14 @@ def load_splits(
         QkvError: the data cannot be read.
     """
     if settings.task == "scenes":
-        from ..data.scenes import SCENE_CITATION, load_scene_task
+        from ..data.scenes import SCENE_CITATION, SCENE_SPLITS, SHIFTED_SPLITS, load_scene_task
 
         scenes = load_scene_task(
-            settings.train_scenes, settings.eval_scenes, settings.split_seed, settings.val_fraction, only
+            settings.train_scenes,
+            settings.eval_scenes,
+            settings.split_seed,
+            settings.val_fraction,
+            only or (*SCENE_SPLITS, *SHIFTED_SPLITS),
         )
         splits = {
             name: CaptionData(
@@ -334,7 +345,13 @@ class CaptionRun(TrainingRun):
 
     def loss(self, model, batch: ImageBatch) -> tuple[torch.Tensor, int]:
         cfg, rows = self.captioner.config, batch.rows.tolist()  # model may be wrapped (torchrun's DDP)
-        images = to_model_input(self.splits["train"].images[rows]).to(self.device)
+        pixels = self.splits["train"].images[rows]
+        if self.settings.shift:  # drawn from the batch's place in the run: a resume draws the same
+            from ..data.scenes import shift_garments
+
+            rng = np.random.default_rng((self.settings.train.seed, batch.epoch, batch.number, batch.part))
+            pixels = shift_garments(pixels, rng, 0, self.settings.shift)
+        images = to_model_input(pixels).to(self.device)
         tgt_in = pad_sequences([[cfg.bos_id, *self.caption_ids[i]] for i in rows], cfg.pad_id).to(self.device)
         tgt_out = pad_sequences([[*self.caption_ids[i], cfg.eos_id] for i in rows], cfg.pad_id).to(
             self.device
@@ -440,7 +457,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     and novel compositions, and the pointing score), the baseline's, and what to run next."""
     run = Path(run_dir).resolve()
     lines = []
-    for name in ("test", "test_novel"):
+    for name in ("test", "test_novel", "test_shifted"):
         t = summary.get(name)
         if t:
             line = f"{summary['task']} {name}: exact match {t['exact_match']:.4f}, BLEU {t['bleu']:.2f}"
