@@ -224,7 +224,18 @@ def test_cli_writes_the_pictures_and_the_page(caption_run, image_file, tmp_path,
     assert main(["explain", str(caption_run), "--input", str(image_file), "--html", str(page)]) == 0
     doc = page.read_text(encoding="utf-8")
     assert 'id="caption-card"' in doc and "Content-Security-Policy" in doc and "<script src=" not in doc
-    assert _page_data(doc)["explanation"]["output"]["decoding"] == "beam search, beam size 4"
+    assert _page_data(doc)["explanation"]["output"]["decoding"] == "greedy decoding"  # the run's own beam
+
+
+def test_the_page_decodes_as_qkv_caption_does(explainer, caption_run, image_file, capsys):
+    """Without a beam size the page (and qkv explain) decode as the run does (its beam_size: 1
+    here), so the page and qkv caption give one caption for one image; --beam still chooses."""
+    page = explainer.explain(str(image_file)).output
+    assert page["decoding"] == "greedy decoding"
+    assert main(["caption", str(caption_run), str(image_file)]) == 0
+    assert page["text"] in capsys.readouterr().out
+    beam = explainer.explain(str(image_file), qkv.explain.DecodingOptions(beam_size=3)).output
+    assert beam["decoding"] == "beam search, beam size 3"
 
 
 def test_caption_figures_have_one_panel_per_word(explainer):
@@ -334,9 +345,11 @@ def test_the_page_draws_one_overlay_per_word_in_a_browser(explainer, image_file,
         tab.select_option("#word-layer", "0")
         after = tab.locator("#word-maps .word-map").count()
         output = tab.locator("#output").inner_text()
+        dims = tab.locator("#dims").inner_text()
         browser.close()
     out = page.explanation.output
     assert errors == [] and requests == [path.resolve().as_uri()]
     assert tiles == after == 1 + len(out["words"]) and words[1:] == [w["text"] or "∅" for w in out["words"]]
     assert hidden == [False, True]  # the word card shows; the ViT's class-token card does not
     assert "greedy decoding" in output
+    assert dims.startswith("encoder 2 + decoder 2 layers × 2 heads")  # both stacks, not the encoder's alone

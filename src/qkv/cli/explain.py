@@ -65,7 +65,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="layer (0-based, -1 = last) of the alignment and step-through pictures",
     )
     p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
-    search_options(p, beam=4, length_penalty=False)
+    search_options(
+        p,
+        beam=None,
+        length_penalty=False,
+        who="translation and captions",
+        default_beam="4; a caption run: its own",
+    )
     sampling_options(p, max_new_tokens=40, temperature=1.0, seed=0)
     p.add_argument(
         "--step",
@@ -156,7 +162,7 @@ def _check_explain_options(args, info: dict) -> None:
         problems.append(
             f"--temperature must be a finite number >= 0, 0 meaning greedy (got {args.temperature})"
         )
-    if args.beam < 1:
+    if args.beam is not None and args.beam < 1:
         problems.append(f"--beam must be >= 1 (got {args.beam})")
     if problems:
         raise QkvError("; ".join(problems))

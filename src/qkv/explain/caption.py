@@ -20,6 +20,7 @@ token: the encoder's self-attention is patches over patches.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -197,6 +198,8 @@ class CaptionExplainer(Explainer[ImageInput]):
         """:meth:`_prepare_pixels` of the decoded pixels, reused while the pixels and the
         decoding are the same (the page asks for the steps of the image it just explained)."""
         options = options or DecodingOptions()
+        if options.beam_size is None:  # as the run decodes (qkv caption, its test figures)
+            options = dataclasses.replace(options, beam_size=self.captioner.beam_size)
         pixels, caption = self.read(image)
         key = (pixels.tobytes(), options.beam_size, options.alpha)
         prepared = (
@@ -210,7 +213,9 @@ class CaptionExplainer(Explainer[ImageInput]):
     def _captioner(self, options: DecodingOptions) -> Captioner:
         """The run's captioner decoding as ``options`` say (beam size 1: greedy)."""
         c = self.captioner
-        return Captioner(c.model, c.tokenizer, c.background, c.device, options.beam_size, options.alpha)
+        return Captioner(
+            c.model, c.tokenizer, c.background, c.device, options.beam_size or c.beam_size, options.alpha
+        )
 
     def _prepare_pixels(self, pixels: np.ndarray, options: DecodingOptions) -> _Pass:
         cfg, model, tok = self.config, self.model, self.tokenizer
@@ -232,7 +237,7 @@ class CaptionExplainer(Explainer[ImageInput]):
         patches = ["▁" + label for label in self.token_labels()]
         keys = patches if cfg.memory == "patches" else [POOLED_KEY]
         pieces = [tok.id_to_token(i) or f"<{i}>" for i in ids]
-        beam = options.beam_size
+        beam = options.beam_size or self.captioner.beam_size
         output: dict[str, Any] = {
             "text": tok.decode(ids),
             "next_tokens": [],

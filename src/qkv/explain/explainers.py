@@ -50,12 +50,13 @@ for the text families, an image for :class:`~qkv.explain.vision.ImageExplainer`.
 
 @dataclass
 class DecodingOptions:
-    """How the output is produced: ``beam_size`` (translation; 1 = greedy), ``alpha`` (length
+    """How the output is produced: ``beam_size`` (translation and captions; 1 = greedy; ``None``:
+    the model's own, 4 for translation (§6.1), a captioner's run setting), ``alpha`` (length
     penalty), and for language models ``max_new_tokens``, ``temperature`` (0 = greedy),
     ``top_k``, ``top_p`` and ``seed`` (sampling is reproducible for a given seed); ``step``: the
     denoising step whose input a diffusion LM's attention is taken from (``None``: the last)."""
 
-    beam_size: int = 4
+    beam_size: int | None = None
     alpha: float = 0.6
     max_new_tokens: int = 40
     temperature: float = 1.0
@@ -367,10 +368,9 @@ class TranslationExplainer(Explainer[str]):
         self._check_tokens(len(ids) + 1, cfg.max_len)
         device = next(self.model.parameters()).device
         src = torch.tensor([ids + [cfg.eos_id]], device=device)
+        beam = options.beam_size or 4  # the paper's beam (§6.1) unless asked otherwise
         hyp = (
-            greedy_decode(self.model, src)
-            if options.beam_size <= 1
-            else beam_search(self.model, src, options.beam_size, options.alpha)
+            greedy_decode(self.model, src) if beam <= 1 else beam_search(self.model, src, beam, options.alpha)
         )[0]
         tgt_in = torch.tensor([[cfg.bos_id] + hyp[: cfg.max_len - 1]], device=device)
 
@@ -392,7 +392,13 @@ class TranslationExplainer(Explainer[str]):
                 "decoder": (tgt_in_pieces, tgt_in_pieces),
                 "cross": (produced, src_pieces),
             },
-            {"text": tok.decode(hyp), "next_tokens": [], "classes": [], "residues": None},
+            {
+                "text": tok.decode(hyp),
+                "next_tokens": [],
+                "classes": [],
+                "residues": None,
+                "decoding": "greedy decoding" if beam <= 1 else f"beam search, beam size {beam}",
+            },
         )
 
 

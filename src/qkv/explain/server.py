@@ -104,7 +104,7 @@ class ExplainRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: str
-    beam_size: int = Field(4, ge=1, le=16)
+    beam_size: int | None = Field(None, ge=1, le=16, description="null: the model's own (translation 4)")
     max_new_tokens: int = Field(40, ge=0, le=400)
     temperature: float = Field(
         1.0, ge=0.0, le=10.0, allow_inf_nan=False, description="0 = greedy; tiny values are greedy-equivalent"

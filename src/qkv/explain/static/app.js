@@ -174,7 +174,12 @@ function applyInfo(info) {
   state.info = info;
   $("family").textContent = info.family;
   $("run-dir").textContent = info.run_dir;
-  $("dims").textContent = `${info.n_layers} layers × ${info.n_heads} heads, d_k = ${info.d_k}`;
+  // an encoder-decoder (translation, captions) has two stacks, each its own depth
+  const per = info.layers_per_kind || {};
+  const layers = per.encoder !== undefined && per.decoder !== undefined
+    ? `encoder ${per.encoder} + decoder ${per.decoder} layers`
+    : `${info.n_layers} layers`;
+  $("dims").textContent = `${layers} × ${info.n_heads} heads, d_k = ${info.d_k}`;
   $("input-label").textContent = info.input_label || "Input";
   const input = $("input");
   if (info.max_chars) input.maxLength = info.max_chars;
@@ -399,10 +404,7 @@ function renderOutput(data, body) {
   out.replaceChildren();
   if (data.family === "translation") {
     out.append(el("p", { class: "out-text", id: "output-text" }, o.text ?? ""));
-    if (body.beam_size) {
-      out.append(el("p", { class: "muted small" },
-        body.beam_size === 1 ? "greedy decoding" : `beam search, beam size ${body.beam_size}`));
-    }
+    if (o.decoding) out.append(el("p", { class: "muted small" }, o.decoding));  // as the model decoded
   } else if (data.family === "lm") {
     // The prompt in grey, the model's own continuation in the accent colour.
     out.append(el("p", { class: "out-text lm", id: "output-text" },
