@@ -153,7 +153,7 @@ def test_lora_from_a_checkpoint_trains_under_torchrun_as_in_one_process(runs, tm
 
 def test_a_micro_batch_is_shared_out_by_rows():
     from qkv.data.batching import make_batch
-    from qkv.train.distributed import share
+    from qkv.distributed import share
 
     rows = torch.arange(5)
     assert [share(rows, r, 2).tolist() for r in (0, 1)] == [[0, 2, 4], [1, 3]]
@@ -167,8 +167,8 @@ def test_a_micro_batch_is_shared_out_by_rows():
 def test_more_processes_than_gpus_is_refused_before_joining(monkeypatch):
     """torchrun --nproc_per_node=2 on a one-GPU machine: rank 1 gets a one-line refusal instead
     of a CUDA traceback in set_device, before any process group is joined."""
+    from qkv import distributed
     from qkv.errors import QkvError
-    from qkv.train import distributed
 
     for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
         monkeypatch.setenv(name, value)

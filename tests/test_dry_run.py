@@ -15,7 +15,7 @@ import torch
 from cli_runs import DATA, TINY_LM, TINY_TRANSLATION, digest, refused, run_main, tiny_mlm_run
 
 from qkv.train.dry_run import Timings, plan_run
-from qkv.train.settings import TrainSettings
+from qkv.train.train_settings import TrainSettings
 
 needs_multi30k = pytest.mark.skipif(  # in CI missing data must fail, not skip
     not (DATA / "multi30k" / "train.de.gz").is_file() and not os.environ.get("CI"),
@@ -217,7 +217,8 @@ def test_epochs_snapshots_at_every_step_and_no_budget():
 
 def test_the_steps_sample_every_length_and_the_longest_batch_is_found():
     from qkv.data.batching import make_batch
-    from qkv.train.dry_run import batch_lengths, padded_length, spread
+    from qkv.train.dry_run import batch_lengths, spread
+    from qkv.train.run import padded_length
 
     lengths = [5, 1, 3, 9, 7]
     # lengths 1 and 9 (the shortest and the longest) first, then 5 (the middle)

@@ -18,7 +18,7 @@ from qkv.models.encoder import EncoderModel
 from qkv.recipes.lm import evaluate_run
 from qkv.train.adapters import LoraSettings, add_lora, has_lora, merge_lora
 from qkv.train.optim import make_optimizer
-from qkv.train.settings import TrainSettings
+from qkv.train.train_settings import TrainSettings
 
 peft = pytest.importorskip("peft")
 

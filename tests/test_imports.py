@@ -231,7 +231,7 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_the_layer_checks_find_what_they_look_for():
     graph = import_graph()
-    assert "qkv.explain.explainers" in graph["qkv.recipes.base"]  # under `if TYPE_CHECKING:`
+    assert "qkv.explain.explainers" in graph["qkv.recipes.recipe"]  # under `if TYPE_CHECKING:`
     assert "qkv.recipes.loading" in graph["qkv.explain.standalone"]  # importlib.import_module("qkv...")
     assert "qkv.recipes.loading" in graph["qkv.explain.loader"]  # moved(__name__, {...: "qkv..."})
     assert "qkv.recipes.loading" not in layered_graph()["qkv.explain.loader"]  # a deprecated forward

@@ -1,5 +1,5 @@
 """The training loop's pieces, each on its own: one optimizer step (qkv.train.step), the
-checkpoints and resume (qkv.train.checkpointing) and the metrics (qkv.train.metrics).
+checkpoints and resume (qkv.train.checkpointer) and the metrics (qkv.train.metrics).
 
 The loop as a whole (resume, signals, non-finite steps through it) is tested in test_train.py.
 """
@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 
 from qkv.errors import QkvError
 from qkv.files import save_weights
-from qkv.train.checkpointing import Checkpointer, LoopState
+from qkv.train.checkpointer import Checkpointer, LoopState
 from qkv.train.metrics import TrainMetrics
-from qkv.train.settings import TrainSettings
 from qkv.train.step import NonFiniteLoss, Stepper, StepStats
+from qkv.train.train_settings import TrainSettings
 
 
 def _sq_loss(model, batch):

@@ -22,7 +22,7 @@ from qkv.recipes.lm import LMRun, LMSettings
 from qkv.recipes.translation import TranslationSettings
 from qkv.settings import field_names, resolve
 from qkv.train.loop import train_loop
-from qkv.train.settings import TrainSettings
+from qkv.train.train_settings import TrainSettings
 
 CPU = torch.device("cpu")
 OLD_RUNS = Path(__file__).parent / "fixtures" / "old_runs"
@@ -231,7 +231,7 @@ def test_a_real_run_logs_and_records_the_resolved_precision(monkeypatch, tmp_pat
     monkeypatch.setenv("QKV_DATA_DIR", str(DATA))
     _cpu(monkeypatch, False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto must mean this CPU
-    import qkv.recipes.skeleton as skeleton
+    import qkv.train.run as skeleton
 
     passed = []
 

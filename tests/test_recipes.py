@@ -12,8 +12,8 @@ import pytest
 from qkv.cli import build_parser, main
 from qkv.models.model_types import MODEL_TYPES
 from qkv.recipes.registry import RECIPES, get, kind_of, trainable
-from qkv.recipes.skeleton import TrainingRun
 from qkv.runs import model_type_of
+from qkv.train.run import TrainingRun
 
 TRAINED = [r for r in RECIPES.values() if r.train is not None]
 

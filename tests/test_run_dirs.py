@@ -18,16 +18,15 @@ import torch
 from cli_runs import DATA, TINY_LM, TINY_TRANSLATION, digest, qkv, refused
 from safetensors.torch import load_file
 
-from qkv.compat import recorded_snapshot
 from qkv.data.images import read_idx
 from qkv.data.protein import read_fasta
 from qkv.data.translation import read_lines
 from qkv.errors import QkvError
 from qkv.files import save_weights
-from qkv.run_files import remove_run_file, run_file
-from qkv.train.checkpoint import average_weights
-from qkv.train.checkpointing import Checkpointer, LoopState
-from qkv.train.settings import TrainSettings
+from qkv.runs.layout import remove_run_file, run_file
+from qkv.train.checkpointer import Checkpointer, LoopState
+from qkv.train.train_settings import TrainSettings
+from qkv.train.train_state import average_weights, recorded_snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"
 needs_shakespeare = pytest.mark.skipif(
@@ -435,7 +434,7 @@ def test_a_name_the_setting_knows_is_recorded_as_a_name_even_beside_a_file_of_th
     """The corpus and task loaders read their names (tinyshakespeare, sst2, signalp) before any
     file: a run started beside a file of that name records the name, as it was read; a name
     the setting does not know that is a file here is recorded as an absolute path."""
-    from qkv.recipes.common import recorded_input
+    from qkv.runs.record import recorded_input
 
     monkeypatch.chdir(tmp_path)
     for name in ("tinyshakespeare", "sst2", "signalp", "mine.txt"):

@@ -20,7 +20,7 @@ from qkv.recipes.protein_mlm import ProteinMLMSettings
 from qkv.recipes.protein_tasks import ProteinTaskSettings
 from qkv.recipes.translation import RNNTranslationSettings, TranslationSettings
 from qkv.settings import dotted_key, field_names, resolve, to_dict
-from qkv.train.settings import TrainSettings
+from qkv.train.train_settings import TrainSettings
 
 
 @pytest.mark.parametrize(

@@ -13,17 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv.data import files, translation
+from qkv.data import sources, translation
 from qkv.data.batching import make_batch, token_batches
 from qkv.data.tokenizers import SubwordTokenizer
 from qkv.errors import QkvError
 from qkv.files import save_weights
 from qkv.models import Transformer, TransformerConfig
-from qkv.train.checkpoint import average_weights
 from qkv.train.loop import train_loop
 from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_adam, noam_lr
-from qkv.train.settings import TrainSettings
+from qkv.train.train_settings import TrainSettings
+from qkv.train.train_state import average_weights
 
 CFG = TransformerConfig(
     src_vocab_size=16,
@@ -159,7 +159,7 @@ def test_skip_nonfinite_skips_that_many_steps_then_stops(tmp_path):
 
 
 def test_a_truncated_state_is_named_and_the_previous_one_offered(tmp_path):
-    from qkv.train.checkpoint import previous_state_path
+    from qkv.train.train_state import previous_state_path
 
     _train(tmp_path, 9)  # checkpoints at steps 0, 4, 8, 9: the state of step 8 is kept as .prev
     path = tmp_path / "train_state.pt"
@@ -177,7 +177,7 @@ def test_a_truncated_state_is_named_and_the_previous_one_offered(tmp_path):
 
 
 def test_resume_drops_the_metric_rows_it_will_write_again(tmp_path):
-    from qkv.train.checkpoint import previous_state_path
+    from qkv.train.train_state import previous_state_path
 
     def steps(run):
         return [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()]
@@ -301,7 +301,7 @@ def test_multi30k_missing_files_name_where_to_put_them(tmp_path, monkeypatch):
     def offline(url, dest):
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(files.urllib.request, "urlretrieve", offline)
+    monkeypatch.setattr(sources.urllib.request, "urlretrieve", offline)
     with pytest.raises(QkvError, match=r"QKV_DATA_DIR.*multi30k|multi30k.*QKV_DATA_DIR"):
         translation.load_multi30k("val")
 
@@ -315,7 +315,7 @@ def test_multi30k_download_is_checksum_verified(tmp_path, monkeypatch):
         with gzip.open(dest, "wt") as f:
             f.write("not multi30k\n")
 
-    monkeypatch.setattr(files.urllib.request, "urlretrieve", fake)
+    monkeypatch.setattr(sources.urllib.request, "urlretrieve", fake)
     with pytest.raises(QkvError, match="sha256"):
         translation.load_multi30k("val")
     assert not list((tmp_path / "cache").rglob("*.gz"))

@@ -1,116 +1,29 @@
-"""Reading what earlier qkv versions wrote: every compatibility rule in one place.
+"""Reading what earlier qkv versions wrote: older config and settings keys, parameter names,
+the format version of the JSON files, a recipe's model type.
 
-The paper's modules (:mod:`qkv.nn`, :mod:`qkv.models`) and the training loop describe only
-today's format; whatever an older run directory holds is brought up to it here, as it is read.
+The paper's modules (:mod:`qkv.nn`, :mod:`qkv.models`) describe only today's format; whatever
+an older run directory holds is brought up to it here, as it is read. The training state
+(``train_state.pt``) has its own version and upgrades beside its one reader,
+:mod:`qkv.train.train_state`: it names the run directory's files (:mod:`qkv.runs.layout`),
+which sit above this module.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
-from pathlib import Path, PurePath
 from typing import Any
 
 import torch
 
-from .errors import ConfigError, QkvError
-from .files import load_weights
+from .errors import ConfigError
 from .nn.attention import MultiHeadAttention
-from .run_files import SNAPSHOTS, run_file
 
 logger = logging.getLogger(__name__)
 
 # Written into config.json and train_config.json as "format_version"; a file without it is
 # version 1 (everything before this key existed).
 FORMAT_VERSION = 2
-# Written into train_state.pt as "format_version" (its own number: the state changes apart
-# from the JSON files); a state without it is version 1. 2: snapshots named inside the run.
-STATE_FORMAT_VERSION = 2
-
-
-def check_state_version(state: dict) -> None:
-    """Refuse a training state written by a newer qkv (its ``format_version`` above
-    :data:`STATE_FORMAT_VERSION`), whose contents this qkv would misread.
-
-    Raises:
-        QkvError: in one line, saying which versions this qkv reads.
-    """
-    version = state.get("format_version", 1)
-    if not isinstance(version, int) or version > STATE_FORMAT_VERSION:
-        raise QkvError(
-            f"was written by a newer qkv (format_version {version!r}; this qkv reads up to "
-            f"{STATE_FORMAT_VERSION}): upgrade qkv to resume it"
-        )
-
-
-def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> dict:
-    """A ``train_state.pt`` as today's loop reads it, from any version's.
-
-    Older states lack what later versions added: the weights (kept only in
-    ``last.safetensors`` then), per-process RNG streams (one Python and one torch CPU state,
-    no NumPy stream) and the process count (one).
-
-    Args:
-        saved: the dict ``torch.load`` read from ``run_dir / "train_state.pt"``.
-        run_dir: its run directory (an old state's weights are in ``last.safetensors``).
-        model: the model being resumed (an old state's weights are read into it, ties and all).
-
-    Older states also list snapshots as ``--out`` was given (absolute, or relative to where the
-    command ran): each entry is mapped into ``run_dir`` by :func:`recorded_snapshot`.
-
-    Returns:
-        ``saved`` with ``"model"``, ``"rng"`` (a list, one entry per process: Python, torch,
-        NumPy (``None`` where the old state had none) and CUDA states), ``"world_size"`` and the
-        loop state's ``"snapshots"`` named relative to ``run_dir``.
-
-    Raises:
-        QkvError: an old state whose ``last.safetensors`` is missing or does not fit ``model``.
-    """
-    saved = dict(saved)
-    saved.pop("format_version", None)  # checked as the file was read (check_state_version)
-    if "model" not in saved:  # states written before the weights moved into them
-        load_weights(model, run_dir / "last.safetensors")
-        saved["model"] = model.state_dict()
-    if "rng" not in saved:  # states written before per-process streams
-        saved["rng"] = [
-            {"python": saved.pop("py_rng"), "torch": saved.pop("torch_rng"), "numpy": None, "cuda": []}
-        ]
-    saved.setdefault("world_size", 1)
-    recorded = saved.get("loop", {}).get("snapshots", [])
-    names = [name for entry in recorded if (name := recorded_snapshot(run_dir, entry)) is not None]
-    if names != recorded:  # snapshots recorded as --out was given
-        saved["loop"] = {**saved["loop"], "snapshots": names}
-    return saved
-
-
-_SNAPSHOT_FILE = re.compile(r"step_\d+\.safetensors")
-
-
-def recorded_snapshot(run_dir: Path, recorded: str) -> str | None:
-    """A snapshot entry of any version's training state as today's name (:func:`snapshot_name`).
-
-    Today's entries (``snapshots/step_N.safetensors``) are returned as they are. An earlier
-    version's entry (absolute, or relative to another working directory) becomes
-    ``snapshots/<its file name>`` when that file is in this run's ``snapshots/``; otherwise
-    ``None``: the entry is dropped, and the file it named is never read or removed.
-    """
-    path = PurePath(recorded)
-    if not _SNAPSHOT_FILE.fullmatch(path.name) or path.parent.name != SNAPSHOTS:
-        logger.warning(f"{run_dir}: ignoring the snapshot entry {recorded!r} (not a snapshot of a run)")
-        return None
-    name = f"{SNAPSHOTS}/{path.name}"
-    if recorded == name:
-        return name
-    if run_file(run_dir, name).is_file():
-        return name
-    logger.warning(
-        f"{run_dir}: the snapshot {recorded} recorded by an earlier qkv is not in this run directory; "
-        "it is left out of averaging and never touched"
-    )
-    return None
-
-
 # --------------------------------------------------------------------------- format version
 
 

@@ -5,7 +5,7 @@ Every write goes to a temporary file in the same directory, is flushed to disk (
 is then renamed over the old file (``os.replace`` is atomic on POSIX), so a crash, SIGKILL or
 power cut never leaves a half-written file under the real name. These functions write whenever
 they are called: under torchrun the caller decides which process writes (the training run's
-files come from rank 0, see :mod:`qkv.recipes.skeleton`).
+files come from rank 0, see :mod:`qkv.train.run`).
 """
 
 from __future__ import annotations

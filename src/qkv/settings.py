@@ -1,7 +1,7 @@
 """Typed settings trees: defaults < config file (JSON) < ``key=value`` overrides.
 
 A recipe's settings are a frozen dataclass whose sections are dataclasses too: ``model`` (the
-family's config from :mod:`qkv.models.config`), ``train`` (:class:`qkv.train.settings.TrainSettings`)
+family's config from :mod:`qkv.models.config`), ``train`` (:class:`qkv.train.train_settings.TrainSettings`)
 and the recipe's own data/task fields at the top. Keys are dotted (``model.d_model=256``,
 ``train.lr=3e-4``, ``src_lang=fr``). A flat key that names a field of exactly one section is
 accepted for it (``d_model=256`` is ``model.d_model=256``); one that several sections have is

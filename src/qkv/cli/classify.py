@@ -75,7 +75,7 @@ def _cmd_similarity(args) -> int:
 
 
 def _cmd_search(args) -> int:
-    from ..data.files import read_lines
+    from ..data.sources import read_lines
 
     corpus = read_lines(args.corpus)
     hits = _text_encoder(args.model, args.device, args.revision).search(args.query, corpus, args.top_k)

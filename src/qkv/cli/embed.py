@@ -135,7 +135,7 @@ def _layers(given: list[str] | None) -> str | list[int]:
 
 def _embed_texts(args) -> int:
     """Sentence embeddings of a text file (one sentence per line) into one ``.safetensors``."""
-    from ..data.files import read_lines
+    from ..data.sources import read_lines
     from ..device import resolve_device
     from ..inference.text import TextEncoder
 

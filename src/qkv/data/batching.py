@@ -38,7 +38,7 @@ class TranslationBatch:
 
     def shard(self, rank: int, world_size: int) -> TranslationBatch:
         """Pairs ``rank, rank + world_size, ...`` (one process's part under torchrun, see
-        :func:`qkv.train.distributed.share`); padding columns are kept."""
+        :func:`qkv.distributed.share`); padding columns are kept."""
         rows = slice(rank, None, world_size)
         tgt_out = self.tgt_out[rows]
         return TranslationBatch(

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import find_data_file
 from .protein_tasks import DEVELOPABILITY_SHA256, PARATOPE_SHA256
+from .sources import find_data_file
 
 CDR_H3_LENGTHS = (3, 35)  # shortest and longest CDR-H3 accepted (IMGT 105-117 with insertions)
 _J_MOTIF = re.compile(r"WG.G")  # IMGT 118-121, the J region's W-G-x-G

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
-from .files import READ_ERRORS, find_data_file, unreadable_because
+from .sources import READ_ERRORS, find_data_file, unreadable_because
 
 DATASET = "dms"
 SHA256 = {

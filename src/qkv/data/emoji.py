@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
-from .files import READ_ERRORS, find_data_file, unreadable_because
 from .images import MAX_PIXELS
+from .sources import READ_ERRORS, find_data_file, unreadable_because
 
 logger = logging.getLogger(__name__)
 

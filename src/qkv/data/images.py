@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import QkvError
-from .files import READ_ERRORS, find_data_file, unreadable_because
+from .sources import READ_ERRORS, find_data_file, unreadable_because
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import sha256sum
+from .sources import sha256sum
 from .tokenizers import AMINO_ACIDS, RARE_CODES
 
 RESIDUES = frozenset(AMINO_ACIDS + RARE_CODES)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import READ_ERRORS, find_data_file, unreadable_because
+from .sources import READ_ERRORS, find_data_file, unreadable_because
 from .tokenizers import AminoAcidTokenizer
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import find_data_file
 from .protein import fasta_entries, read_fasta, record_id
+from .sources import find_data_file
 from .tokenizers import AminoAcidTokenizer
 
 SPLITS = ("train", "val", "test")

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
-from .files import READ_ERRORS, find_data_file, unreadable_because
+from .sources import READ_ERRORS, find_data_file, unreadable_because
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import QkvError
 from .batching import OnDemandBatches
-from .files import find_data_file
+from .sources import find_data_file
 
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

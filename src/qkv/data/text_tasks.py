@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
-from .files import find_data_file
+from .sources import find_data_file
 
 SST2_FILES = {  # split → (file, canonical URL, sha256)
     "train": (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .batching import TranslationBatch, make_batch, token_batches
-from .files import READ_ERRORS, find_data_file, unreadable_because
+from .sources import READ_ERRORS, find_data_file, unreadable_because
 from .tokenizers import SubwordTokenizer
 
 LANGUAGES = ("en", "de", "fr", "cs")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from torch import nn
 from ..data.images import read_image, to_model_input
 from ..errors import QkvError
 from ..inference.caption import Captioner
+from ..runs import run_settings
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
 from .labels import piece_labels
 from .vision import TEST_PICK, UPLOAD_NAME, ImageInput, patch_info, patch_labels, png_data_url
@@ -85,8 +85,7 @@ class CaptionExplainer(Explainer[ImageInput]):
         self.captioner = Captioner.from_run(run_dir, device)
         super().__init__(self.captioner.model, run_dir, max_chars)
         self.tokenizer = self.captioner.tokenizer
-        meta = Path(run_dir) / "train_config.json"
-        self.train_config = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
+        self.train_config = run_settings(run_dir)
         self.task = self.train_config.get("task", "scenes")
         self._test: tuple[np.ndarray, list[list[str]]] | None = None
 

@@ -13,7 +13,6 @@ self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-dec
 from __future__ import annotations
 
 import base64
-import json
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -338,11 +337,7 @@ class TranslationExplainer(Explainer[str]):
     ) -> None:
         model, self.tokenizer = runs.load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
         super().__init__(model, run_dir, max_chars)
-        meta = (
-            json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
-            if (Path(run_dir) / "train_config.json").is_file()
-            else {}
-        )
+        meta = runs.run_settings(run_dir)
         src, tgt = meta.get("src_lang", "de"), meta.get("tgt_lang", "en")
         self.input_label = f"sentence to translate ({src} → {tgt})"
         self.example = {

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import re
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from ..data.images import ImageSet, load_fashion_mnist, load_image_task, read_im
 from ..errors import QkvError
 from ..inference.vision import ImageClassifier
 from ..models.config import CaptionConfig, ViTConfig
+from ..runs import run_settings
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
 from .rollout import attention_rollout
 
@@ -80,8 +80,7 @@ class ImageExplainer(Explainer[ImageInput]):
         self.classifier = ImageClassifier.from_run(run_dir, device)
         super().__init__(self.classifier.model, run_dir, max_chars)
         self.classes = self.classifier.classes
-        meta = Path(run_dir) / "train_config.json"
-        self.train_config = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
+        self.train_config = run_settings(run_dir)
         self.task = self.train_config.get("task", "fashion-mnist")
         self._test: ImageSet | None = None
 

@@ -32,6 +32,7 @@ from ..models.encoder import EncoderModel
 from ..models.model_types import for_config
 from ..models.transformer import Transformer
 from ..models.vit import VisionTransformer
+from ..runs.layout import CONFIG, TRAIN_CONFIG
 from . import keymap
 from .families import Family, family_for, family_of
 
@@ -228,7 +229,7 @@ def write_run(conv: Converted, run_dir: str | Path, source: str) -> None:
     """
     refuse_nonempty(run_dir)
     run_dir = Path(run_dir)
-    conv.config.save(run_dir / "config.json")
+    conv.config.save(run_dir / CONFIG)
     if conv.tokenizer is not None:
         conv.tokenizer.save(run_dir / "tokenizer.json")
     if conv.kept:
@@ -245,7 +246,7 @@ def write_run(conv: Converted, run_dir: str | Path, source: str) -> None:
         },
     )
     write_json(
-        run_dir / "train_config.json",
+        run_dir / TRAIN_CONFIG,
         {**runs.run_header(conv.family.recipe, conv.config), "converted_from": source},
     )
     save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run

@@ -18,7 +18,7 @@ instead (the layout of PEFT's ``save_pretrained``):
   computes the run's logits.
 
 ``W0`` is exact where the checkpoint the run's weights were chosen from (``best.safetensors``,
-else ``last.safetensors``, as :func:`qkv.recipes.common.keep_best` picks it) still holds the
+else ``last.safetensors``, as :func:`qkv.train.run.keep_best` picks it) still holds the
 frozen weights (PEFT's ``base_layer`` tensors) beside the same adapters, bit for bit;
 otherwise it is ``W - (α/r)·B A``, computed as PEFT merges (within float32 rounding of ``W``).
 
@@ -58,6 +58,7 @@ from ..files import atomic_write, read_json, read_safetensors, write_json
 from ..models.config import EncoderConfig, ModelConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.encoder import EncoderModel
+from ..runs.layout import TASK
 from ..train.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_library
 from . import keymap
 from .convert import hf_state, layer_counts, refuse_nonempty, write_hf
@@ -256,7 +257,7 @@ def _head(model: torch.nn.Module, family: str, level: str | None, run_dir: Path)
 def _classes(run_dir: Path, head: dict[str, torch.Tensor]) -> list[str]:
     """The class names in ``task.json`` (``LABEL_i`` without one), as many as the head's rows."""
     n = next(v.shape[0] for k, v in head.items() if k.endswith("bias") and "dense" not in k)
-    task = read_json(run_dir / "task.json") if (run_dir / "task.json").is_file() else {}
+    task = runs.run_json(run_dir, TASK, missing={})
     classes = [str(c) for c in task.get("classes", ())]
     return classes if len(classes) == n else [f"LABEL_{i}" for i in range(n)]
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import QkvError
+from ..runs.layout import TRAIN_CONFIG
 
 if TYPE_CHECKING:
     from .convert import Converted
@@ -103,7 +104,7 @@ def locate(name: str) -> tuple[Path, Path | None, dict]:
 
 def is_run_dir(path: Path) -> bool:
     """A qkv run directory (``train_config.json`` beside ``config.json``), not an HF folder."""
-    return (path / "train_config.json").is_file()
+    return (path / TRAIN_CONFIG).is_file()
 
 
 def source_of(name_or_path: str | Path) -> str:

@@ -6,7 +6,6 @@ with the key/value caches, :mod:`qkv.inference.search`).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from ..data.images import check_images, read_image, to_model_input
 from ..data.tokenizers import SubwordTokenizer
 from ..errors import ConfigError, QkvError
 from ..models.caption import CaptionModel
+from ..runs.layout import TASK
 from .search import beam_search, greedy_decode
 
 logger = logging.getLogger(__name__)
@@ -103,9 +103,9 @@ class Captioner:
             ConfigError: a beam size or ``alpha`` out of range.
         """
         model, tokenizer = runs.load_run(run_dir, device=device, family="caption")
-        meta = _json(Path(run_dir) / "task.json")
+        meta = runs.run_json(run_dir, TASK, missing={})
         if beam_size is None:
-            beam_size = _json(Path(run_dir) / "train_config.json").get("beam_size", 1)
+            beam_size = runs.run_settings(run_dir).get("beam_size", 1)
         return cls(model, tokenizer, meta.get("background", "black"), device, beam_size, alpha)
 
     def read(self, paths: list[str | Path]) -> np.ndarray:
@@ -188,11 +188,6 @@ class Captioner:
         per_word = [maps[:, :, w.start] for w in words]  # each (L, H, N)
         shape = (len(words), *maps.shape[:2], g, g)
         return words, (np.stack(per_word).reshape(shape) if words else np.zeros(shape, np.float32))
-
-
-def _json(path: Path) -> dict:
-    """A run's JSON file as a dict (``{}`` when it is not there)."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 __all__ = ["Word", "caption_words", "Captioner"]

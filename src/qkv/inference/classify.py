@@ -3,7 +3,7 @@ a FASTA file, each read and predicted by the class for its kind of run
 (:class:`~qkv.inference.vision.ImageClassifier`, :class:`~qkv.inference.text.TextEncoder`,
 :class:`~qkv.inference.protein.ProteinEncoder`).
 
-What a run reads is its recipe's :attr:`~qkv.recipes.base.Recipe.inputs`, which the caller
+What a run reads is its recipe's :attr:`~qkv.recipes.recipe.Recipe.inputs`, which the caller
 passes in: this layer does not import the recipes (they import it).
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.files import read_lines
 from ..data.protein import read_fasta
+from ..data.sources import read_lines
 from ..device import resolve_device
 from ..errors import QkvError
 from .protein import ProteinEncoder

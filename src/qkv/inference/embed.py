@@ -43,8 +43,8 @@ import torch
 
 from .. import cpu_share
 from ..data.batching import pad_sequences, token_batches
-from ..data.files import sha256sum
 from ..data.protein import fasta_entries, record_id
+from ..data.sources import sha256sum
 from ..errors import QkvError
 from ..files import atomic_write, read_json, write_json
 from ..models.encoder import EncoderModel

@@ -11,7 +11,6 @@ chain into consecutive windows of ``max_len - 2`` residues, so every residue is 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from ..data.batching import pad_sequences, token_batches
 from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
 from ..errors import QkvError
 from ..models.encoder import EncoderModel
+from ..runs.layout import TASK
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,7 @@ class ProteinEncoder:
     def _with_task(cls, model: EncoderModel, tok, source: str | Path, device) -> ProteinEncoder:
         """The encoder with the task its run directory's ``task.json`` names (classes, level);
         a masked LM when there is none (a name, an HF folder, a protein-mlm run)."""
-        meta_path = Path(source) / "task.json"
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        meta = runs.run_json(source, TASK, missing={})
         return cls(model, meta.get("classes", ()), meta.get("level", "mlm"), device, tokenizer=tok)
 
     def rows(

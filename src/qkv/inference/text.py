@@ -9,7 +9,6 @@ sentence-transformers does), with a warning.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -19,6 +18,8 @@ import torch
 from ..data.batching import pad_sequences, token_batches
 from ..errors import QkvError
 from ..models.encoder import EncoderModel, masked_mean
+from ..runs import run_json
+from ..runs.layout import TASK
 from .layout import prepare_for_inference
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ class TextEncoder:
                 f"{name_or_path} is not a pretrained text encoder (a BERT-style model with its own tokenizer)"
             )
         prepare_for_inference(model.eval(), batch_rows=4096)  # inference only: pack for batched products
-        meta = Path(name_or_path) / "task.json"
-        classes = json.loads(meta.read_text(encoding="utf-8"))["classes"] if meta.is_file() else ()
+        task = run_json(name_or_path, TASK, missing={})
+        classes = task["classes"] if task else ()
         return cls(model, tokenizer, device, classes)
 
     def rows(self, texts: list[str], max_len: int | None = None, warn: bool = True) -> list[list[int]]:

@@ -5,7 +5,6 @@ probabilities (and attention weights for :mod:`qkv.explain`) out. Beside
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from .. import runs
 from ..data.images import check_images, read_image, to_model_input
 from ..errors import QkvError
 from ..models.vit import VisionTransformer
+from ..runs.layout import TASK
 
 
 class ImageClassifier:
@@ -51,13 +51,9 @@ class ImageClassifier:
             QkvError: a missing or incomplete run directory, or a run of another kind.
         """
         model, _ = runs.load_run(run_dir, device=device, family="vit")
-        meta, settings = Path(run_dir) / "task.json", Path(run_dir) / "train_config.json"
-        classes = (
-            json.loads(meta.read_text(encoding="utf-8"))["classes"]
-            if meta.is_file()
-            else [str(i) for i in range(model.config.num_labels)]
-        )
-        saved = json.loads(settings.read_text(encoding="utf-8")) if settings.is_file() else {}
+        task = runs.run_json(run_dir, TASK, missing={})
+        classes = task["classes"] if task else [str(i) for i in range(model.config.num_labels)]
+        saved = runs.run_settings(run_dir)
         tta = bool(saved.get("hflip") and saved.get("tta_hflip"))
         return cls(model, classes, device, hflip_tta=tta)
 

@@ -2,7 +2,7 @@
 records as ``"model_type"`` (as Hugging Face's ``config.json`` does): which config class reads
 ``config.json`` and which module it builds.
 
-Recipes name theirs (:attr:`qkv.recipes.base.Recipe.model_type`); :func:`qkv.runs.load_run`
+Recipes name theirs (:attr:`qkv.recipes.recipe.Recipe.model_type`); :func:`qkv.runs.load_run`
 reads a run of any kind through this table without knowing the recipes, which sit above it.
 """
 

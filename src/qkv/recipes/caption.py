@@ -20,7 +20,6 @@ compositions (class pairs in relations) no training scene has. Emoji: train on t
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,10 +38,12 @@ from ..inference.caption import Captioner
 from ..models.caption import CaptionModel, encoder_weights_from_vit
 from ..models.config import CaptionConfig
 from ..models.model_types import CAPTION
+from ..runs import RunInfo
+from ..runs.layout import TASK
 from ..train.loop import LoopState
-from ..train.settings import TrainSettings
-from .base import Recipe
-from .skeleton import TrainingRun
+from ..train.run import TrainingRun
+from ..train.train_settings import TrainSettings
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ class CaptionRun(TrainingRun):
         return cfg
 
     def new_run_files(self) -> dict[str, dict]:
-        return {"task.json": {**self.task_info, "input": "pixel / 127.5 - 1, see qkv.data.images.read_image"}}
+        return {TASK: {**self.task_info, "input": "pixel / 127.5 - 1, see qkv.data.images.read_image"}}
 
     def build_model(self, config: CaptionConfig) -> CaptionModel:
         s = self.settings
@@ -440,7 +441,7 @@ def evaluate_run(
     from ..settings import resolve
 
     run_dir = Path(run_dir)
-    saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
+    saved = RunInfo.read(run_dir).settings
     keys = ("task", "test_artist", "train_scenes", "eval_scenes", "val_fraction", "split_seed")
     settings = resolve(CaptionSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     captioner = Captioner.from_run(run_dir, device, beam_size)  # None: the run's own beam_size

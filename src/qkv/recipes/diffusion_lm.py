@@ -25,7 +25,7 @@ from .. import runs
 from ..data.lm import eval_rows, masked_rows
 from ..errors import ConfigError
 from ..explain.diffusion import DiffusionLMExplainer
-from ..files import read_json, write_text
+from ..files import write_text
 from ..inference.diffusion import DEFAULT_REMASKING, REMASKING, DiffusionGenerator, Remasking
 from ..models.config import DiffusionLMConfig
 from ..models.diffusion_lm import DiffusionLM
@@ -39,8 +39,8 @@ from ..train.diffusion import (
     sample_times,
 )
 from ..train.loop import LoopState
-from .base import Recipe
 from .lm import LMRun, LMSettings, _metrics, run_split, start_token
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device |
     Raises:
         QkvError: a missing run, a run of another kind, an unknown split."""
     model, tok = runs.load_run(run_dir, device=device, family="diffusion-lm")
-    meta = read_json(Path(run_dir) / "train_config.json", "run settings")
+    meta = runs.RunInfo.read(run_dir).settings
     data, chars_per_token = run_split(run_dir, tok, split)
     b = validation_bound(model, data, meta["bound_samples"], meta["eps"], meta["train"]["seed"])
     return {"split": split, **bound_metrics(b, chars_per_token, prefix="")}

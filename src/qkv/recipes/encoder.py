@@ -12,7 +12,7 @@ import torch
 from ..data.tokenizers import load_tokenizer
 from ..explain.explainers import Explainer, ProteinExplainer, TextExplainer
 from ..models.model_types import ENCODER
-from .base import Recipe
+from .recipe import Recipe
 
 
 def explainer(run_dir: str | Path, device: torch.device | str = "cpu", **kwargs: Any) -> Explainer:

@@ -11,7 +11,6 @@ matrices only, warm-up + cosine decay) → the weights with the best validation 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import warnings
@@ -48,17 +47,13 @@ from ..inference.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
 from ..models.model_types import DECODER_LM
+from ..runs.record import prepared_data_record, recorded_input, refuse_other_data
 from ..train.adapters import add_lora
 from ..train.loop import LoopState
-from ..train.settings import TrainSettings
-from .base import Recipe
-from .common import (
-    prepared_data_record,
-    recorded_input,
-    refuse_other_data,
-    require_at_least_one,
-)
-from .skeleton import TrainingRun
+from ..train.run import TrainingRun
+from ..train.train_settings import TrainSettings
+from .common import require_at_least_one
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +269,7 @@ def _metrics(nll: float, n_tokens: int, chars_per_token: float, prefix: str = "v
 def corpus_record(train_text: str, val_text: str, settings: LMSettings) -> dict:
     """What a run trained on a text corpus keeps as ``data.json``: the corpus it named and the
     sha256 of its training and validation texts as split, so that a resume on other text, another
-    split or token shards is refused (:func:`~qkv.recipes.common.refuse_other_data`)."""
+    split or token shards is refused (:func:`~qkv.runs.record.refuse_other_data`)."""
     named = {"corpus": settings.corpus, "val_corpus": settings.val_corpus}
     return {
         "path": {k: v if v is None else recorded_input(v, k) for k, v in named.items()},  # not compared
@@ -402,7 +397,7 @@ class LMRun(TrainingRun):
             return None
         path = self.run_dir / "init.json"
         if self.resume and path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))["validation"]
+            return runs.run_json(self.run_dir, "init.json")["validation"]
         model.eval()
         with torch.no_grad():
             nll, n = split_nll(model, self.val_data, model.config.max_len, s.eval_limit)
@@ -455,7 +450,7 @@ def run_split(run_dir: str | Path, tok, split: str) -> tuple[LMData, float]:
     Raises:
         QkvError: an unknown split, a missing corpus or shard directory.
     """
-    meta = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
+    meta = runs.RunInfo.read(run_dir).settings
     if split not in ("val", "train"):
         raise QkvError(f"unknown split {split!r} for a language model; choose val or train")
     if meta.get("data"):  # token shards (qkv prepare lm): the whole split, read from disk

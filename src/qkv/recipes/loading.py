@@ -1,7 +1,7 @@
 """A run directory's explainer, and its page: the explainer the run's recipe names.
 
 Which explainer reads a run depends on the recipe that made it
-(:attr:`qkv.recipes.base.Recipe.explainer`), and only the recipes' registry lists them, so
+(:attr:`qkv.recipes.recipe.Recipe.explainer`), and only the recipes' registry lists them, so
 picking one sits here, beside the registry, above :mod:`qkv.explain` (which the recipes
 import). Given an
 explainer, :mod:`qkv.explain` does the rest: :func:`qkv.explain.show` draws its page,

@@ -10,7 +10,6 @@ with the best validation perplexity → ``model.safetensors``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -32,11 +31,13 @@ from ..inference.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
 from ..models.model_types import ENCODER
+from ..runs import RunInfo
+from ..runs.record import prepared_data_record
 from ..train.loop import LoopState
-from ..train.settings import TrainSettings
-from .base import Recipe
-from .common import prepared_data_record, require_at_least_one
-from .skeleton import TrainingRun
+from ..train.run import TrainingRun
+from ..train.train_settings import TrainSettings
+from .common import require_at_least_one
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", device: torch.device |
     """
     if split != "val":
         raise QkvError(f"a protein-mlm run is scored on its held-out proteins: split val (got {split!r})")
-    settings = json.loads((Path(run_dir) / "train_config.json").read_text(encoding="utf-8"))
+    settings = RunInfo.read(run_dir).settings
     model = ProteinEncoder.from_run(run_dir, device).model
     tok = AminoAcidTokenizer()
     if settings.get("data"):

@@ -18,7 +18,6 @@ into consecutive windows of ``max_len - 2`` residues, so every residue gets a pr
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,10 +37,12 @@ from ..inference.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..models.model_types import ENCODER
-from ..train.settings import TrainSettings
-from .base import Recipe
+from ..runs import RunInfo
+from ..runs.layout import TASK
+from ..train.run import SequenceClassifierRun
+from ..train.train_settings import TrainSettings
 from .common import TASK_SPLITS, encoder_with_head, require_at_least_one
-from .skeleton import SequenceClassifierRun
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class ProteinTaskRun(SequenceClassifierRun):
     def new_run_files(self) -> dict[str, dict]:
         task = self.task
         return {
-            "task.json": {
+            TASK: {
                 "task": task.name,
                 "level": self.level,
                 "classes": list(task.classes),
@@ -289,7 +290,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", device: torch.device 
     """Metrics of a finished ``protein-cls``/``protein-residue`` run on ``split`` (its own task
     and settings, from ``train_config.json``)."""
     run_dir = Path(run_dir)
-    settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
+    settings = RunInfo.read(run_dir).settings
     encoder = ProteinEncoder.from_run(run_dir, device)
     task = load_task(
         settings["task"],

@@ -1,7 +1,7 @@
 """Every kind of qkv run, by name: the one place that lists recipes.
 
 Built from real imports, so go-to-definition follows every entry. Adding a model family is
-its model module, its recipe module (which exports a :class:`~qkv.recipes.base.Recipe`) and
+its model module, its recipe module (which exports a :class:`~qkv.recipes.recipe.Recipe`) and
 one line here.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import runs
 from ..errors import QkvError
 from . import caption, diffusion_lm, encoder, lm, protein_mlm, protein_tasks, text_cls, translation, vit
-from .base import Recipe
+from .recipe import Recipe
 
 RECIPES: dict[str, Recipe] = {
     r.name: r

@@ -20,7 +20,6 @@ metrics beside a TF-IDF + logistic regression baseline fitted on the same traini
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +40,12 @@ from ..inference.text import TextEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
 from ..models.model_types import ENCODER
-from ..train.settings import TrainSettings
-from .base import Recipe
+from ..runs import RunInfo
+from ..runs.layout import TASK
+from ..train.run import SequenceClassifierRun
+from ..train.train_settings import TrainSettings
 from .common import TASK_SPLITS, encoder_with_head, require_at_least_one
-from .skeleton import SequenceClassifierRun
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class TextClsRun(SequenceClassifierRun):
     def new_run_files(self) -> dict[str, dict]:
         s, task = self.settings, self.task
         return {
-            "task.json": {
+            TASK: {
                 "task": task.name,
                 "classes": list(task.classes),
                 "mode": s.mode,
@@ -216,7 +217,7 @@ class TextClsRun(SequenceClassifierRun):
 def evaluate_run(run_dir: str | Path, split: str = "test", device: torch.device | str = "cpu") -> dict:
     """Metrics of a finished ``text-cls`` run on ``split`` of its own task."""
     run_dir = Path(run_dir)
-    settings = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
+    settings = RunInfo.read(run_dir).settings
     if split not in TASK_SPLITS:
         raise QkvError(f"split must be train, val or test (got {split!r})")
     encoder = TextEncoder.load(run_dir, device)

@@ -10,7 +10,6 @@ chrF by default) → write ``model.safetensors`` → score the test split with b
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -35,15 +34,16 @@ from ..models.config import RNNConfig, TransformerConfig
 from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
 from ..models.rnn import RNNSeq2Seq
 from ..models.transformer import Transformer
-from ..run_files import run_file
-from ..runs import load_run
-from ..train.checkpoint import average_weights
+from ..runs import load_run, run_settings
+from ..runs.layout import run_file
+from ..runs.record import refuse_other_data
+from ..train.checkpointer import average_weights
 from ..train.loop import LoopState
 from ..train.losses import label_smoothed_nll
-from ..train.settings import TrainSettings
-from .base import Recipe
-from .common import refuse_other_data, require_at_least_one
-from .skeleton import TrainingRun
+from ..train.run import TrainingRun
+from ..train.train_settings import TrainSettings
+from .common import require_at_least_one
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class TranslationRun(TrainingRun):
         """``data=``'s training and validation pairs; the vocabulary's kind, the held-out pairs
         and the files' checksums in :attr:`record` (``pairs.json``). Every file is read and
         checked before anything is written; a resumed run's files must be the ones it started
-        on (:func:`~qkv.recipes.common.refuse_other_data`)."""
+        on (:func:`~qkv.runs.record.refuse_other_data`)."""
         s = self.settings
         data = read_pairs(s.data, s.columns)
         given = {k: read_pairs(f, s.columns) for k in ("val", "test") if (f := getattr(s, f"{k}_data"))}
@@ -418,7 +418,7 @@ def evaluate_run(
     """
     run_dir = Path(run_dir)
     model, tok = load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
-    meta = _settings(run_dir)
+    meta = run_settings(run_dir)
     split, src, ref, residues = _evaluation_pairs(run_dir, meta, split)
     beam_size, alpha = _decoding(meta, beam_size, alpha)
     if limit:
@@ -447,18 +447,12 @@ def evaluate_run(
     }
 
 
-def _settings(run_dir: Path) -> dict:
-    """A run's ``train_config.json`` (its settings), or ``{}`` for a run without one."""
-    path = run_dir / "train_config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def run_decoding(
     run_dir: str | Path, beam_size: int | None = None, alpha: float | None = None
 ) -> tuple[int, float]:
     """``(beam_size, alpha)``: the ones given, else the beam search a translation run's test
     was decoded with (its settings; 4 and 0.6, §6.1, for a run that names none)."""
-    return _decoding(_settings(Path(run_dir)), beam_size, alpha)
+    return _decoding(run_settings(run_dir), beam_size, alpha)
 
 
 def _decoding(meta: dict, beam_size: int | None, alpha: float | None) -> tuple[int, float]:

@@ -13,7 +13,6 @@ are touched only for the final figure.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -31,11 +30,13 @@ from ..inference.vision import ImageClassifier
 from ..models.config import ViTConfig
 from ..models.model_types import VIT
 from ..models.vit import VisionTransformer
+from ..runs import RunInfo
+from ..runs.layout import TASK
 from ..train.loop import LoopState
-from ..train.settings import TrainSettings
-from .base import Recipe
+from ..train.run import ClassifierRun
+from ..train.train_settings import TrainSettings
 from .common import TASK_SPLITS
-from .skeleton import ClassifierRun
+from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class ViTRun(ClassifierRun):
     def new_run_files(self) -> dict[str, dict]:
         task = self.task
         return {
-            "task.json": {
+            TASK: {
                 "task": task.name,
                 "classes": list(task.classes),
                 "input": "pixel / 127.5 - 1, see qkv.data.images.read_image",
@@ -236,7 +237,7 @@ def split_scores(run_dir: str | Path, split: str = "test", device: torch.device 
 
     run_dir = Path(run_dir)
     classifier = ImageClassifier.from_run(run_dir, device)
-    saved = json.loads((run_dir / "train_config.json").read_text(encoding="utf-8"))
+    saved = RunInfo.read(run_dir).settings
     keys = ("task", "val_fraction", "split_seed")
     settings = resolve(ViTSettings, overrides=[f"{k}={saved[k]}" for k in keys if k in saved])
     settings = replace(settings, model=classifier.config)

@@ -2,8 +2,9 @@
 
 A dry run is the run itself, shortened: the same settings, data, tokenizer, model, batches,
 loss, optimizer and schedule, in a temporary directory that is removed at the end
-(:meth:`qkv.recipes.skeleton.TrainingRun.dry_run` drives it). It measures, once each, what the
-real run repeats, and what it does once:
+(:func:`dry_run` drives it through the run's own :meth:`~qkv.train.run.TrainingRun.start` and
+:meth:`~qkv.train.run.TrainingRun.finish`). It measures, once each, what the real run repeats,
+and what it does once:
 
 - the preparation (data, tokenizer, model: everything before the first step);
 - a few optimizer steps on the run's own batches: :data:`WARMUP_STEPS` first, untimed per step
@@ -34,22 +35,32 @@ one size that the next shapes do not fit), beyond what a short dry run sees.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import cpu_share, distributed
 from ..errors import QkvError
-from .checkpointing import LoopState
+from ..runs.record import prepare_run_dir
+from .checkpointer import Checkpointer, LoopState
+from .loop import start_loop, validate_and_keep_best
 from .metrics import TrainMetrics
-from .settings import TrainSettings
+from .run import TrainingRun
 from .step import Stepper
+from .train_settings import TrainSettings
+from .train_state import check_state
+
+logger = logging.getLogger(__name__)
 
 WARMUP_STEPS = 2
 MIN_STEPS = 5
@@ -139,7 +150,7 @@ def plan_run(
     cfg: TrainSettings, steps_per_epoch: int, t: Timings, step_budget_key: str = "max_steps"
 ) -> Plan:
     """The steps, validations, checkpoints and seconds of a run of ``cfg`` (its ``max_steps``
-    the run's step count, as :meth:`~qkv.recipes.skeleton.TrainingRun.total_steps` resolved it)
+    the run's step count, as :meth:`~qkv.train.run.TrainingRun.total_steps` resolved it)
     with the measured :class:`Timings` ``t``.
 
     The loop (:func:`qkv.train.loop.train_loop`) saves a checkpoint before its first step,
@@ -474,26 +485,170 @@ def batch_lengths(epoch_batches: Sequence, length: Callable[[Any], int | None]) 
     return known
 
 
-def padded_length(batch: object) -> int | None:
-    """The padded length of a training batch whose shape shows it: a ``(B, L)`` tensor of ids,
-    a list of token lists (rows of ``L`` at most), or an object holding ``(B, L)`` id tensors
-    (translation's :class:`~qkv.data.batching.TranslationBatch`: the longer of ``src`` and
-    ``tgt_in``); ``None`` for anything else (indices, images)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.size(1) if batch.dim() == 2 and not batch.is_floating_point() else None
-    if isinstance(batch, list) and batch and all(isinstance(row, list) for row in batch):
-        return max(len(row) for row in batch)
-    fields = vars(batch).values() if hasattr(batch, "__dict__") else ()
-    ids = [
-        v.size(1)
-        for v in fields
-        if isinstance(v, torch.Tensor) and v.dim() == 2 and not v.is_floating_point()
-    ]
-    return max(ids) if ids else None
-
-
 def timed(fn: Callable[..., object], *args: object) -> float:
     """Seconds ``fn(*args)`` took."""
     started = time.perf_counter()
     fn(*args)
     return time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many optimizer steps a dry run makes (:func:`time_steps`): ``warmup`` untimed, then
+    ``least`` to ``most`` timed ones, until ``seconds`` have passed."""
+
+    warmup: int = WARMUP_STEPS
+    least: int = MIN_STEPS
+    most: int = MAX_STEPS
+    seconds: float = TIMED_SECONDS
+
+
+def dry_run(
+    run_class: type[TrainingRun],
+    settings: Any,
+    out: str | Path | None = None,
+    *,
+    startup_s: float = 0.0,
+    steps: Steps = Steps(),
+) -> DryRun:
+    """What a run of ``settings`` into ``out`` will cost, measured on its own model, data and
+    batches, writing nothing: ``out`` (optional) is checked as the run would check it, never
+    created or changed; the run's files go to a temporary directory, removed at the end. The
+    flow is the run's own (:meth:`~qkv.train.run.TrainingRun.start`, then ``steps`` optimizer
+    steps instead of the budget, one validation, :meth:`~qkv.train.run.TrainingRun.finish`).
+
+    Args:
+        run_class: the recipe's run (:func:`qkv.train.run.run_class`).
+        startup_s: seconds the process spent before (interpreter, imports), which the real
+            run spends too (:func:`process_age_s`, from the CLI).
+
+    Raises:
+        QkvError: what the run would refuse (a non-empty ``out``, bad inputs), and under
+            torchrun (a dry run is one process).
+    """
+    if distributed.context().enabled or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise QkvError("--dry-run runs in one process: start it without torchrun")
+    with tempfile.TemporaryDirectory(prefix="qkv-dry-run-") as tmp:
+        run = run_class(settings, Path(tmp) / "run", resume=False, progress=False)
+        if out is not None:
+            prepare_run_dir(out, False, run.name, check_state)
+        logger.info(
+            f"dry run in {tmp} (removed at the end): the run's data, model and batches, "
+            f"{steps.warmup} + {steps.least}-{steps.most} steps, one validation, the end of the run"
+        )
+        return _rehearse(run, startup_s, steps)
+
+
+def _rehearse(run: TrainingRun, startup_s: float, steps: Steps) -> DryRun:
+    """The run in its (temporary) directory, shortened and timed."""
+    started = time.perf_counter()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # an earlier run in this process
+        torch.cuda.reset_peak_memory_stats()
+    model = run.start()
+    train, optimizer, lr = run.loop_settings(model)
+    in_training = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    prepare_s = time.perf_counter() - started
+    # the loop's start for a new run: its checkpointer, every RNG seeded
+    checkpoints, state = start_loop(
+        model, optimizer, run.run_dir, train, run.score_key, run.higher_is_better, resume=False
+    )
+    stepper = Stepper(model, optimizer, lr, run.loss, train, run.context.precision, run.run_dir)
+    model.train()
+    with TrainMetrics(run.run_dir, train, state, resumed=False, progress=False) as metrics:
+        timings, lengths, per_epoch = _time_the_loop(
+            run, model, train, stepper, checkpoints, state, metrics, steps
+        )
+        timings = replace(timings, startup_s=startup_s, prepare_s=prepare_s)
+        plan = plan_run(train, per_epoch, timings, run.step_budget_key())
+        # the snapshots the run keeps (translation's final weights average them)
+        for _ in range(min(plan.snapshots, train.keep_snapshots) - 1):
+            checkpoints.snapshot(state)
+        final_started = time.perf_counter()  # loss.png, drawn when the loop's metrics close
+    summary = run.finish(model, state)
+    timings = replace(timings, final_s=time.perf_counter() - final_started)
+    return DryRun(
+        recipe=run.name,
+        device=str(run.device),
+        precision=run.context.precision,
+        parameters=summary["parameters"],
+        trainable_parameters=summary["trainable_parameters"],
+        frozen_parameters=in_training - trainable,
+        adapter_parameters=max(in_training - summary["parameters"], 0),
+        target_unit=run.target_unit,
+        longest_batch=None if lengths is None else max(lengths),
+        timings=timings,
+        plan=plan_run(train, per_epoch, timings, run.step_budget_key()),
+        memory=_memory(run.device),
+        seconds=time.perf_counter() - started,
+        cpu_share=_load_so_far(),
+    )
+
+
+def _time_the_loop(
+    run: TrainingRun,
+    model: torch.nn.Module,
+    train: TrainSettings,
+    stepper: Stepper,
+    checkpoints: Checkpointer,
+    state: LoopState,
+    metrics: TrainMetrics,
+    steps: Steps,
+) -> tuple[Timings, list[int] | None, int]:
+    """What the loop repeats, timed once each: a checkpoint, the first epoch's batches, the
+    steps (:func:`time_steps`), a validation, a snapshot. Returns the timings (``startup_s``,
+    ``prepare_s`` and ``final_s`` 0: the caller's), the first epoch's padded batch lengths
+    (``None``: unknown) and the optimizer steps of an epoch."""
+    saves = [timed(checkpoints.save, state)]
+    t = time.perf_counter()
+    first = run.batches(0)
+    batches_s = time.perf_counter() - t
+    lengths = batch_lengths(first, run.batch_length)
+    warmup_s, step_times, targets = time_steps(
+        stepper,
+        run.batches,
+        first,
+        train,
+        state,
+        metrics,
+        steps.warmup,
+        steps.least,
+        steps.most,
+        steps.seconds,
+        lengths,
+    )
+    validation_s = timed(validate_and_keep_best, model, run.validate, state, metrics, checkpoints)
+    saves.append(timed(checkpoints.save, state))
+    snapshot_s = timed(checkpoints.snapshot, state)
+    timings = Timings(
+        startup_s=0.0,
+        prepare_s=0.0,
+        batches_s=batches_s,
+        warmup_steps=steps.warmup,
+        warmup_s=warmup_s,
+        timed_steps=len(step_times),
+        step_s=sum(step_times) / len(step_times),
+        targets_per_s=targets / max(sum(step_times), 1e-9),
+        save_s=sum(saves) / len(saves),
+        validation_s=validation_s,
+        snapshot_s=snapshot_s,
+        final_s=0.0,
+    )
+    return timings, lengths, math.ceil(len(first) / train.accum_steps)
+
+
+def _memory(device: torch.device) -> Memory:
+    cuda = device.type == "cuda"
+    return Memory(
+        peak_rss_mib(),
+        torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
+        torch.cuda.max_memory_reserved(device) / 2**20 if cuda else None,
+    )
+
+
+def _load_so_far() -> dict:
+    """The machine's load since the run started (:func:`qkv.cpu_share.start`), as one stretch:
+    what a dry run's speed was measured under."""
+    share = cpu_share.current()
+    share.mark()
+    return share.report()

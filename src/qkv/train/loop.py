@@ -6,7 +6,7 @@ checkpoint, time-spaced snapshots for averaging, ``metrics.jsonl``, a loss-curve
 checkpoints, exact resume, a stop on a non-finite loss, and a clean stop on Ctrl-C.
 
 The loop itself is short; its pieces are modules of their own: one optimizer step
-(:mod:`qkv.train.step`), checkpoints and exact resume (:mod:`qkv.train.checkpointing`, whose
+(:mod:`qkv.train.step`), checkpoints and exact resume (:mod:`qkv.train.checkpointer`, whose
 docstring says what resuming repeats bit for bit and what it cannot), and ``metrics.jsonl``, the
 progress bar and ``loss.png`` (:mod:`qkv.train.metrics`).
 """
@@ -26,15 +26,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import cpu_share
+from .. import cpu_share, distributed
 from ..device import resolve_precision
-from . import distributed
-from .checkpointing import Checkpointer, LoopState, rng_state, set_rng_state
+from .checkpointer import Checkpointer, LoopState, rng_state, set_rng_state
 from .metrics import TrainMetrics
-from .settings import TrainSettings
 from .step import NonFiniteLoss, Stepper
+from .train_settings import TrainSettings
 
-__all__ = ["LoopState", "NonFiniteLoss", "rng_state", "set_rng_state", "train_loop"]
+__all__ = [
+    "LoopState",
+    "NonFiniteLoss",
+    "rng_state",
+    "set_rng_state",
+    "start_loop",
+    "train_loop",
+    "validate_and_keep_best",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +95,14 @@ def train_loop(
         batches: epoch number → the epoch's batches (a list, or any sequence with ``len`` and
             slicing that makes them on demand), the same on every call and every process
             (the loop remembers its position for resume and shares each step's batches out
-            among torchrun's processes, see :mod:`qkv.train.distributed`).
+            among torchrun's processes, see :mod:`qkv.distributed`).
         loss_fn: ``(model, batch) → (summed loss, number of target tokens)``.
         validate: ``model → metrics dict`` (run in eval mode, no grad, by rank 0) or ``None``.
         cfg: budgets, accumulation, clipping, cadence, seed, precision, ``compile``.
         progress: show a progress bar (stderr).
         score_key / higher_is_better: which validation metric picks ``best.safetensors``.
         resume: continue from ``run_dir/train_state.pt`` (see "exact resume" in
-            :mod:`qkv.train.checkpointing`).
+            :mod:`qkv.train.checkpointer`).
         precision: ``"bf16"`` (bfloat16 autocast) or ``"fp32"``, as resolved by
             :func:`qkv.device.resolve_precision`; ``None`` resolves ``cfg.precision`` here.
 
@@ -113,7 +120,7 @@ def train_loop(
     """
     run_dir = Path(run_dir)
     ctx = distributed.context()
-    checkpoints, state = _start(model, optimizer, run_dir, cfg, score_key, higher_is_better, resume)
+    checkpoints, state = start_loop(model, optimizer, run_dir, cfg, score_key, higher_is_better, resume)
     if precision is None:
         precision = resolve_precision(cfg.precision, next(model.parameters()).device)[0]
     model.train()
@@ -137,7 +144,7 @@ def train_loop(
     return state
 
 
-def _start(
+def start_loop(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     run_dir: Path,
@@ -237,7 +244,7 @@ class _Run:
         snapshot every ``snapshot_minutes``, and a checkpoint and stop when a signal asked."""
         state, cfg, checkpoints = self.state, self.cfg, self.checkpoints
         if state.step % cfg.eval_every == 0:
-            _validate(self.model, self.validate, state, self.metrics, checkpoints)
+            validate_and_keep_best(self.model, self.validate, state, self.metrics, checkpoints)
             checkpoints.save(state)
         if state.elapsed_s - state.last_snapshot_s >= cfg.snapshot_minutes * 60:
             checkpoints.snapshot(state)
@@ -253,7 +260,7 @@ class _Run:
         averaging and save the final checkpoint."""
         state, checkpoints = self.state, self.checkpoints
         if state.step % self.cfg.eval_every != 0:
-            _validate(self.model, self.validate, state, self.metrics, checkpoints)
+            validate_and_keep_best(self.model, self.validate, state, self.metrics, checkpoints)
         if not state.snapshots or not state.snapshots[-1].endswith(f"step_{state.step}.safetensors"):
             checkpoints.snapshot(state)
         checkpoints.save(state)
@@ -278,7 +285,7 @@ def _out_of_budget(state: LoopState, cfg: TrainSettings) -> bool:
     )
 
 
-def _validate(
+def validate_and_keep_best(
     model: torch.nn.Module,
     validate: Callable[[torch.nn.Module], dict] | None,
     state: LoopState,

@@ -16,12 +16,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .. import cpu_share
+from .. import cpu_share, distributed
 from ..files import atomic_write, write_text
-from . import distributed
-from .checkpointing import LoopState
-from .settings import TrainSettings
+from .checkpointer import LoopState
 from .step import StepStats
+from .train_settings import TrainSettings
 
 TRAIN_ROW_EVERY = 20  # steps
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 class AdamSettings(Protocol):
     """What :func:`make_optimizer` reads of its settings: a
-    :class:`~qkv.train.settings.TrainSettings` (which imports this module's schedules, so it is
+    :class:`~qkv.train.train_settings.TrainSettings` (which imports this module's schedules, so it is
     named here by what it has)."""
 
     @property
@@ -46,7 +46,7 @@ def make_adam(
 
 def make_optimizer(model: torch.nn.Module, settings: AdamSettings) -> torch.optim.Optimizer:
     """AdamW over ``model``'s trainable parameters with ``settings``' (a
-    :class:`~qkv.train.settings.TrainSettings`) betas and eps; weight decay on matrices
+    :class:`~qkv.train.train_settings.TrainSettings`) betas and eps; weight decay on matrices
     (embeddings, linears) only, not on norms and biases."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     return make_adam(

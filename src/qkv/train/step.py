@@ -20,10 +20,10 @@ from typing import Any, cast
 
 import torch
 
+from .. import distributed
 from ..errors import QkvError
-from . import distributed
-from .checkpointing import LoopState
-from .settings import TrainSettings
+from .checkpointer import LoopState
+from .train_settings import TrainSettings
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def _first_nonfinite_grad(model: torch.nn.Module) -> str | None:
 
 def _my_rows(group: Sequence[Any], rank: int, world_size: int) -> list[tuple[Any, bool]]:
     """``(batch, counts)`` per micro-batch of ``group``: this process's rows of it
-    (:func:`qkv.train.distributed.share`), or, where it has none, the whole micro-batch with
+    (:func:`qkv.distributed.share`), or, where it has none, the whole micro-batch with
     ``counts`` false (its loss is then multiplied by zero: every process must run a backward
     for DDP's gradient exchange)."""
     out = []

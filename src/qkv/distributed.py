@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import QkvError
+from .errors import QkvError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,9 @@ learning rate of a time-based schedule, depend on the machine's speed.
 
 Files in the run directory (written by rank 0 only; see :class:`Checkpointer`):
 ``train_state.pt`` (and ``train_state.prev.pt``, the one it replaced), ``last.safetensors``,
-``best.safetensors`` and ``snapshots/step_N.safetensors``.
+``best.safetensors`` and ``snapshots/step_N.safetensors``; the state file's format is
+:mod:`qkv.train.train_state`'s. The snapshots are averaged into the final weights by
+:func:`average_weights` (§6.1).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
-from ..compat import STATE_FORMAT_VERSION, upgrade_train_state
+from .. import distributed
 from ..errors import QkvError
-from ..files import save_weights
-from ..run_files import remove_run_file, run_file, snapshot_name
-from . import distributed
-from .checkpoint import load_state, save_state
-from .settings import TrainSettings
+from ..files import atomic_write, read_safetensors, save_weights
+from ..runs.layout import remove_run_file, run_file, snapshot_name
+from .train_settings import TrainSettings
+from .train_state import STATE_FORMAT_VERSION, load_state, save_state, upgrade_train_state
 
 
 @dataclass
@@ -62,7 +64,7 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(saved: dict[str, Any]) -> None:
     """Restore what :func:`rng_state` returned. A ``"numpy"`` of ``None`` (a state written
-    before NumPy's stream was saved, see :func:`qkv.compat.upgrade_train_state`) leaves NumPy's
+    before NumPy's stream was saved, see :func:`qkv.train.train_state.upgrade_train_state`) leaves NumPy's
     stream as it is, as those versions did on resume."""
     version, internal, gauss = saved["python"]
     random.setstate((version, tuple(internal), gauss))  # a list after a round trip through torch.save
@@ -160,7 +162,7 @@ class Checkpointer:
         state.last_snapshot_s = state.elapsed_s
 
     def resume(self) -> LoopState:
-        """Load ``train_state.pt`` (any version's, through :func:`qkv.compat.upgrade_train_state`)
+        """Load ``train_state.pt`` (any version's, through :func:`qkv.train.train_state.upgrade_train_state`)
         into the model, the optimizer and this process's RNG streams; return its loop state.
 
         Raises:
@@ -188,3 +190,25 @@ class Checkpointer:
             ) from None
         set_rng_state(saved["rng"][ctx.rank])
         return LoopState(**saved["loop"])
+
+
+def average_weights(paths: list[Path], out: Path) -> None:
+    """Average several safetensors checkpoints of one model into ``out`` (paper §6.1: "averaging
+    the last 5 checkpoints"). Raises :class:`QkvError` if the files' keys differ."""
+    if not paths:
+        raise QkvError("no checkpoints to average")
+    total: dict[str, torch.Tensor] | None = None
+    dtypes: dict[str, torch.dtype] = {}
+    for p in paths:
+        sd = read_safetensors(p)
+        if total is None:
+            total = {k: v.double() for k, v in sd.items()}
+            dtypes = {k: v.dtype for k, v in sd.items()}  # the first file's, kept in the average
+        elif sd.keys() != total.keys():
+            raise QkvError(f"checkpoint {p} has different keys from {paths[0]}")
+        else:
+            for k, v in sd.items():
+                total[k] += v.double()
+    assert total is not None  # paths is not empty: the first file set it
+    avg = {k: (v / len(paths)).to(dtypes[k]).contiguous() for k, v in total.items()}
+    atomic_write(out, lambda tmp: save_file(avg, tmp))

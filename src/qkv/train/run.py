@@ -3,15 +3,14 @@
 torchtune's recipes split a run into setup / train / cleanup; qkv's do the same with one base
 class, :class:`TrainingRun`, whose :meth:`~TrainingRun.run` is the whole flow:
 
-1. check the run directory (:func:`~qkv.recipes.common.prepare_run_dir`; nothing written);
+1. check the run directory (:func:`~qkv.runs.record.prepare_run_dir`; nothing written);
 2. :meth:`~TrainingRun.before_start`: inputs a recipe reads before the run's seed is set (the
    classification recipes build their seeded model here);
-3. start the run (:func:`~qkv.recipes.common.start_run`: process group, threads, seed, device,
-   precision);
+3. start the run (:func:`start_run`: process group, threads, seed, device, precision);
 4. :meth:`~TrainingRun.setup`: data, tokenizer, the model's config, every input checked;
 5. the first writes, by one process: the tokenizer and :meth:`~TrainingRun.new_run_files`
    (a new run), ``config.json`` and ``train_config.json``
-   (:func:`~qkv.recipes.common.write_settings`);
+   (:func:`~qkv.runs.record.write_settings`);
 6. :meth:`~TrainingRun.build_model`, then the shared loop (:func:`~qkv.train.loop.train_loop`)
    over :meth:`~TrainingRun.batches`, :meth:`~TrainingRun.loss` and
    :meth:`~TrainingRun.validate`, with AdamW and the settings' schedule;
@@ -19,41 +18,97 @@ class, :class:`TrainingRun`, whose :meth:`~TrainingRun.run` is the whole flow:
    (the best-on-validation weights by default), :meth:`~TrainingRun.summarize` (validation
    and test scores, the recipe's own figures), the summary's common keys and ``summary.json``.
 
-:meth:`~TrainingRun.dry_run` (``qkv train ... --dry-run``) goes through the same flow in a
-temporary directory, with a few steps instead of the budget, and estimates the real run from
-what it measured (:mod:`qkv.train.dry_run`).
+Steps 2 to 5 are :meth:`~TrainingRun.start`, step 6's loop :meth:`~TrainingRun.fit` and step 7
+:meth:`~TrainingRun.finish`: the dry run (``qkv train ... --dry-run``, :mod:`qkv.train.dry_run`)
+calls the same three in a temporary directory, with a few timed steps instead of the loop.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from .. import cpu_share
+from .. import cpu_share, distributed
 from ..data.batching import token_batches
+from ..device import resolve_device, resolve_precision
 from ..errors import QkvError
 from ..evaluate.classification import plot_confusion
-from ..files import write_json
-from ..train import distributed
-from ..train import dry_run as dry
-from ..train.loop import LoopState, _start, _validate, train_loop
-from ..train.metrics import TrainMetrics
-from ..train.optim import make_optimizer
-from ..train.settings import TrainSettings
-from ..train.step import Stepper
-from .common import RunContext, keep_best, prepare_run_dir, start_run, write_settings
+from ..files import load_weights, save_weights, write_json
+from ..runs.layout import SUMMARY
+from ..runs.record import prepare_run_dir, write_settings
+from .adapters import LoraSettings, merge_lora, save_adapters
+from .loop import LoopState, train_loop
+from .optim import make_optimizer
+from .train_settings import TrainSettings
+from .train_state import check_state
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What :func:`start_run` resolved for a run: ``device``, ``precision`` (``"fp32"`` or
+    ``"bf16"``, what the training loop's autocast uses) and ``why`` that precision."""
+
+    device: torch.device
+    precision: str
+    why: str
+
+    def to_dict(self) -> dict:
+        return {
+            "device": str(self.device),
+            "precision": self.precision,
+            "why": self.why,
+            "processes": distributed.context().world_size,
+        }
+
+
+def start_run(train: TrainSettings) -> RunContext:
+    """Join torchrun's process group if there is one (:func:`qkv.distributed.init`),
+    choose the CPU threads (:func:`qkv.cpu_share.start`: ``train.threads``, or from the
+    machine's load, re-checked as the run goes), apply the seed, resolve its device
+    (under torchrun on CUDA: this process's GPU) and precision, and log (INFO) what was chosen
+    and why.
+
+    Raises:
+        QkvError: a device that is not available here.
+    """
+    ctx = distributed.init(train.device)
+    cpu_share.start(train.threads)  # threads from the machine's load, unless pinned
+    torch.manual_seed(train.seed)
+    device = resolve_device(train.device, log_level=logging.INFO)
+    cpu_share.current().cpu_bound = device.type == "cpu"
+    if ctx.enabled and device.type == "cuda":
+        device = torch.device("cuda", ctx.local_rank)
+    precision, why = resolve_precision(train.precision, device)
+    logger.info(f"precision: {precision} ({why}), seed {train.seed}")
+    return RunContext(device, precision, why)
+
+
+def keep_best(model: torch.nn.Module, run_dir: Path, lora: LoraSettings | None = None) -> int:
+    """Load the best-on-validation weights (the last ones if validation never ran), save them
+    as ``model.safetensors`` and leave ``model`` in eval mode. A model with LoRA adapters
+    (``lora``, :func:`qkv.train.adapters.add_lora`) saves them alone too
+    (``adapter_model.safetensors``, ``adapter_config.json``), then merges them: the run's
+    ``model.safetensors`` is the pretrained architecture with merged weights, which every
+    command loads like any run's. Returns the number of parameters that trained (adapters and
+    head; all of them in full training), counted before the merge."""
+    best = run_dir / "best.safetensors"
+    load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if lora is not None:
+        save_adapters(model, run_dir, lora)
+        merge_lora(model)
+    save_weights(model, run_dir / "model.safetensors")
+    model.eval()
+    return trained
 
 
 class TrainingRun(ABC):
@@ -69,7 +124,7 @@ class TrainingRun(ABC):
         settings: the recipe's frozen settings (a ``*Settings`` dataclass with ``train``).
         run_dir: the run directory (``Path``).
         resume: continue the run in ``run_dir`` (its training state, tokenizer and task files).
-        context: what :func:`~qkv.recipes.common.start_run` resolved (device, precision).
+        context: what :func:`start_run` resolved (device, precision).
         tokenizer: saved as ``tokenizer.json`` in a new run when a recipe sets it.
     """
 
@@ -90,7 +145,7 @@ class TrainingRun(ABC):
 
     @classmethod
     def train(cls, settings: Any, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
-        """Run the recipe (:meth:`run`): what :attr:`qkv.recipes.base.Recipe.train` calls.
+        """Run the recipe (:meth:`run`): what :attr:`qkv.recipes.recipe.Recipe.train` calls.
 
         Returns:
             The summary (also ``summary.json``); ``{}`` on a torchrun process other than rank 0.
@@ -107,32 +162,41 @@ class TrainingRun(ABC):
     # ---------------------------------------------------------------- the flow, written once
     def run(self) -> dict:
         """The whole run (the module docstring lists its steps)."""
-        self.run_dir = prepare_run_dir(self.run_dir, self.resume, self.name)
+        self.run_dir = prepare_run_dir(self.run_dir, self.resume, self.name, check_state)
+        model = self.start()
+        state = self.fit(model)
+        if not distributed.is_main():  # torchrun: the other processes only helped train
+            return {}
+        return self.finish(model, state)
+
+    def start(self) -> torch.nn.Module:
+        """Steps 2 to 5 of the flow: :meth:`before_start`, :func:`start_run`, :meth:`setup`, the
+        first writes (rank 0), and the model (:meth:`build_model`), which it returns."""
         self.before_start()
         self.context: RunContext = start_run(self.settings.train)
         config = self.setup()
         if distributed.is_main():
-            self._first_writes(config)
-        model = self.build_model(config)
-        state = self._fit(model)
-        if not distributed.is_main():  # torchrun: the other processes only helped train
-            return {}
+            if not self.resume:  # a resumed run keeps its own
+                if self.tokenizer is not None:
+                    self.tokenizer.save(self.run_dir / "tokenizer.json")
+                for name, content in self.new_run_files().items():
+                    write_json(self.run_dir / name, content)
+            write_settings(
+                self.run_dir, self.name, self.settings, config, self.context.to_dict(), self.resume
+            )
+        return self.build_model(config)
+
+    def finish(self, model: torch.nn.Module, state: LoopState) -> dict:
+        """Step 7 of the flow (rank 0): :meth:`final_weights`, :meth:`summarize`, the summary's
+        common keys and ``summary.json``, which it returns."""
         trained = self.final_weights(model, state)
         summary = self.summarize(model, state)
         for key, value in self._figures(model, state, trained).items():
             summary.setdefault(key, value)  # a recipe may count its own (ViT: epochs of images)
-        write_json(self.run_dir / "summary.json", summary)
+        write_json(self.run_dir / SUMMARY, summary)
         return summary
 
-    def _first_writes(self, config: Any) -> None:
-        if not self.resume:  # a resumed run keeps its own
-            if self.tokenizer is not None:
-                self.tokenizer.save(self.run_dir / "tokenizer.json")
-            for name, content in self.new_run_files().items():
-                write_json(self.run_dir / name, content)
-        write_settings(self.run_dir, self.name, self.settings, config, self.context, self.resume)
-
-    def _loop_settings(
+    def loop_settings(
         self, model: torch.nn.Module
     ) -> tuple[TrainSettings, torch.optim.Optimizer, Callable[[int, float], float]]:
         """The loop's settings (``max_steps`` the recipe's :meth:`total_steps`), optimizer and
@@ -146,8 +210,10 @@ class TrainingRun(ABC):
         lr = train.lr_schedule(cast(Any, model).config.d_model, total_steps=total, peak_lr=self.peak_lr())
         return train, optimizer, lr
 
-    def _fit(self, model: torch.nn.Module) -> LoopState:
-        train, optimizer, lr = self._loop_settings(model)
+    def fit(self, model: torch.nn.Module) -> LoopState:
+        """Step 6: the shared loop (:func:`~qkv.train.loop.train_loop`) over the recipe's parts,
+        measuring the machine's load while it trains (:mod:`qkv.cpu_share`)."""
+        train, optimizer, lr = self.loop_settings(model)
         since = cpu_share.current().mark()
         state = train_loop(
             model,
@@ -181,140 +247,7 @@ class TrainingRun(ABC):
             "cpu_share": self.cpu_report,
         }
 
-    # ---------------------------------------------------------------- the dry run
-    @classmethod
-    def dry_run(
-        cls,
-        settings: Any,
-        out: str | Path | None = None,
-        *,
-        startup_s: float = 0.0,
-        warmup_steps: int = dry.WARMUP_STEPS,
-        min_steps: int = dry.MIN_STEPS,
-        max_steps: int = dry.MAX_STEPS,
-        seconds: float = dry.TIMED_SECONDS,
-    ) -> dry.DryRun:
-        """What a run of ``settings`` into ``out`` will cost, measured on its own model, data
-        and batches (:mod:`qkv.train.dry_run`), writing nothing: ``out`` (optional) is checked
-        as the run would check it, never created or changed; the run's files go to a temporary
-        directory, removed at the end. The flow is :meth:`run`'s, with ``warmup_steps`` and then
-        ``min_steps`` to ``max_steps`` optimizer steps (timed until ``seconds`` passed) instead
-        of the budget, one validation, and the end of the run (final weights, summary).
-
-        Args:
-            startup_s: seconds the process spent before (interpreter, imports), which the real
-                run spends too (:func:`qkv.train.dry_run.process_age_s`, from the CLI).
-
-        Raises:
-            QkvError: what the run would refuse (a non-empty ``out``, bad inputs), and under
-                torchrun (a dry run is one process).
-        """
-        if distributed.context().enabled or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            raise QkvError("--dry-run runs in one process: start it without torchrun")
-        with tempfile.TemporaryDirectory(prefix="qkv-dry-run-") as tmp:
-            run = cls(settings, Path(tmp) / "run", resume=False, progress=False)
-            if out is not None:
-                prepare_run_dir(out, False, run.name)
-            logger.info(
-                f"dry run in {tmp} (removed at the end): the run's data, model and batches, "
-                f"{warmup_steps} + {min_steps}-{max_steps} steps, one validation, the end of the run"
-            )
-            return run._rehearse(startup_s, warmup_steps, min_steps, max_steps, seconds)
-
-    def _rehearse(
-        self, startup_s: float, warmup_steps: int, min_steps: int, max_steps: int, seconds: float
-    ) -> dry.DryRun:
-        """:meth:`run` in :attr:`run_dir` (a temporary directory), shortened and timed."""
-        started = time.perf_counter()
-        self.before_start()
-        self.context = start_run(self.settings.train)
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        config = self.setup()
-        self._first_writes(config)
-        model = self.build_model(config)
-        train, optimizer, lr = self._loop_settings(model)
-        in_training = sum(p.numel() for p in model.parameters())
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        prepare_s = time.perf_counter() - started
-        # the loop's start for a new run: its checkpointer, every RNG seeded
-        checkpoints, state = _start(
-            model, optimizer, self.run_dir, train, self.score_key, self.higher_is_better, resume=False
-        )
-        stepper = Stepper(model, optimizer, lr, self.loss, train, self.context.precision, self.run_dir)
-        model.train()
-        with TrainMetrics(self.run_dir, train, state, resumed=False, progress=False) as metrics:
-            saves = [dry.timed(checkpoints.save, state)]
-            t = time.perf_counter()
-            first = self.batches(0)
-            batches_s = time.perf_counter() - t
-            lengths = dry.batch_lengths(first, self.batch_length)
-            warmup_s, step_times, targets = dry.time_steps(
-                stepper,
-                self.batches,
-                first,
-                train,
-                state,
-                metrics,
-                warmup_steps,
-                min_steps,
-                max_steps,
-                seconds,
-                lengths,
-            )
-            validation_s = dry.timed(_validate, model, self.validate, state, metrics, checkpoints)
-            saves.append(dry.timed(checkpoints.save, state))
-            snapshot_s = dry.timed(checkpoints.snapshot, state)
-            timings = dry.Timings(
-                startup_s=startup_s,
-                prepare_s=prepare_s,
-                batches_s=batches_s,
-                warmup_steps=warmup_steps,
-                warmup_s=warmup_s,
-                timed_steps=len(step_times),
-                step_s=sum(step_times) / len(step_times),
-                targets_per_s=targets / max(sum(step_times), 1e-9),
-                save_s=sum(saves) / len(saves),
-                validation_s=validation_s,
-                snapshot_s=snapshot_s,
-                final_s=0.0,
-            )
-            per_epoch = math.ceil(len(first) / train.accum_steps)
-            budget_key = self._step_budget_key()
-            plan = dry.plan_run(train, per_epoch, timings, budget_key)
-            # the snapshots the run keeps (translation's final weights average them)
-            for _ in range(min(plan.snapshots, train.keep_snapshots) - 1):
-                checkpoints.snapshot(state)
-            final_started = time.perf_counter()  # loss.png, drawn when the loop's metrics close
-        trained = self.final_weights(model, state)
-        summary = self.summarize(model, state)
-        for key, value in self._figures(model, state, trained).items():
-            summary.setdefault(key, value)
-        write_json(self.run_dir / "summary.json", summary)
-        timings = replace(timings, final_s=time.perf_counter() - final_started)
-        return dry.DryRun(
-            recipe=self.name,
-            device=str(self.device),
-            precision=self.context.precision,
-            parameters=summary["parameters"],
-            trainable_parameters=summary["trainable_parameters"],
-            frozen_parameters=in_training - trainable,
-            adapter_parameters=max(in_training - summary["parameters"], 0),
-            target_unit=self.target_unit,
-            longest_batch=None if lengths is None else max(lengths),
-            timings=timings,
-            plan=dry.plan_run(train, per_epoch, timings, budget_key),
-            memory=dry.Memory(
-                dry.peak_rss_mib(),
-                torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None,
-                torch.cuda.max_memory_reserved(self.device) / 2**20 if cuda else None,
-            ),
-            seconds=time.perf_counter() - started,
-            cpu_share=_load_so_far(),
-        )
-
-    def _step_budget_key(self) -> str:
+    def step_budget_key(self) -> str:
         """The setting behind the loop's ``max_steps``: ``train.max_steps``, the epochs a
         recipe counts in steps (:meth:`total_steps`), or its default of one epoch."""
         train = self.settings.train
@@ -330,8 +263,8 @@ class TrainingRun(ABC):
     def batch_length(self, batch: Any) -> int | None:
         """The padded length of one of :meth:`batches`' batches (``None``: unknown), by which a
         dry run finds the longest of an epoch. Default: what the batch's shape shows
-        (:func:`qkv.train.dry_run.padded_length`)."""
-        return dry.padded_length(batch)
+        (:func:`padded_length`)."""
+        return padded_length(batch)
 
     def save_json(self, name: str, content: dict) -> None:
         """Write ``content`` as ``run_dir / name`` from rank 0 only (a recipe's own file)."""
@@ -340,7 +273,7 @@ class TrainingRun(ABC):
 
     # ---------------------------------------------------------------- what a recipe states
     def before_start(self) -> None:  # noqa: B027  (optional hook)
-        """Read and check inputs before :func:`~qkv.recipes.common.start_run` seeds the run
+        """Read and check inputs before :func:`start_run` seeds the run
         (default: nothing)."""
 
     @abstractmethod
@@ -379,7 +312,7 @@ class TrainingRun(ABC):
     def final_weights(self, model: torch.nn.Module, state: LoopState) -> int:
         """Load the weights the run ends with and save ``model.safetensors``; return the number
         of parameters that trained. Default: the best on validation
-        (:func:`~qkv.recipes.common.keep_best`, LoRA adapters saved and merged)."""
+        (:func:`keep_best`, LoRA adapters saved and merged)."""
         return keep_best(model, self.run_dir, self.settings.train.lora)
 
     @abstractmethod
@@ -456,8 +389,8 @@ class SequenceClassifierRun(ClassifierRun):
 
 
 def run_class(recipe: Any) -> type[TrainingRun]:
-    """The :class:`TrainingRun` subclass behind a :class:`~qkv.recipes.base.Recipe`'s ``train``
-    (its classmethod :meth:`TrainingRun.train`), for :meth:`TrainingRun.dry_run`.
+    """The :class:`TrainingRun` subclass behind a :class:`~qkv.recipes.recipe.Recipe`'s ``train``
+    (its classmethod :meth:`TrainingRun.train`), for the dry run (:func:`qkv.train.dry_run.dry_run`).
 
     Raises:
         QkvError: the recipe is not trained by a :class:`TrainingRun` (a converted kind of run).
@@ -468,9 +401,19 @@ def run_class(recipe: Any) -> type[TrainingRun]:
     return owner
 
 
-def _load_so_far() -> dict:
-    """The machine's load since the run started (:func:`qkv.cpu_share.start`), as one stretch:
-    what a dry run's speed was measured under."""
-    share = cpu_share.current()
-    share.mark()
-    return share.report()
+def padded_length(batch: object) -> int | None:
+    """The padded length of a training batch whose shape shows it: a ``(B, L)`` tensor of ids,
+    a list of token lists (rows of ``L`` at most), or an object holding ``(B, L)`` id tensors
+    (translation's :class:`~qkv.data.batching.TranslationBatch`: the longer of ``src`` and
+    ``tgt_in``); ``None`` for anything else (indices, images)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.size(1) if batch.dim() == 2 and not batch.is_floating_point() else None
+    if isinstance(batch, list) and batch and all(isinstance(row, list) for row in batch):
+        return max(len(row) for row in batch)
+    fields = vars(batch).values() if hasattr(batch, "__dict__") else ()
+    ids = [
+        v.size(1)
+        for v in fields
+        if isinstance(v, torch.Tensor) and v.dim() == 2 and not v.is_floating_point()
+    ]
+    return max(ids) if ids else None

@@ -2,7 +2,7 @@
 program needs to know about it.
 
 A recipe module (``qkv.recipes.translation``, ``qkv.recipes.lm``, ...) defines its
-``*Settings`` class, its run (a :class:`~qkv.recipes.skeleton.TrainingRun` subclass: the
+``*Settings`` class, its run (a :class:`~qkv.train.run.TrainingRun` subclass: the
 parts of a run that are its own), its ``evaluate_run`` and its summary text, and exports one
 :class:`Recipe` that names them; :mod:`qkv.recipes.registry` collects those objects from real
 imports. The command line and :mod:`qkv.recipes.loading` (a run's explainer) ask the registry,
@@ -34,7 +34,7 @@ class Recipe:
         settings: the frozen settings dataclass ``qkv train NAME`` resolves (``--config``,
             ``key=value``); ``None`` for a kind of run that is converted, not trained.
         train: ``(settings, run_dir, resume=False, progress=True) → summary dict`` (the run
-            class's :meth:`~qkv.recipes.skeleton.TrainingRun.train`); writes the run directory
+            class's :meth:`~qkv.train.run.TrainingRun.train`); writes the run directory
             and ``summary.json``.
         evaluate: the module's ``evaluate_run(run_dir, split, device, *, options) → metrics
             dict`` on a data split of the run's own task; ``options`` (keyword-only) are those

@@ -1,4 +1,10 @@
-"""Paths inside a run directory: the one place that turns what a run records into a file.
+"""A run directory's layout: the names of its files, and the one place that turns what a run
+records into a path.
+
+The layout is Hugging Face's (``config.json``, ``model.safetensors``, ``tokenizer.json``) plus
+the training run's own files: :data:`TRAIN_CONFIG` (the settings and provenance),
+:data:`SUMMARY`, :data:`TASK` (a classifier's classes), :data:`DATA` (what a run trained on),
+the training state and the snapshots.
 
 A run directory is self-contained: every path it records into itself (the snapshots listed in
 ``train_state.pt``) is relative to the directory itself, so
@@ -9,7 +15,7 @@ leaves the run directory: deleting or overwriting a file outside it is impossibl
 construction, whatever a (possibly old, copied or edited) training state says.
 
 Runs written before this rule recorded snapshots as ``--out`` was given (absolute, or relative
-to the directory the command ran in); :func:`qkv.compat.recorded_snapshot` maps such an entry
+to the directory the command ran in); :func:`qkv.train.train_state.recorded_snapshot` maps such an entry
 into the run as it is read.
 """
 
@@ -17,8 +23,14 @@ from __future__ import annotations
 
 from pathlib import Path, PurePath
 
-from .errors import QkvError
+from ..errors import QkvError
 
+CONFIG = "config.json"  # the model's config (Hugging Face's name)
+TRAIN_CONFIG = "train_config.json"  # the recipe, its settings as resolved, provenance
+SUMMARY = "summary.json"  # what the run scored, written at its end
+TASK = "task.json"  # a classifier's task: classes, level, input
+DATA = "data.json"  # what a run on shards or its own text trained on (checked on resume)
+TRAIN_STATE = "train_state.pt"  # the training state a resume continues from
 SNAPSHOTS = "snapshots"
 
 
