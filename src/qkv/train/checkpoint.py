@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .._deprecated import moved
+from .. import _moved
 from ..compat import check_state_version
 from ..errors import QkvError
 from ..files import atomic_write, read_safetensors, torch_load_refusal
@@ -122,18 +122,5 @@ def average_weights(paths: list[Path], out: Path) -> None:
     atomic_write(out, lambda tmp: save_file(avg, tmp))
 
 
-# names that moved to qkv.files (issue 42): importable from here for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        n: "qkv.files"
-        for n in (
-            "atomic_write",
-            "write_text",
-            "write_json",
-            "save_weights",
-            "load_weights",
-            "torch_load_refusal",
-        )
-    },
-)
+# names that moved to qkv.files (issue 42), importable from here for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)
