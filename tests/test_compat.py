@@ -383,8 +383,10 @@ def test_every_old_name_answers_from_its_new_home_with_a_deprecation_warning(old
 def test_the_old_module_paths_import_in_every_form():
     """A fresh interpreter: the gone modules (no file of their own) import by every spelling,
     warn when a name is taken, and ``import qkv`` places none of them."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
     code = """
 import sys, warnings
@@ -410,7 +412,9 @@ except DeprecationWarning as w:
 else:
     raise AssertionError("no warning")
 """
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    src = str(Path(__file__).resolve().parents[1] / "src")  # this checkout's qkv
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
 
 
