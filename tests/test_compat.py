@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from qkv import compat
+from qkv import _moved, compat
 from qkv.errors import ConfigError, QkvError
 from qkv.files import load_weights, save_weights
 from qkv.models import DecoderLM, LMConfig, Transformer, TransformerConfig
@@ -22,15 +22,14 @@ from qkv.models.encoder import EncoderModel
 from qkv.models.vit import VisionTransformer
 from qkv.nn import MultiHeadAttention
 from qkv.settings import resolve
-from qkv.train import train_state
-from qkv.train.train_settings import TrainSettings
+from qkv.train.settings import TrainSettings
 
 # --------------------------------------------------------------------------- settings keys
 
 
 def _qkv_classes() -> dict[str, type]:
     import qkv.models.config as configs
-    import qkv.train.train_settings as train_settings
+    import qkv.train.settings as train_settings
 
     return {
         name: obj
@@ -299,7 +298,7 @@ def test_an_old_train_state_upgrades(tmp_path):
     py_state, torch_state = random.getstate(), torch.get_rng_state()
     old = {"step": 7, "optimizer": {}, "py_rng": py_state, "torch_rng": torch_state}
     model = _lm()
-    new = train_state.upgrade_train_state(old, tmp_path, model)
+    new = compat.upgrade_train_state(old, tmp_path, model)
     assert new["world_size"] == 1 and new["step"] == 7
     assert len(new["rng"]) == 1 and new["rng"][0]["numpy"] is None and new["rng"][0]["cuda"] == []
     assert new["rng"][0]["python"] == py_state and torch.equal(new["rng"][0]["torch"], torch_state)
@@ -311,7 +310,7 @@ def test_an_old_train_state_upgrades(tmp_path):
 def test_an_old_train_state_without_its_weights_file_is_refused(tmp_path):
     old = {"step": 1, "py_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
     with pytest.raises(QkvError, match="weights file not found"):
-        train_state.upgrade_train_state(old, tmp_path, _lm())
+        compat.upgrade_train_state(old, tmp_path, _lm())
 
 
 def test_today_s_train_state_passes_unchanged(tmp_path):
@@ -321,79 +320,131 @@ def test_today_s_train_state_passes_unchanged(tmp_path):
         "world_size": 2,
         "rng": [{"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": None, "cuda": []}] * 2,
     }
-    new = train_state.upgrade_train_state(state, tmp_path, _lm())
+    new = compat.upgrade_train_state(state, tmp_path, _lm())
     assert new.keys() == state.keys() and all(new[k] is state[k] for k in state)
 
 
-@pytest.mark.parametrize(
-    "module, old, new",
-    [
-        ("qkv.recipes.translation", "TranslationRecipe", "qkv.recipes.translation:TranslationSettings"),
-        ("qkv.recipes.translation", "RNNTranslationRecipe", "qkv.recipes.translation:RNNTranslationSettings"),
-        ("qkv.recipes.lm", "LMRecipe", "qkv.recipes.lm:LMSettings"),
-        ("qkv.recipes.lm", "evaluate_lm_run", "qkv.recipes.lm:evaluate_run"),
-        ("qkv.recipes.protein_mlm", "ProteinMLMRecipe", "qkv.recipes.protein_mlm:ProteinMLMSettings"),
-        ("qkv.recipes.protein_tasks", "ProteinTaskRecipe", "qkv.recipes.protein_tasks:ProteinTaskSettings"),
-        ("qkv.recipes.text_cls", "TextClsRecipe", "qkv.recipes.text_cls:TextClsSettings"),
-        ("qkv.recipes.vit", "ViTRecipe", "qkv.recipes.vit:ViTSettings"),
-        ("qkv.recipes.lm", "train_lm", "qkv.recipes.lm:LMRun.train"),
-        ("qkv.recipes.translation", "train_translation", "qkv.recipes.translation:TranslationRun.train"),
-        ("qkv.train.train_state", "write_json", "qkv.files:write_json"),
-        ("qkv.train.train_state", "save_weights", "qkv.files:save_weights"),
-    ],
-)
-def test_an_old_name_still_imports_for_one_release_with_a_deprecation_warning(module, old, new):
+def _new_home(new: str):
+    """The object a :data:`qkv._moved.MOVED` value names, imported here."""
     import functools
     import importlib
 
     target, _, name = new.partition(":")
-    with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated.*use {target}\.{name}"):
-        got = getattr(importlib.import_module(module), old)
-    assert got == functools.reduce(getattr, name.split("."), importlib.import_module(target))
+    module = importlib.import_module(target)
+    return functools.reduce(getattr, name.split("."), module) if name else module
+
+
+HOW = "is deprecated and will be removed in the next release: use"
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_every_old_name_answers_from_its_new_home_with_a_deprecation_warning(old):
+    """Driven by the one table of old names: each old module imports and gives every name of
+    its new home, each old name is the very object at its new home, each with a
+    DeprecationWarning naming the new path, at the caller's line."""
+    import importlib
+    import inspect
+    import re
+    import warnings
+
+    new = _moved.MOVED[old]
+    want = _new_home(new)
+    if "(" in old:  # a call that moved: the old function forwards it (tests/test_explain_html.py)
+        assert _moved.new_home(old) is want
+        return
+    if _moved.is_module(old):
+        module = importlib.import_module(old)
+        names = [n for n in dir(want) if not n.startswith("_")]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = {n: getattr(module, n) for n in names}
+        assert names and all(got[n] is getattr(want, n) for n in names)
+        assert len(caught) == len(names)
+        for w in caught:
+            assert w.category is DeprecationWarning and w.filename == __file__
+            assert str(w.message) == f"{old} {HOW} {new}"
+        missing = "never_existed"
+    else:
+        module_name, _, missing = old.partition(":")
+        module = importlib.import_module(module_name)
+        if missing in vars(module):  # still imported there for its own use: no forward needed
+            assert getattr(module, missing) is want
+            return
+        message = f"{module_name}.{missing} {HOW} {new.replace(':', '.')}"
+        with pytest.warns(DeprecationWarning, match=f"^{re.escape(message)}$") as record:
+            got = getattr(module, missing)
+        assert {w.filename for w in record} == {__file__}
+        assert got is want or (inspect.ismethod(want) and got == want)  # a classmethod: bound anew
+        missing += "_never_existed"
     with pytest.raises(AttributeError):
-        getattr(importlib.import_module(module), old + "_never_existed")
+        getattr(module, missing)
+
+
+def test_the_old_module_paths_import_in_every_form():
+    """A fresh interpreter: the gone modules (no file of their own) import by every spelling,
+    warn when a name is taken, and ``import qkv`` places none of them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import sys, warnings
+import qkv
+assert not [m for m in sys.modules if m.startswith(("qkv.generate", "qkv._moved"))], "import qkv placed them"
+warnings.simplefilter("error")
+import qkv.generate.lm
+import qkv.train.run_files
+assert qkv.generate.lm.__name__ == "qkv.generate.lm"
+warnings.simplefilter("ignore")
+from qkv.generate.lm import TextGenerator
+from qkv.generate import lm
+from qkv.train import run_files
+from qkv.explain.loader import load_explainer
+import qkv.inference.lm, qkv.recipes.loading, qkv.run_files
+assert TextGenerator is qkv.inference.lm.TextGenerator and lm is sys.modules["qkv.generate.lm"]
+assert run_files.SNAPSHOTS == qkv.run_files.SNAPSHOTS and load_explainer is qkv.recipes.loading.load_explainer
+warnings.simplefilter("error")
+try:
+    from qkv.generate.lm import TextGenerator
+except DeprecationWarning as w:
+    assert "use qkv.inference.lm" in str(w)
+else:
+    raise AssertionError("no warning")
+"""
+    src = str(Path(__file__).resolve().parents[1] / "src")  # this checkout's qkv
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_old_inference_package_name_covers_every_module_it_had():
+    """``qkv.generate.*`` (the inference APIs' name before issue 42): every module of
+    ``qkv.inference`` that existed then has its old name in the table."""
+    import importlib
+    import pkgutil
+
+    from qkv.nn.attention import BACKENDS
+
+    inference = {m.name for m in pkgutil.iter_modules(importlib.import_module("qkv.inference").__path__)}
+    # generate.invariant's one function joined the other attention backends in qkv.nn.attention;
+    # modules added to qkv.inference since (caption, issue 43; embed, variants, contacts,
+    # issue 44; diffusion, issue 45) never had the old name
+    since = {"caption", "embed", "variants", "contacts", "diffusion"}
+    old = {k: v for k, v in _moved.MOVED.items() if k.startswith("qkv.generate.")}
+    assert old.pop("qkv.generate.invariant") == "qkv.nn.attention"
+    assert old == {f"qkv.generate.{m}": f"qkv.inference.{m}" for m in inference - since}
+    with pytest.warns(DeprecationWarning, match=r"qkv\.generate\.invariant is deprecated.*nn\.attention"):
+        from qkv.generate.invariant import per_query_attention
+    assert BACKENDS["invariant"] is per_query_attention
 
 
 def test_the_atomic_writers_write_on_any_rank(tmp_path, monkeypatch):
     """A library caller on torchrun rank 1 gets its file: which process writes a training run's
     files is the run's decision (rank 0), not the writer's."""
-    from qkv import distributed
     from qkv.files import write_json
+    from qkv.train import distributed
 
     monkeypatch.setattr(distributed, "is_main", lambda: False)
     write_json(tmp_path / "a.json", {"x": 1})
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
-
-
-def test_the_old_inference_package_name_forwards_with_a_warning():
-    """``qkv.generate.*`` (the inference APIs' name before issue 42) still imports for one
-    release: every name of ``qkv.inference.*``, with a DeprecationWarning naming the new path."""
-    import importlib
-    import pkgutil
-
-    def modules(package: str) -> set[str]:
-        return {m.name for m in pkgutil.iter_modules(importlib.import_module(package).__path__)}
-
-    # generate.invariant's one function joined the other attention backends in qkv.nn.attention;
-    # modules added to qkv.inference since (caption, issue 43; embed, variants, contacts,
-    # issue 44; diffusion, issue 45) never had the old name
-    since = {"caption", "embed", "variants", "contacts", "diffusion"}
-    assert modules("qkv.inference") and (modules("qkv.inference") - since) | {"invariant"} == modules(
-        "qkv.generate"
-    )
-    with pytest.warns(
-        DeprecationWarning, match=r"qkv\.generate\.invariant is deprecated.*qkv\.nn\.attention"
-    ):
-        from qkv.generate.invariant import per_query_attention
-    from qkv.nn.attention import BACKENDS
-
-    assert BACKENDS["invariant"] is per_query_attention
-    from qkv.inference.translator import Translator
-
-    with pytest.warns(
-        DeprecationWarning, match=r"qkv\.generate\.translator is deprecated.*qkv\.inference\.translator"
-    ):
-        from qkv.generate.translator import Translator as old
-    assert old is Translator
-    with pytest.raises(AttributeError):
-        importlib.import_module("qkv.generate.lm").never_existed  # noqa: B018

@@ -45,22 +45,13 @@ def _is_import_by_name(node: ast.AST) -> bool:
     )
 
 
-def _is_deprecated_forward(node: ast.AST) -> bool:
-    """A call of :func:`qkv._deprecated.moved` or ``moved_module``: the module imports the
-    literal qkv names it gives when an old name is used."""
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in ("moved", "moved_module")
-    )
-
-
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The qkv modules ``name`` imports anywhere in its file (module level, functions,
     conditionals, ``if TYPE_CHECKING:`` blocks, and ``importlib.import_module`` of a literal
-    qkv name). ``from pkg import x`` names module ``pkg.x`` when that is a module, else ``pkg``
-    (its ``__init__``). Edges to the module's own enclosing packages are left out: a submodule
-    importing from its package's ``__init__`` is how packages are built."""
+    qkv name). The old names' table, ``qkv._moved.MOVED``, is data: its strings are not imports
+    (see the note above LAYERS). ``from pkg import x`` names module ``pkg.x`` when that is a
+    module, else ``pkg`` (its ``__init__``). Edges to the module's own enclosing packages are
+    left out: a submodule importing from its package's ``__init__`` is how packages are built."""
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     targets = set()
@@ -79,12 +70,6 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 targets.add(sub if sub in modules else module)
         elif _is_import_by_name(node):
             targets.add(node.args[0].value)
-        elif _is_deprecated_forward(node):  # the new homes of names that moved
-            targets.update(
-                c.value.partition(":")[0]
-                for c in ast.walk(node)
-                if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("qkv.")
-            )
     ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     return {t for t in targets if t in modules and t != name and t not in ancestors}
 
@@ -155,7 +140,7 @@ def test_import_graph_resolves_relative_and_function_level_imports():
 
 
 def test_no_import_cycles():
-    cycles = find_cycles(layered_graph())
+    cycles = find_cycles(import_graph())
     assert not cycles, "import cycles between qkv modules (one per tangle; break each):\n" + "\n".join(
         " -> ".join(c) for c in cycles
     )
@@ -172,7 +157,7 @@ def test_no_import_cycles():
 # ``importlib.import_module`` of a literal qkv name. Within a layer, the folder-level cycle
 # test below keeps the peers apart. "qkv" is the package's own ``__init__`` (``qkv.load``).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_deprecated"),  # what a user can act on; old names forwarded for one release
+    ("errors", "_moved"),  # what a user can act on; the old names' table, served for one release
     ("files", "run_files"),  # atomic file writes and weights files; paths inside a run directory
     ("nn",),  # the paper's equations
     ("compat",),  # reading what earlier qkv versions wrote (old weights name nn's modules)
@@ -183,21 +168,21 @@ LAYERS: list[tuple[str, ...]] = [
     ("train",),  # the training loop and its pieces
     ("runs",),  # run directories: the model and tokenizer a run holds
     ("hub",),  # Hugging Face checkpoints in and out, pretrained short names
-    ("inference", "generate"),  # inference (pretrained short names come from hub/); its old name
+    ("inference", "generate"),  # inference (pretrained short names come from hub/); its old name's stub
     ("evaluate",),  # metrics and baselines
     ("explain",),  # attention weights, pictures, the page
     ("recipes",),  # one module per task, the registry, a run's explainer
     ("cli", "__main__", "qkv"),  # the entry points
 ]
 
-# Deprecated names that still answer for one release by importing their new, higher home by
-# name when called (importlib or qkv._deprecated.moved: importing the old module imports nothing
-# above it): (importer, imported). Delete each entry with its shim.
-DEPRECATED_FORWARDS: set[tuple[str, str]] = {
-    ("qkv.explain", "qkv.recipes.loading"),  # qkv.explain.load_explainer
-    ("qkv.explain.loader", "qkv.recipes.loading"),  # qkv.explain.loader.load_explainer
-    ("qkv.explain.standalone", "qkv.recipes.loading"),  # qkv.explain.show(run_dir)
-}
+# No edge is exempt from these checks. The old (0.1.0) names that still answer for one release
+# are one table, qkv._moved.MOVED, of strings: old path -> new home. Its new homes are modules of
+# every layer, yet they are not import edges of qkv._moved, nor of the old modules that serve
+# the table (``__getattr__ = _moved.names_of(__name__)``): a new home is imported by name
+# (importlib, with the name read from the table) only when an old name is used, so importing
+# any module imports nothing above it, and no module is imported by the new home it forwards
+# to. Counting the table's strings as edges would make the lowest layer import every other one.
+# test_the_old_names_table_imports_nothing keeps it so.
 
 
 def _top(module: str) -> str:
@@ -209,11 +194,6 @@ def _top(module: str) -> str:
 
 def _layer_of() -> dict[str, int]:
     return {name: i for i, layer in enumerate(LAYERS) for name in layer}
-
-
-def layered_graph() -> dict[str, set[str]]:
-    """The import graph without the deprecated forwards (they import at call time, by name)."""
-    return {a: {b for b in bs if (a, b) not in DEPRECATED_FORWARDS} for a, bs in import_graph().items()}
 
 
 def upward_imports(graph: dict[str, set[str]], layer_of: dict[str, int]) -> list[tuple[str, str]]:
@@ -229,12 +209,12 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return folders
 
 
-def test_the_layer_checks_find_what_they_look_for():
+def test_the_layer_checks_find_what_they_look_for(tmp_path):
     graph = import_graph()
     assert "qkv.explain.explainers" in graph["qkv.recipes.recipe"]  # under `if TYPE_CHECKING:`
-    assert "qkv.recipes.loading" in graph["qkv.explain.standalone"]  # importlib.import_module("qkv...")
-    assert "qkv.recipes.loading" in graph["qkv.explain.loader"]  # moved(__name__, {...: "qkv..."})
-    assert "qkv.recipes.loading" not in layered_graph()["qkv.explain.loader"]  # a deprecated forward
+    toy_module = tmp_path / "toy.py"
+    toy_module.write_text('import importlib\nimportlib.import_module("qkv.recipes.loading")\n')
+    assert _imports("qkv.explain.toy", toy_module, _modules()) == {"qkv.recipes.loading"}  # by name
     toy = {"qkv.a.x": {"qkv.b", "qkv.a.y"}, "qkv.a.y": set(), "qkv.b": {"qkv.a.y"}, "qkv": {"qkv.b"}}
     assert upward_imports(toy, {"a": 0, "b": 1, "qkv": 2}) == [("qkv.a.x", "qkv.b")]
     assert folder_graph(toy) == {"a": {"b"}, "b": {"a"}, "qkv": {"b"}}
@@ -253,7 +233,7 @@ def test_every_top_level_module_and_folder_has_one_layer():
 
 def test_no_module_imports_a_higher_layer():
     layer_of = _layer_of()
-    found = upward_imports(layered_graph(), layer_of)
+    found = upward_imports(import_graph(), layer_of)
     assert not found, (
         "imports of a higher layer (see LAYERS; move the code to the layer it belongs to):\n"
         + "\n".join(
@@ -263,17 +243,19 @@ def test_no_module_imports_a_higher_layer():
     )
 
 
-def test_every_deprecated_forward_still_exists():
-    """Each listed forward is still in its shim, so that the list shrinks as the shims go."""
+def test_the_old_names_table_imports_nothing():
+    """``qkv._moved`` (the lowest layer) imports no qkv module: the new homes in its table are
+    imported by name when an old name is used. An old module's parent that serves it
+    (``qkv/generate.py``) imports only the table."""
     graph = import_graph()
-    gone = sorted((a, b) for a, b in DEPRECATED_FORWARDS if b not in graph[a])
-    assert not gone, f"these forwards are gone, drop them: {gone}"
+    assert graph["qkv._moved"] == set()
+    assert graph["qkv.generate"] == {"qkv._moved"}
 
 
 def test_no_import_cycles_between_folders():
     """The graph collapsed to top-level modules and folders has no cycle either: a folder
     never imports, however indirectly, a folder that imports it."""
-    cycles = find_cycles(folder_graph(layered_graph()))
+    cycles = find_cycles(folder_graph(import_graph()))
     assert not cycles, "import cycles between qkv's top-level modules and folders:\n" + "\n".join(
         " -> ".join(c) for c in cycles
     )

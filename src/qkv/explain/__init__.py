@@ -4,10 +4,11 @@ and the same page standalone (:func:`show`: inline in Jupyter, or one HTML file)
 Model code never imports this package; it imports the models, so inspection can change
 without touching the paper's modules. The explainer of a run directory is its recipe's:
 :func:`qkv.load_explainer` loads it (``qkv.explain.load_explainer`` still
-answers, deprecated, see :mod:`qkv.explain.loader`).
+answers, deprecated, as does ``qkv.explain.loader.load_explainer``: see
+:mod:`qkv._moved`).
 """
 
-from .._deprecated import moved
+from .. import _moved
 from .capture import capture_steps
 from .explainers import AttentionMap, DecodingOptions, Explanation
 from .labels import merge_attention, piece_labels, word_groups
@@ -28,4 +29,6 @@ __all__ = [
 ]
 
 
-__getattr__ = moved(__name__, {"load_explainer": "qkv.recipes.loading"})  # deprecated
+# the old names (qkv.explain.load_explainer, the module qkv.explain.loader): see qkv._moved
+__getattr__ = _moved.names_of(__name__)
+_moved.forward_children(__name__)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import importlib
 import io
 import json
 import logging
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _moved
 from ..errors import QkvError
 from .capture import capture_all_steps
 from .explainers import PAIR_SEPARATOR, DecodingOptions, Explainer, Explanation, split_pair
@@ -178,15 +178,15 @@ def page_settings(
 def _show_run(run_dir: str | Path, input: Any, **kwargs: Any) -> ExplainerPage:
     """Deprecated: :func:`show` of a run directory, forwarded to
     :func:`qkv.recipes.loading.show` (the recipe of a run picks its explainer, and this package
-    sits below the recipes). Imported by name when called, so that the one reach upwards is
-    this deprecated forward, listed in ``tests/test_imports.py`` until it is removed."""
+    sits below the recipes). The new home is the table's (:data:`qkv._moved.MOVED`), imported by
+    name when called: this package never imports the recipes' layer."""
     warnings.warn(
         "qkv.explain.show(run_dir, ...) is deprecated: call qkv.show(run_dir, ...), "
         "or pass show an explainer (qkv.load_explainer(run_dir))",
         DeprecationWarning,
         stacklevel=3,  # show's caller
     )
-    return importlib.import_module("qkv.recipes.loading").show(run_dir, input, **kwargs)
+    return _moved.new_home("qkv.explain.show(run_dir)")(run_dir, input, **kwargs)
 
 
 def _decoding(options: DecodingOptions | None, decoding: dict[str, Any]) -> DecodingOptions:

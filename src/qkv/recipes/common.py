@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .. import _moved
 from ..errors import ConfigError
 from ..train.adapters import LoraSettings, add_lora
 
@@ -68,3 +69,7 @@ def encoder_with_head(
         assert lora is not None
         add_lora(model, lora, trainable=(head + ".",))
     return model
+
+
+# the names that moved to qkv.runs.record and qkv.train.run (issue 58): see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -22,8 +22,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .. import runs
-from .._deprecated import moved
+from .. import _moved, runs
 from ..data.lm import (
     LMData,
     build_tokenizer,
@@ -514,12 +513,5 @@ RECIPE = Recipe(
     adapters=True,
 )
 
-# the old names (issue 42): importable for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        "train_lm": f"{__name__}:LMRun.train",
-        "LMRecipe": f"{__name__}:LMSettings",
-        "evaluate_lm_run": f"{__name__}:evaluate_run",
-    },
-)
+# the old names (issue 42), importable for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .._deprecated import moved
+from .. import _moved
 from ..data.batching import token_batches
 from ..data.protein import load_pretraining_corpus
 from ..data.protein_mlm import MaskedBatches, ShardBatches, token_counts, validation_batches, windows
@@ -261,12 +261,5 @@ RECIPE = Recipe(
     inputs="protein",
 )
 
-# the old names (issue 42): importable for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        "train_protein_mlm": f"{__name__}:ProteinMLMRun.train",
-        "ProteinMLMRecipe": f"{__name__}:ProteinMLMSettings",
-        "evaluate_mlm_run": f"{__name__}:evaluate_run",
-    },
-)
+# the old names (issue 42), importable for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._deprecated import moved
+from .. import _moved
 from ..data.batching import pad_sequences
 from ..data.protein_tasks import ProteinTask, load_task
 from ..data.tokenizers import AminoAcidTokenizer, PretrainedProteinTokenizer, protein_tokenizer
@@ -343,13 +343,5 @@ def _protein_recipe(name: str, train) -> Recipe:
 CLS_RECIPE = _protein_recipe("protein-cls", ProteinCLSRun.train)
 RESIDUE_RECIPE = _protein_recipe("protein-residue", ProteinResidueRun.train)
 
-# the old names (issue 42): importable for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        "train_protein_cls": f"{__name__}:ProteinCLSRun.train",
-        "train_protein_residue": f"{__name__}:ProteinResidueRun.train",
-        "ProteinTaskRecipe": f"{__name__}:ProteinTaskSettings",
-        "evaluate_protein_run": f"{__name__}:evaluate_run",
-    },
-)
+# the old names (issue 42), importable for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .._deprecated import moved
+from .. import _moved
 from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
 from ..data.tokenizers import HFTokenizer
@@ -253,12 +253,5 @@ RECIPE = Recipe(
     adapters=True,
 )
 
-# the old names (issue 42): importable for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        "train_text_cls": f"{__name__}:TextClsRun.train",
-        "TextClsRecipe": f"{__name__}:TextClsSettings",
-        "evaluate_text_run": f"{__name__}:evaluate_run",
-    },
-)
+# the old names (issue 42), importable for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -20,7 +20,7 @@ from typing import ClassVar, cast
 
 import torch
 
-from .._deprecated import moved
+from .. import _moved
 from ..data.batching import make_batch, token_batches
 from ..data.parallel import PAIRS_FILE, ParallelData, file_record, read_pairs, split_pairs
 from ..data.tokenizers import SubwordTokenizer
@@ -555,12 +555,5 @@ RNN_RECIPE = replace(
     explainer=RNNTranslationExplainer,
 )
 
-# the old names (issue 42): importable for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        "train_translation": f"{__name__}:TranslationRun.train",
-        "TranslationRecipe": f"{__name__}:TranslationSettings",
-        "RNNTranslationRecipe": f"{__name__}:RNNTranslationSettings",
-    },
-)
+# the old names (issue 42), importable for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .._deprecated import moved
+from .. import _moved
 from ..data.images import ImageBatch, ImageSet, ImageTask, augment, load_image_task, to_model_input
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
@@ -298,13 +298,5 @@ RECIPE = Recipe(
     classifier=True,
 )
 
-# the old names (issue 42): importable for one more release
-__getattr__ = moved(
-    __name__,
-    {
-        "train_vit": f"{__name__}:ViTRun.train",
-        "ViTRecipe": f"{__name__}:ViTSettings",
-        "evaluate_vit_run": f"{__name__}:split_scores",
-        "evaluate_with_confusion": f"{__name__}:evaluate_run",
-    },
-)
+# the old names (issue 42), importable for one more release: see qkv._moved
+__getattr__ = _moved.names_of(__name__)

@@ -1,5 +1,0 @@
-"""Deprecated: moved to :mod:`qkv.inference.stats`; this name works for one more release."""
-
-from .._deprecated import moved_module
-
-__getattr__ = moved_module(__name__, "qkv.inference.stats")
