@@ -158,18 +158,19 @@ def test_no_import_cycles():
 # test below keeps the peers apart. "qkv" is the package's own ``__init__`` (``qkv.load``).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_moved"),  # what a user can act on; the old names' table, served for one release
-    ("files", "run_files"),  # atomic file writes and weights files; paths inside a run directory
+    ("files", "run_files"),  # atomic file writes and weights files; the old name of runs/layout.py
     ("nn",),  # the paper's equations
     ("compat",),  # reading what earlier qkv versions wrote (old weights name nn's modules)
-    # typed settings trees (their renamed keys are compat's); device, precision; CPU threads
-    ("settings", "device", "cpu_share"),
+    # typed settings trees (their renamed keys are compat's); device, precision, torchrun's
+    # processes; CPU threads
+    ("settings", "device", "distributed", "cpu_share"),
     ("models",),  # the model families
     ("data",),  # data sets, tokenizers, batches, shards
-    ("train",),  # the training loop and its pieces
-    ("runs",),  # run directories: the model and tokenizer a run holds
+    ("evaluate",),  # metrics and baselines (what validation scores with)
+    ("runs",),  # run directories: layout, what they say, creating and checking, loading a model
+    ("train",),  # the run's flow, the training loop and its pieces, the dry run
     ("hub",),  # Hugging Face checkpoints in and out, pretrained short names
     ("inference", "generate"),  # inference (pretrained short names come from hub/); its old name's stub
-    ("evaluate",),  # metrics and baselines
     ("explain",),  # attention weights, pictures, the page
     ("recipes",),  # one module per task, the registry, a run's explainer
     ("cli", "__main__", "qkv"),  # the entry points
@@ -480,3 +481,58 @@ def test_serve_logs_its_status_lines_instead_of_printing(tiny_runs, capsys, capl
     got = []  # the CLI's callable still works
     assert serve(load_explainer(tiny_runs["lm"]), port=port, log=got.append) == 0
     assert len(got) == 2 and "stopped" in got[1]
+
+
+# --- size -------------------------------------------------------------------------------------
+
+# A function a reader takes in at once, and a command-line module that handles arguments only
+# (CONTRIBUTING.md, "Code"): the limits are held here so that a new feature cannot break them
+# silently. A function's lines run from its ``def`` to its last line, its docstring not counted.
+MAX_FUNCTION_LINES = 60
+MAX_CLI_MODULE_LINES = 250
+
+
+def function_lengths(path: Path) -> list[tuple[str, int]]:
+    """``(qualified name, lines)`` of every function and method in ``path``."""
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (child.end_lineno or child.lineno) - child.lineno + 1
+                first = child.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    if isinstance(first.value.value, str):  # the docstring
+                        lines -= (first.end_lineno or first.lineno) - first.lineno + 1
+                found.append((f"{prefix}{child.name}", lines))
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return found
+
+
+def test_the_size_checks_count_what_they_say(tmp_path):
+    toy = tmp_path / "toy.py"
+    toy.write_text('class A:\n    def f(self):\n        """Doc\n        string."""\n        return 1\n')
+    assert function_lengths(toy) == [("A.f", 2)]
+
+
+def test_no_function_is_longer_than_the_house_allows():
+    long = [
+        f"{_module_name(path)}.{name}: {lines} lines"
+        for path in sorted(PKG.rglob("*.py"))
+        for name, lines in function_lengths(path)
+        if lines > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(long)
+
+
+def test_no_command_line_module_is_longer_than_the_house_allows():
+    long = [
+        f"{path.name}: {n} lines"
+        for path in sorted((PKG / "cli").glob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_CLI_MODULE_LINES
+    ]
+    assert not long, f"qkv.cli modules over {MAX_CLI_MODULE_LINES} lines:\n" + "\n".join(long)
