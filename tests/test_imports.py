@@ -501,9 +501,9 @@ def function_lengths(path: Path) -> list[tuple[str, int]]:
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = (child.end_lineno or child.lineno) - child.lineno + 1
                 first = child.body[0]
-                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                    if isinstance(first.value.value, str):  # the docstring
-                        lines -= (first.end_lineno or first.lineno) - first.lineno + 1
+                is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                if is_doc and isinstance(first.value.value, str):  # type: ignore[attr-defined]
+                    lines -= (first.end_lineno or first.lineno) - first.lineno + 1
                 found.append((f"{prefix}{child.name}", lines))
                 visit(child, f"{prefix}{child.name}.")
             elif isinstance(child, ast.ClassDef):

@@ -24,9 +24,9 @@ from qkv.data.translation import read_lines
 from qkv.errors import QkvError
 from qkv.files import save_weights
 from qkv.runs.layout import remove_run_file, run_file
-from qkv.train.checkpointer import Checkpointer, LoopState
+from qkv.train.checkpointer import Checkpointer, LoopState, average_weights
 from qkv.train.train_settings import TrainSettings
-from qkv.train.train_state import average_weights, recorded_snapshot
+from qkv.train.train_state import recorded_snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_runs"
 needs_shakespeare = pytest.mark.skipif(

@@ -19,11 +19,11 @@ from qkv.data.tokenizers import SubwordTokenizer
 from qkv.errors import QkvError
 from qkv.files import save_weights
 from qkv.models import Transformer, TransformerConfig
+from qkv.train.checkpointer import average_weights
 from qkv.train.loop import train_loop
 from qkv.train.losses import label_smoothed_nll
 from qkv.train.optim import make_adam, noam_lr
 from qkv.train.train_settings import TrainSettings
-from qkv.train.train_state import average_weights
 
 CFG = TransformerConfig(
     src_vocab_size=16,
