@@ -1,4 +1,5 @@
-"""Old import paths that keep working for one release, with a ``DeprecationWarning``."""
+"""Old import paths and keyword arguments that keep working for one release, with a
+``DeprecationWarning``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import functools
 import importlib
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 
 def moved(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
@@ -51,3 +52,33 @@ def moved_module(module: str, new_module: str) -> Callable[[str], Any]:
         return getattr(target, name)
 
     return __getattr__
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def renamed_arguments(**new_names: str) -> Callable[[_Fn], _Fn]:
+    """A decorator for keyword arguments renamed in this release: ``new_names`` maps each old
+    keyword to its new one (``@renamed_arguments(mask="attn_mask")``). A call that passes the
+    old keyword warns (``DeprecationWarning``: ``"mask= is deprecated ...: use attn_mask="``)
+    and is passed on with the new one; passing both raises ``TypeError``. Positional calls
+    and calls with the new names go straight through."""
+
+    def decorate(fn: _Fn) -> _Fn:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in new_names.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__qualname__}() got both {old}= and {new}= (the same argument)")
+                    warnings.warn(
+                        f"{old}= is deprecated and will be removed in the next release: use {new}=",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return cast(_Fn, wrapper)
+
+    return decorate
