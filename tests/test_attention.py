@@ -82,7 +82,7 @@ def test_mask_must_be_boolean():
     """A float (additive) mask is rejected instead of being misread."""
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="boolean"):
-        scaled_dot_product_attention(q, k, v, mask=torch.zeros(1, 1, 5, 6))
+        scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(1, 1, 5, 6))
 
 
 # --------------------------------------------------------------------------- masks really block
@@ -93,18 +93,18 @@ def test_padding_mask_blocks_masked_keys_and_values(backend):
     """Changing a masked-out key/value changes no output; changing a real one does."""
     q, k, v = _qkv(tk=6)
     mask = _key_mask([4, 2], 6)
-    out = _sdpa(q, k, v, backend, mask=mask)
+    out = _sdpa(q, k, v, backend, attn_mask=mask)
 
     k2, v2 = k.clone(), v.clone()
     k2[0, :, 4:] = 100.0 * torch.randn_like(k2[0, :, 4:])
     v2[0, :, 4:] = -50.0
     k2[1, :, 2:] = -100.0
     v2[1, :, 2:] = 1e4
-    assert torch.allclose(_sdpa(q, k2, v2, backend, mask=mask), out, atol=1e-6, rtol=0)
+    assert torch.allclose(_sdpa(q, k2, v2, backend, attn_mask=mask), out, atol=1e-6, rtol=0)
 
     v3 = v.clone()
     v3[0, :, 0] += 1.0  # a real key/value of sentence 0: must matter there
-    changed = _sdpa(q, k, v3, backend, mask=mask)
+    changed = _sdpa(q, k, v3, backend, attn_mask=mask)
     assert (changed[0] - out[0]).abs().max() > 1e-3
     assert torch.allclose(changed[1], out[1], atol=1e-6, rtol=0)  # other sentences untouched
 
@@ -132,10 +132,10 @@ def _mask_cases(b, tq, tk):
     rand[..., 0] = True  # keep every row attendable
     return {
         "none": dict(),
-        "padding": dict(mask=_key_mask([tk, tk - 2][:b], tk)),
+        "padding": dict(attn_mask=_key_mask([tk, tk - 2][:b], tk)),
         "causal": dict(is_causal=True),
-        "causal+padding": dict(mask=_key_mask([tk, tk - 1][:b], tk), is_causal=True),
-        "random": dict(mask=rand),
+        "causal+padding": dict(attn_mask=_key_mask([tk, tk - 1][:b], tk), is_causal=True),
+        "random": dict(attn_mask=rand),
     }
 
 
@@ -162,11 +162,11 @@ def test_invariant_backend_gives_each_query_the_bits_of_computing_it_alone(dtype
     q, k, v = (t.to(dtype) for t in _qkv(b=2, h=3, tq=tq, tk=tk, dh=16))
     kw = _mask_cases(2, tq, tk)[case]
     full = _sdpa(q, k, v, "invariant", **kw)
-    mask = kw.get("mask")
+    mask = kw.get("attn_mask")
     for i in range(tq):
         end = i + 1 if kw.get("is_causal") else tk
         row_mask = None if mask is None else mask.expand(2, 1, tq, tk)[:, :, i : i + 1, :end]
-        alone = _sdpa(q[:, :, i : i + 1], k[:, :, :end], v[:, :, :end], "invariant", mask=row_mask)
+        alone = _sdpa(q[:, :, i : i + 1], k[:, :, :end], v[:, :, :end], "invariant", attn_mask=row_mask)
         assert torch.equal(alone[:, :, 0], full[:, :, i]), f"query {i}"
 
 
@@ -183,7 +183,7 @@ def test_sdpa_causal_matches_explicit_lower_triangular_mask():
     q, k, v = _qkv(tq=5, tk=5)
     for backend in BACKENDS:
         a = _sdpa(q, k, v, backend, is_causal=True)
-        b = _sdpa(q, k, v, backend, mask=torch.ones(5, 5, dtype=torch.bool).tril())
+        b = _sdpa(q, k, v, backend, attn_mask=torch.ones(5, 5, dtype=torch.bool).tril())
         assert (a - b).abs().max() <= TOL
 
 
@@ -194,11 +194,11 @@ def test_fully_masked_query_row_gives_zeros_not_nan(backend):
     mask = torch.ones(2, 1, 4, 5, dtype=torch.bool)
     mask[0, :, 1] = False  # query 1 of sentence 0 sees nothing
     mask[1] = False  # sentence 1 sees nothing at all (an empty sequence)
-    out = _sdpa(q, k, v, backend, mask=mask)
+    out = _sdpa(q, k, v, backend, attn_mask=mask)
     assert not torch.isnan(out).any()
     assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1]))
     assert torch.equal(out[1], torch.zeros_like(out[1]))
-    reference = _sdpa(q, k, v, "eager", mask=torch.ones_like(mask))
+    reference = _sdpa(q, k, v, "eager", attn_mask=torch.ones_like(mask))
     keep = [0, 2, 3]
     assert (out[0, :, keep] - reference[0, :, keep]).abs().max() <= TOL
 
@@ -207,7 +207,7 @@ def test_fully_masked_row_weights_are_zero():
     """need_weights on a fully masked row returns zero weights, not a uniform or NaN row."""
     q, k, v = _qkv(b=1, h=1, tq=2, tk=3)
     mask = torch.tensor([[True, True, False], [False, False, False]])
-    _, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=True)
+    _, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
     assert torch.equal(w[0, 0, 1], torch.zeros(3))
     assert torch.allclose(w[0, 0, 0].sum(), torch.tensor(1.0))
 
@@ -217,7 +217,7 @@ def test_attention_weights_rows_sum_to_one_masked_exactly_zero(backend):
     """Returned weights are a distribution over legal keys: rows sum to 1, masked entries are 0.0."""
     q, k, v = _qkv(b=2, h=3, tq=5, tk=6)
     mask = combine_masks(_key_mask([6, 3], 6), causal_mask(5, 6))
-    out, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=True, backend=backend)
+    out, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True, backend=backend)
     assert w is not None and w.shape == (2, 3, 5, 6)
     assert torch.allclose(w.sum(-1), torch.ones(2, 3, 5), atol=1e-6)
     full = mask.expand_as(w)
@@ -244,15 +244,15 @@ def test_unknown_backend_rejected():
 
 
 def test_a_registered_backend_is_called_with_the_documented_arguments(monkeypatch):
-    """register_backend: the function gets (q, k, v, mask, is_causal, dropout_p) and its output
+    """register_backend: the function gets (q, k, v, attn_mask, is_causal, dropout_p) and its output
     is the result, from the function and from MultiHeadAttention; need_weights still takes the
     explicit path. The paper's two backends are registered by nn.attention itself."""
     assert {"sdpa", "eager", "invariant"} <= set(REGISTERED)
     calls = []
 
-    def doubled(q, k, v, mask, is_causal, dropout_p):
-        calls.append((mask, is_causal, dropout_p))
-        return 2 * REGISTERED["eager"](q, k, v, mask, is_causal, dropout_p)
+    def doubled(q, k, v, attn_mask, is_causal, dropout_p):
+        calls.append((attn_mask, is_causal, dropout_p))
+        return 2 * REGISTERED["eager"](q, k, v, attn_mask, is_causal, dropout_p)
 
     monkeypatch.setitem(REGISTERED, "doubled", None)  # so that the name is removed afterwards
     register_backend("doubled", doubled)
@@ -305,6 +305,29 @@ def test_attention_hand_computed_example():
         assert torch.allclose(_sdpa(q, k, v, backend), s.output, atol=1e-5)
 
 
+def test_old_mask_keywords_still_work_with_a_deprecation_warning():
+    """mask= (and the layers' self_mask=/memory_mask=) were renamed attn_mask= (tgt_mask=,
+    src_mask=): the old keyword gives the same result for one release, with a warning naming
+    the new one; passing both is an error."""
+    from qkv.nn import DecoderLayer, LayerConfig
+
+    q, k, v = _qkv()
+    mask = _key_mask([6, 3], 6)
+    new = scaled_dot_product_attention(q, k, v, attn_mask=mask)[0]
+    with pytest.warns(DeprecationWarning, match="mask= is deprecated .*: use attn_mask="):
+        old = scaled_dot_product_attention(q, k, v, mask=mask)[0]
+    assert torch.equal(old, new)
+    with pytest.raises(TypeError, match="both mask= and attn_mask="):
+        scaled_dot_product_attention(q, k, v, mask=mask, attn_mask=mask)
+    mha, x = MultiHeadAttention(16, 4).eval(), torch.randn(2, 6, 16)
+    with pytest.warns(DeprecationWarning, match="use attn_mask="):
+        assert torch.equal(mha(x, mask=mask)[0], mha(x, attn_mask=mask)[0])
+    layer = DecoderLayer(LayerConfig(d_model=16, n_heads=4, d_ff=32, dropout=0.0)).eval()
+    with pytest.warns(DeprecationWarning, match="use src_mask="):
+        old = layer(x, x, memory_mask=mask)[0]
+    assert torch.equal(old, layer(x, x, src_mask=mask)[0])
+
+
 # --------------------------------------------------------------------------- parity with torch.nn
 
 
@@ -328,8 +351,8 @@ def test_mha_self_attention_matches_torch_with_key_padding(backend, no_torch_fas
         ref, ref_w = theirs(
             x, x, x, key_padding_mask=~keep[:, 0, 0], need_weights=True, average_attn_weights=False
         )
-        out, w = ours(x, mask=keep, need_weights=True)
-        out_fast, _ = ours(x, mask=keep)
+        out, w = ours(x, attn_mask=keep, need_weights=True)
+        out_fast, _ = ours(x, attn_mask=keep)
     assert (out - ref).abs().max() <= TOL
     assert (out_fast - ref).abs().max() <= TOL
     assert (w - ref_w).abs().max() <= TOL
@@ -354,7 +377,7 @@ def test_mha_cross_attention_matches_torch(backend, no_torch_fastpath):
     keep = _key_mask([7, 3], 7)
     with torch.no_grad():
         ref, _ = theirs(x, memory, memory, key_padding_mask=~keep[:, 0, 0], need_weights=False)
-        out, _ = ours(x, memory=memory, mask=keep)
+        out, _ = ours(x, memory=memory, attn_mask=keep)
     assert out.shape == (2, 4, 16)
     assert (out - ref).abs().max() <= TOL
 
@@ -509,9 +532,9 @@ def test_property_eager_equals_sdpa_random_shapes(b, h, tq, extra_k, dh, kind, s
     kw = {}
     if kind == "padding":
         lengths = torch.randint(0, tk + 1, (b,), generator=g)  # length 0 = fully masked
-        kw["mask"] = (torch.arange(tk)[None] < lengths[:, None])[:, None, None, :]
+        kw["attn_mask"] = (torch.arange(tk)[None] < lengths[:, None])[:, None, None, :]
     elif kind in ("random", "causal+random"):
-        kw["mask"] = torch.rand(b, 1, tq, tk, generator=g) > 0.5
+        kw["attn_mask"] = torch.rand(b, 1, tq, tk, generator=g) > 0.5
     if kind.startswith("causal"):
         kw["is_causal"] = True
     eager = _sdpa(q, k, v, "eager", **kw)
@@ -531,25 +554,25 @@ def test_eval_mode_weight_edits_take_effect_immediately():
     mha, h, d_k = MultiHeadAttention(16, 4).eval(), 2, 4
     x, mask = torch.randn(2, 5, 16), _key_mask([5, 3], 5)
     with torch.no_grad():
-        first, _ = mha(x, mask=mask)
-        heads = mha.steps(x, mask=mask).output  # (B, H, T, Dh)
+        first, _ = mha(x, attn_mask=mask)
+        heads = mha.steps(x, attn_mask=mask).output  # (B, H, T, Dh)
         w_o = mha.w_o.weight.clone()
         contribution = [heads[:, j] @ w_o[:, j * d_k : (j + 1) * d_k].T for j in range(4)]
         # forward == sum of the per-head contributions + bias (so the split above is right)
         torch.testing.assert_close(first, sum(contribution) + mha.w_o.bias)
 
         mha.w_o.weight[:, h * d_k : (h + 1) * d_k] = 0.0
-        second, _ = mha(x, mask=mask)
+        second, _ = mha(x, attn_mask=mask)
         others = sum(c for j, c in enumerate(contribution) if j != h) + mha.w_o.bias
         torch.testing.assert_close(second, others)
         assert (second - first).abs().max() > 1e-3
 
         mha.w_qkv.weight[2 * 16 :].mul_(2.0)  # the value rows (and bias): V doubles, so does
         mha.w_qkv.bias[2 * 16 :].mul_(2.0)  # every head's output
-        third, _ = mha(x, mask=mask)
+        third, _ = mha(x, attn_mask=mask)
         torch.testing.assert_close(third - mha.w_o.bias, 2 * (second - mha.w_o.bias))
         mha.w_qkv.weight[:16].mul_(3.0)  # the query rows: sharper attention
-        assert (mha(x, mask=mask)[0] - third).abs().max() > 1e-3
+        assert (mha(x, attn_mask=mask)[0] - third).abs().max() > 1e-3
 
 
 # --------------------------------------------------------------------------- no graph breaks
@@ -567,10 +590,10 @@ def test_forward_compiles_without_graph_breaks(backend):
     self_attn = MultiHeadAttention(16, 4, dropout=0.1, backend=backend).train()
     cross = MultiHeadAttention(16, 4, dropout=0.1, backend=backend, cross=True).train()
     calls = {
-        "padding": lambda: self_attn(x, mask=pad)[0],
+        "padding": lambda: self_attn(x, attn_mask=pad)[0],
         "causal": lambda: self_attn(x, is_causal=True)[0],
-        "causal+padding": lambda: self_attn(x, mask=pad, is_causal=True)[0],
-        "cross": lambda: cross(x, memory=memory, mask=_key_mask([4, 2], 4))[0],
+        "causal+padding": lambda: self_attn(x, attn_mask=pad, is_causal=True)[0],
+        "cross": lambda: cross(x, memory=memory, attn_mask=_key_mask([4, 2], 4))[0],
     }
     for name, call in calls.items():
         dynamo.reset()

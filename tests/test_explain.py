@@ -22,12 +22,12 @@ def test_sdpa_output_is_the_one_implied_by_the_explicit_weights():
     mha = MultiHeadAttention(16, 4, backend="sdpa").eval()
     x = torch.randn(2, 7, 16)
     for mask in (None, causal_mask(7), torch.tensor([[True] * 5 + [False] * 2]).view(1, 1, 1, 7)):
-        fast, none = mha(x, mask=mask)
+        fast, none = mha(x, attn_mask=mask)
         assert none is None
-        steps = mha.steps(x, mask=mask)
+        steps = mha.steps(x, attn_mask=mask)
         implied = mha.w_o((steps.weights @ steps.v).transpose(1, 2).reshape(2, 7, 16))
         torch.testing.assert_close(implied, fast, atol=1e-5, rtol=1e-5)
-        explicit, weights = mha(x, mask=mask, need_weights=True)
+        explicit, weights = mha(x, attn_mask=mask, need_weights=True)
         torch.testing.assert_close(weights, steps.weights)
         torch.testing.assert_close(explicit, fast, atol=1e-5, rtol=1e-5)
 

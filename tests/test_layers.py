@@ -84,7 +84,7 @@ def test_encoder_layer_matches_torch(norm_first, backend, no_torch_fastpath):
     keep = _keep([7, 5, 2], 7)
     with torch.no_grad():
         ref = theirs(x, src_key_padding_mask=~keep[:, 0, 0])
-        out, _ = ours(x, mask=keep)
+        out, _ = ours(x, attn_mask=keep)
     assert out.shape == ref.shape == (3, 7, D)
     assert (out - ref).abs().max() <= TOL
 
@@ -114,7 +114,7 @@ def test_decoder_layer_matches_torch(norm_first, backend, no_torch_fastpath):
             tgt_key_padding_mask=~tgt_keep[:, 0, 0],
             memory_key_padding_mask=~src_keep[:, 0, 0],
         )
-        out, _ = ours(tgt, memory, self_mask=tgt_keep, memory_mask=src_keep, is_causal=True)
+        out, _ = ours(tgt, memory, tgt_mask=tgt_keep, src_mask=src_keep, is_causal=True)
     assert out.shape == ref.shape == (3, 6, D)
     assert (out - ref).abs().max() <= TOL
 

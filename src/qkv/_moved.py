@@ -11,7 +11,8 @@
   itself (it warns with its own text) and reaches the new one through :func:`new_home`.
 
 Using an old name warns (``DeprecationWarning``, naming the new path) and gives the very object
-at its new home. The old names are removed in 0.2.0, with this module.
+at its new home. Keyword arguments renamed since are the same kind of old name, served by one
+decorator, :func:`renamed_arguments`. The old names are removed in 0.2.0, with this module.
 
 How the table is served, and why so:
 
@@ -44,7 +45,7 @@ import sys
 import types
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 _HOW = "is deprecated and will be removed in the next release: use"
 
@@ -220,3 +221,35 @@ def forward_children(parent: str) -> None:
             forward.__getattr__ = _whole(old) if whole else names_of(old)  # type: ignore[method-assign]
             sys.modules[old] = forward
         setattr(package, child, sys.modules[old])
+
+
+# --- keyword arguments renamed in this release (issue 58: one name for the mask along a path)
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def renamed_arguments(**new_names: str) -> Callable[[_Fn], _Fn]:
+    """A decorator for keyword arguments renamed in this release: ``new_names`` maps each old
+    keyword to its new one (``@renamed_arguments(mask="attn_mask")``). A call that passes the
+    old keyword warns (``DeprecationWarning``: ``"mask= is deprecated ...: use attn_mask="``)
+    and is passed on with the new one; passing both raises ``TypeError``. Positional calls
+    and calls with the new names go straight through."""
+
+    def decorate(fn: _Fn) -> _Fn:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in new_names.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__qualname__}() got both {old}= and {new}= (the same argument)")
+                    warnings.warn(
+                        f"{old}= is deprecated and will be removed in the next release: use {new}=",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return cast(_Fn, wrapper)
+
+    return decorate

@@ -14,13 +14,22 @@ from .output import write_line
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register ``explain``."""
-    from ..explain.standalone import MAX_TOKENS
-
     p = sub.add_parser(
         "explain",
         help="a model's attention on an input: pictures, a standalone HTML page, or a local web page",
     )
     p.add_argument("run_dir")
+    # the options in --help's order: what to explain, where it goes, how it is shown, decoding
+    _input_options(p)
+    _output_options(p)
+    _view_options(p)
+    _generation_options(p)
+    device_option(p, default="cpu")
+    p.set_defaults(func=_cmd_explain)
+
+
+def _input_options(p: argparse.ArgumentParser) -> None:
+    """``--input`` and ``--pair``: what the attention is on."""
     p.add_argument(
         "--input",
         help="the text (sentence, prompt or protein sequence) to explain; for a "
@@ -32,6 +41,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="sentence encoders (MiniLM, BERT, text-cls runs): the second sentence of a pair "
         "(the page shows the pair's cosine similarity)",
     )
+
+
+def _output_options(p: argparse.ArgumentParser) -> None:
+    """Where the explanation goes: PNG files, one HTML file, or a local server."""
     p.add_argument("--out", help="directory for the PNG files (with --input)")
     file_output_option(
         p,
@@ -44,6 +57,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument("--port", type=int, default=8765)
+
+
+def _view_options(p: argparse.ArgumentParser) -> None:
+    """How much input is taken and which layer and head the pictures show."""
+    from ..explain.standalone import MAX_TOKENS
+
     p.add_argument(
         "--max-chars",
         type=int,
@@ -65,6 +84,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="layer (0-based, -1 = last) of the alignment and step-through pictures",
     )
     p.add_argument("--head", type=int, default=1, help="head (1-based) of the step-through picture")
+
+
+def _generation_options(p: argparse.ArgumentParser) -> None:
+    """How outputs are decoded (beam search, sampling) and a diffusion run's step."""
     search_options(
         p,
         beam=None,
@@ -78,8 +101,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="diffusion-lm runs: the denoising step (from 0) whose input the attention is on (default: last)",
     )
-    device_option(p, default="cpu")
-    p.set_defaults(func=_cmd_explain)
 
 
 def _cmd_explain(args) -> int:

@@ -269,12 +269,35 @@ def _make_scenes(
     source: ImageSet, n: int, seed: int, novel: bool, name: str, source_index: np.ndarray
 ) -> SceneSet:
     labels = np.asarray(source.labels, dtype=np.int64)
+    _check_scene_source(source, labels, n, seed)
+    rng = np.random.default_rng(seed)
+    occupied, src, drawn = _draw_layouts(rng, labels, n, novel)
+    images = _paint(source, occupied, src)
+    scenes = _scene_set(
+        images, occupied, labels[src].tolist(), source_index[src].tolist(), rng.random(n), name
+    )
+    kind = "novel" if novel else "non-novel"
+    logger.info("%d %s scenes (%s) from %d images, seed %d", n, kind, name, len(labels), seed)
+    logger.debug("%s: %d layouts drawn for %d kept", name, drawn, n)
+    return scenes
+
+
+def _check_scene_source(source: ImageSet, labels: np.ndarray, n: int, seed: int) -> None:
+    """Raise :class:`QkvError` unless ``n >= 1``, ``seed >= 0`` and ``source`` holds
+    Fashion-MNIST-sized images with labels ``0..9``."""
     if n < 1 or seed < 0:
         raise QkvError(f"make_scenes needs n >= 1 and seed >= 0 (got n={n}, seed={seed})")
     if source.images.shape[1:] != (CELL, CELL, 1) or not len(labels):
         raise QkvError(f"scenes need (N, {CELL}, {CELL}, 1) source images (got {source.images.shape})")
     if labels.min() < 0 or labels.max() >= len(NOUNS):
         raise QkvError(f"scene source labels must be 0..{len(NOUNS) - 1} (Fashion-MNIST classes)")
+
+
+def _draw_layouts(
+    rng: np.random.Generator, labels: np.ndarray, n: int, novel: bool
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(occupied (n, 4) bool, src (n, 4) source image per cell, layouts drawn)``: ``n``
+    layouts whose compositions are (``novel``) or are not held out, drawn from ``rng``."""
     # Per-class index arrays, flat: class c's images are order[starts[c] : starts[c] + counts[c]].
     order = np.argsort(labels, kind="stable")
     counts = np.bincount(labels, minlength=len(NOUNS))
@@ -282,7 +305,6 @@ def _make_scenes(
     rank = np.empty_like(order)  # an image's position within its class
     rank[order] = np.arange(len(order)) - starts[labels[order]]
 
-    rng = np.random.default_rng(seed)
     kept_occupied, kept_sources, need, drawn = [], [], n, 0
     while need:  # rejection in vectorised batches: a held-out triple is in roughly 1 scene in 5
         m = max(4096, need * (8 if novel else 2))
@@ -302,17 +324,31 @@ def _make_scenes(
         kept_sources.append(src[keep][:need])
         need -= len(kept_sources[-1])
         drawn += m
-    occupied, src = np.concatenate(kept_occupied), np.concatenate(kept_sources)
+    return np.concatenate(kept_occupied), np.concatenate(kept_sources), drawn
 
+
+def _paint(source: ImageSet, occupied: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """The scenes' pixels: uint8 ``(n, 56, 56, 1)``, each occupied cell its source image."""
+    n = len(occupied)
     # Cells never overlap, so copying each image into its cell equals np.maximum onto black.
     canvas = np.zeros((n, GRID, CELL, GRID, CELL), dtype=np.uint8)  # (scene, row, y, col, x)
     for cell in range(GRID * GRID):
         rows = np.flatnonzero(occupied[:, cell])
         canvas[rows, cell // GRID, :, cell % GRID, :] = source.images[src[rows, cell], :, :, 0]
-    images = canvas.reshape(n, CANVAS, CANVAS, 1)
+    return canvas.reshape(n, CANVAS, CANVAS, 1)
 
-    pick = rng.random(n)
-    cell_labels, cell_sources = labels[src].tolist(), source_index[src].tolist()
+
+def _scene_set(
+    images: np.ndarray,
+    occupied: np.ndarray,
+    cell_labels: list[list[int]],
+    cell_sources: list[list[int]],
+    pick: np.ndarray,
+    name: str,
+) -> SceneSet:
+    """The :class:`SceneSet` of ``images``: each scene's garments, meaning, reference phrasings
+    and caption (the phrasing ``pick`` (n,) uniform in [0, 1) selects)."""
+    n = len(images)
     boxes = [_box(*divmod(cell, GRID)) for cell in range(GRID * GRID)]
     scenes = SceneSet(images, [], [], [], [], [f"{name}/{i}" for i in range(n)])
     # ~10 small acyclic objects per scene: the cyclic collector would rescan them all, again and
@@ -335,9 +371,6 @@ def _make_scenes(
     finally:
         if collecting:
             gc.enable()
-    kind = "novel" if novel else "non-novel"
-    logger.info("%d %s scenes (%s) from %d images, seed %d", n, kind, name, len(labels), seed)
-    logger.debug("%s: %d layouts drawn for %d kept", name, drawn, n)
     return scenes
 
 

@@ -62,7 +62,7 @@ def _replay(module: MultiHeadAttention, calls: list[tuple[tuple, dict]]) -> Atte
     return module.steps(
         x,
         memory=kwargs.get("memory"),
-        mask=kwargs.get("mask"),
+        attn_mask=kwargs.get("attn_mask"),
         is_causal=kwargs.get("is_causal", False),
         positions=kwargs.get("positions"),
     )

@@ -104,21 +104,8 @@ def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
             no class for (mean pooling), a model the HF family cannot express, no peft.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if not run_dir.is_dir():
-        raise QkvError(f"run directory not found: {run_dir}")
-    if not (run_dir / ADAPTER_CONFIG).is_file() or not (run_dir / ADAPTER_WEIGHTS).is_file():
-        raise QkvError(f"{run_dir} has no LoRA adapters; qkv convert --to hf exports it")
-    refuse_nonempty(out_dir, "folder")
-    recipe = runs.run_recipe(run_dir)
-    if recipe not in TASKS:
-        raise QkvError(f"{run_dir} is a {recipe!r} run; qkv exports the adapters of {', '.join(TASKS)} runs")
-    task_type, auto_class, level = TASKS[recipe]
-    settings = read_json(run_dir / ADAPTER_CONFIG)
-    if settings.get("peft_type") != "LORA" or not all(
-        isinstance(settings.get(k), (int, float)) for k in ("rank", "alpha")
-    ):
-        raise QkvError(f"{run_dir / ADAPTER_CONFIG} is not qkv's LoRA settings (peft_type LORA, rank, alpha)")
-    rank, alpha = int(settings["rank"]), float(settings["alpha"])
+    task_type, auto_class, level = _task(run_dir, out_dir)
+    settings, rank, alpha = _lora_settings(run_dir)
     adapters = _adapters(read_safetensors(run_dir / ADAPTER_WEIGHTS), run_dir)
     model, _ = runs.load_run(run_dir)
     if not isinstance(model, (EncoderModel, DecoderLM)):
@@ -143,7 +130,54 @@ def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
     tensors, transposed, targets = _hf_adapters(adapters, model.config, family, run_dir, head)
     tensors.update({PEFT_PREFIX + k: v.detach().contiguous().clone() for k, v in head.items()})
     modules_to_save = sorted({k.split(".")[0] for k in head})
-    base = (out_dir / "base").resolve()
+    peft_config = _peft_config(
+        settings, rank, alpha, targets, transposed, modules_to_save, task_type, (out_dir / "base").resolve()
+    )
+
+    write_hf(run_dir, out_dir / "base", hf_config, base_tensors)
+    atomic_write(out_dir / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    write_json(out_dir / ADAPTER_CONFIG, peft_config)
+    logger.debug(f"exported the adapters of {run_dir} for PEFT into {out_dir} (W0: {source})")
+    return PeftExport(out_dir, auto_class, source, targets, modules_to_save)
+
+
+def _task(run_dir: Path, out_dir: Path) -> tuple[str, str, str | None]:
+    """``TASKS``'s ``(task_type, auto_class, level)`` for the run's recipe, after checking that
+    ``run_dir`` holds LoRA adapters and ``out_dir`` is free (raises :class:`QkvError`)."""
+    if not run_dir.is_dir():
+        raise QkvError(f"run directory not found: {run_dir}")
+    if not (run_dir / ADAPTER_CONFIG).is_file() or not (run_dir / ADAPTER_WEIGHTS).is_file():
+        raise QkvError(f"{run_dir} has no LoRA adapters; qkv convert --to hf exports it")
+    refuse_nonempty(out_dir, "folder")
+    recipe = runs.run_recipe(run_dir)
+    if recipe not in TASKS:
+        raise QkvError(f"{run_dir} is a {recipe!r} run; qkv exports the adapters of {', '.join(TASKS)} runs")
+    return TASKS[recipe]
+
+
+def _lora_settings(run_dir: Path) -> tuple[dict, int, float]:
+    """``(settings, rank, alpha)`` of the run's LoRA settings file (raises :class:`QkvError`
+    unless it is qkv's)."""
+    settings = read_json(run_dir / ADAPTER_CONFIG)
+    if settings.get("peft_type") != "LORA" or not all(
+        isinstance(settings.get(k), (int, float)) for k in ("rank", "alpha")
+    ):
+        raise QkvError(f"{run_dir / ADAPTER_CONFIG} is not qkv's LoRA settings (peft_type LORA, rank, alpha)")
+    return settings, int(settings["rank"]), float(settings["alpha"])
+
+
+def _peft_config(
+    settings: dict,
+    rank: int,
+    alpha: float,
+    targets: list[str],
+    transposed: bool,
+    modules_to_save: list[str],
+    task_type: str,
+    base: Path,
+) -> dict:
+    """``adapter_config.json``'s contents: PEFT's own ``LoraConfig`` (so every key it expects
+    is there), sets as sorted lists, ``target_modules`` in the order the weights are written."""
     config = peft_library().LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -158,12 +192,7 @@ def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
     )
     peft_config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.to_dict().items()}
     peft_config["target_modules"] = targets  # in the order written (to_dict gives a set)
-
-    write_hf(run_dir, out_dir / "base", hf_config, base_tensors)
-    atomic_write(out_dir / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    write_json(out_dir / ADAPTER_CONFIG, peft_config)
-    logger.debug(f"exported the adapters of {run_dir} for PEFT into {out_dir} (W0: {source})")
-    return PeftExport(out_dir, auto_class, source, targets, modules_to_save)
+    return peft_config
 
 
 def _adapters(state: dict[str, torch.Tensor], run_dir: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._moved import renamed_arguments
 from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
@@ -99,7 +100,8 @@ class CaptionModel(nn.Module):
     def encode(self, images: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, None, tuple]:
         """The decoder's memory: ``images (B, C, H, W)`` → ``(memory, None, encoder weights)``
         with ``memory (B, N, D)``, the patch states (``(B, 1, D)``, their mean, for
-        ``memory="pooled"``). Every patch is real, so there is no memory mask (``None``).
+        ``memory="pooled"``). Every patch is real, so there is no mask over the memory
+        (``src_mask`` is ``None``).
 
         Raises:
             ValueError: images of the wrong size or channel count.
@@ -132,21 +134,25 @@ class CaptionModel(nn.Module):
             x = x + self.positional(torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device))
         return self.embed_dropout(x)
 
+    @renamed_arguments(memory_mask="src_mask")
     def decode(
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
-        memory_mask: torch.Tensor | None = None,
+        src_mask: torch.Tensor | None = None,
         caches: list[tuple[KVCache, KVCache]] | None = None,
         start_pos: int = 0,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, tuple, tuple]:
         """The decoder and the output projection: ``tgt (B, T)``, ``memory (B, N, D)`` →
         ``(logits (B, T, V), self weights, cross weights)``. With ``caches`` (from
-        :meth:`new_caches`), ``tgt`` holds only the new tokens, at ``start_pos ...``."""
+        :meth:`new_caches`), ``tgt`` holds only the new tokens, at ``start_pos ...``.
+        ``src_mask``: the mask over ``memory`` (:meth:`encode`'s ``None``: every patch is
+        real), named as :meth:`Transformer.decode <qkv.models.transformer.Transformer.decode>`
+        names it so one decoding loop drives both (``memory_mask=`` is its deprecated name)."""
         x = self.embed(tgt, start_pos)
         h, self_w, cross_w = self.decoder(
-            x, memory, memory_mask=memory_mask, caches=caches, need_weights=need_weights
+            x, memory, src_mask=src_mask, caches=caches, need_weights=need_weights
         )
         return self.generator(h), self_w, cross_w
 
@@ -155,8 +161,8 @@ class CaptionModel(nn.Module):
         return [(KVCache(), KVCache()) for _ in self.decoder.layers]
 
     def forward(self, images: torch.Tensor, tgt: torch.Tensor, need_weights: bool = False) -> CaptionOutput:
-        memory, mask, enc_w = self.encode(images, need_weights)
-        logits, self_w, cross_w = self.decode(tgt, memory, mask, need_weights=need_weights)
+        memory, src_mask, enc_w = self.encode(images, need_weights)
+        logits, self_w, cross_w = self.decode(tgt, memory, src_mask, need_weights=need_weights)
         return CaptionOutput(logits, enc_w, self_w, cross_w)
 
     def num_parameters(self) -> int:

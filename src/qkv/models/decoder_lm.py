@@ -9,6 +9,11 @@ Pre-LN is the default because a stack of post-LN blocks needs a careful learning
 to train at all (the gradient at the output layers is large at initialisation; Xiong et al.
 2020), while pre-LN trains stably with the plain warm-up + cosine schedule LMs use; GPT-2 and
 nanoGPT use it too. Post-LN (the paper's order) and DyT are options.
+
+Masks: ``attention_mask`` ``(B, L)`` bool, ``True`` = real token, is the Hugging Face name and
+shape for a padding mask, kept at this model's input so converted checkpoints are called as
+on the Hub; :class:`~qkv.models.stack.TransformerStack` turns it into the ``attn_mask`` its
+attention reads.
 """
 
 from __future__ import annotations

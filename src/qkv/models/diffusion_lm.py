@@ -9,6 +9,11 @@ share of masks in x_t tells the model t). The blocks are the paper's (Vaswani et
 §3.1) with the encoder's bidirectional self-attention; the objective is
 :func:`qkv.train.diffusion.masked_diffusion_loss`, the samplers are in
 :mod:`qkv.inference.diffusion`.
+
+Masks: ``attention_mask`` ``(B, L)`` bool, ``True`` = real token, is the Hugging Face name and
+shape for a padding mask, kept at this model's input so converted checkpoints are called as
+on the Hub; :class:`~qkv.models.stack.TransformerStack` turns it into the ``attn_mask`` its
+attention reads.
 """
 
 from __future__ import annotations

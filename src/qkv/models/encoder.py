@@ -4,6 +4,12 @@ Source: Vaswani et al. 2017, §3.1 (the encoder stack); Devlin et al. 2019 (BERT
 language modelling, a classification token); Rives et al. 2021 (ESM: the same on proteins);
 lecture notes: "Applying Encoders to Protein Sequences", and "people use pre-trained models
 and train a feed-forward (e.g. sigmoid) layer on their task".
+
+Masks: ``attention_mask`` ``(B, L)`` bool, ``True`` = real token, is the Hugging Face name and
+shape for a padding mask, kept at this model's interface (``encode`` returns it, ``pool``
+takes it) so converted checkpoints are called as on the Hub;
+:class:`~qkv.models.stack.TransformerStack` turns it into the ``attn_mask`` its attention
+reads.
 """
 
 from __future__ import annotations

@@ -186,11 +186,11 @@ class RNNSeq2Seq(nn.Module):
             summary = source.source[:, None, :].expand(-1, tgt.size(1), -1)
             states, cache.value = self.decoder(torch.cat([embedded, summary], dim=-1), state)
             return self._logits(states, summary, embedded), (), ()
-        mask = src_mask[:, 0, 0, :]
+        attn_mask = src_mask[:, 0, 0, :]  # (B, S): additive attention's key mask
         outs, contexts, alphas = [], [], []
         for t in range(tgt.size(1)):  # the context of step t needs the state of step t-1
             query = (state[0] if isinstance(state, tuple) else state)[-1]  # top layer's s_{i-1}
-            context, alpha = self.attention(query, source.source, memory, mask)
+            context, alpha = self.attention(query, source.source, memory, attn_mask)
             out, state = self.decoder(torch.cat([embedded[:, t], context], dim=-1)[:, None], state)
             outs.append(out[:, 0])
             contexts.append(context)

@@ -4,6 +4,11 @@ LM (causal) and the BERT/ESM-style encoder (bidirectional).
 Source: Vaswani et al. 2017, §3.1 (N identical layers), §3.4 (embeddings), §3.5 (positions);
 the look-ahead mask of §3.2.3 makes the stack a decoder without cross-attention (GPT), its
 absence an encoder (BERT, Devlin et al. 2019).
+
+Masks: the input is ``attention_mask``, ``(B, L)`` bool, ``True`` = real token: the Hugging
+Face name and shape for a padding mask (what users of the converted BERT, ESM and GPT-2
+models already pass, ``input_ids`` beside ``attention_mask``). The stack turns it into the
+``attn_mask`` ``(B, 1, 1, L)`` its attention reads (§3.2.3).
 """
 
 from __future__ import annotations
@@ -136,14 +141,14 @@ class TransformerStack(nn.Module):
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x = self.embed_dropout(x)
-        mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, L)
+        attn_mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, L)
         # One new token with a cache attends to every cached key: no look-ahead mask needed.
         is_causal = self.causal and t > 1
         weights = []
         for i, layer in enumerate(self.layers):
             x, w = layer(
                 x,
-                mask,
+                attn_mask,
                 need_weights=need_weights,
                 is_causal=is_causal,
                 cache=None if caches is None else caches[i],

@@ -4,6 +4,11 @@ Figure 1, top to bottom: token embeddings × sqrt(d_model) + positional encoding
 N encoder layers, N decoder layers with masked self-attention and cross-attention over the
 encoder output (``memory``), and a linear projection to vocabulary logits whose weights are
 shared with the embeddings (§3.4). Softmax is applied by the loss or the decoder.
+
+Masks (§3.2.3) keep one name from here down to the layers: ``src_mask`` is the source's
+padding mask (:meth:`Transformer.encode` returns it; the decoder's cross-attention reads it
+over ``memory``), ``tgt_mask`` the decoder self-attention's; inside attention the tensor is
+``attn_mask``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._moved import renamed_arguments
 from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
@@ -43,7 +49,8 @@ def projection_matrices(name: str, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
 class Encoder(nn.Module):
     """A stack of N :class:`EncoderLayer` (§3.1), plus a final norm when pre-LN.
 
-    Shape: ``x (B, S, D)``, ``mask`` bool ``(B, 1, 1, S)`` → ``(B, S, D)`` and per-layer weights.
+    Shape: ``x (B, S, D)``, ``src_mask`` bool ``(B, 1, 1, S)`` → ``(B, S, D)`` and per-layer
+    weights.
     """
 
     def __init__(self, cfg: TransformerConfig | CaptionConfig, rotary: nn.Module | None = None) -> None:
@@ -51,12 +58,13 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers))
         self.final_norm = final_norm(cfg)
 
+    @renamed_arguments(mask="src_mask")
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False
+        self, x: torch.Tensor, src_mask: torch.Tensor | None = None, need_weights: bool = False
     ) -> tuple[torch.Tensor, tuple]:
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask, need_weights=need_weights)
+            x, w = layer(x, src_mask, need_weights=need_weights)
             weights.append(w)
         return self.final_norm(x), tuple(weights) if need_weights else ()
 
@@ -64,8 +72,9 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """A stack of N :class:`DecoderLayer` (§3.1), plus a final norm when pre-LN.
 
-    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``self_mask`` broadcastable to
-    ``(B, 1, T, T)`` or ``None`` (causal masking), ``memory_mask`` ``(B, 1, 1, S)`` →
+    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``tgt_mask`` broadcastable to
+    ``(B, 1, T, T)`` or ``None`` (causal masking), ``src_mask`` ``(B, 1, 1, S)`` (over
+    ``memory``) →
     ``(B, T, D)``, per-layer self and cross weights.
     """
 
@@ -74,12 +83,13 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_decoder_layers))
         self.final_norm = final_norm(cfg)
 
+    @renamed_arguments(self_mask="tgt_mask", memory_mask="src_mask")
     def forward(
         self,
         x: torch.Tensor,
         memory: torch.Tensor,
-        self_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+        src_mask: torch.Tensor | None = None,
         caches: list[tuple[KVCache, KVCache]] | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, tuple, tuple]:
@@ -92,8 +102,8 @@ class Decoder(nn.Module):
             x, (sw, cw) = layer(
                 x,
                 memory,
-                self_mask,
-                memory_mask,
+                tgt_mask,
+                src_mask,
                 is_causal=is_causal,
                 caches=None if caches is None else caches[i],
                 need_weights=need_weights,
@@ -188,13 +198,14 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, tuple, tuple]:
         """Run the decoder and the output projection.
 
-        Shape: ``tgt (B, T)``, ``memory (B, S, D)`` → ``(logits (B, T, V), self weights,
+        Shape: ``tgt (B, T)``, ``memory (B, S, D)``, ``src_mask (B, 1, 1, S)`` (from
+        :meth:`encode`) → ``(logits (B, T, V), self weights,
         cross weights)``. With ``caches`` (from :meth:`new_caches`), ``tgt`` holds only the
         new tokens, at positions ``start_pos ...``.
         """
         x = self.embed(tgt, self.tgt_embed, start_pos)
         h, self_w, cross_w = self.decoder(
-            x, memory, memory_mask=src_mask, caches=caches, need_weights=need_weights
+            x, memory, src_mask=src_mask, caches=caches, need_weights=need_weights
         )
         return self.generator(h), self_w, cross_w
 

@@ -5,12 +5,15 @@ scaled by ``1/sqrt(d_k)``) and §3.2.2 (multi-head attention); lecture notes: "(
 value) and self-attention", "matrix form", "Multi-head Attention".
 
 Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broadcastable to
-``(B, H, q_len, k_len)``.
+``(B, H, q_len, k_len)``; the argument that carries it is ``attn_mask`` everywhere in this
+module (PyTorch's name; ``mask=`` is accepted for one release, with a ``DeprecationWarning``).
 
-Backends: one computation of Eq. 1 is a function registered under a name
-(:func:`register_backend`, :data:`BACKENDS`). This module registers ``"sdpa"``, ``"eager"``
-and ``"invariant"`` (:func:`per_query_attention`: batch-invariant decoding, inference only,
-which :func:`~qkv.inference.layout.prepare_for_inference` switches a model to).
+Eq. 1 itself is the body of :func:`scaled_dot_product_attention`. Backends: one computation
+of Eq. 1 is a function registered under a name (:func:`register_backend`, :data:`BACKENDS`),
+which that function dispatches to. This module registers three: ``"sdpa"``
+(:func:`fused_attention`, PyTorch's fused kernel), ``"eager"`` (:func:`eager_attention`, the
+explicit path) and ``"invariant"`` (:func:`per_query_attention`: batch-invariant decoding,
+inference only, which :func:`~qkv.inference.layout.prepare_for_inference` switches a model to).
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._moved import renamed_arguments
 from .masks import causal_mask, combine_masks
 
 Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool, float], torch.Tensor]
-"""``fn(q, k, v, mask, is_causal, dropout_p) -> output``: Eq. 1 over queries ``q (B, H, Tq, Dh)``,
-keys ``k`` and values ``v (B, H, Tk, Dh)``, a boolean ``mask`` broadcastable to
-``(B, H, Tq, Tk)`` (``True`` = may attend) or ``None``, the look-ahead mask added when
+"""``fn(q, k, v, attn_mask, is_causal, dropout_p) -> output``: Eq. 1 over queries
+``q (B, H, Tq, Dh)``, keys ``k`` and values ``v (B, H, Tk, Dh)``, a boolean ``attn_mask``
+broadcastable to ``(B, H, Tq, Tk)`` (``True`` = may attend) or ``None``, the look-ahead mask added when
 ``is_causal`` (queries are the last ``Tq`` positions), dropout ``dropout_p`` on the weights.
 Returns ``(B, H, Tq, Dh)`` in ``q``'s dtype; a query row with no legal key gives zeros; raises
 ``ValueError`` for ``is_causal`` with ``Tk < Tq``. The mask is already checked to be boolean."""
@@ -68,108 +72,57 @@ class AttentionSteps:
     output: torch.Tensor  # weights @ V
 
 
+@renamed_arguments(mask="attn_mask")
 def attention_steps(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
 ) -> AttentionSteps:
-    """Eq. 1 step by step: ``softmax(mask(QKᵀ / sqrt(d_k))) V``, returning every intermediate.
+    """Eq. 1 step by step: ``softmax(mask(QKᵀ / sqrt(d_k))) V``, returning every intermediate
+    (computed by :func:`scaled_dot_product_attention`'s explicit path, which records them).
 
     Args:
         q: ``(..., Tq, d_k)``; k: ``(..., Tk, d_k)``; v: ``(..., Tk, d_v)``.
-        mask: bool, broadcastable to ``(..., Tq, Tk)``, ``True`` = may attend.
+        attn_mask: bool, broadcastable to ``(..., Tq, Tk)``, ``True`` = may attend (§3.2.3).
 
     A query row whose keys are all masked gets all-zero weights (hence a zero output), not NaN.
     """
-    d_k = q.size(-1)
-    scores = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
-    scaled = scores / math.sqrt(d_k)
-    if mask is None:
-        masked = scaled
-        weights = torch.softmax(scaled.float(), dim=-1).to(q.dtype)
-    else:
-        masked = scaled.masked_fill(~mask, torch.finfo(scaled.dtype).min)
-        weights = torch.softmax(masked.float(), dim=-1).to(q.dtype)
-        # A fully masked row would be uniform over illegal keys: zero it instead.
-        weights = weights.masked_fill(~mask, 0.0)
-    return AttentionSteps(q, k, v, scores, scaled, masked, weights, weights @ v)
+    record: list[AttentionSteps] = []
+    scaled_dot_product_attention(q, k, v, attn_mask, need_weights=True, record=record)
+    return record[0]
 
 
-def _explicit(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(output, weights)`` of Eq. 1 computed step by step, the look-ahead mask folded in."""
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
-    steps = attention_steps(q, k, v, mask)
-    if dropout_p > 0.0:
-        return F.dropout(steps.weights, p=dropout_p) @ v, steps.weights
-    return steps.output, steps.weights
-
-
-def _eager(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-) -> torch.Tensor:
-    """The ``"eager"`` backend: Eq. 1 as written (:func:`attention_steps`)."""
-    return _explicit(q, k, v, mask, is_causal, dropout_p)[0]
-
-
-def _sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-) -> torch.Tensor:
-    """The ``"sdpa"`` backend: :func:`torch.nn.functional.scaled_dot_product_attention`."""
-    if is_causal and mask is None and q.size(-2) == k.size(-2):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    causal = causal_mask(q.size(-2), k.size(-2), device=q.device) if is_causal else None
-    if mask is None:  # the look-ahead mask alone leaves every query row a key
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p)
-    mask = mask if causal is None else mask & causal
-    # SDPA gives NaN for a query row with no legal key (an empty sequence). Finding such
-    # rows would cost a host sync, so instead let them attend to every key (a finite
-    # result) and zero their output afterwards.
-    has_key = mask.any(-1, keepdim=True)  # (..., Tq, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
-    return out * has_key
-
-
+@renamed_arguments(mask="attn_mask")
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
     backend: str = "sdpa",
     need_weights: bool = False,
+    *,
+    record: list[AttentionSteps] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V  (Vaswani et al. 2017, Eq. 1).
+    """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V  (Vaswani et al. 2017, §3.2.1, Eq. 1).
 
-    Every backend computes the same function: ``"eager"`` (explicit math, as
-    :func:`attention_steps`), ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`,
-    fused and fast) and whatever else is registered (:func:`register_backend`; ``"invariant"``,
-    :func:`per_query_attention`, for batch-invariant decoding).
-    ``need_weights=True`` always takes the explicit path, so weights are never silently missing.
+    The body below is Eq. 1, computed step by step (the explicit path): it runs for
+    ``need_weights=True`` (so weights are never silently missing) and for ``backend="eager"``.
+    Otherwise the call goes to the backend named ``backend`` (:data:`BACKENDS`), which
+    computes the same function: ``"sdpa"`` (:func:`fused_attention`, PyTorch's fused kernel,
+    the default), ``"eager"`` (:func:`eager_attention`: this body), ``"invariant"``
+    (:func:`per_query_attention`, batch-invariant decoding) or one added by
+    :func:`register_backend`.
 
     Args:
         q: queries ``(B, H, Tq, Dh)``; k: keys ``(B, H, Tk, Dh)``; v: values ``(B, H, Tk, Dh)``.
-        mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend; or ``None``.
+        attn_mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend; or
+            ``None`` (§3.2.3; ``mask=`` is its deprecated name).
         is_causal: additionally apply the look-ahead mask (queries are the last ``Tq`` positions).
         dropout_p: dropout on the attention weights (training only; the caller passes 0 in eval).
         backend: a name in :data:`BACKENDS` (``"sdpa"``, ``"eager"``, ...).
         need_weights: also return the attention weights ``(B, H, Tq, Tk)``.
+        record: a list the explicit path appends this call's :class:`AttentionSteps` to (every
+            intermediate, for inspection: :func:`attention_steps`); implies ``need_weights``.
 
     Returns:
         ``(output (B, H, Tq, Dh), weights or None)``. Fully masked query rows give zeros.
@@ -179,11 +132,68 @@ def scaled_dot_product_attention(
             keys than queries.
     """
     check_backend(backend)
-    if mask is not None and mask.dtype != torch.bool:
-        raise ValueError(f"attention mask must be boolean (True = may attend), got {mask.dtype}")
-    if need_weights:
-        return _explicit(q, k, v, mask, is_causal, dropout_p)
-    return BACKENDS[backend](q, k, v, mask, is_causal, dropout_p), None
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise ValueError(f"attention mask must be boolean (True = may attend), got {attn_mask.dtype}")
+    if not need_weights and record is None:
+        return BACKENDS[backend](q, k, v, attn_mask, is_causal, dropout_p), None
+    if is_causal:  # fold the look-ahead mask in, so the masked scores show it
+        attn_mask = combine_masks(attn_mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+    scores = q @ k.transpose(-2, -1)  # Q Kᵀ (..., Tq, Tk)
+    scaled = scores / math.sqrt(q.size(-1))  # ÷ sqrt(d_k)
+    if attn_mask is None:
+        masked = scaled
+        weights = torch.softmax(scaled.float(), dim=-1).to(q.dtype)
+    else:
+        # illegal connections set to the dtype's minimum ("-inf" in §3.2.3: finite, so no NaN)
+        masked = scaled.masked_fill(~attn_mask, torch.finfo(scaled.dtype).min)
+        weights = torch.softmax(masked.float(), dim=-1).to(q.dtype)
+        # A fully masked row would be uniform over illegal keys: zero it instead.
+        weights = weights.masked_fill(~attn_mask, 0.0)
+    output = (F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights) @ v  # (..., Tq, Dh)
+    if record is not None:
+        record.append(AttentionSteps(q, k, v, scores, scaled, masked, weights, output))
+    return output, weights
+
+
+# The backends scaled_dot_product_attention dispatches to (signature: Backend), registered
+# below under their names.
+
+
+def eager_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """The ``"eager"`` backend: Eq. 1 as written, the explicit path of
+    :func:`scaled_dot_product_attention` (shapes as :data:`Backend`)."""
+    return scaled_dot_product_attention(q, k, v, attn_mask, is_causal, dropout_p, need_weights=True)[0]
+
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """The ``"sdpa"`` backend: :func:`torch.nn.functional.scaled_dot_product_attention`, PyTorch's
+    fused kernel (shapes as :data:`Backend`)."""
+    if is_causal and attn_mask is None and q.size(-2) == k.size(-2):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    causal = causal_mask(q.size(-2), k.size(-2), device=q.device) if is_causal else None
+    if attn_mask is None:  # the look-ahead mask alone leaves every query row a key
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p)
+    attn_mask = attn_mask if causal is None else attn_mask & causal
+    # SDPA gives NaN for a query row with no legal key (an empty sequence). Finding such
+    # rows would cost a host sync, so instead let them attend to every key (a finite
+    # result) and zero their output afterwards.
+    has_key = attn_mask.any(-1, keepdim=True)  # (..., Tq, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask | ~has_key, dropout_p=dropout_p)
+    return out * has_key
 
 
 # Batch-invariant decoding (inference only). A fused kernel's summation order depends on how
@@ -197,14 +207,14 @@ def per_query_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor | None,
+    attn_mask: torch.Tensor | None,
     is_causal: bool,
     dropout_p: float,
 ) -> torch.Tensor:
     """SDPA once per query over its keys (the first ``Tk - Tq + i + 1`` under ``is_causal``),
     its mask row sliced to match (signature: :data:`Backend`).
 
-    Shape: ``q (B, H, Tq, Dh)``, ``k``/``v (B, H, Tk, Dh)``, ``mask`` bool broadcastable to
+    Shape: ``q (B, H, Tq, Dh)``, ``k``/``v (B, H, Tk, Dh)``, ``attn_mask`` bool broadcastable to
     ``(B, H, Tq, Tk)`` or ``None`` → ``(B, H, Tq, Dh)``.
 
     Raises:
@@ -213,12 +223,12 @@ def per_query_attention(
     tq, tk = q.size(-2), k.size(-2)
     if is_causal and tk < tq:
         raise ValueError(f"k_len ({tk}) must be >= q_len ({tq})")  # as causal_mask says
-    if mask is not None:
-        mask = mask.expand(*mask.shape[:-2], tq, tk)
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(*attn_mask.shape[:-2], tq, tk)
     outs = []
     for i in range(tq):
         end = tk - tq + i + 1 if is_causal else tk
-        row = None if mask is None else mask[..., i : i + 1, :end]
+        row = None if attn_mask is None else attn_mask[..., i : i + 1, :end]
         outs.append(
             scaled_dot_product_attention(
                 q[..., i : i + 1, :], k[..., :end, :], v[..., :end, :], row, dropout_p=dropout_p
@@ -228,8 +238,8 @@ def per_query_attention(
 
 
 # The backends, registered here explicitly (no other module registers one as a side effect).
-register_backend("sdpa", _sdpa)
-register_backend("eager", _eager)
+register_backend("sdpa", fused_attention)
+register_backend("eager", eager_attention)
 register_backend("invariant", per_query_attention)
 
 
@@ -426,18 +436,19 @@ class MultiHeadAttention(nn.Module):
             cache.set(k, v)
         return q, k, v
 
+    @renamed_arguments(mask="attn_mask")
     def steps(
         self,
         x: torch.Tensor,
         memory: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         positions: torch.Tensor | None = None,
     ) -> AttentionSteps:
         """Every intermediate of Eq. 1 for all heads of this call, for inspection.
 
         Same inputs as :meth:`forward` (without a cache); the look-ahead mask is folded into
-        ``mask`` so ``AttentionSteps.masked`` shows it. ``steps(...).output`` concatenated over
+        ``attn_mask`` so ``AttentionSteps.masked`` shows it. ``steps(...).output`` concatenated over
         heads and multiplied by ``W_O`` is :meth:`forward`'s output (tested).
 
         Shape: ``x (B, Tq, D)`` → :class:`AttentionSteps` with ``(B, H, Tq, Tk)`` scores and
@@ -445,14 +456,15 @@ class MultiHeadAttention(nn.Module):
         """
         q, k, v = self._heads(x, memory, None, positions)
         if is_causal:
-            mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
-        return attention_steps(q, k, v, mask)
+            attn_mask = combine_masks(attn_mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+        return attention_steps(q, k, v, attn_mask)
 
+    @renamed_arguments(mask="attn_mask")
     def forward(
         self,
         x: torch.Tensor,
         memory: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
@@ -463,7 +475,8 @@ class MultiHeadAttention(nn.Module):
         Shape:
             x: ``(B, Tq, D)`` queries (and keys/values for self-attention).
             memory: ``(B, S, D)`` encoder output for cross-attention, ``None`` for self-attention.
-            mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend.
+            attn_mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend
+                (§3.2.3; ``mask=`` is its deprecated name).
             is_causal: apply the look-ahead mask (self-attention).
             cache: a :class:`KVCache` updated in place for incremental decoding.
             positions: ``(Tq,)`` or ``(B, Tq)`` long positions of the queries, used by the
@@ -479,7 +492,7 @@ class MultiHeadAttention(nn.Module):
             q,
             k,
             v,
-            mask=mask,
+            attn_mask=attn_mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,

@@ -6,8 +6,12 @@ sub-layer is wrapped in residual + normalisation with dropout (§5.4). A decoder
 model's block (GPT; Radford et al. 2019) is the decoder layer without cross-attention: a
 self-attention block that carries the look-ahead mask (§3.2.3).
 
-Mask arguments come in one order everywhere: ``self_mask`` (over the layer's own positions)
-before ``memory_mask`` (over the encoder output).
+Mask names (§3.2.3): a layer with one attention takes ``attn_mask``, the tensor its attention
+reads; the decoder layer takes ``tgt_mask`` (its self-attention's, over the target's own
+positions) before ``src_mask`` (its cross-attention's, over the encoder output: the source's
+padding mask), the names :class:`~qkv.models.transformer.Transformer` gives them. The old
+names (``mask``, ``self_mask``, ``memory_mask``) work for one release, with a
+``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .._moved import renamed_arguments
 from .attention import KVCache, MultiHeadAttention
 from .feedforward import Activation, PositionwiseFeedForward
 from .norms import ResidualNorm
@@ -102,7 +107,7 @@ class SelfAttentionLayer(nn.Module):
         config: the layer's settings. rotary: a shared
             :class:`~qkv.nn.positional.RotaryEmbedding` for queries and keys, or ``None``.
 
-    Shape: ``x (B, S, D)``, ``mask`` bool broadcastable to ``(B, H, S, S)`` (``True`` = may
+    Shape: ``x (B, S, D)``, ``attn_mask`` bool broadcastable to ``(B, H, S, S)`` (``True`` = may
     attend) → ``(output (B, S, D), self-attention weights (B, H, S, S) or None)``.
     """
 
@@ -113,10 +118,11 @@ class SelfAttentionLayer(nn.Module):
         self.ffn = feedforward(config)
         self.ffn_block = residual(config)
 
+    @renamed_arguments(mask="attn_mask")
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
         need_weights: bool = False,
         is_causal: bool = False,
         cache: KVCache | None = None,
@@ -125,7 +131,12 @@ class SelfAttentionLayer(nn.Module):
         x, weights = self.self_attn_block(
             x,
             lambda h: self.self_attn(
-                h, mask=mask, is_causal=is_causal, cache=cache, need_weights=need_weights, positions=positions
+                h,
+                attn_mask=attn_mask,
+                is_causal=is_causal,
+                cache=cache,
+                need_weights=need_weights,
+                positions=positions,
             ),
         )
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
@@ -142,9 +153,9 @@ class DecoderLayer(nn.Module):
     ``None``. Cross-attention has no rotary positions: the encoder output already carries its
     positions.
 
-    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``self_mask`` broadcastable to
-    ``(B, H, T, T)`` (or ``None`` with ``is_causal=True``), ``memory_mask`` broadcastable to
-    ``(B, H, T, S)`` → ``(output (B, T, D), (self weights, cross weights))``.
+    Shape: ``x (B, T, D)``, ``memory (B, S, D)``, ``tgt_mask`` broadcastable to
+    ``(B, H, T, T)`` (or ``None`` with ``is_causal=True``), ``src_mask`` (the mask over
+    ``memory``) broadcastable to ``(B, H, T, S)`` → ``(output (B, T, D), (self weights, cross weights))``.
     ``caches``: ``(self KVCache, cross KVCache)`` for incremental decoding, or ``None``.
     """
 
@@ -161,12 +172,13 @@ class DecoderLayer(nn.Module):
         self.cross_attn = attention(config, cross=True)
         self.cross_attn_block = residual(config)
 
+    @renamed_arguments(self_mask="tgt_mask", memory_mask="src_mask")
     def forward(
         self,
         x: torch.Tensor,
         memory: torch.Tensor,
-        self_mask: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+        src_mask: torch.Tensor | None = None,
         is_causal: bool = True,
         caches: tuple[KVCache, KVCache] | None = None,
         need_weights: bool = False,
@@ -175,13 +187,13 @@ class DecoderLayer(nn.Module):
         x, self_w = self.self_attn_block(
             x,
             lambda h: self.self_attn(
-                h, mask=self_mask, is_causal=is_causal, cache=self_cache, need_weights=need_weights
+                h, attn_mask=tgt_mask, is_causal=is_causal, cache=self_cache, need_weights=need_weights
             ),
         )
         x, cross_w = self.cross_attn_block(
             x,
             lambda h: self.cross_attn(
-                h, memory=memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights
+                h, memory=memory, attn_mask=src_mask, cache=cross_cache, need_weights=need_weights
             ),
         )
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))

@@ -1,9 +1,12 @@
-"""Positional information: sinusoidal encoding (the paper's) and learned embeddings (option).
+"""Positional information: sinusoidal encoding (the paper's), learned embeddings (option) and
+rotary positions (RoPE, option).
 
 Source: Vaswani et al. 2017, §3.5:
     PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
     PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
-and the lecture notes on positional encoding.
+and the lecture notes on positional encoding; rotary positions from Su et al. 2021
+(RoFormer): queries and keys rotated by their positions inside self-attention, nothing added
+to the embeddings.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._moved import renamed_arguments
+
 
 def elman_step(
     x: torch.Tensor,
@@ -107,21 +109,22 @@ class AdditiveAttention(nn.Module):
         ``(B, S, d_key) → (B, S, d_attention)``."""
         return self.w_key(keys)
 
+    @renamed_arguments(mask="attn_mask")
     def forward(
-        self, query: torch.Tensor, projected_keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+        self, query: torch.Tensor, projected_keys: torch.Tensor, values: torch.Tensor, attn_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder step's context.
 
         Shapes: ``query (B, d_query)`` (``s_{i−1}``), ``projected_keys (B, S, d_attention)``
         (from :meth:`project_keys`), ``values (B, S, d_key)`` (the source states ``h_j``),
-        ``mask (B, S)`` bool, True where a position may be attended (each row needs one).
+        ``attn_mask (B, S)`` bool, True where a position may be attended (each row needs one).
 
         Returns:
             ``(context c_i (B, d_key), weights α_i (B, S))``; the weights of masked positions
             are exactly 0 and each row sums to 1.
         """
         scores = self.v(torch.tanh(self.w_query(query)[:, None, :] + projected_keys)).squeeze(-1)  # (B, S)
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        weights = torch.softmax(scores.masked_fill(~attn_mask, float("-inf")), dim=-1)
         return torch.bmm(weights[:, None, :], values).squeeze(1), weights
 
 
