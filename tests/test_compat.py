@@ -22,14 +22,15 @@ from qkv.models.encoder import EncoderModel
 from qkv.models.vit import VisionTransformer
 from qkv.nn import MultiHeadAttention
 from qkv.settings import resolve
-from qkv.train.settings import TrainSettings
+from qkv.train import train_state
+from qkv.train.train_settings import TrainSettings
 
 # --------------------------------------------------------------------------- settings keys
 
 
 def _qkv_classes() -> dict[str, type]:
     import qkv.models.config as configs
-    import qkv.train.settings as train_settings
+    import qkv.train.train_settings as train_settings
 
     return {
         name: obj
@@ -298,7 +299,7 @@ def test_an_old_train_state_upgrades(tmp_path):
     py_state, torch_state = random.getstate(), torch.get_rng_state()
     old = {"step": 7, "optimizer": {}, "py_rng": py_state, "torch_rng": torch_state}
     model = _lm()
-    new = compat.upgrade_train_state(old, tmp_path, model)
+    new = train_state.upgrade_train_state(old, tmp_path, model)
     assert new["world_size"] == 1 and new["step"] == 7
     assert len(new["rng"]) == 1 and new["rng"][0]["numpy"] is None and new["rng"][0]["cuda"] == []
     assert new["rng"][0]["python"] == py_state and torch.equal(new["rng"][0]["torch"], torch_state)
@@ -310,7 +311,7 @@ def test_an_old_train_state_upgrades(tmp_path):
 def test_an_old_train_state_without_its_weights_file_is_refused(tmp_path):
     old = {"step": 1, "py_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
     with pytest.raises(QkvError, match="weights file not found"):
-        compat.upgrade_train_state(old, tmp_path, _lm())
+        train_state.upgrade_train_state(old, tmp_path, _lm())
 
 
 def test_today_s_train_state_passes_unchanged(tmp_path):
@@ -320,7 +321,7 @@ def test_today_s_train_state_passes_unchanged(tmp_path):
         "world_size": 2,
         "rng": [{"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": None, "cuda": []}] * 2,
     }
-    new = compat.upgrade_train_state(state, tmp_path, _lm())
+    new = train_state.upgrade_train_state(state, tmp_path, _lm())
     assert new.keys() == state.keys() and all(new[k] is state[k] for k in state)
 
 
@@ -442,8 +443,8 @@ def test_the_old_inference_package_name_covers_every_module_it_had():
 def test_the_atomic_writers_write_on_any_rank(tmp_path, monkeypatch):
     """A library caller on torchrun rank 1 gets its file: which process writes a training run's
     files is the run's decision (rank 0), not the writer's."""
+    from qkv import distributed
     from qkv.files import write_json
-    from qkv.train import distributed
 
     monkeypatch.setattr(distributed, "is_main", lambda: False)
     write_json(tmp_path / "a.json", {"x": 1})
