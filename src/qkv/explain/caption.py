@@ -21,7 +21,6 @@ token: the encoder's self-attention is patches over patches.
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.images import read_image, to_model_input
+from ..data.images import to_model_input
 from ..errors import QkvError
 from ..inference.caption import Captioner
 from ..runs import run_settings
 from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
 from .labels import piece_labels
-from .vision import TEST_PICK, UPLOAD_NAME, ImageInput, patch_info, patch_labels, png_data_url
+from .vision import ImageInput, patch_info, patch_labels, png_data_url, read_pixels
 
 logger = logging.getLogger(__name__)
 
@@ -163,33 +162,7 @@ class CaptionExplainer(Explainer[ImageInput]):
                 patches in a row, pixels of the wrong shape or dtype, or a test index out of
                 range.
         """
-        cfg, background = self.config, self.captioner.background
-        if isinstance(image, int) and not isinstance(image, bool):
-            return self.test_image(image)
-        if isinstance(image, np.ndarray):
-            want = (cfg.image_size, cfg.image_size, cfg.channels)
-            if image.shape != want or image.dtype != np.uint8:
-                raise QkvError(f"pixels must be uint8 {want}, got {image.dtype} {image.shape}")
-            return image, "image array"
-        if isinstance(image, bytes):
-            if not image:
-                raise QkvError("empty upload: choose an image file")
-            data = io.BytesIO(image)
-            data.name = UPLOAD_NAME
-            pixels = read_image(data, cfg.image_size, cfg.channels, background, cfg.grid_size)
-            return pixels, f"{UPLOAD_NAME} ({len(image):,} bytes)"
-        if not isinstance(image, (str, Path)):
-            raise QkvError(
-                f"a caption model takes an image (file path, bytes, test index or pixels), "
-                f"not a {type(image).__name__}"
-            )
-        path = Path(image)
-        if not path.is_file():
-            pick = TEST_PICK.fullmatch(str(image))
-            if pick:
-                return self.test_image(int(pick.group(1)))
-            raise QkvError(f"image file not found: {image} (test:INDEX picks an image of the run's test set)")
-        return read_image(path, cfg.image_size, cfg.channels, background, cfg.grid_size), str(path)
+        return read_pixels(image, self.config, self.test_image, "a caption model", self.captioner.background)
 
     # ---------- the Explainer interface, with images for text
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -34,6 +36,52 @@ input pixels, uint8 ``(image_size, image_size, channels)``."""
 
 TEST_PICK = re.compile(r"test:(\d+)")
 UPLOAD_NAME = "uploaded image"
+
+
+def read_pixels(
+    image: ImageInput,
+    cfg: ViTConfig | CaptionConfig,
+    test_image: Callable[[int], tuple[np.ndarray, str]],
+    model: str,
+    background: Literal["black", "white"] = "black",
+) -> tuple[np.ndarray, str]:
+    """The model's input pixels, uint8 ``(image_size, image_size, channels)``, and a caption,
+    for any :data:`ImageInput` an image explainer takes: a test index (``test_image`` reads it)
+    or ``"test:INDEX"``, pixels, uploaded bytes, a file (files and bytes by the rule of
+    :func:`qkv.data.images.read_image`, over ``background`` where transparent; a captioner's
+    image needs a side of at least its patch grid).
+
+    Raises:
+        QkvError: a missing file, empty bytes, an undecodable, truncated or too large image
+            (one line, from ``read_image``), pixels of the wrong shape or dtype, a test index out
+            of range, or an input of another type (``model`` names what takes images).
+    """
+    least = cfg.grid_size if isinstance(cfg, CaptionConfig) else 1
+    if isinstance(image, int) and not isinstance(image, bool):
+        return test_image(image)
+    if isinstance(image, np.ndarray):
+        want = (cfg.image_size, cfg.image_size, cfg.channels)
+        if image.shape != want or image.dtype != np.uint8:
+            raise QkvError(f"pixels must be uint8 {want}, got {image.dtype} {image.shape}")
+        return image, "image array"
+    if isinstance(image, bytes):
+        if not image:
+            raise QkvError("empty upload: choose an image file")
+        data = io.BytesIO(image)
+        data.name = UPLOAD_NAME
+        pixels = read_image(data, cfg.image_size, cfg.channels, background, least)
+        return pixels, f"{UPLOAD_NAME} ({len(image):,} bytes)"
+    if not isinstance(image, (str, Path)):
+        raise QkvError(
+            f"{model} takes an image (file path, bytes, test index or pixels), not a {type(image).__name__}"
+        )
+    path = Path(image)
+    if not path.is_file():
+        pick = TEST_PICK.fullmatch(str(image))
+        if pick:
+            return test_image(int(pick.group(1)))
+        raise QkvError(f"image file not found: {image} (test:INDEX picks an image of the run's test set)")
+    return read_image(path, cfg.image_size, cfg.channels, background, least), str(path)
 
 
 def png_data_url(pixels: np.ndarray) -> str:
@@ -151,27 +199,7 @@ class ImageExplainer(Explainer[ImageInput]):
                 image (one line, from ``read_image``), pixels of the wrong shape or dtype,
                 or a test index out of range.
         """
-        cfg = self.config
-        if isinstance(image, int):
-            return self.test_image(image)
-        if isinstance(image, np.ndarray):
-            want = (cfg.image_size, cfg.image_size, cfg.channels)
-            if image.shape != want or image.dtype != np.uint8:
-                raise QkvError(f"pixels must be uint8 {want}, got {image.dtype} {image.shape}")
-            return image, "image array"
-        if isinstance(image, bytes):
-            if not image:
-                raise QkvError("empty upload: choose an image file")
-            data = io.BytesIO(image)
-            data.name = UPLOAD_NAME
-            return read_image(data, cfg.image_size, cfg.channels), f"{UPLOAD_NAME} ({len(image):,} bytes)"
-        path = Path(image)
-        if not path.is_file():
-            pick = TEST_PICK.fullmatch(str(image))
-            if pick:
-                return self.test_image(int(pick.group(1)))
-            raise QkvError(f"image file not found: {image} (test:INDEX picks an image of the run's test set)")
-        return read_image(path, cfg.image_size, cfg.channels), str(path)
+        return read_pixels(image, self.config, self.test_image, "an image classifier")
 
     # ---------- the Explainer interface, with images for text
 
