@@ -55,6 +55,14 @@ RUNS = {
     ],
     # the SIGKILL benchmark's small LM, with dropout (so the RNG streams matter)
     "lm": ["lm", *KILL_RESUME_LM, "train.eval_every=20", "train.max_steps=60"],
+    # the same small model and corpus, trained as a masked diffusion LM
+    "diffusion-lm": [
+        "diffusion-lm",
+        *KILL_RESUME_LM,
+        "train.eval_every=20",
+        "train.max_steps=40",
+        "bound_samples=1",
+    ],
     "protein-mlm": [
         "protein-mlm",
         "model.d_model=32",
