@@ -73,7 +73,7 @@ def test_a_state_from_a_newer_qkv_is_refused_in_one_line_and_changes_nothing(lm_
     newer qkv, as the previous state is too) is refused, not misread."""
     import torch
 
-    from qkv.compat import STATE_FORMAT_VERSION
+    from qkv.train.train_state import STATE_FORMAT_VERSION
 
     for name in ("train_state.pt", "train_state.prev.pt"):
         state = torch.load(lm_copy / name, weights_only=True)
