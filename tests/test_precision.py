@@ -327,20 +327,29 @@ def test_generate_explicit_bfloat16_on_a_cpu_without_native_bf16_warns(monkeypat
 
 
 def test_every_recipe_passes_its_resolved_precision_to_the_loop():
-    """The one recipe skeleton calls ``train_loop(..., precision=self.context.precision)`` and
-    records ``self.context`` with the settings; no recipe calls the loop or writes its settings
-    itself (so none can forget either)."""
-    recipes = Path(__file__).resolve().parents[1] / "src" / "qkv" / "recipes"
+    """The one run flow (``qkv.train.run``) calls ``train_loop(..., precision=self.context.precision)``
+    and records what ``self.context`` resolved with the settings; no recipe calls the loop or
+    writes its settings itself (so none can forget either)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "qkv"
 
     def calls(name: str) -> dict[str, ast.Call]:
-        tree = ast.parse((recipes / f"{name}.py").read_text(encoding="utf-8"))
+        tree = ast.parse((src / f"{name}.py").read_text(encoding="utf-8"))
         return {
             c.func.id: c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
         }
 
-    skeleton = calls("skeleton")
-    loop_kwargs = {k.arg: ast.unparse(k.value) for k in skeleton["train_loop"].keywords}
+    flow = calls("train/run")
+    loop_kwargs = {k.arg: ast.unparse(k.value) for k in flow["train_loop"].keywords}
     assert loop_kwargs["precision"] == "self.context.precision"
-    assert "self.context" in [ast.unparse(a) for a in skeleton["write_settings"].args]
-    for name in ("translation", "lm", "protein_mlm", "protein_tasks", "text_cls", "vit"):
-        assert not {"train_loop", "write_settings", "start_run"} & set(calls(name)), name
+    assert "self.context.to_dict()" in [ast.unparse(a) for a in flow["write_settings"].args]
+    for name in (
+        "translation",
+        "lm",
+        "protein_mlm",
+        "protein_tasks",
+        "text_cls",
+        "vit",
+        "caption",
+        "diffusion_lm",
+    ):
+        assert not {"train_loop", "write_settings", "start_run"} & set(calls(f"recipes/{name}")), name
