@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import compat
 from ..errors import QkvError
+from ..files import read_json
 from ..models.config import ModelConfig
 from ..models.model_types import MODEL_TYPES, ModelType, for_config
 from .layout import CONFIG, TRAIN_CONFIG
@@ -36,13 +37,7 @@ def run_json(run_dir: str | Path, name: str, missing: Any = _REQUIRED) -> Any:
     path = Path(run_dir) / name
     if not path.is_file() and missing is not _REQUIRED:
         return missing
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise QkvError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if not isinstance(data, dict):
-        raise QkvError(f"{path} is not a JSON object")
-    return data
+    return read_json(path)
 
 
 def resumed_json(run_dir: Path, name: str) -> dict:

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from ..data.shards import PreparedData
 
 
-def prepare_run_dir(run_dir: str | Path, resume: bool, recipe: str, check_state: Callable[[Path], Any]) -> Path:
+def prepare_run_dir(
+    run_dir: str | Path, resume: bool, recipe: str, check_state: Callable[[Path], Any]
+) -> Path:
     """Check that ``run_dir`` can take this run, writing nothing: a new run needs it absent or
     empty (nothing saved is overwritten); ``resume`` needs a run of the same ``recipe``, trained
     on as many processes, with a training state that ``check_state`` (the training package's
