@@ -155,3 +155,18 @@ def test_residual_norm_post_and_pre_order():
             expected = x + f(block.norm(x)) if norm_first else block.norm(x + f(x))
         assert extra == "extra"
         assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_dyt_starts_at_the_configured_alpha_everywhere():
+    """``dyt_alpha`` (α₀, Zhu et al. 2025) reaches every DyT of a model: the sub-layers' and the
+    final norm; a non-positive one is refused by the config in one line."""
+    from qkv.models.config import LMConfig
+    from qkv.models.decoder_lm import DecoderLM
+    from qkv.nn.norms import DyT
+
+    config = LMConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_layers=2, norm="dyt", dyt_alpha=0.2)
+    model = DecoderLM(config)
+    alphas = [m.alpha.item() for m in model.modules() if isinstance(m, DyT)]
+    assert len(alphas) == 2 * 2 + 1 and alphas == pytest.approx([0.2] * 5)
+    with pytest.raises(ValueError, match=r"dyt_alpha \(0.0\) must be > 0"):
+        LMConfig(vocab_size=20, dyt_alpha=0.0)

@@ -1,5 +1,6 @@
 """Look inside a trained model: attention weights, Eq. 1 step by step, pictures, a local page,
-and the same page standalone (:func:`show`: inline in Jupyter, or one HTML file).
+and the same page standalone (:func:`show`: inline in Jupyter, or one HTML file); every
+intermediate of a forward pass by name (:func:`run_with_cache`) and the logit lens.
 
 Model code never imports this package; it imports the models, so inspection can change
 without touching the paper's modules. The explainer of a run directory is its recipe's:
@@ -9,6 +10,7 @@ answers, deprecated, as does ``qkv.explain.loader.load_explainer``: see
 """
 
 from .. import _moved
+from .activations import ActivationCache, logit_lens, record_activations, run_with_cache
 from .capture import capture_steps
 from .explainers import AttentionMap, DecodingOptions, Explanation
 from .labels import merge_attention, piece_labels, word_groups
@@ -16,6 +18,7 @@ from .rollout import attention_rollout
 from .standalone import ExplainerPage, show
 
 __all__ = [
+    "ActivationCache",
     "attention_rollout",
     "capture_steps",
     "AttentionMap",
@@ -23,7 +26,10 @@ __all__ = [
     "ExplainerPage",
     "Explanation",
     "merge_attention",
+    "logit_lens",
     "piece_labels",
+    "record_activations",
+    "run_with_cache",
     "show",
     "word_groups",
 ]

@@ -181,6 +181,8 @@ class ModelConfig(LayerConfig, SavedConfig):
                 out.append(f"{name} ({getattr(self, name)}) must be in [0, 1)")
         if not self.layer_norm_eps > 0:  # NaN too
             out.append(f"layer_norm_eps ({self.layer_norm_eps}) must be > 0")
+        if not self.dyt_alpha > 0:
+            out.append(f"dyt_alpha ({self.dyt_alpha}) must be > 0")
         return out
 
 

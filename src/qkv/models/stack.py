@@ -21,8 +21,7 @@ from torch import nn
 from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
-from ..nn.layers import SelfAttentionLayer
-from ..nn.norms import build_norm
+from ..nn.layers import SelfAttentionLayer, norm
 from ..nn.positional import RotaryEmbedding, build_positional
 from .config import StackConfig
 
@@ -77,16 +76,10 @@ class TransformerStack(nn.Module):
         self.positional = build_positional(cfg.positional, cfg.max_len, cfg.d_model)
         rotary = RotaryEmbedding(cfg.d_k, cfg.max_len) if cfg.positional == "rotary" else None
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        self.embed_norm = (
-            build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.embed_norm else None
-        )
+        self.embed_norm = norm(cfg) if cfg.embed_norm else None
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(SelfAttentionLayer(cfg, rotary) for _ in range(cfg.n_layers))
-        self.final_norm = (
-            build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
-            if cfg.norm_first
-            else nn.Identity()
-        )
+        self.final_norm = norm(cfg) if cfg.norm_first else nn.Identity()
         read_old_weights(self)  # what earlier qkv versions saved loads too (qkv.compat)
 
     def _init_weights(self) -> None:

@@ -20,9 +20,8 @@ from .._moved import renamed_arguments
 from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
-from ..nn.layers import DecoderLayer, EncoderLayer
+from ..nn.layers import DecoderLayer, EncoderLayer, norm
 from ..nn.masks import padding_mask
-from ..nn.norms import build_norm
 from ..nn.positional import RotaryEmbedding, build_positional
 from .config import CaptionConfig, TransformerConfig
 from .outputs import Seq2SeqOutput
@@ -30,9 +29,7 @@ from .outputs import Seq2SeqOutput
 
 def final_norm(cfg: TransformerConfig | CaptionConfig) -> nn.Module:
     """The norm after the last layer of a pre-LN stack (post-LN layers end normalised)."""
-    return (
-        build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.norm_first else nn.Identity()
-    )
+    return norm(cfg) if cfg.norm_first else nn.Identity()
 
 
 def projection_matrices(name: str, p: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..compat import read_old_weights
-from ..nn.layers import SelfAttentionLayer
-from ..nn.norms import build_norm
+from ..nn.layers import SelfAttentionLayer, norm
 from ..nn.patches import PatchEmbedding, sinusoidal_2d_positions
 from .config import ViTConfig
 from .stack import gpt2_init
@@ -73,11 +72,7 @@ class VisionTransformer(nn.Module):
             self.register_buffer("pos_embed", table[None], persistent=False)  # (1, 1 + N, D)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(SelfAttentionLayer(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = (
-            build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
-            if cfg.norm_first
-            else nn.Identity()
-        )
+        self.final_norm = norm(cfg) if cfg.norm_first else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.num_labels)
         gpt2_init(self, cfg.n_layers)
         nn.init.zeros_(self.head.weight)  # start from uniform class probabilities (as ViT)

@@ -380,6 +380,9 @@ class MultiHeadAttention(nn.Module):
             self.w_qkv = self._packed(d_model, inner, 3, bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
+        # Called with (q, k, v) of every forward when set: how qkv.explain.activations reads
+        # the heads by name (a forward hook sees only the module's inputs and output).
+        self.on_heads: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
 
     @staticmethod
     @torch.no_grad()
@@ -409,7 +412,19 @@ class MultiHeadAttention(nn.Module):
         positions: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values split into heads, ``(B, H, T, Dh)`` each (rotary applied,
-        the cache read and updated)."""
+        the cache read and updated; keys and values cover the cached positions too)."""
+        q, k, v = self._project(x, memory, cache, positions)
+        if self.on_heads is not None:
+            self.on_heads(q, k, v)
+        return q, k, v
+
+    def _project(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        cache: KVCache | None,
+        positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.cross != (memory is not None):
             raise ValueError(
                 "cross-attention needs memory"

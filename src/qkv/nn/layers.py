@@ -25,7 +25,7 @@ from torch import nn
 from .._moved import renamed_arguments
 from .attention import KVCache, MultiHeadAttention
 from .feedforward import Activation, PositionwiseFeedForward
-from .norms import ResidualNorm
+from .norms import ResidualNorm, build_norm
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,8 @@ class LayerConfig:
         bias: biases in linears and norms. attention_backend: ``"sdpa"`` (fused), ``"eager"``
             (explicit Eq. 1) or ``"invariant"`` (SDPA per query: batch-invariant, for
             inference; :func:`~qkv.nn.attention.per_query_attention`). layer_norm_eps: the norm's epsilon.
+        dyt_alpha: DyT's initial ``α`` (α₀; Zhu et al. 2025, §4: 0.5 for models that are not
+            LLMs; wider models train better with a smaller one). Read when ``norm="dyt"``.
     """
 
     d_model: int = 512
@@ -60,6 +62,7 @@ class LayerConfig:
     bias: bool = True
     attention_backend: Literal["sdpa", "eager", "invariant"] = "sdpa"
     layer_norm_eps: float = 1e-5
+    dyt_alpha: float = 0.5
 
     @property
     def d_k(self) -> int:
@@ -82,10 +85,22 @@ def attention(
     )
 
 
+def norm(config: LayerConfig) -> nn.Module:
+    """The normalisation of ``config`` (LayerNorm in the paper, §3.1), as every layer and every
+    stack's final norm builds it."""
+    return build_norm(config.norm, config.d_model, config.layer_norm_eps, config.bias, config.dyt_alpha)
+
+
 def residual(config: LayerConfig) -> ResidualNorm:
     """The residual + normalisation + dropout wrapper of one sub-layer (§3.1, §5.4)."""
     return ResidualNorm(
-        config.d_model, config.dropout, config.norm_first, config.layer_norm_eps, config.norm, config.bias
+        config.d_model,
+        config.dropout,
+        config.norm_first,
+        config.layer_norm_eps,
+        config.norm,
+        config.bias,
+        config.dyt_alpha,
     )
 
 

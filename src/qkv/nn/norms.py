@@ -42,14 +42,17 @@ class DyT(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def build_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """``"layernorm"`` (paper), ``"rmsnorm"`` or ``"dyt"``; raises ``ValueError`` otherwise."""
+def build_norm(
+    kind: str, d_model: int, eps: float = 1e-5, bias: bool = True, dyt_alpha: float = 0.5
+) -> nn.Module:
+    """``"layernorm"`` (paper), ``"rmsnorm"`` or ``"dyt"`` (its ``α`` starting at
+    ``dyt_alpha``, the α₀ of Zhu et al. 2025, §4); raises ``ValueError`` otherwise."""
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rmsnorm":
         return nn.RMSNorm(d_model, eps=eps)
     if kind == "dyt":
-        return DyT(d_model, bias=bias)
+        return DyT(d_model, alpha_init=dyt_alpha, bias=bias)
     raise ValueError(f"unknown norm {kind!r}; choose one of {NORMS}")
 
 
@@ -60,6 +63,7 @@ class ResidualNorm(nn.Module):
         d_model: width D. dropout: rate on the sub-layer output (P_drop = 0.1 in the paper).
         norm_first: ``False`` = post-LN (paper), ``True`` = pre-LN. eps: LayerNorm epsilon.
         norm: ``"layernorm"`` (paper), ``"rmsnorm"`` or ``"dyt"``. bias: norm bias.
+        dyt_alpha: DyT's initial ``α`` (α₀).
 
     Shape: ``x (B, T, D)``; ``sublayer`` maps ``(B, T, D)`` to ``((B, T, D), extra)`` and
     ``forward`` returns ``((B, T, D), extra)`` so attention weights pass through.
@@ -73,9 +77,10 @@ class ResidualNorm(nn.Module):
         eps: float = 1e-5,
         norm: str = "layernorm",
         bias: bool = True,
+        dyt_alpha: float = 0.5,
     ) -> None:
         super().__init__()
-        self.norm = build_norm(norm, d_model, eps, bias)
+        self.norm = build_norm(norm, d_model, eps, bias, dyt_alpha)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
