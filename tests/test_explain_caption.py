@@ -353,3 +353,16 @@ def test_the_page_draws_one_overlay_per_word_in_a_browser(explainer, image_file,
     assert hidden == [False, True]  # the word card shows; the ViT's class-token card does not
     assert "greedy decoding" in output
     assert dims.startswith("encoder 2 + decoder 2 layers × 2 heads")  # both stacks, not the encoder's alone
+
+
+def test_the_block_follows_the_captions_tokens_through_the_decoder(explainer, image_file):
+    """The captioner's block views follow the decoder's tokens (its input: <bos> and the
+    caption), whose last lens row is the next piece the decoder chose."""
+    result = explainer.explain(str(image_file), merge_words=False)  # the block follows pieces
+    block = result.output["block"]
+    assert block["stack"] == "decoder" and len(block["layers"]) == explainer.config.n_decoder_layers
+    decoder = next(a for a in result.attention if a.kind == "decoder")
+    assert len(block["tokens"]) == len(decoder.query_tokens)
+    for layer in block["layers"]:
+        assert [len(s["out_norm"]) for s in layer["sublayers"]] == [len(block["tokens"])] * 3
+        assert [s["name"] for s in layer["sublayers"]] == ["self_attn", "cross_attn", "ffn"]

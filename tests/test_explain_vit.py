@@ -197,3 +197,15 @@ def test_image_attention_figure_has_one_panel_per_head(explainer):
     assert len(plot_rollout(image, result.output["rollout"], 2).axes) == 3
     with pytest.raises(ValueError, match="tokens"):
         plot_image_attention(image, result.attention[0].weights[1], 4, layer=1)
+
+
+def test_the_block_views_follow_every_token_and_the_lens_ends_at_the_prediction(explainer):
+    """The ViT's head reads the pooled class token: one lens row per layer (the same for every
+    token), whose last layer is the page's class probabilities."""
+    out = explainer.explain("test:0").output
+    block = out["block"]
+    assert block["pooled"] and len(block["tokens"]) == 1 + explainer.config.n_patches
+    assert len(block["layers"]) == explainer.config.n_layers
+    last = block["layers"][-1]["lens"][0]
+    best = max(out["classes"], key=lambda c: c["prob"])
+    assert last[0][0] == best["label"] and last[0][1] == pytest.approx(best["prob"], abs=1e-4)

@@ -13,6 +13,7 @@ self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-dec
 from __future__ import annotations
 
 import base64
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from ..inference.lm import TextGenerator
 from ..inference.search import beam_search, greedy_decode
 from ..inference.translator import SEQ2SEQ_RECIPES
 from ..nn.attention import MultiHeadAttention
+from .activations import ActivationCache, readout, record_activations
+from .block import follow_tokens
 from .capture import capture_steps
 from .labels import merge_attention, piece_labels, word_groups, wordpiece_as_marked
 
@@ -170,6 +173,7 @@ class Explainer(Generic[InputT]):
     subword = False
     # whether the attention is Eq. 1 (scaled dot products), which :meth:`steps` walks through
     step_through = True
+    tokenizer: Any = None  # the output vocabulary's, where the family has one
 
     def __init__(self, model, run_dir: str | Path, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.model, self.run_dir, self.max_chars = model, str(run_dir), max_chars
@@ -267,9 +271,10 @@ class Explainer(Generic[InputT]):
             InputTooLong: over ``max_chars`` characters or the model's context.
         """
         prepared = self._prepared(text, options)
+        with record_activations(self.model) as cache:
+            weights = prepared.forward(True)
         if prepared.weights is None:
-            prepared.weights = prepared.forward(True)
-        weights = prepared.weights
+            prepared.weights = weights
         maps = []
         for kind in self.kinds:
             w = torch.stack([layer_w[0] for layer_w in weights[kind]]).float()  # (L, H, Tq, Tk)
@@ -282,8 +287,70 @@ class Explainer(Generic[InputT]):
                 q_labels = piece_labels(q_pieces, self.subword)
                 k_labels = piece_labels(k_pieces, self.subword)
             maps.append(AttentionMap(kind, KIND_TITLES[kind], q_labels, k_labels, w))
+        output = {**prepared.output, "block": self._block(cache, prepared)}
         # text: a str for the text families; ImageExplainer.explain puts its caption there.
-        return Explanation(self.family, cast(str, text), prepared.output, maps)
+        return Explanation(self.family, cast(str, text), output, maps)
+
+    def output_label(self, index: int) -> str:
+        """The label of output ``index`` (a token of the output vocabulary, or a class name),
+        as the logit lens shows it."""
+        piece = self.tokenizer.id_to_token(index)
+        return piece_labels([piece if piece is not None else f"#{index}"], False)[0]
+
+    @property
+    def followed_kind(self) -> str:
+        """The attention kind whose tokens the block views follow: the stack that feeds the
+        output (an encoder-decoder's decoder)."""
+        return "decoder" if "cross" in self.kinds else self.kinds[0]
+
+    def _block(self, cache: ActivationCache, prepared: _Pass) -> dict | None:
+        """:func:`~qkv.explain.block.follow_tokens` of this pass (``None`` for a model with
+        no residual stream: the RNN baseline)."""
+        try:
+            readout(self.model)
+        except ValueError:
+            return None
+        tokens = piece_labels(prepared.pieces[self.followed_kind][0], self.subword)
+        return follow_tokens(self.model, cache, tokens, self.output_label)
+
+    @torch.no_grad()
+    def activation(
+        self, text: InputT, name: str, token: int, options: DecodingOptions | None = None
+    ) -> dict:
+        """One named activation (:mod:`qkv.explain.activations`) of ``text``'s forward pass at
+        one token: ``{"name", "token", "shape" (the whole tensor's), "values"}``; for
+        ``q``/``k``/``v``/``pattern`` the values of every head.
+
+        Raises:
+            QkvError: an unknown name, a layer out of range, a token out of range (one line
+                each); as :meth:`explain` for the input.
+        """
+        prepared = self._prepared(text, options)
+        with record_activations(self.model) as cache:
+            prepared.forward(True)
+        if name not in cache:
+            layer = re.search(r"(?:^|\.)layers\.(\d+)(?:\.|$)", name)
+            stack = name[: layer.start()] if layer else ""
+            paths = cache.layers(stack)
+            if layer and paths and int(layer[1]) >= len(paths):
+                where = f"the {stack} stack has" if stack else "the model has"
+                raise QkvError(f"layer {layer[1]} out of range: {where} layers 0..{len(paths) - 1}")
+            try:
+                cache[name]
+            except KeyError as e:
+                raise QkvError(e.args[0]) from None
+        value = cache[name]
+        axis = 2 if name.endswith((".q", ".k", ".v", ".pattern")) else 1
+        if value.dim() <= axis:  # one vector per input (a pooled head): no token axis
+            return {"name": name, "token": None, "shape": list(value.shape), "values": _rounded(value[0], 5)}
+        if not 0 <= token < value.size(axis):
+            raise QkvError(f"token {token} out of range: {name} has tokens 0..{value.size(axis) - 1}")
+        return {
+            "name": name,
+            "token": token,
+            "shape": list(value.shape),
+            "values": _rounded(value.select(axis, token)[0], 5),
+        }
 
     @torch.no_grad()
     def steps(
@@ -506,6 +573,9 @@ class ProteinExplainer(Explainer[str]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
+    def output_label(self, index: int) -> str:
+        return self.encoder.tok.id_to_token(index) or f"#{index}"
+
     def _ids(self, text: str) -> list[int]:
         return self.encoder.tok.encode(
             "".join(text.split()), "input"
@@ -571,6 +641,9 @@ class TextExplainer(Explainer[str]):
 
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
+
+    def output_label(self, index: int) -> str:
+        return wordpiece_as_marked([self.encoder.tokenizer.id_to_token(index) or f"#{index}"])[0]
 
     def _embedding(self, text: str, top: int = 5) -> dict:
         """What one sentence's embedding is near: its size, its norm before the L2

@@ -8,9 +8,15 @@
 - ``GET /api/info``: the model (family, layers, heads, d_k, the input cap, an example input).
 - ``POST /api/explain``: the model's output and every layer's and head's attention.
 - ``POST /api/steps``: Eq. 1 step by step for one ``kind``/``layer``/``head``.
+- ``POST /api/activation``: one named activation (``name``, :mod:`qkv.explain.activations`) at
+  one ``token``; an unknown name, a layer or a token out of range is a 422.
+
+``/api/explain``'s ``output.block`` holds the "follow a token" views of every token
+(:func:`qkv.explain.block.follow_tokens`): the residual stream, the norms, the FFN's top neurons,
+the logit lens and the final logits.
 
 A ViT run (:class:`~qkv.explain.vision.ImageExplainer`) takes images instead of text; the
-two text endpoints refuse it, and these answer instead:
+text endpoints refuse it, and these answer instead:
 
 - ``GET /api/image/examples``: a few test-set images to pick (index, true class, PNG).
 - ``POST /api/image/explain[?example=K]``: the body is an image file's bytes (any
@@ -148,6 +154,14 @@ class StepsRequest(ExplainRequest):
     head: int = Field(ge=0)
 
 
+class ActivationRequest(ExplainRequest):
+    """Body of ``POST /api/activation``: an explain body plus a named activation
+    (:mod:`qkv.explain.activations`) and the token to read it at."""
+
+    name: str = Field(max_length=200, description="e.g. layers.0.ffn.hidden, decoder.layers.1.resid_post")
+    token: int = Field(ge=0, description="the token's index in the stack that holds the activation")
+
+
 # The image endpoints read the raw body themselves; the OpenAPI document says what it is.
 IMAGE_BODY = {
     "requestBody": {
@@ -247,7 +261,8 @@ def _add_page(app: FastAPI, explainer: Explainer) -> None:
 
 
 def _add_text_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> None:
-    """``POST /api/explain`` and ``POST /api/steps``: text input, JSON bodies."""
+    """``POST /api/explain``, ``POST /api/steps`` and ``POST /api/activation``: text input,
+    JSON bodies."""
 
     @app.post("/api/explain", responses=ERROR_RESPONSES)
     def explain(body: ExplainRequest):
@@ -260,6 +275,12 @@ def _add_text_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> N
         _check_input_kind(explainer, "text")
         with lock:
             return explainer.steps(body.text, body.kind, body.layer, body.head, body.options())
+
+    @app.post("/api/activation", responses=ERROR_RESPONSES)
+    def activation(body: ActivationRequest):
+        _check_input_kind(explainer, "text")
+        with lock:
+            return explainer.activation(body.text, body.name, body.token, body.options())
 
 
 def _add_image_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> None:

@@ -135,6 +135,9 @@ class ImageExplainer(Explainer[ImageInput]):
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
 
+    def output_label(self, index: int) -> str:
+        return str(self.classes[index])
+
     def info(self) -> dict:
         return {**super().info(), **patch_info(self.config), "task": self.task}
 
