@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from qkv.explain.explainers import DecodingOptions
 from qkv.explain.server import create_app, serve_in_thread
 from qkv.recipes.loading import load_explainer
 
@@ -203,3 +204,68 @@ def test_diffusion_page_shows_the_attention_at_a_clicked_step(tiny_runs):
         server.should_exit = True
         thread.join(timeout=10)
     assert not errors, errors
+
+
+def check_block_views(page, block: dict) -> None:
+    """The "follow a token" card of a page that has run: click a token, by mouse and by
+    keyboard, and each view (residual stream, norms, FFN neurons, logit lens, sampler) shows
+    that token's numbers; the sampler redraws for a new temperature and top-k."""
+    page.wait_for_selector('body[data-block-ready="1"]', timeout=30_000)
+    n_layers, tokens = len(block["layers"]), block["tokens"]
+    buttons = page.locator("#block-tokens button")
+    assert buttons.count() == len(tokens)
+    assert buttons.nth(len(tokens) - 1).get_attribute("aria-pressed") == "true"  # the last, at first
+    buttons.nth(0).click()
+    assert buttons.nth(0).get_attribute("aria-pressed") == "true"
+    assert page.locator("#block-stream .stream-row").count() == n_layers
+    first = page.locator("#block-stream .stream-row").nth(0).inner_text()
+    assert f"{block['layers'][0]['resid_pre'][0]:.2f}" in first  # the page's number is the block's
+    sublayers = sum(len(layer["sublayers"]) for layer in block["layers"])
+    assert page.locator("#block-norms tr").count() == 1 + sublayers
+    assert page.locator("#block-ffn .ffn-layer").count() == n_layers
+    assert f"neuron {block['layers'][0]['ffn_top'][0][0][0]}" in page.locator("#block-ffn").inner_text()
+    assert page.locator("#lens-table tr").count() == 1 + n_layers
+    top = block["layers"][-1]["lens"][0][0]
+    assert f"{top[1] * 100:.1f}%" in page.locator("#lens-table tr").nth(n_layers).inner_text()
+    page.locator("#block-tokens button").nth(1).focus()  # keyboard: Tab to a token, Enter
+    page.keyboard.press("Enter")
+    assert buttons.nth(1).get_attribute("aria-pressed") == "true"
+    before = page.locator("#sampler-bars .bar-row").count()
+    page.fill("#block-top-k", "2")
+    page.locator("#sampler-bars .bar-row").nth(1).wait_for()
+    assert page.locator("#sampler-bars .bar-row").count() == 2 <= before
+    page.fill("#block-temperature", "0.1")
+    assert (
+        "2 kept" in page.locator("#sampler-note").inner_text()
+        or "2 of" in page.locator("#sampler-note").inner_text()
+    )
+
+
+@pytest.mark.parametrize("family", ["translation", "lm"])
+def test_a_clicked_token_shows_every_view_of_the_block(tiny_runs, family):
+    explainer = load_explainer(tiny_runs[family])
+    server, thread, base = serve_in_thread(create_app(explainer))
+    errors, hosts = [], set()
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("request", lambda req: hosts.add(req.url.split("/")[2]))
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.goto(base + "/")
+            page.locator("#family", has_text=family).wait_for()
+            page.fill("#input", INPUTS[family])
+            if family == "translation":  # greedy, so the test's own explain() has the same output
+                page.fill("#beam-size", "1")
+            page.click("#run")
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            options = DecodingOptions(beam_size=1)  # an LM's block reads the prompt alone
+            check_block_views(page, explainer.explain(INPUTS[family], options).output["block"])
+            page.locator("#block-card").screenshot(path=str(ARTIFACTS / f"explain_block_{family}.png"))
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not errors, errors
+    assert hosts == {base.split("/")[2]}

@@ -25,6 +25,7 @@ const state = {
   standalone: null,  // standalone page: the embedded data (info, explanation, body, steps, notes)
   decoded: {},       // standalone page: Q, K, V of a "kind/layer", decoded once
   step: null,        // diffusion LMs: the denoising step whose input the attention is on (null: the last)
+  block: null, blockToken: 0,  // output.block of the last run, and the token followed
 };
 
 // ViT runs take an image instead of text (GET /api/info says "input": "image").
@@ -147,6 +148,9 @@ async function init() {
   $("kind").addEventListener("change", () => { state.kind = $("kind").value; selectKind(); });
   $("layer").addEventListener("change", () => select(+$("layer").value, state.head));
   $("head").addEventListener("change", () => select(state.layer, +$("head").value));
+  for (const id of ["block-temperature", "block-top-k", "block-top-p"]) {
+    $(id).addEventListener("input", () => { if (state.block) drawSampler(); });
+  }
   $("stretch").addEventListener("change", () => {
     state.stretch = $("stretch").checked;
     if (state.data && state.kind) { renderOverview(entry()); drawHead(); }
@@ -387,6 +391,7 @@ function showResult(data, body, picture) {
   state.data = data;
   state.body = body;
   renderOutput(data, body);
+  setupBlock((data.output || {}).block);
   if (isCaption()) setupWordMaps();
   if ((data.attention || []).length) {
     setupSelectors();
@@ -814,6 +819,130 @@ function drawWordMaps() {
   });
   if (!o.words.length) tiles.push(el("p", { class: "muted" }, "The model wrote an empty caption: no word to show."));
   $("word-maps").replaceChildren(...tiles);
+}
+
+// ---------- follow a token through the block (output.block: qkv.explain.block.follow_tokens)
+
+const NORM_NAMES = { layernorm: "LayerNorm", rmsnorm: "RMSNorm", dyt: "DyT" };
+const SUBLAYER_NAMES = { self_attn: "self-attention", cross_attn: "cross-attention", ffn: "FFN" };
+
+function setupBlock(block) {
+  state.block = block || null;
+  $("block-card").hidden = !block;
+  delete document.body.dataset.blockReady;
+  if (!block) return;
+  const host = $("block-tokens");
+  host.replaceChildren(...block.tokens.map((t, i) => {
+    const b = el("button", { type: "button", "aria-pressed": "false", "data-token": i, title: `token ${i}` },
+      shorten(showToken(t), 14));
+    b.addEventListener("click", () => selectBlockToken(i));
+    return b;
+  }));
+  // The last token by default: an LM's next-token prediction is read there.
+  selectBlockToken(block.tokens.length - 1);
+}
+
+function selectBlockToken(t) {
+  state.blockToken = t;
+  for (const b of $("block-tokens").children) b.setAttribute("aria-pressed", String(+b.dataset.token === t));
+  drawStream();
+  drawNorms();
+  drawFfn();
+  drawLens();
+  drawSampler();
+  document.body.dataset.blockReady = "1";
+}
+
+// One row per layer: the stream entering it, then each sub-layer's output and the stream after it.
+function drawStream() {
+  const B = state.block, t = state.blockToken;
+  let top = 0;
+  for (const L of B.layers) {
+    top = Math.max(top, L.resid_pre[t]);
+    for (const s of L.sublayers) top = Math.max(top, s.out_norm[t], s.resid_post_norm[t]);
+  }
+  const bar = (label, v, cls) => {
+    const fill = el("div", { class: "bar-fill" });
+    fill.style.width = `${top > 0 ? (100 * v) / top : 0}%`;
+    return [el("span", {}, label), el("div", { class: "bar-track " + cls }, fill), el("span", { class: "bar-value" }, fmt(v, 2))];
+  };
+  $("block-stream").replaceChildren(...B.layers.map((L, i) => {
+    const rows = [...bar("‖x‖ in", L.resid_pre[t], "")];
+    for (const s of L.sublayers) {
+      rows.push(...bar(`+ ${SUBLAYER_NAMES[s.name] || s.name} ‖Δ‖`, s.out_norm[t], "delta"));
+      rows.push(...bar("= ‖x‖", s.resid_post_norm[t], ""));
+    }
+    return el("div", { class: "stream-row", "data-layer": i }, el("strong", {}, `layer ${i + 1}`),
+      el("div", { class: "stream-bars" }, ...rows));
+  }));
+}
+
+function drawNorms() {
+  const B = state.block, t = state.blockToken, name = NORM_NAMES[B.norm] || B.norm;
+  $("block-norm-caption").textContent = `${name} ${B.norm_first ? "before each sub-layer (pre-LN)" :
+    "after each residual add (post-LN)"}: the token's features, mean and standard deviation, before → after`;
+  const head = el("tr", {}, ...["layer", "sub-layer", "mean before", "std before", "mean after", "std after"].map((h) => el("th", {}, h)));
+  const rows = [];
+  B.layers.forEach((L, i) => L.sublayers.forEach((s) => rows.push(el("tr", {},
+    el("td", {}, String(i + 1)), el("td", {}, SUBLAYER_NAMES[s.name] || s.name),
+    el("td", {}, fmt(s.norm_in.mean[t], 3)), el("td", {}, fmt(s.norm_in.std[t], 3)),
+    el("td", {}, fmt(s.norm_out.mean[t], 3)), el("td", {}, fmt(s.norm_out.std[t], 3))))));
+  $("block-norms").replaceChildren(el("table", { class: "block-table" }, head, ...rows));
+}
+
+function drawFfn() {
+  const B = state.block, t = state.blockToken;
+  $("block-ffn").replaceChildren(...B.layers.map((L, i) => {
+    const top = L.ffn_top[t], best = Math.max(1e-9, ...top.map((n) => Math.abs(n[1])));
+    return el("div", { class: "ffn-layer" }, el("strong", {}, `layer ${i + 1}`),
+      bars(null, top.map(([n, v]) => [`neuron ${n}`, Math.abs(v) / best]), (p) => fmt(p * best, 3)));
+  }));
+}
+
+function drawLens() {
+  const B = state.block, t = state.blockToken;
+  const head = el("tr", {}, el("th", {}, "after layer"), ...[1, 2, 3, 4, 5].map((k) => el("th", {}, `#${k}`)));
+  const rows = B.layers.map((L, i) => el("tr", { "data-layer": i }, el("td", {}, String(i + 1)),
+    ...L.lens[t].map(([label, p]) => {
+      const cell = el("td", { class: "tok", title: `${(p * 100).toFixed(2)} %` },
+        `${shorten(showToken(String(label)), 12)} ${(p * 100).toFixed(1)}%`);
+      cell.style.background = rgb(blues(p * 0.8));
+      if (p > 0.55) cell.style.color = "#fff";
+      return cell;
+    })));
+  $("block-lens").replaceChildren(el("table", { class: "block-table", id: "lens-table" }, head, ...rows));
+}
+
+// The distribution qkv.inference.sampling.next_token_probs draws from: logits / temperature,
+// then the top-k, then the nucleus (the fewest most likely tokens reaching top-p; never empty).
+function samplerProbs(logits, temperature, topK, topP) {
+  let items = logits.map(([label, v]) => [label, v / temperature]).sort((a, b) => b[1] - a[1]);
+  if (topK) items = items.slice(0, topK);
+  const m = items.length ? items[0][1] : 0;
+  let z = 0;
+  for (const it of items) z += Math.exp(it[1] - m);
+  items = items.map(([label, v]) => [label, Math.exp(v - m) / z]);
+  if (topP && topP < 1) {
+    let mass = 0, keep = 0;
+    while (keep < items.length && (keep === 0 || mass < topP)) mass += items[keep++][1];
+    items = items.slice(0, keep);
+    const kept = items.reduce((a, it) => a + it[1], 0);
+    items = items.map(([label, p]) => [label, p / kept]);
+  }
+  return items;
+}
+
+function drawSampler() {
+  const B = state.block, t = state.blockToken;
+  const temperature = Math.max(0.05, +$("block-temperature").value || 1);
+  const topK = Math.max(0, Math.floor(+$("block-top-k").value || 0)) || null;
+  const topP = +$("block-top-p").value > 0 ? Math.min(1, +$("block-top-p").value) : null;
+  const items = samplerProbs(B.final[t], temperature, topK, topP);
+  const sent = B.final[t].length;
+  const note = sent < B.vocab_size
+    ? `over the ${sent} most likely of ${B.vocab_size} outputs; ${items.length} kept` : `${items.length} of ${B.vocab_size} outputs kept`;
+  $("block-sampler").replaceChildren(bars("sampler-bars", items.slice(0, 12).map(([l, p]) => [showToken(String(l)), p])),
+    el("p", { class: "muted small", id: "sampler-note" }, note));
 }
 
 // ---------- step-through of Eq. 1
