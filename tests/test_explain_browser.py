@@ -262,6 +262,12 @@ def test_a_clicked_token_shows_every_view_of_the_block(tiny_runs, family):
             page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
             options = DecodingOptions(beam_size=1)  # an LM's block reads the prompt alone
             check_block_views(page, explainer.explain(INPUTS[family], options).output["block"])
+            if family == "lm":  # the page's sampler is qkv.inference.sampling's (token 1 chosen)
+                page.fill("#block-temperature", "0.7")
+                page.fill("#block-top-k", "5")
+                page.fill("#block-top-p", "0.8")
+                shown = page.locator("#sampler-bars .bar-value").all_inner_texts()
+                expected = _sampler_probs(explainer, INPUTS[family], 1, 0.7, 5, 0.8)
             page.locator("#block-card").screenshot(path=str(ARTIFACTS / f"explain_block_{family}.png"))
             browser.close()
     finally:
@@ -269,3 +275,20 @@ def test_a_clicked_token_shows_every_view_of_the_block(tiny_runs, family):
         thread.join(timeout=10)
     assert not errors, errors
     assert hosts == {base.split("/")[2]}
+    if family == "lm":
+        assert len(expected) >= 2  # top-p 0.8 keeps several of the untrained model's 5
+        assert [float(v.rstrip(" %")) for v in shown] == pytest.approx(expected, abs=0.051)
+
+
+def _sampler_probs(explainer, text, token, temperature, top_k, top_p) -> list[float]:
+    """The percentages ``next_token_probs`` gives the kept tokens at ``token``, largest first."""
+    import torch
+
+    from qkv.explain.activations import record_activations
+    from qkv.inference.sampling import next_token_probs
+
+    with record_activations(explainer.model) as cache:
+        explainer._prepared(text, None).forward(False)
+    probs = next_token_probs(cache["logits"][0, token : token + 1], temperature, top_k, top_p)[0]
+    kept = torch.sort(probs[probs > 0], descending=True).values
+    return [round(100 * float(p), 1) for p in kept]
