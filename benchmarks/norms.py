@@ -4,7 +4,9 @@ Normalisations compared (``model.norm``, every family has it):
 - ``layernorm``: Ba et al. 2016, the paper's (Vaswani et al. 2017, §3.1);
 - ``rmsnorm``: Zhang & Sennrich 2019, no mean subtraction, no bias;
 - ``dyt``: Dynamic Tanh, ``γ·tanh(α·x) + β`` (Zhu et al. 2025, "Transformers without
-  Normalization"; lecture notes ``001_*.txt``), alpha initialised to 0.5.
+  Normalization"), α initialised to ``model.dyt_alpha`` (α₀, 0.5 unless given); ``dyt@0.2`` in
+  ``--norms`` is DyT with α₀ = 0.2. Choose α₀ on validation with one seed
+  (``--norms dyt@0.1 dyt@0.2 dyt@1.0 --seeds 1``), then run the chosen one with every seed.
 
 Tasks (each run is a subprocess of the real CLI, step-budgeted so the figures do not depend on
 the machine's speed):
@@ -64,6 +66,12 @@ TASKS = {
 }
 
 
+def norm_settings(norm: str) -> list[str]:
+    """The settings of a ``--norms`` entry: ``"dyt@0.2"`` → ``model.norm=dyt model.dyt_alpha=0.2``."""
+    kind, _, alpha = norm.partition("@")
+    return [f"model.norm={kind}"] + ([f"model.dyt_alpha={alpha}"] if alpha else [])
+
+
 def run(task: str, norm: str, seed: int, out: Path, mt_steps: int) -> float:
     """Train one run (unless it has finished before) and return its metric (NaN: the run
     failed, e.g. diverged; its log says why)."""
@@ -83,7 +91,7 @@ def run(task: str, norm: str, seed: int, out: Path, mt_steps: int) -> float:
             "--out",
             str(run_dir),
             "--quiet",
-            f"model.norm={norm}",
+            *norm_settings(norm),
             f"train.seed={seed}",
             *spec["args"],
             *extra,
@@ -96,11 +104,11 @@ def run(task: str, norm: str, seed: int, out: Path, mt_steps: int) -> float:
     return TASKS[task]["metric"](json.loads(summary.read_text()))
 
 
-def table(out: Path, seeds: list[int], mt_steps: int, train: bool) -> str:
-    lines = ["| task | metric | " + " | ".join(NORMS) + " |", "|---|---|" + "---|" * len(NORMS)]
+def table(out: Path, seeds: list[int], mt_steps: int, train: bool, norms: list[str]) -> str:
+    lines = ["| task | metric | " + " | ".join(norms) + " |", "|---|---|" + "---|" * len(norms)]
     for task, spec in TASKS.items():
         cells = []
-        for norm in NORMS:
+        for norm in norms:
             values = []
             for seed in seeds:
                 if train or (out / f"{task}-{norm}-seed{seed}" / "summary.json").is_file():
@@ -128,13 +136,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--mt-steps", type=int, default=600, help="optimizer steps of each translation run")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--norms", nargs="+", default=list(NORMS), help="norms to compare; dyt@A: DyT with α₀ = A")
     p.add_argument("--table-only", action="store_true", help="only tabulate finished runs")
     args = p.parse_args()
     for name in list(TASKS):
         if name not in args.tasks:
             del TASKS[name]
     print(f"mean ± sample standard deviation over seeds {args.seeds} (per-seed values in brackets)")
-    print(table(args.out, args.seeds, args.mt_steps, train=not args.table_only))
+    print(table(args.out, args.seeds, args.mt_steps, not args.table_only, args.norms))
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ EXPECTED_FILES = {
         "alignment.png",
         "positional_encoding.png",
         "steps.png",
+        "logit_lens.png",
         "explanation.json",
     },
     "lm": {
@@ -167,6 +168,7 @@ EXPECTED_FILES = {
         "positional_encoding.png",
         "next_tokens.png",
         "steps.png",
+        "logit_lens.png",
         "explanation.json",
     },
     "protein": {
@@ -174,6 +176,7 @@ EXPECTED_FILES = {
         "positional_encoding.png",
         "classes.png",
         "steps.png",
+        "logit_lens.png",
         "explanation.json",
     },
 }

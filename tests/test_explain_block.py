@@ -101,3 +101,15 @@ def test_bad_activation_requests_get_one_line_and_a_422(tiny_runs, name, token, 
     assert detail.startswith(message) and "\n" not in detail
     negative = client.post("/api/activation", json={"text": INPUTS["lm"], "name": name, "token": -1})
     assert negative.status_code == 422
+
+
+def test_the_logit_lens_picture_names_each_layers_top_output(tiny_runs):
+    from qkv.explain.plots import plot_logit_lens
+
+    block = load_explainer(tiny_runs["lm"]).explain(INPUTS["lm"]).output["block"]
+    fig = plot_logit_lens(block)
+    ax = fig.axes[0]
+    assert ax.images[0].get_array().shape == (len(block["layers"]), len(block["tokens"]))
+    cells = [t.get_text() for t in ax.texts]
+    assert len(cells) == len(block["layers"]) * len(block["tokens"])
+    assert cells[-1] == str(block["layers"][-1]["lens"][-1][0][0])[:14]

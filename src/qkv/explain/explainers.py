@@ -314,9 +314,7 @@ class Explainer(Generic[InputT]):
         return follow_tokens(self.model, cache, tokens, self.output_label)
 
     @torch.no_grad()
-    def activation(
-        self, text: InputT, name: str, token: int, options: DecodingOptions | None = None
-    ) -> dict:
+    def activation(self, text: InputT, name: str, token: int, options: DecodingOptions | None = None) -> dict:
         """One named activation (:mod:`qkv.explain.activations`) of ``text``'s forward pass at
         one token: ``{"name", "token", "shape" (the whole tensor's), "values"}``; for
         ``q``/``k``/``v``/``pattern`` the values of every head.

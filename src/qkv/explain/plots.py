@@ -7,6 +7,7 @@
 - :func:`plot_positional_encoding`: the positions × dimensions matrix a model adds (sinusoidal
   PE of §3.5, learned embeddings) or the rotary angles' cosines.
 - :func:`plot_bars`: probabilities as horizontal bars (next tokens, classes).
+- :func:`plot_logit_lens`: the logit lens, layers × tokens, each cell the top output there.
 - :func:`plot_image_attention`: a ViT's class-token attention over the patches, one panel per
   head of a layer, overlaid on the image with the patch grid drawn; :func:`plot_rollout`:
   attention rollout (Abnar & Zuidema 2020) drawn the same way.
@@ -449,6 +450,39 @@ def plot_steps(steps: dict, title: str = "") -> Figure:
     return fig
 
 
+def plot_logit_lens(block: dict, max_tokens: int = 40) -> Figure:
+    """The logit lens (nostalgebraist 2020) of every token: rows are layers (the first at the
+    top), columns the followed stack's tokens (at most ``max_tokens``, the last ones); each cell
+    names the output the model's own head reads off the residual stream after that layer, at
+    that position, coloured by its probability. ``block`` is an explanation's
+    ``output["block"]`` (:func:`~qkv.explain.block.follow_tokens`)."""
+    tokens = block["tokens"][-max_tokens:]
+    first = len(block["tokens"]) - len(tokens)
+    layers = block["layers"]
+    probs = np.array([[row["lens"][first + t][0][1] for t in range(len(tokens))] for row in layers])
+    fig = Figure(figsize=(max(6.0, 0.62 * len(tokens) + 1.8), 0.5 * len(layers) + 1.6), layout="constrained")
+    ax = fig.add_subplot()
+    image = ax.imshow(probs, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    for i, row in enumerate(layers):
+        for t in range(len(tokens)):
+            label, p = row["lens"][first + t][0]
+            ax.text(
+                t,
+                i,
+                _short([str(label)])[0],
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if p > 0.6 else "black",
+            )
+    ax.set_xticks(range(len(tokens)), _short(tokens), rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(layers)), [f"layer {i + 1}" for i in range(len(layers))], fontsize=8)
+    stack = "decoder " if block["stack"] == "decoder" else ""
+    ax.set_title(f"logit lens: the most likely output after each {stack}layer, at each position")
+    fig.colorbar(image, ax=ax, label="probability", shrink=0.8)
+    return fig
+
+
 def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as PNG atomically (nothing half-written on Ctrl-C).
 
@@ -473,7 +507,8 @@ def write_pictures(
 
     Files: ``attention_<kind>.png`` per attention kind (heads × layers grid),
     ``alignment.png`` (translation), ``positional_encoding.png``, ``next_tokens.png`` (LM) or
-    ``classes.png`` (protein sequence classifier), ``trajectory.png`` (a masked diffusion LM's
+    ``classes.png`` (protein sequence classifier), ``logit_lens.png`` (:func:`plot_logit_lens`, a
+    model with a residual stream and a per-token head), ``trajectory.png`` (a masked diffusion LM's
     denoising, :func:`~qkv.explain.diffusion.plot_trajectory`), ``steps.png`` (Eq. 1 step by step for
     ``head`` of ``layer`` of the first attention kind, when the model's attention is Eq. 1;
     ``layer`` also picks the alignment's).
@@ -527,6 +562,8 @@ def write_pictures(
             [c["label"] for c in output["classes"]], [c["prob"] for c in output["classes"]], title
         )
         written.append(save(fig, out / "classes.png"))
+    if output.get("block") and not output["block"]["pooled"]:
+        written.append(save(plot_logit_lens(output["block"]), out / "logit_lens.png"))
     if explainer.step_through:
         kind = explainer.kinds[0]
         steps = explainer.steps(text, kind, layer % explainer.n_layers, head, options)
