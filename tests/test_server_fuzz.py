@@ -110,7 +110,7 @@ def test_fuzzed_requests_never_get_a_server_error(tiny_runs, tiny_vit_run):
 
     lm_app = create_app(load_explainer(tiny_runs["lm"], max_chars=60))
     vit_app = create_app(load_explainer(tiny_vit_run))
-    text_ops = {"GET /", "GET /api/info", "POST /api/explain", "POST /api/steps"}
+    text_ops = {"GET /", "GET /api/info", "POST /api/explain", "POST /api/steps", "POST /api/activation"}
     image_ops = {
         "GET /api/info",
         "GET /api/image/examples",
