@@ -113,3 +113,16 @@ def test_the_logit_lens_picture_names_each_layers_top_output(tiny_runs):
     cells = [t.get_text() for t in ax.texts]
     assert len(cells) == len(block["layers"]) * len(block["tokens"])
     assert cells[-1] == str(block["layers"][-1]["lens"][-1][0][0])[:14]
+
+
+def test_lens_labels_say_whether_a_piece_starts_a_word():
+    from qkv.explain.labels import vocabulary_label
+
+    assert [vocabulary_label(p) for p in ["▁the", "ing", ".", "<eos>", "Ġcat"]] == [
+        "the",
+        "##ing",
+        ".",
+        "<eos>",
+        "cat",
+    ]
+    assert [vocabulary_label(p, subword=False) for p in ["\n", " ", "a"]] == ["⏎", "␣", "a"]

@@ -18,6 +18,8 @@ cases every run). With hypothesis 6.170 and schemathesis 4.32 that is 484 reques
 operations on each app, 12 runs (an operation with no inputs has one case and no negative
 mode); 101 answered 200, 370 422 and 13 400 (a body FastAPI cannot parse), none 5xx. About
 15 s on 2 cores, plus ~7 s to train the tiny ViT fixture; the test asserts at least 300.
+``POST /api/activation`` (a named activation at one token) has joined the LM's operations
+since those counts were taken.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from ..nn.attention import MultiHeadAttention
 from .activations import ActivationCache, readout, record_activations
 from .block import follow_tokens
 from .capture import capture_steps
-from .labels import merge_attention, piece_labels, word_groups, wordpiece_as_marked
+from .labels import merge_attention, piece_labels, vocabulary_label, word_groups, wordpiece_as_marked
 
 DEFAULT_MAX_CHARS = 400
 KIND_TITLES = {
@@ -295,7 +295,7 @@ class Explainer(Generic[InputT]):
         """The label of output ``index`` (a token of the output vocabulary, or a class name),
         as the logit lens shows it."""
         piece = self.tokenizer.id_to_token(index)
-        return piece_labels([piece if piece is not None else f"#{index}"], False)[0]
+        return vocabulary_label(piece if piece is not None else f"#{index}", self.subword)
 
     @property
     def followed_kind(self) -> str:
@@ -641,7 +641,9 @@ class TextExplainer(Explainer[str]):
         return self.model.layers
 
     def output_label(self, index: int) -> str:
-        return wordpiece_as_marked([self.encoder.tokenizer.id_to_token(index) or f"#{index}"])[0]
+        return vocabulary_label(
+            wordpiece_as_marked([self.encoder.tokenizer.id_to_token(index) or f"#{index}"])[0]
+        )
 
     def _embedding(self, text: str, top: int = 5) -> dict:
         """What one sentence's embedding is near: its size, its norm before the L2

@@ -56,6 +56,13 @@ def piece_labels(pieces: list[str], subword: bool = True) -> list[str]:
     return labels
 
 
+def vocabulary_label(piece: str, subword: bool = True) -> str:
+    """The display label of one piece of the vocabulary, out of any context (a logit lens
+    entry): as :func:`piece_labels` shows it after a word, so a piece that continues a word
+    reads ``##ing`` and one that starts a word reads ``the``."""
+    return piece_labels(["▁a", piece], subword)[1]
+
+
 def word_groups(pieces: list[str]) -> tuple[list[list[int]], list[str]]:
     """Group subword pieces into words.
 
