@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -241,18 +242,29 @@ def check_block_views(page, block: dict) -> None:
     )
 
 
+@contextmanager
+def chromium_page():
+    """``(page, requests, errors)``: a headless Chromium page, the URLs it requests and the
+    errors it raises or logs to its console."""
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        requests, errors = [], []
+        page.on("request", lambda req: requests.append(req.url))
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        try:
+            yield page, requests, errors
+        finally:
+            browser.close()
+
+
 @pytest.mark.parametrize("family", ["translation", "lm"])
 def test_a_clicked_token_shows_every_view_of_the_block(tiny_runs, family):
     explainer = load_explainer(tiny_runs[family])
     server, thread, base = serve_in_thread(create_app(explainer))
-    errors, hosts = [], set()
     try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("request", lambda req: hosts.add(req.url.split("/")[2]))
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        with chromium_page() as (page, requests, errors):
             page.goto(base + "/")
             page.locator("#family", has_text=family).wait_for()
             page.fill("#input", INPUTS[family])
@@ -269,12 +281,11 @@ def test_a_clicked_token_shows_every_view_of_the_block(tiny_runs, family):
                 shown = page.locator("#sampler-bars .bar-value").all_inner_texts()
                 expected = _sampler_probs(explainer, INPUTS[family], 1, 0.7, 5, 0.8)
             page.locator("#block-card").screenshot(path=str(ARTIFACTS / f"explain_block_{family}.png"))
-            browser.close()
     finally:
         server.should_exit = True
         thread.join(timeout=10)
     assert not errors, errors
-    assert hosts == {base.split("/")[2]}
+    assert {url.split("/")[2] for url in requests} == {base.split("/")[2]}
     if family == "lm":
         assert len(expected) >= 2  # top-p 0.8 keeps several of the untrained model's 5
         assert [float(v.rstrip(" %")) for v in shown] == pytest.approx(expected, abs=0.051)

@@ -371,20 +371,13 @@ def test_the_block_follows_the_captions_tokens_through_the_decoder(explainer, im
 def test_the_standalone_pages_block_views_follow_a_clicked_piece(explainer, image_file, tmp_path):
     """The captioner's standalone page (qkv.show): a click on a piece of the caption shows its
     residual stream, norms, FFN neurons, logit lens and sampler, and the page fetches nothing."""
-    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    from test_explain_browser import check_block_views
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    from test_explain_browser import check_block_views, chromium_page
 
     page = qkv.show(explainer, str(image_file), beam_size=1)
     path = page.save(tmp_path / "caption.html")
-    requests, errors = [], []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-        tab.on("request", lambda req: requests.append(req.url))
-        tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    with chromium_page() as (tab, requests, errors):
         tab.goto(path.resolve().as_uri())
         tab.wait_for_selector('body[data-ready="1"]', timeout=30_000)
         check_block_views(tab, page.explanation.output["block"])
-        browser.close()
     assert errors == [] and requests == [path.resolve().as_uri()]

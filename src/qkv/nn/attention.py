@@ -413,36 +413,38 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values split into heads, ``(B, H, T, Dh)`` each (rotary applied,
         the cache read and updated; keys and values cover the cached positions too)."""
-        q, k, v = self._project(x, memory, cache, positions)
-        if self.on_heads is not None:
-            self.on_heads(q, k, v)
-        return q, k, v
-
-    def _project(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None,
-        cache: KVCache | None,
-        positions: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.cross != (memory is not None):
             raise ValueError(
                 "cross-attention needs memory"
                 if self.cross
                 else "memory given to a self-attention module (build it with cross=True)"
             )
-        if not self.cross:
-            packed = self.w_qkv(x)
-            q, k, v = self._split(packed, 3)  # (B, H, Tq, Dh) each
-            if self.rotary is not None:
-                # queries and keys rotated in one call on a view of both (2, B, H, Tq, Dh), by
-                # consecutive positions from the cache's length unless given
-                at = positions if positions is not None else 0 if cache is None else cache.length
-                qk = packed.view(*x.shape[:2], 3, self.n_heads, self.d_k)[:, :, :2].permute(2, 0, 3, 1, 4)
-                q, k = self.rotary(qk, at).unbind(0)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
-            return q, k, v
+        if memory is None:
+            q, k, v = self._self_heads(x, cache, positions)
+        else:
+            q, k, v = self._cross_heads(x, memory, cache)
+        if self.on_heads is not None:
+            self.on_heads(q, k, v)
+        return q, k, v
+
+    def _self_heads(
+        self, x: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        packed = self.w_qkv(x)
+        q, k, v = self._split(packed, 3)  # (B, H, Tq, Dh) each
+        if self.rotary is not None:
+            # queries and keys rotated in one call on a view of both (2, B, H, Tq, Dh), by
+            # consecutive positions from the cache's length unless given
+            at = positions if positions is not None else 0 if cache is None else cache.length
+            qk = packed.view(*x.shape[:2], 3, self.n_heads, self.d_k)[:, :, :2].permute(2, 0, 3, 1, 4)
+            q, k = self.rotary(qk, at).unbind(0)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, L + Tq, Dh)
+        return q, k, v
+
+    def _cross_heads(
+        self, x: torch.Tensor, memory: torch.Tensor, cache: KVCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         (q,) = self._split(self.w_q(x), 1)  # (B, H, Tq, Dh)
         if cache is not None and cache.k is not None and cache.v is not None:  # v is set with k
             return q, cache.k, cache.v  # encoder memory does not change while decoding
