@@ -9,6 +9,7 @@ in one line before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -203,7 +204,7 @@ def write_settings(
         if isinstance(tree.get(key), str):
             tree[key] = recorded_input(tree[key], key)
     if resume:
-        _check_same_model(run_dir, model_config.to_dict())
+        _check_same_model(run_dir, model_config)
         # a run saved before a key existed had its default: the train section's
         train = getattr(settings, "train", None)
         _check_same_weights_trained(run_dir, tree, to_dict(type(train)()) if train is not None else {})
@@ -274,8 +275,14 @@ def _check_same_weights_trained(run_dir: Path, settings: dict, defaults: dict) -
         )
 
 
-def _check_same_model(run_dir: Path, model: dict) -> None:
+def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
+    model = model_config.to_dict()
     saved = check_format_version(resumed_json(run_dir, CONFIG), str(run_dir / CONFIG))
+    # A field an earlier version did not write (model.dyt_alpha, say) loads as its default.
+    fields = {f.name: f for f in dataclasses.fields(model_config)}
+    for key, f in fields.items():
+        if key not in saved and key in model and f.default is not dataclasses.MISSING:
+            saved[key] = f.default
     changed = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
     if changed:
         diff = ", ".join(f"model.{k}: {saved.get(k)!r} saved, {model.get(k)!r} now" for k in changed[:5])
