@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.cli import main
+from qkv.device import cpu_has_native_bf16
 from qkv.errors import QkvError
 from qkv.inference.layout import PackedLinear, onednn_available, onednn_bf16_available, prepare_for_inference
 from qkv.inference.lm import generate_tokens
@@ -355,6 +356,10 @@ def test_generate_and_translate_verbose_print_throughput(tiny_runs, capsys):
 @pytest.mark.skipif(
     not (DATA / "flip_secondary_structure").is_dir() or not (DATA / "multi30k").is_dir(),
     reason=f"FLIP or Multi30k not found under {DATA} (set QKV_DATA_DIR)",
+)
+@pytest.mark.skipif(
+    not cpu_has_native_bf16(),
+    reason="limits.py times bfloat16 kernels, emulated (about 20x slower) on a CPU without native bf16",
 )
 def test_limits_benchmark_runs(tiny_runs):
     """benchmarks/limits.py --quick (the bounds and workloads a-d; c on a tiny random run)
