@@ -31,27 +31,28 @@ DIGITS = 4
 SUBLAYERS = ("self_attn", "cross_attn", "ffn")
 
 
-def _r(t: torch.Tensor) -> list:
-    return torch.round(t.double(), decimals=DIGITS).tolist()
+def rounded(t: torch.Tensor, digits: int = DIGITS) -> list:
+    """``t`` as nested lists of numbers rounded to ``digits`` decimals, for the page's JSON."""
+    return torch.round(t.double(), decimals=digits).tolist()  # float64: 0.0442, not 0.04422000050544739
 
 
 def _norms(x: torch.Tensor) -> list:
     """``||x||`` per token: ``(1, T, D)`` → ``T`` numbers."""
-    return _r(x[0].float().norm(dim=-1))
+    return rounded(x[0].float().norm(dim=-1))
 
 
 def _stats(x: torch.Tensor) -> dict:
     """Mean and standard deviation over the features of each token: what a LayerNorm sets to
     0 and 1 (before its γ, β), ``T`` numbers each."""
     x = x[0].float()
-    return {"mean": _r(x.mean(-1)), "std": _r(x.std(-1, unbiased=False))}
+    return {"mean": rounded(x.mean(-1)), "std": rounded(x.std(-1, unbiased=False))}
 
 
 def _top(values: torch.Tensor, k: int, labels: Callable[[int], str] | None = None) -> list:
     """Per row, the ``k`` largest ``[index or label, value]``: ``(T, N)`` → ``T`` lists."""
     top = torch.topk(values.float(), min(k, values.size(-1)), dim=-1)
     out = []
-    for idx, val in zip(top.indices.tolist(), _r(top.values), strict=True):
+    for idx, val in zip(top.indices.tolist(), rounded(top.values), strict=True):
         # a logit of -inf (the diffusion LM's mask token) is no choice at all, and no JSON
         pairs = zip(idx, val, strict=True)
         out.append([[labels(i) if labels else i, v] for i, v in pairs if math.isfinite(v)])

@@ -33,7 +33,8 @@ from ..data.images import to_model_input
 from ..errors import QkvError
 from ..inference.caption import Captioner
 from ..runs import run_settings
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
+from .block import rounded
+from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass
 from .labels import piece_labels
 from .vision import ImageInput, patch_info, patch_labels, png_data_url, read_pixels
 
@@ -231,7 +232,7 @@ class CaptionExplainer(Explainer[ImageInput]):
                     "pieces": piece_labels(pieces[w.start : w.end]),
                     "start": w.start,
                     "end": w.end,
-                    "maps": _rounded(torch.from_numpy(m), MAP_DIGITS),
+                    "maps": rounded(torch.from_numpy(m), MAP_DIGITS),
                 }
                 for w, m in zip(words, maps, strict=True)
             ],

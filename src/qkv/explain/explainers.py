@@ -33,7 +33,7 @@ from ..inference.search import beam_search, greedy_decode
 from ..inference.translator import SEQ2SEQ_RECIPES
 from ..nn.attention import MultiHeadAttention
 from .activations import ActivationCache, readout, record_activations
-from .block import follow_tokens
+from .block import follow_tokens, rounded
 from .capture import capture_steps
 from .labels import merge_attention, piece_labels, vocabulary_label, word_groups, wordpiece_as_marked
 
@@ -95,7 +95,7 @@ class AttentionMap:
                 "shape": list(self.weights.shape),
             }
         else:
-            weights = _rounded(self.weights, digits)
+            weights = rounded(self.weights, digits)
         return {
             "kind": self.kind,
             "title": self.title,
@@ -148,10 +148,6 @@ def split_pair(text: str) -> tuple[str, str] | None:
         return None
     first, second = (part.strip() for part in text.split(PAIR_SEPARATOR, 1))
     return first, second
-
-
-def _rounded(t: torch.Tensor, digits: int) -> list:
-    return torch.round(t.double(), decimals=digits).tolist()  # float64: 0.0442, not 0.04422000050544739
 
 
 class Explainer(Generic[InputT]):
@@ -340,14 +336,14 @@ class Explainer(Generic[InputT]):
         value = cache[name]
         axis = 2 if name.endswith((".q", ".k", ".v", ".pattern")) else 1
         if value.dim() <= axis:  # one vector per input (a pooled head): no token axis
-            return {"name": name, "token": None, "shape": list(value.shape), "values": _rounded(value[0], 5)}
+            return {"name": name, "token": None, "shape": list(value.shape), "values": rounded(value[0], 5)}
         if not 0 <= token < value.size(axis):
             raise QkvError(f"token {token} out of range: {name} has tokens 0..{value.size(axis) - 1}")
         return {
             "name": name,
             "token": token,
             "shape": list(value.shape),
-            "values": _rounded(value.select(axis, token)[0], 5),
+            "values": rounded(value.select(axis, token)[0], 5),
         }
 
     @torch.no_grad()
@@ -370,7 +366,7 @@ class Explainer(Generic[InputT]):
         allowed = s.masked[0, head] > torch.finfo(s.masked.dtype).min  # (Tq, Tk)
         masked = [
             [v if ok else None for v, ok in zip(row, oks, strict=True)]
-            for row, oks in zip(_rounded(s.masked[0, head], 5), allowed.tolist(), strict=True)
+            for row, oks in zip(rounded(s.masked[0, head], 5), allowed.tolist(), strict=True)
         ]
         q_pieces, k_pieces = prepared.pieces[kind]
         return {
@@ -381,7 +377,7 @@ class Explainer(Generic[InputT]):
             "query_tokens": piece_labels(q_pieces, self.subword),
             "key_tokens": piece_labels(k_pieces, self.subword),
             **{
-                name: _rounded(getattr(s, name)[0, head], 5)
+                name: rounded(getattr(s, name)[0, head], 5)
                 for name in ("q", "k", "v", "scores", "scaled", "weights", "output")
             },
             "mask": allowed.tolist(),

@@ -26,7 +26,8 @@ from ..errors import QkvError
 from ..inference.vision import ImageClassifier
 from ..models.config import CaptionConfig, ViTConfig
 from ..runs import run_settings
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass, _rounded
+from .block import rounded
+from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass
 from .rollout import attention_rollout
 
 ImageInput = str | Path | bytes | int | np.ndarray
@@ -241,7 +242,7 @@ class ImageExplainer(Explainer[ImageInput]):
             "image_size": cfg.image_size,
             "patch_size": cfg.patch_size,
             "grid_size": g,
-            "rollout": _rounded(rollout[1:].reshape(g, g), 5),
+            "rollout": rounded(rollout[1:].reshape(g, g), 5),
             "rollout_cls": round(float(rollout[0]), 5),
         }
         labels = self.token_labels()
