@@ -130,12 +130,14 @@ class _Pass:
     """One prepared input: ``forward(need_weights)`` reruns the model on it and returns
     ``{kind: per-layer weights (1, H, Tq, Tk)}``; ``pieces[kind] = (query pieces, key pieces)``;
     ``weights``: the result of ``forward(True)`` once computed (a family whose output needs
-    that pass anyway fills it in :meth:`Explainer._prepare`)."""
+    that pass anyway fills it in :meth:`Explainer._prepare`); ``cache``: the named activations
+    of that pass, once recorded (:meth:`Explainer._recorded`)."""
 
     forward: Callable[[bool], dict]
     pieces: dict[str, tuple[list[str], list[str]]]
     output: dict
     weights: dict | None = None
+    cache: ActivationCache | None = None
 
 
 PAIR_SEPARATOR = "|||"
@@ -267,10 +269,7 @@ class Explainer(Generic[InputT]):
             InputTooLong: over ``max_chars`` characters or the model's context.
         """
         prepared = self._prepared(text, options)
-        with record_activations(self.model) as cache:
-            weights = prepared.forward(True)
-        if prepared.weights is None:
-            prepared.weights = weights
+        weights, cache = self._recorded(prepared)
         maps = []
         for kind in self.kinds:
             w = torch.stack([layer_w[0] for layer_w in weights[kind]]).float()  # (L, H, Tq, Tk)
@@ -286,6 +285,18 @@ class Explainer(Generic[InputT]):
         output = {**prepared.output, "block": self._block(cache, prepared)}
         # text: a str for the text families; ImageExplainer.explain puts its caption there.
         return Explanation(self.family, cast(str, text), output, maps)
+
+    def _recorded(self, prepared: _Pass) -> tuple[dict, ActivationCache]:
+        """The attention weights and named activations of ``prepared``'s ``forward(True)``,
+        recorded once per prepared input (:meth:`explain` and :meth:`activation` share it)."""
+        if prepared.cache is None:
+            with record_activations(self.model) as cache:
+                weights = prepared.forward(True)
+            prepared.cache = cache
+            if prepared.weights is None:
+                prepared.weights = weights
+        assert prepared.weights is not None  # set with the cache, or by _prepare
+        return prepared.weights, prepared.cache
 
     def output_label(self, index: int) -> str:
         """The label of output ``index`` (a token of the output vocabulary, or a class name),
@@ -319,21 +330,17 @@ class Explainer(Generic[InputT]):
             QkvError: an unknown name, a layer out of range, a token out of range (one line
                 each); as :meth:`explain` for the input.
         """
-        prepared = self._prepared(text, options)
-        with record_activations(self.model) as cache:
-            prepared.forward(True)
-        if name not in cache:
+        _, cache = self._recorded(self._prepared(text, options))
+        try:
+            value = cache[name]
+        except KeyError as unknown:
             layer = re.search(r"(?:^|\.)layers\.(\d+)(?:\.|$)", name)
             stack = name[: layer.start()] if layer else ""
             paths = cache.layers(stack)
             if layer and paths and int(layer[1]) >= len(paths):
                 where = f"the {stack} stack has" if stack else "the model has"
-                raise QkvError(f"layer {layer[1]} out of range: {where} layers 0..{len(paths) - 1}")
-            try:
-                cache[name]
-            except KeyError as e:
-                raise QkvError(e.args[0]) from None
-        value = cache[name]
+                raise QkvError(f"layer {layer[1]} out of range: {where} layers 0..{len(paths) - 1}") from None
+            raise QkvError(unknown.args[0]) from None
         axis = 2 if name.endswith((".q", ".k", ".v", ".pattern")) else 1
         if value.dim() <= axis:  # one vector per input (a pooled head): no token axis
             return {"name": name, "token": None, "shape": list(value.shape), "values": rounded(value[0], 5)}
@@ -563,12 +570,10 @@ class ProteinExplainer(Explainer[str]):
         self.encoder = ProteinEncoder.from_run(run_dir, device)
         super().__init__(self.encoder.model, run_dir, max_chars)
         self.classes, self.level = self.encoder.classes, self.encoder.level
+        self.tokenizer = self.encoder.tok  # the logit lens's labels (its masked-token head)
 
     def layers(self, kind: str) -> nn.ModuleList:
         return self.model.layers
-
-    def output_label(self, index: int) -> str:
-        return self.encoder.tok.id_to_token(index) or f"#{index}"
 
     def _ids(self, text: str) -> list[int]:
         return self.encoder.tok.encode(
