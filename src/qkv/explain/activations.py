@@ -141,22 +141,21 @@ def _hooks(path: str, module: nn.Module, values: dict[str, torch.Tensor]) -> lis
     """Register the hooks of one module of the model; return their handles."""
     parent, _, leaf = path.rpartition(".")
 
-    def output_as(name: str, pick: Callable[[Any], Any] = lambda out: out) -> Any:
-        return module.register_forward_hook(lambda _m, _args, out: _store(values, name, pick(out)))
+    def output_as(target: nn.Module, name: str, pick: Callable[[Any], Any] = lambda out: out) -> Any:
+        return target.register_forward_hook(lambda _m, _args, out: _store(values, name, pick(out)))
 
     def input_as(target: nn.Module, name: str) -> Any:
         return target.register_forward_pre_hook(lambda _m, args: _store(values, name, args[0]))
 
     if isinstance(module, (SelfAttentionLayer, DecoderLayer)):
-        return [input_as(module, f"{path}.resid_pre"), output_as(f"{path}.resid_post")]
+        return [input_as(module, f"{path}.resid_pre"), output_as(module, f"{path}.resid_post")]
     if isinstance(module, ResidualNorm) and leaf in _BLOCKS:
         sub = f"{parent}.{_BLOCKS[leaf]}"
-        handles = [output_as(f"{sub}.resid_post")]
-        handles.append(input_as(module.norm, f"{sub}.norm_in"))
-        handles.append(
-            module.norm.register_forward_hook(lambda _m, _a, out: _store(values, f"{sub}.norm_out", out))
-        )
-        return handles
+        return [
+            output_as(module, f"{sub}.resid_post"),
+            input_as(module.norm, f"{sub}.norm_in"),
+            output_as(module.norm, f"{sub}.norm_out"),
+        ]
     if isinstance(module, MultiHeadAttention):
 
         def heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -167,17 +166,15 @@ def _hooks(path: str, module: nn.Module, values: dict[str, torch.Tensor]) -> lis
             values[f"{path}.z"] = args[0].detach().view(b, t, module.n_heads, module.d_k)
 
         module.on_heads = heads
-        handles = [output_as(f"{path}.out"), module.w_o.register_forward_pre_hook(z)]
-        handles.append(
-            module.register_forward_hook(
-                lambda _m, _a, out: None if out[1] is None else _store(values, f"{path}.pattern", out[1])
-            )
-        )
-        return handles
+        return [
+            output_as(module, f"{path}.out"),  # (output, weights): _store keeps the output
+            output_as(module, f"{path}.pattern", lambda out: out[1]),  # None without weights: not stored
+            module.w_o.register_forward_pre_hook(z),
+        ]
     if isinstance(module, PositionwiseFeedForward):
         return [
-            output_as(f"{path}.out"),
-            module.w_1.register_forward_hook(lambda _m, _a, out: _store(values, f"{path}.pre", out)),
+            output_as(module, f"{path}.out"),
+            output_as(module.w_1, f"{path}.pre"),
             input_as(module.w_2, f"{path}.hidden"),
         ]
     return []
