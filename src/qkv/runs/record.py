@@ -9,7 +9,7 @@ in one line before anything is written.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +19,7 @@ import torch
 
 from .. import distributed
 from ..compat import check_format_version
-from ..errors import QkvError
+from ..errors import ConfigError, QkvError
 from ..files import write_json
 from ..models.config import ModelConfig
 from ..settings import to_dict
@@ -278,11 +278,10 @@ def _check_same_weights_trained(run_dir: Path, settings: dict, defaults: dict) -
 def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
     model = model_config.to_dict()
     saved = check_format_version(resumed_json(run_dir, CONFIG), str(run_dir / CONFIG))
-    # A field an earlier version did not write (model.dyt_alpha, say) loads as its default.
-    fields = {f.name: f for f in dataclasses.fields(model_config)}
-    for key, f in fields.items():
-        if key not in saved and key in model and f.default is not dataclasses.MISSING:
-            saved[key] = f.default
+    # The saved model as it loads (a field an earlier qkv did not write gets its default); one
+    # that cannot load as this family is compared as written, the keys that differ named.
+    with contextlib.suppress(ConfigError):
+        saved = type(model_config).from_dict(saved).to_dict()
     changed = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
     if changed:
         diff = ", ".join(f"model.{k}: {saved.get(k)!r} saved, {model.get(k)!r} now" for k in changed[:5])
