@@ -251,24 +251,13 @@ def readout(model: nn.Module) -> tuple[str, Callable[[torch.Tensor], torch.Tenso
             residual stream).
     """
     if isinstance(model, DiffusionLM):
-
-        def diffusion_head(h: torch.Tensor) -> torch.Tensor:
-            logits = model.lm_head(model.final_norm(h))
-            logits[..., model.config.mask_id] = float("-inf")
-            return logits
-
-        return "", diffusion_head
+        return "", lambda h: model.logits(model.final_norm(h))
     if isinstance(model, DecoderLM):
         return "", lambda h: model.lm_head(model.final_norm(h))
     if isinstance(model, EncoderModel):
-        return "", lambda h: model.mlm_head(model.mlm_transform(model.final_norm(h)))
+        return "", lambda h: model.mlm_logits(model.final_norm(h))
     if isinstance(model, VisionTransformer):
-
-        def vit_head(h: torch.Tensor) -> torch.Tensor:
-            x = model.final_norm(h)
-            return model.head(x[:, 0] if model.config.pooling == "cls" else x[:, 1:].mean(1))
-
-        return "", vit_head
+        return "", lambda h: model.head(model.pool(model.final_norm(h)))
     if isinstance(model, (Transformer, CaptionModel)):
         return "decoder", lambda h: model.generator(model.decoder.final_norm(h))
     raise ValueError(f"{type(model).__name__} has no residual stream to read logits from")

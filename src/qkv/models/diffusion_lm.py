@@ -60,7 +60,11 @@ class DiffusionLM(TransformerStack):
         need_weights: bool = False,
     ) -> LMOutput:
         x, weights = self.hidden_states(tokens, attention_mask, need_weights=need_weights)
-        logits = self.lm_head(x)
+        return LMOutput(self.logits(x), weights)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head: ``(B, T, D)`` → ``(B, T, V)``, the mask token's logit ``-inf``."""
+        logits = self.lm_head(hidden)
         # SUBS: the model never predicts [MASK]; -inf keeps softmax and cross-entropy exact.
         logits[..., self.config.mask_id] = float("-inf")
-        return LMOutput(logits, weights)
+        return logits

@@ -116,7 +116,7 @@ class EncoderModel(TransformerStack):
         point for every head, so a compiled model (``torch.compile``) covers all of them."""
         hidden, mask, weights = self.encode(tokens, need_weights, token_types)
         if head == "mlm":
-            logits = self.mlm_head(self.mlm_transform(hidden))
+            logits = self.mlm_logits(hidden)
         elif head == "sequence":
             logits = self.sequence_head(self.head_dropout(self.pool(hidden, mask)))
         elif head == "residue":
@@ -124,6 +124,11 @@ class EncoderModel(TransformerStack):
         else:
             raise ValueError(f"unknown head {head!r}; choose mlm, sequence or residue")
         return EncoderOutput(logits, hidden, weights)
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The masked-token head: ``(B, T, D)`` → ``(B, T, V)`` (BERT's transform, then the
+        projection tied to the embeddings)."""
+        return self.mlm_head(self.mlm_transform(hidden))
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """One vector per sequence ``(B, D)``: the first (``<cls>``) position (through the

@@ -99,8 +99,12 @@ class VisionTransformer(nn.Module):
             x, w = layer(x, need_weights=need_weights)
             weights.append(w)
         x = self.final_norm(x)  # (B, 1 + N, D)
-        pooled = x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(1)  # (B, D)
-        return ViTOutput(self.head(pooled), x, tuple(weights) if need_weights else ())
+        return ViTOutput(self.head(self.pool(x)), x, tuple(weights) if need_weights else ())
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """The vector the head reads: ``(B, 1 + N, D)`` → ``(B, D)``, the class token's state
+        (``pooling="cls"``, Eq. 4) or the mean of the patches' (``"mean"``)."""
+        return x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(1)
 
     def num_parameters(self) -> int:
         """Number of trainable parameters."""
