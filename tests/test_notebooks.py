@@ -109,6 +109,15 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
         "newline neuron precision": (0.0, 1.0),
         "lens top-1 after decoder layer 1": (0.0, 1.0),
     },
+    "11_inside_other_models": {
+        "largest |ViT's last lens - logits|": (0.0, 1e-5),
+        "ViT lens last layer": (0.0, 1.0),
+        "diffusion lens last layer t = 0.5": (0.0, 1.0),
+        # pretrained weights, no training: the answer is real even in quick mode
+        "AntiBERTy lens last layer, rest of the chain": (0.6, 1.0),
+        "AntiBERTy lens last layer, CDR-H3": (0.0, 1.0),
+        "captioner lens last layer, other words": (0.0, 1.0),
+    },
 }
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
