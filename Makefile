@@ -16,7 +16,7 @@ $(BIN)/qkv: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned first: on our machines this takes the local CPU wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test,lint,docs,package]"
+	$(BIN)/pip install --quiet -e ".[test,lint,docs,package,onnx]"
 	$(MAKE) pretrained
 	touch $(BIN)/qkv
 

@@ -17,7 +17,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert",
         help="HF checkpoints in and out: `convert hf HF_DIR RUN_DIR`, `convert --to hf RUN_DIR HF_DIR`, "
-        "`convert --to peft LORA_RUN_DIR DIR`",
+        "`convert --to peft LORA_RUN_DIR DIR`, `convert --to onnx RUN_DIR DIR`",
     )
     p.add_argument(
         "paths",
@@ -25,13 +25,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="hf CHECKPOINT RUN_DIR (CHECKPOINT: an HF folder, a fair-esm .pt file, a short name "
         "such as antiberty or sapiens-vh, an ESM-2 name such as esm2_t33_650M_UR50D, or a Hub "
         "name org/name), or (with --to hf) RUN_DIR|CHECKPOINT HF_DIR, or (with --to peft) "
-        "LORA_RUN_DIR DIR",
+        "LORA_RUN_DIR DIR, or (with --to onnx) RUN_DIR DIR",
     )
     p.add_argument(
         "--to",
-        choices=("hf", "peft"),
-        help="export a qkv run directory (or a checkpoint qkv reads) as an HF folder (hf), or a LoRA "
-        "run as the HF base model in DIR/base plus its adapters as a PEFT adapter in DIR (peft)",
+        choices=("hf", "peft", "onnx"),
+        help="export a qkv run directory (or a checkpoint qkv reads) as an HF folder (hf), a LoRA "
+        "run as the HF base model in DIR/base plus its adapters as a PEFT adapter in DIR (peft), or "
+        "a run as ONNX graphs with its tokenizer.json, for onnxruntime (onnx)",
+    )
+    p.add_argument("--opset", type=int, default=18, help="with --to onnx: the ONNX opset (at least 17)")
+    p.add_argument(
+        "--attentions",
+        action="store_true",
+        help="with --to onnx: every graph also outputs its attention weights",
     )
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)
@@ -54,8 +61,16 @@ def _cmd_convert(args) -> int:
     from ..hub.pretrained import is_run_dir, read
 
     if args.to and len(args.paths) != 2:
-        shown = "LORA_RUN_DIR DIR" if args.to == "peft" else "RUN_DIR HF_DIR"
+        shown = {"peft": "LORA_RUN_DIR DIR", "onnx": "RUN_DIR DIR"}.get(args.to, "RUN_DIR HF_DIR")
         raise QkvError(f"usage: qkv convert --to {args.to} {shown}")
+    if args.to == "onnx":
+        from ..hub.onnx_export import export_onnx
+
+        run_dir, out_dir = args.paths
+        onnx = export_onnx(run_dir, out_dir, opset=args.opset, attentions=args.attentions)
+        graphs = ", ".join(f"{name} ({exporter} exporter)" for name, exporter in onnx.files.items())
+        log(f"wrote {onnx.out}: {graphs}, tokenizer.json, onnx.json ({onnx.megabytes:.1f} MB in all)")
+        return 0
     if args.to == "peft":
         from ..hub.peft_export import export_peft
 

@@ -1,0 +1,434 @@
+"""A run out as ONNX graphs (``qkv convert --to onnx RUN_DIR DIR``), for onnxruntime in Python,
+in a service or in a browser (onnxruntime-web).
+
+What :func:`export_onnx` writes in ``DIR``, by family (the run's recipe):
+
+- **lm**: ``decoder.onnx``, one decoding step with its key/value cache as graph inputs and
+  outputs, so generation is incremental: ``tokens (B, T)`` int64, ``past_keys`` and
+  ``past_values`` ``(n_layers, B, n_heads, P, d_k)`` float32 (``P = 0`` at the first step) →
+  ``logits (B, T, V)``, ``present_keys``/``present_values`` ``(n_layers, B, n_heads, P + T,
+  d_k)``;
+- **translation**, **caption**: ``encoder.onnx`` (``src (B, S)`` int64, or ``images (B, C, H,
+  W)`` float32 in [-1, 1] → ``memory (B, S, d_model)``) and ``decoder.onnx`` (``tgt (B, T)``,
+  ``memory``, the translator's ``src`` for its padding mask, ``past_keys``, ``past_values`` →
+  ``logits``, ``present_keys``, ``present_values``): the decoder's self-attention cache as in
+  the LM; the cross-attention's keys and values are recomputed from ``memory`` at each step;
+- **diffusion-lm**: ``model.onnx``, ``tokens (B, T)`` → ``logits (B, T, V)`` (the denoiser);
+- **protein-mlm**, **protein-cls**, **protein-residue**, **text-cls**, **encoder** (a
+  converted BERT or ESM-2): ``model.onnx``, ``tokens (B, T)`` → the logits of the run's own
+  head (masked-token ``(B, T, V)``, sequence ``(B, num_labels)`` or residue ``(B, T,
+  num_labels)``);
+- **vit**: ``model.onnx``, ``images (B, C, H, W)`` → ``logits (B, num_labels)``.
+
+With ``attentions=True`` every graph also outputs its attention weights, one tensor per
+attention kind: ``attentions`` ``(n_layers, B, n_heads, T, L)`` (the decoders': ``self_attentions``
+and ``cross_attentions``). Batch and sequence axes are dynamic (``P`` too); a graph checks
+nothing a model's forward does not (a sequence past ``max_len`` is the caller's to refuse:
+``onnx.json`` gives ``max_len``).
+
+Beside the graphs: ``tokenizer.json`` in the format Hugging Face ``tokenizers`` (and its
+JavaScript port) reads (a character vocabulary becomes a ``WordLevel`` model over single
+characters), and ``onnx.json``: the recipe, the exporter used, the opset, each graph's inputs
+and outputs, the model's config (special ids, ``max_len``, ``n_layers``, ``n_heads``, ``d_k``),
+and each file's size and SHA-256.
+
+The graphs are traced from the model's own forward (``torch.onnx.export``, the dynamo exporter
+first, TorchScript's where dynamo fails; ``onnx.json`` says which); the only export-time piece
+is :class:`GrowingCache`, a :class:`~qkv.nn.attention.KVCache` whose ``append`` concatenates
+(a graph cannot grow a buffer in place). Parity with PyTorch through onnxruntime:
+``tests/test_onnx_export.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import runs
+from ..errors import QkvError
+from ..files import read_json, write_json
+from ..models.caption import CaptionModel
+from ..models.decoder_lm import DecoderLM
+from ..models.diffusion_lm import DiffusionLM
+from ..models.encoder import EncoderModel
+from ..models.transformer import Transformer
+from ..models.vit import VisionTransformer
+from ..nn.attention import KVCache
+from ..runs.layout import TASK
+from .convert import refuse_nonempty
+
+logger = logging.getLogger(__name__)
+
+MIN_OPSET = 17  # LayerNormalization is an ONNX operator from opset 17
+DEFAULT_OPSET = 18
+MANIFEST = "onnx.json"
+
+
+class GrowingCache(KVCache):
+    """A :class:`KVCache` for export: ``append`` concatenates the new keys and values after the
+    cached ones (``torch.cat``), so the cache is a graph input and the concatenation a graph
+    output. (The inference cache writes into a buffer that grows by doubling, which a graph
+    cannot express.)"""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        super().__init__()
+        self.set(k, v)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._k is not None and self._v is not None  # set in __init__
+        self._k, self._v = torch.cat([self._k, k], 2), torch.cat([self._v, v], 2)
+        self.length = self._k.size(2)
+        return self._k, self._v
+
+
+def _caches(past_keys: torch.Tensor, past_values: torch.Tensor) -> list[GrowingCache]:
+    return [GrowingCache(past_keys[i], past_values[i]) for i in range(past_keys.size(0))]
+
+
+def _stacked(caches: list, pick: Callable[[Any], KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer's cached keys and values, ``(n_layers, B, H, L, d_k)`` each."""
+    keys, values = zip(*((pick(c)._k, pick(c)._v) for c in caches), strict=True)
+    return torch.stack(keys), torch.stack(values)
+
+
+class LMStep(nn.Module):
+    """One decoding step of a :class:`DecoderLM` with its cache as tensors (see the module
+    docstring): ``(tokens, past_keys, past_values)`` → ``(logits, present_keys,
+    present_values[, attentions])``."""
+
+    def __init__(self, model: DecoderLM, attentions: bool) -> None:
+        super().__init__()
+        self.model, self.attentions = model, attentions
+
+    def forward(self, tokens: torch.Tensor, past_keys: torch.Tensor, past_values: torch.Tensor) -> tuple:
+        caches = _caches(past_keys, past_values)
+        out = self.model(tokens, caches=caches, need_weights=self.attentions)
+        keys, values = _stacked(caches, lambda c: c)
+        return (out.logits, keys, values) + ((torch.stack(out.attentions),) if self.attentions else ())
+
+
+class Seq2SeqStep(nn.Module):
+    """One decoding step of a translator's or a captioner's decoder with its self-attention
+    cache as tensors: ``(tgt, memory[, src], past_keys, past_values)`` → ``(logits,
+    present_keys, present_values[, self_attentions, cross_attentions])``."""
+
+    def __init__(self, model: Transformer | CaptionModel, attentions: bool) -> None:
+        super().__init__()
+        self.model, self.attentions = model, attentions
+
+    def step(self, tgt, memory, src_mask, past_keys, past_values) -> tuple:
+        # a fresh cross-attention cache each step: its keys and values are computed from memory
+        caches: list[tuple[KVCache, KVCache]] = [(c, KVCache()) for c in _caches(past_keys, past_values)]
+        start = past_keys.size(3)
+        logits, self_w, cross_w = self.model.decode(
+            tgt, memory, src_mask, caches=caches, start_pos=start, need_weights=self.attentions
+        )
+        keys, values = _stacked(caches, lambda c: c[0])
+        weights = (torch.stack(self_w), torch.stack(cross_w)) if self.attentions else ()
+        return (logits, keys, values) + weights
+
+
+class TranslatorStep(Seq2SeqStep):
+    def forward(self, tgt, memory, src, past_keys, past_values) -> tuple:
+        from ..nn.masks import padding_mask
+
+        return self.step(tgt, memory, padding_mask(src, self.model.config.pad_id), past_keys, past_values)
+
+
+class CaptionStep(Seq2SeqStep):
+    def forward(self, tgt, memory, past_keys, past_values) -> tuple:
+        return self.step(tgt, memory, None, past_keys, past_values)
+
+
+class Encode(nn.Module):
+    """A translator's or captioner's encoder: ``src`` or ``images`` → ``memory[, attentions]``."""
+
+    def __init__(self, model: Transformer | CaptionModel, attentions: bool) -> None:
+        super().__init__()
+        self.model, self.attentions = model, attentions
+
+    def forward(self, inputs: torch.Tensor) -> tuple:
+        memory, _, weights = self.model.encode(inputs, need_weights=self.attentions)
+        return (memory,) + ((torch.stack(weights),) if self.attentions else ())
+
+
+class Whole(nn.Module):
+    """A model read in one pass (diffusion LM, encoder with its head, ViT): inputs → ``logits[,
+    attentions]``."""
+
+    def __init__(self, model: nn.Module, attentions: bool, **kwargs: Any) -> None:
+        super().__init__()
+        self.model, self.attentions, self.kwargs = model, attentions, kwargs
+
+    def forward(self, inputs: torch.Tensor) -> tuple:
+        out = self.model(inputs, need_weights=self.attentions, **self.kwargs)
+        weights = out.attentions if hasattr(out, "attentions") else out.encoder_attentions
+        return (out.logits,) + ((torch.stack(weights),) if self.attentions else ())
+
+
+@dataclass
+class Graph:
+    """One ONNX graph to write: its module, example inputs, output names, and the dynamic axes
+    of every input and output (axis index → name; the same name is the same size)."""
+
+    file: str
+    module: nn.Module
+    inputs: dict[str, torch.Tensor]
+    outputs: list[str]
+    axes: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+SEQ = {0: "batch", 1: "length"}
+CACHE_IN = {1: "batch", 3: "past"}
+CACHE_OUT = {1: "batch", 3: "total"}
+STEP_AXES = {"logits": SEQ, "past_keys": CACHE_IN, "past_values": CACHE_IN}
+STEP_AXES |= {"present_keys": CACHE_OUT, "present_values": CACHE_OUT}
+WEIGHT_AXES = {1: "batch", 3: "length", 4: "keys"}  # (n_layers, B, H, T, L)
+
+
+def _past(n_layers: int, config, batch: int, length: int) -> dict[str, torch.Tensor]:
+    shape = (n_layers, batch, config.n_heads, length, config.d_model // config.n_heads)
+    return {"past_keys": torch.randn(shape), "past_values": torch.randn(shape)}
+
+
+def _weights(names: list[str], attentions: bool) -> tuple[list[str], dict[str, dict[int, str]]]:
+    names = names if attentions else []
+    return names, {name: WEIGHT_AXES for name in names}
+
+
+B, T, P = 2, 5, 3  # example sizes: distinct, and above 1 so the exporter keeps them symbolic
+
+
+def _images(config: Any) -> torch.Tensor:
+    return torch.rand(B, config.channels, config.image_size, config.image_size) * 2 - 1
+
+
+def _lm_graphs(model: DecoderLM, attentions: bool) -> list[Graph]:
+    config: Any = model.config
+    names, axes = _weights(["attentions"], attentions)
+    inputs = {"tokens": torch.randint(0, config.vocab_size, (B, T)), **_past(config.n_layers, config, B, P)}
+    outputs = ["logits", "present_keys", "present_values", *names]
+    return [
+        Graph("decoder.onnx", LMStep(model, attentions), inputs, outputs, STEP_AXES | {"tokens": SEQ} | axes)
+    ]
+
+
+def _seq2seq_graphs(model: Transformer | CaptionModel, attentions: bool) -> list[Graph]:
+    config: Any = model.config
+    translator = isinstance(model, Transformer)
+    if translator:
+        enc_in = {"src": torch.randint(4, config.src_vocab_size, (B, T + 2))}
+        enc_axes = {"src": {0: "batch", 1: "src_length"}}
+    else:
+        enc_in, enc_axes = {"images": _images(config)}, {"images": {0: "batch"}}
+    names, axes = _weights(["attentions"], attentions)
+    memory_axes = {"memory": {0: "batch", 1: "src_length"}}
+    encode = Encode(model, attentions)
+    encoder = Graph("encoder.onnx", encode, enc_in, ["memory", *names], enc_axes | memory_axes | axes)
+    with torch.no_grad():
+        memory = model.encode(next(iter(enc_in.values())))[0]
+    vocab = config.tgt_vocab_size if translator else config.vocab_size
+    inputs = {"tgt": torch.randint(4, vocab, (B, T)), "memory": memory, **(enc_in if translator else {})}
+    inputs |= _past(config.n_decoder_layers, config, B, P)
+    names, axes = _weights(["self_attentions", "cross_attentions"], attentions)
+    axes |= STEP_AXES | {"tgt": SEQ} | memory_axes | (enc_axes if translator else {})
+    step = (TranslatorStep if translator else CaptionStep)(model, attentions)
+    outputs = ["logits", "present_keys", "present_values", *names]
+    return [encoder, Graph("decoder.onnx", step, inputs, outputs, axes)]
+
+
+def graphs(model: nn.Module, recipe: str, level: str, attentions: bool) -> list[Graph]:
+    """The graphs of ``model`` (see the module docstring), each with example inputs of batch 2.
+    ``level``: an encoder's head (``"mlm"``, ``"sequence"``, ``"residue"``).
+
+    Raises:
+        QkvError: a model of a family not exportable yet (the RNN baseline).
+    """
+    if isinstance(model, DecoderLM):
+        return _lm_graphs(model, attentions)
+    if isinstance(model, (Transformer, CaptionModel)):
+        return _seq2seq_graphs(model, attentions)
+    config: Any = model.config
+    names, axes = _weights(["attentions"], attentions)
+    if isinstance(model, VisionTransformer):
+        axes |= {"images": {0: "batch"}, "logits": {0: "batch"}}
+        return [
+            Graph(
+                "model.onnx", Whole(model, attentions), {"images": _images(config)}, ["logits", *names], axes
+            )
+        ]
+    if isinstance(model, (DiffusionLM, EncoderModel)):
+        kwargs = {"head": level} if isinstance(model, EncoderModel) else {}
+        tokens = torch.randint(0, config.vocab_size, (B, T))
+        axes |= {"tokens": SEQ, "logits": {0: "batch"} if level == "sequence" else SEQ}
+        whole = Whole(model, attentions, **kwargs)
+        return [Graph("model.onnx", whole, {"tokens": tokens}, ["logits", *names], axes)]
+    raise QkvError(f"a {recipe!r} run ({type(model).__name__}) cannot be exported to ONNX yet")
+
+
+def _dynamic_shapes(graph: Graph, max_len: int) -> dict[str, dict[int, Any]]:
+    """The dynamo exporter's ``dynamic_shapes``: one ``Dim`` per axis name."""
+    dims: dict[str, Any] = {}
+    out: dict[str, dict[int, Any]] = {}
+    for name in graph.inputs:
+        out[name] = {}
+        for axis, dim in graph.axes.get(name, {}).items():
+            dims.setdefault(dim, torch.export.Dim.DYNAMIC)
+            out[name][axis] = dims[dim]
+    return out
+
+
+def _export(graph: Graph, path: Path, opset: int, max_len: int) -> str:
+    """Write ``graph`` to ``path``: the dynamo exporter, else TorchScript's; returns which."""
+    args, inputs, outputs = tuple(graph.inputs.values()), list(graph.inputs), graph.outputs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporters' own warnings on traced Python branches
+        try:
+            program = torch.onnx.export(
+                graph.module,
+                args,
+                dynamo=True,
+                opset_version=opset,
+                verbose=False,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=tuple(_dynamic_shapes(graph, max_len).values()),
+            )
+            assert program is not None
+            program.save(str(path))
+            return "dynamo"
+        except Exception as exc:  # noqa: BLE001 - any dynamo failure falls back, logged
+            logger.info("%s: the dynamo exporter failed (%s); using TorchScript's", path.name, str(exc)[:200])
+        torch.onnx.export(
+            graph.module,
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes={k: dict(v) for k, v in graph.axes.items()},
+        )
+        return "torchscript"
+
+
+def hf_tokenizer_json(tokenizer: Any) -> str:
+    """The run's tokenizer as a Hugging Face ``tokenizers`` JSON string (what ``tokenizers``
+    and its JavaScript port read). A subword or pretrained tokenizer is already one; qkv's
+    character and amino-acid vocabularies become a ``WordLevel`` model over single characters
+    (the amino-acid one adds ``<cls>`` … ``<eos>`` around a sequence, as qkv does; it expects
+    upper-case residues)."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+
+    from ..data.tokenizers import AminoAcidTokenizer, CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        vocab, unk = {c: i for i, c in enumerate(tokenizer.chars)}, None
+    elif isinstance(tokenizer, AminoAcidTokenizer):
+        vocab, unk = {t: i for i, t in enumerate(tokenizer.tokens)}, "<unk>"
+    else:
+        return tokenizer._tok.to_str(pretty=True)
+    hf = Tokenizer(WordLevel(vocab, unk_token=unk) if unk else WordLevel(vocab))
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    if isinstance(tokenizer, AminoAcidTokenizer):
+        hf.add_special_tokens(list(tokenizer.tokens[:5]))
+        hf.post_processor = processors.TemplateProcessing(
+            single="<cls> $A <eos>", special_tokens=[("<cls>", tokenizer.cls_id), ("<eos>", tokenizer.eos_id)]
+        )
+    return hf.to_str(pretty=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """What :func:`export_onnx` wrote: ``out`` (the folder), ``files`` (graph file → its
+    exporter, ``"dynamo"`` or ``"torchscript"``), ``megabytes`` (all files)."""
+
+    out: Path
+    files: dict[str, str]
+    megabytes: float
+
+
+def export_onnx(
+    run_dir: str | Path, out_dir: str | Path, opset: int = DEFAULT_OPSET, attentions: bool = False
+) -> OnnxExport:
+    """Export the run in ``run_dir`` to ONNX graphs in ``out_dir`` (see the module docstring).
+    Everything is traced in a temporary folder and moved in at the end: a failed export leaves
+    no half-written ``out_dir``.
+
+    Args:
+        opset: the ONNX opset (at least :data:`MIN_OPSET`). attentions: add the attention
+            weights as outputs (the explainer's views; more memory per step).
+
+    Raises:
+        QkvError: ``out_dir`` exists and is not empty; an opset below :data:`MIN_OPSET`; a
+            missing or incomplete run; a family not exportable yet (the RNN baseline).
+    """
+    out_dir = Path(out_dir)
+    refuse_nonempty(out_dir, "folder")
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise QkvError(f"ONNX export needs {' and '.join(missing)}: pip install 'qkv[onnx]'")
+    if opset < MIN_OPSET:
+        raise QkvError(f"opset {opset} is too old: qkv's graphs need opset {MIN_OPSET} or newer")
+    info = runs.info.RunInfo.read(Path(run_dir)) if (Path(run_dir) / "train_config.json").is_file() else None
+    model, tokenizer = runs.load_run(run_dir)
+    recipe = info.recipe if info else "unknown"
+    level = runs.run_json(run_dir, TASK, missing={}).get("level", "mlm")
+    parts = graphs(model, recipe, level, attentions)  # refuses a family it cannot export
+    config = model.config.to_dict()
+    with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
+        staged = Path(tmp) / "onnx"
+        staged.mkdir()
+        files = {}
+        for graph in parts:
+            with torch.no_grad():
+                files[graph.file] = _export(graph, staged / graph.file, opset, config.get("max_len", 0))
+            logger.debug("%s: %s exporter", graph.file, files[graph.file])
+        if tokenizer is not None:
+            (staged / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
+        manifest = {
+            "format": 1,
+            "recipe": recipe,
+            "level": level,
+            "opset": opset,
+            "attentions": attentions,
+            "graphs": {
+                g.file: {"exporter": files[g.file], "inputs": list(g.inputs), "outputs": g.outputs}
+                for g in parts
+            },
+            "config": config,
+            "files": {
+                p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staged.iterdir())
+            },
+        }
+        write_json(staged / MANIFEST, manifest)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for path in staged.iterdir():
+            shutil.move(str(path), out_dir / path.name)
+    size = sum(p.stat().st_size for p in out_dir.iterdir()) / 1e6
+    return OnnxExport(out_dir, files, size)
+
+
+def read_manifest(out_dir: str | Path) -> dict:
+    """``onnx.json`` of an export folder. Raises :class:`QkvError` when missing or unreadable."""
+    return read_json(Path(out_dir) / MANIFEST)
