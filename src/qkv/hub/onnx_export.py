@@ -140,6 +140,8 @@ class Seq2SeqStep(nn.Module):
 
 
 class TranslatorStep(Seq2SeqStep):
+    """The translator's step: ``src (B, S)`` gives the padding mask over ``memory``."""
+
     def forward(self, tgt, memory, src, past_keys, past_values) -> tuple:
         from ..nn.masks import padding_mask
 
@@ -147,6 +149,8 @@ class TranslatorStep(Seq2SeqStep):
 
 
 class CaptionStep(Seq2SeqStep):
+    """The captioner's step: every patch of ``memory`` is real (no mask)."""
+
     def forward(self, tgt, memory, past_keys, past_values) -> tuple:
         return self.step(tgt, memory, None, past_keys, past_values)
 
