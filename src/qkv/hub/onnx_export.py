@@ -295,6 +295,16 @@ def _dynamic_shapes(graph: Graph, max_len: int) -> dict[str, dict[int, Any]]:
 
 def _export(graph: Graph, path: Path, opset: int, max_len: int) -> str:
     """Write ``graph`` to ``path``: the dynamo exporter, else TorchScript's; returns which."""
+    quiet = logging.getLogger("torch.onnx")  # e.g. "torchvision is not installed", once per graph
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _export_quietly(graph, path, opset, max_len)
+    finally:
+        quiet.setLevel(level)
+
+
+def _export_quietly(graph: Graph, path: Path, opset: int, max_len: int) -> str:
     args, inputs, outputs = tuple(graph.inputs.values()), list(graph.inputs), graph.outputs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' own warnings on traced Python branches
