@@ -29,7 +29,7 @@ nothing a model's forward does not (a sequence past ``max_len`` is the caller's 
 Beside the graphs: ``tokenizer.json`` in the format Hugging Face ``tokenizers`` (and its
 JavaScript port) reads (a character vocabulary becomes a ``WordLevel`` model over single
 characters), and ``onnx.json``: the recipe, the exporter used, the opset, each graph's inputs
-and outputs, the model's config (special ids, ``max_len``, ``n_layers``, ``n_heads``, ``d_k``),
+and outputs, the model's config (special ids, ``max_len``, ``n_layers``, ``n_heads``, ``d_model``),
 and each file's size and SHA-256.
 
 The graphs are traced from the model's own forward (``torch.onnx.export``, the dynamo exporter
@@ -281,7 +281,7 @@ def graphs(model: nn.Module, recipe: str, level: str, attentions: bool) -> list[
     raise QkvError(f"a {recipe!r} run ({type(model).__name__}) cannot be exported to ONNX yet")
 
 
-def _dynamic_shapes(graph: Graph, max_len: int) -> dict[str, dict[int, Any]]:
+def _dynamic_shapes(graph: Graph) -> dict[str, dict[int, Any]]:
     """The dynamo exporter's ``dynamic_shapes``: one ``Dim`` per axis name."""
     dims: dict[str, Any] = {}
     out: dict[str, dict[int, Any]] = {}
@@ -293,18 +293,18 @@ def _dynamic_shapes(graph: Graph, max_len: int) -> dict[str, dict[int, Any]]:
     return out
 
 
-def _export(graph: Graph, path: Path, opset: int, max_len: int) -> str:
+def _export(graph: Graph, path: Path, opset: int) -> str:
     """Write ``graph`` to ``path``: the dynamo exporter, else TorchScript's; returns which."""
     quiet = logging.getLogger("torch.onnx")  # e.g. "torchvision is not installed", once per graph
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return _export_quietly(graph, path, opset, max_len)
+        return _export_quietly(graph, path, opset)
     finally:
         quiet.setLevel(level)
 
 
-def _export_quietly(graph: Graph, path: Path, opset: int, max_len: int) -> str:
+def _export_quietly(graph: Graph, path: Path, opset: int) -> str:
     args, inputs, outputs = tuple(graph.inputs.values()), list(graph.inputs), graph.outputs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' own warnings on traced Python branches
@@ -317,7 +317,7 @@ def _export_quietly(graph: Graph, path: Path, opset: int, max_len: int) -> str:
                 verbose=False,
                 input_names=inputs,
                 output_names=outputs,
-                dynamic_shapes=tuple(_dynamic_shapes(graph, max_len).values()),
+                dynamic_shapes=tuple(_dynamic_shapes(graph).values()),
             )
             assert program is not None
             program.save(str(path))
@@ -416,7 +416,7 @@ def export_onnx(
         files = {}
         for graph in parts:
             with torch.no_grad():
-                files[graph.file] = _export(graph, staged / graph.file, opset, config.get("max_len", 0))
+                files[graph.file] = _export(graph, staged / graph.file, opset)
             logger.debug("%s: %s exporter", graph.file, files[graph.file])
         if tokenizer is not None:
             (staged / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
