@@ -29,6 +29,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 import qkv
 from qkv.device import cpu_has_native_bf16
 from qkv.hub.onnx_export import export_onnx
+from qkv.inference.lm import generate_tokens
 from qkv.inference.quantize import cast_weights
 from qkv.inference.search import greedy_decode
 from qkv.runs.info import RunInfo
@@ -83,14 +84,8 @@ def onnx_generate(decoder, cfg, prompt: np.ndarray, n: int) -> np.ndarray:
 
 @torch.no_grad()
 def torch_generate(model, prompt: torch.Tensor, n: int) -> np.ndarray:
-    from qkv.nn.attention import KVCache
-
-    caches = [KVCache() for _ in model.layers]
-    tokens, out = prompt, []
-    for _ in range(n):
-        tokens = model(tokens, caches=caches, last_only=True).logits[:, -1].argmax(-1, keepdim=True)
-        out.append(tokens)
-    return torch.cat(out, 1).numpy()
+    """qkv's own decoding loop (qkv.inference.lm.generate_tokens, greedy)."""
+    return np.array(generate_tokens(model, prompt.tolist(), n, do_sample=False))
 
 
 def batches(rows: list[list[int]], size: int, pad: int) -> list[np.ndarray]:
