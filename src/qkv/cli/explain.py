@@ -54,6 +54,12 @@ def _output_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--serve", action="store_true", help="start the interactive page instead")
     p.add_argument(
+        "--live",
+        metavar="DIR",
+        help="write a new folder whose page runs the model in the browser (ONNX, onnxruntime-web); "
+        "serve it with any static server (lm runs so far)",
+    )
+    p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument("--port", type=int, default=8765)
@@ -109,6 +115,13 @@ def _cmd_explain(args) -> int:
     from ..explain.standalone import UNCAPPED_CHARS
     from ..recipes.loading import load_explainer
 
+    if args.live is not None:
+        from ..explain.live import write_live_page
+
+        if args.input is not None or args.serve or args.html is not None or args.out is not None:
+            raise QkvError("--live DIR writes the live page alone (no --input, --serve, --html or --out)")
+        write_line(write_live_page(args.run_dir, args.live))
+        return 0
     _check_what_to_write(args)
     # A standalone page cuts its input to --max-tokens (and says so): no character cap by default.
     max_chars = args.max_chars or (UNCAPPED_CHARS if args.html else DEFAULT_MAX_CHARS)

@@ -1,0 +1,102 @@
+"""The live page: the model runs in the reader's browser (``qkv explain RUN --live DIR``).
+
+:func:`write_live_page` exports the run to ONNX with its attention weights
+(:func:`qkv.hub.onnx_export.export_onnx`) and writes, beside the graphs, a page that loads them
+with onnxruntime-web (WebAssembly; vendored in ``static/ort/`` with its licence and checksums,
+no CDN), tokenizes in the browser, decodes one token at a time through the exported key/value
+cache, and draws the attention of any layer and head. The folder is a static site: serve it
+(``python -m http.server -d DIR``, or a docs site; browsers do not load WebAssembly from
+``file://``).
+
+Families so far: the decoder LM (character or subword vocabulary; greedy, or sampling with
+temperature and top-k). Others are refused in one line.
+
+The page samples with a seeded generator so that Python can replay it: :func:`page_sampler` is
+the same sampler, step for step (mulberry32 for the uniform draw; softmax in float64 over
+``logits / temperature``; top-k keeps the k largest, ties to the lower id; the token is the first
+id, in id order, whose running sum passes the draw).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ..errors import QkvError
+from ..hub.convert import refuse_nonempty
+from ..hub.onnx_export import export_onnx
+
+STATIC = Path(__file__).parent / "static"
+LIVE_FILES = ("live.html", "live.js")
+ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
+LIVE_RECIPES = ("lm",)
+_MASK32 = 0xFFFFFFFF
+
+
+def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write the live page of the run in ``run_dir`` into the new folder ``out_dir``:
+    ``index.html``, ``live.js``, ``ort/`` (onnxruntime-web) and ``model/`` (the export, with
+    attention outputs). Returns the page's path.
+
+    Raises:
+        QkvError: ``out_dir`` exists and is not empty; a run of a family the page does not run
+            yet; what :func:`~qkv.hub.onnx_export.export_onnx` raises.
+    """
+    from ..runs.info import RunInfo
+
+    out = Path(out_dir)
+    refuse_nonempty(out, "folder")
+    recipe = RunInfo.read(Path(run_dir)).recipe
+    if recipe not in LIVE_RECIPES:
+        raise QkvError(f"the live page runs {', '.join(LIVE_RECIPES)} runs so far; this is a {recipe!r} run")
+    kind = json.loads((Path(run_dir) / "tokenizer.json").read_text(encoding="utf-8")).get("type")
+    if kind != "char":
+        raise QkvError(
+            "the live page tokenizes character vocabularies so far; this run's tokenizer is not one"
+        )
+    export_onnx(run_dir, out / "model", attentions=True)
+    (out / "ort").mkdir()
+    for name in ORT_FILES:
+        shutil.copyfile(STATIC / "ort" / name, out / "ort" / name)
+    shutil.copyfile(STATIC / "live.js", out / "live.js")
+    page = out / "index.html"
+    page.write_text((STATIC / "live.html").read_text(encoding="utf-8"), encoding="utf-8")
+    return page
+
+
+def mulberry32(seed: int) -> Iterator[float]:
+    """Uniform draws in [0, 1) from mulberry32 (Tommy Ettinger's 32-bit generator), the page's
+    ``mulberry32(seed)`` bit for bit: JavaScript has no seedable generator of its own."""
+    state = seed & _MASK32
+    while True:
+        state = (state + 0x6D2B79F5) & _MASK32
+        t = ((state ^ (state >> 15)) * (state | 1)) & _MASK32
+        t = ((t + (((t ^ (t >> 7)) * (t | 61)) & _MASK32)) & _MASK32) ^ t
+        yield ((t ^ (t >> 14)) & _MASK32) / 4294967296
+
+
+def page_sampler(logits: Sequence[float], u: float, temperature: float, top_k: int | None) -> int:
+    """The page's choice of the next token from one row of float logits and a uniform draw
+    ``u`` (see the module docstring); ``temperature`` 0 is greedy (the first largest logit).
+
+    Raises:
+        ValueError: a negative temperature or a top-k below 1.
+    """
+    if temperature < 0 or (top_k is not None and top_k < 1):
+        raise ValueError(f"temperature must be >= 0 and top_k >= 1 (got {temperature}, {top_k})")
+    values = [float(x) for x in logits]
+    if temperature == 0:
+        return max(range(len(values)), key=lambda i: (values[i], -i))
+    kept = sorted(range(len(values)), key=lambda i: (-values[i], i))[: top_k or len(values)]
+    top = values[kept[0]]
+    weights = {i: math.exp((values[i] - top) / temperature) for i in kept}
+    total = sum(weights[i] for i in sorted(kept))
+    running = 0.0
+    for i in sorted(kept):
+        running += weights[i] / total
+        if running > u:
+            return i
+    return max(kept)

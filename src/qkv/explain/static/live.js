@@ -1,0 +1,203 @@
+// The live page (qkv.explain.live): a qkv LM exported to ONNX, run by onnxruntime-web.
+// One decoding step at a time through the exported key/value cache; the sampler is the one
+// qkv.explain.live.page_sampler replays in Python (keep the two in step).
+"use strict";
+
+const live = { session: null, config: null, vocab: null, chars: null, busy: false, attention: null, tokens: [] };
+window.live = live;  // read by the tests
+
+const $ = (id) => document.getElementById(id);
+
+function say(text) { $("message").textContent = text; }
+
+// mulberry32: a seedable uniform generator in [0, 1) (qkv.explain.live.mulberry32 in Python).
+function mulberry32(seed) {
+  let a = seed >>> 0;
+  return function () {
+    a = (a + 0x6D2B79F5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), a | 1);
+    t = ((t + Math.imul(t ^ (t >>> 7), t | 61)) ^ t) >>> 0;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+// The next token from one row of logits and a draw u (page_sampler in Python): temperature 0
+// is greedy; else softmax(logits / T) over the top-k (ties to the lower id), summed in id order.
+function choose(logits, u, temperature, topK) {
+  const n = logits.length;
+  if (temperature === 0) {
+    let best = 0;
+    for (let i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
+    return best;
+  }
+  const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => logits[b] - logits[a] || a - b);
+  const kept = order.slice(0, topK || n).sort((a, b) => a - b);
+  const top = logits[order[0]];
+  const weights = kept.map((i) => Math.exp((logits[i] - top) / temperature));
+  let total = 0;
+  for (const w of weights) total += w;
+  let running = 0;
+  for (let j = 0; j < kept.length; j++) {
+    running += weights[j] / total;
+    if (running > u) return kept[j];
+  }
+  return kept[kept.length - 1];
+}
+
+// A character vocabulary (qkv's CharTokenizer, written as a WordLevel tokenizer.json).
+function encode(text) {
+  const ids = [];
+  for (const ch of text) {
+    if (!(ch in live.vocab)) throw new Error(`the character ${JSON.stringify(ch)} is not in the model's vocabulary`);
+    ids.push(live.vocab[ch]);
+  }
+  return ids;
+}
+
+function emptyCache() {
+  const c = live.config;
+  const dims = [c.n_layers, 1, c.n_heads, 0, c.d_model / c.n_heads];
+  return { past_keys: new ort.Tensor("float32", new Float32Array(0), dims), past_values: new ort.Tensor("float32", new Float32Array(0), dims) };
+}
+
+function int64(ids) {
+  return new ort.Tensor("int64", BigInt64Array.from(ids.map((i) => BigInt(i))), [1, ids.length]);
+}
+
+function lastRow(logits) {
+  const [, t, v] = logits.dims;
+  return Array.from(logits.data.subarray((t - 1) * v, t * v));
+}
+
+function readSettings() {
+  const n = Number($("n").value), temperature = Number($("temperature").value);
+  const topK = $("top-k").value === "" ? null : Number($("top-k").value);
+  const seed = Number($("seed").value);
+  if (!Number.isInteger(n) || n < 1) throw new Error("new tokens: a whole number, at least 1");
+  if (!Number.isFinite(temperature) || temperature < 0) throw new Error("temperature: a number, at least 0 (0: greedy)");
+  if (topK !== null && (!Number.isInteger(topK) || topK < 1)) throw new Error("top-k: a whole number, at least 1, or empty");
+  if (!Number.isInteger(seed) || seed < 0) throw new Error("seed: a whole number, at least 0");
+  return { n, temperature, topK, seed };
+}
+
+async function generate() {
+  if (live.busy) return;
+  say("");
+  document.body.dataset.done = "0";
+  const prompt = $("prompt").value;
+  let settings, ids;
+  try {
+    settings = readSettings();
+    if (prompt.length === 0) throw new Error("type a prompt first");
+    ids = encode(prompt);
+    if (ids.length >= live.config.max_len)
+      throw new Error(`the prompt has ${ids.length} tokens; the model reads at most ${live.config.max_len}, and needs room to write`);
+  } catch (err) {
+    say(err.message);
+    document.body.dataset.done = "1";
+    return;
+  }
+  live.busy = true;
+  $("generate").disabled = true;
+  try {
+    const draw = mulberry32(settings.seed);
+    const out = [];
+    let feed = ids, cache = emptyCache();
+    for (let step = 0; step < settings.n; step++) {
+      if (ids.length + out.length >= live.config.max_len) {
+        say(`stopped at the model's context length (${live.config.max_len} tokens)`);
+        break;
+      }
+      const r = await live.session.run({ tokens: int64(feed), ...cache });
+      const next = choose(lastRow(r.logits), draw(), settings.temperature, settings.topK);
+      out.push(next);
+      cache = { past_keys: r.present_keys, past_values: r.present_values };
+      feed = [next];
+    }
+    live.tokens = ids.concat(out);
+    showText(prompt, out);
+    await showAttention();
+  } catch (err) {
+    say(`the model failed: ${err.message}`);
+  } finally {
+    live.busy = false;
+    $("generate").disabled = false;
+    document.body.dataset.done = "1";
+  }
+}
+
+function showText(prompt, out) {
+  const box = $("output");
+  box.textContent = prompt;
+  const span = document.createElement("span");
+  span.className = "new";
+  span.textContent = out.map((i) => live.chars[i]).join("");
+  box.appendChild(span);
+}
+
+// One pass over the whole text (an empty cache): every layer's attention, (L, 1, H, T, T).
+async function showAttention() {
+  const r = await live.session.run({ tokens: int64(live.tokens), ...emptyCache() });
+  live.attention = r.attentions;
+  drawAttention();
+}
+
+function drawAttention() {
+  const a = live.attention;
+  if (!a) return;
+  const [, , h, t] = a.dims;
+  const layer = Number($("layer").value), head = Number($("head").value);
+  const canvas = $("attention"), ctx = canvas.getContext("2d");
+  const cell = Math.max(1, Math.floor(canvas.width / t));
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  const base = (layer * h + head) * t * t;
+  for (let q = 0; q < t; q++) {
+    for (let k = 0; k < t; k++) {
+      const w = a.data[base + q * t + k];
+      const shade = Math.round(255 * (1 - Math.min(1, w)));
+      ctx.fillStyle = `rgb(${shade},${shade},255)`;
+      ctx.fillRect(k * cell, q * cell, cell, cell);
+    }
+  }
+  canvas.dataset.layer = String(layer);
+  canvas.dataset.head = String(head);
+}
+
+function options(select, n, label) {
+  select.innerHTML = "";
+  for (let i = 0; i < n; i++) {
+    const o = document.createElement("option");
+    o.value = String(i);
+    o.textContent = `${label} ${i + 1}`;
+    select.appendChild(o);
+  }
+}
+
+async function start() {
+  try {
+    const manifest = await (await fetch("model/onnx.json")).json();
+    const tokenizer = await (await fetch("model/tokenizer.json")).json();
+    live.config = manifest.config;
+    live.vocab = tokenizer.model.vocab;
+    live.chars = [];
+    for (const [ch, id] of Object.entries(live.vocab)) live.chars[id] = ch;
+    ort.env.wasm.wasmPaths = new URL("ort/", location.href).href;
+    ort.env.wasm.numThreads = 1;  // threads need cross-origin isolation, which a docs host may not give
+    live.session = await ort.InferenceSession.create("model/decoder.onnx");
+    options($("layer"), live.config.n_layers, "layer");
+    options($("head"), live.config.n_heads, "head");
+    const mb = (manifest.files["decoder.onnx"].bytes / 1e6).toFixed(1);
+    $("about").textContent = `a ${manifest.recipe} run: ${live.config.n_layers} layers, ${live.config.n_heads} heads, ` +
+      `d_model ${live.config.d_model}, context ${live.config.max_len} tokens, ${live.chars.length} characters; decoder.onnx ${mb} MB`;
+    $("generate").disabled = false;
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    say(`the model could not be loaded: ${err.message}`);
+  }
+}
+
+$("generate").addEventListener("click", generate);
+$("layer").addEventListener("change", drawAttention);
+$("head").addEventListener("change", drawAttention);
+start();

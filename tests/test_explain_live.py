@@ -1,0 +1,183 @@
+"""The live page (``qkv explain RUN --live DIR``): in Chromium, the exported LM writes what
+qkv writes (greedy) and what the page's sampler replayed in Python writes (seeded sampling), draws
+the attention of the chosen layer and head as the model computes it, asks no host but its own,
+and answers bad input with a message on the page and no error in the console."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_docs import _serve, built_site  # noqa: F401 - built_site is a fixture
+from test_explain_browser import CHROMIUM, chromium_page
+
+from qkv import runs
+from qkv.cli import main
+from qkv.errors import QkvError
+from qkv.explain.live import mulberry32, page_sampler, write_live_page
+from qkv.inference.lm import generate_tokens
+
+pytest.importorskip("onnxscript")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (set QKV_CHROMIUM or install chromium)")
+
+
+@pytest.fixture(scope="module")
+def site(tiny_runs, tmp_path_factory):
+    """The live page of the tiny LM, served over HTTP: ``(base URL, folder)``."""
+    folder = tmp_path_factory.mktemp("live") / "site"
+    write_live_page(tiny_runs["lm"], folder)
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/", folder
+    server.shutdown()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+
+def run_page(page, base: str, prompt: str, **fields: str) -> str:
+    page.goto(base)
+    page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+    page.fill("#prompt", prompt)
+    for name, value in fields.items():
+        page.fill(f"#{name}", value)
+    page.click("#generate")
+    page.wait_for_selector('body[data-done="1"]', timeout=60_000)
+    return page.locator("#output .new").inner_text() if page.locator("#output .new").count() else ""
+
+
+def test_mulberry32_is_the_reference_generator():
+    # the first draws of the published JavaScript mulberry32 (a|=0; a=a+0x6D2B79F5|0; ...), run
+    # with node: seed 0 and seed 7
+    draws = mulberry32(0)
+    assert [next(draws) for _ in range(3)] == [0.26642920868471265, 0.0003297457005828619, 0.2232720274478197]
+    draws = mulberry32(7)
+    assert [next(draws) for _ in range(2)] == [0.011704753153026104, 0.06195825757458806]
+
+
+def test_page_sampler_keeps_top_k_and_follows_the_draw():
+    logits = [0.0, 3.0, 3.0, -1.0]
+    assert page_sampler(logits, 0.5, 0, None) == 1  # greedy: the first largest
+    assert page_sampler(logits, 0.0, 1.0, 2) == 1 and page_sampler(logits, 0.99, 1.0, 2) == 2
+    assert page_sampler(logits, 0.999, 1.0, None) == 3  # every id can come out without top-k
+    with pytest.raises(ValueError):
+        page_sampler(logits, 0.5, -1.0, None)
+
+
+def test_greedy_and_seeded_sampling_write_what_python_writes(site, tiny_runs):
+    base, _ = site
+    model, tok = runs.load_run(tiny_runs["lm"])
+    prompt = tok.encode("ROMEO:")
+    greedy = tok.decode(generate_tokens(model, [prompt], 50, do_sample=False)[0])
+    draws, ids = mulberry32(7), list(prompt)
+    with torch.no_grad():
+        for _ in range(50):
+            logits = model(torch.tensor([ids])).logits[0, -1].tolist()
+            ids.append(page_sampler(logits, next(draws), 0.8, 10))
+    sampled = tok.decode(ids[len(prompt) :])
+    with chromium_page() as (page, requests, errors):
+        assert run_page(page, base, "ROMEO:", n="50", temperature="0") == greedy
+        assert (
+            run_page(page, base, "ROMEO:", n="50", temperature="0.8", **{"top-k": "10", "seed": "7"})
+            == sampled
+        )
+        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
+        assert not errors, errors
+
+
+def test_the_attention_drawn_is_the_models(site, tiny_runs):
+    base, _ = site
+    model, tok = runs.load_run(tiny_runs["lm"])
+    with chromium_page() as (page, _, errors):
+        run_page(page, base, "ROMEO:", n="10", temperature="0")
+        page.select_option("#layer", "1")
+        page.select_option("#head", "1")
+        assert page.locator("#attention").get_attribute("data-layer") == "1"
+        tokens = page.evaluate("window.live.tokens")
+        dims = page.evaluate("window.live.attention.dims")
+        weights = page.evaluate(
+            "(() => { const a = window.live.attention, t = a.dims[3], at = (a.dims[2] + 1) * t * t;"
+            " return Array.from(a.data.slice(at, at + t * t)); })()"
+        )  # layer 1, head 1
+        assert not errors, errors
+    with torch.no_grad():
+        ref = model(torch.tensor([tokens]), need_weights=True).attentions[1][0, 1]  # (T, T)
+    assert dims == [2, 1, 2, len(tokens), len(tokens)]
+    assert torch.allclose(torch.tensor(weights).view(len(tokens), len(tokens)), ref, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("", "type a prompt first"),
+        ("R" * 64, "reads at most 64"),
+        ("ROMEO: Zounds", "is not in the model's vocabulary"),
+    ],
+)
+def test_bad_input_is_a_message_on_the_page(site, prompt, message):
+    base, _ = site
+    with chromium_page() as (page, _, errors):
+        run_page(page, base, prompt)
+        assert message in page.locator("#message").inner_text()
+        assert not errors, errors
+
+
+def test_write_refuses_in_one_line(tiny_runs, tmp_path, capsys):
+    with pytest.raises(QkvError, match="runs lm runs so far"):
+        write_live_page(tiny_runs["translation"], tmp_path / "mt")
+    assert not (tmp_path / "mt").exists()
+    assert main(["explain", str(tiny_runs["lm"]), "--live", str(tmp_path / "page")]) == 0
+    assert (tmp_path / "page" / "index.html").is_file() and (
+        tmp_path / "page" / "model" / "decoder.onnx"
+    ).is_file()
+    assert main(["explain", str(tiny_runs["lm"]), "--live", str(tmp_path / "page")]) != 0
+    assert "already exists and is not empty" in capsys.readouterr().err
+
+
+def replay(folder: Path, prompt: str, n: int, temperature: float, top_k: int | None, seed: int) -> str:
+    """What the live page writes, replayed in Python through the same ONNX graph (onnxruntime)
+    and the page's sampler."""
+    ort = pytest.importorskip("onnxruntime")
+    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    chars = {i: c for c, i in vocab.items()}
+    session = ort.InferenceSession(str(folder / "decoder.onnx"), providers=["CPUExecutionProvider"])
+    shape = (cfg["n_layers"], 1, cfg["n_heads"], 0, cfg["d_model"] // cfg["n_heads"])
+    cache = {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
+    feed, out, draws = [[vocab[c] for c in prompt]], [], mulberry32(seed)
+    for _ in range(n):
+        logits, cache["past_keys"], cache["past_values"], _ = session.run(
+            None, {"tokens": np.array(feed, np.int64), **cache}
+        )
+        out.append(page_sampler(logits[0, -1].tolist(), next(draws), temperature, top_k))
+        feed = [[out[-1]]]
+    return "".join(chars[i] for i in out)
+
+
+def test_the_docs_site_runs_the_lm_in_the_browser(built_site):  # noqa: F811 - the fixture imported above
+    """The site's live page (docs/live/lm: the package's page and runtime, the lm recipe's model)
+    writes what the Python replay writes, from the site alone."""
+    server, base = _serve(built_site)
+    folder = Path(__file__).resolve().parent.parent / "docs" / "live" / "lm" / "model"
+    try:
+        with chromium_page() as (page, requests, errors):
+            url = base + "live/lm/"
+            assert run_page(page, url, "ROMEO:", n="50", temperature="0") == replay(
+                folder, "ROMEO:", 50, 0, None, 0
+            )
+            seeded = {"temperature": "0.8", "top-k": "10", "seed": "7"}
+            expected = replay(folder, "ROMEO:", 50, 0.8, 10, 7)
+            assert run_page(page, url, "ROMEO:", n="50", **seeded) == expected
+            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
+            assert not errors, errors
+    finally:
+        server.shutdown()
