@@ -44,7 +44,9 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def run_page(page, base: str, prompt: str, **fields: str) -> str:
+def run_page(page, base: str, prompt: str, new: bool = False, **fields: str) -> str:
+    """Open the page, type ``prompt`` and the ``fields``, generate; the text the model wrote
+    (``new``: the whole output box, a translation; else the LM's continuation)."""
     page.goto(base)
     page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
     page.fill("#prompt", prompt)
@@ -52,7 +54,49 @@ def run_page(page, base: str, prompt: str, **fields: str) -> str:
         page.fill(f"#{name}", value)
     page.click("#generate")
     page.wait_for_selector('body[data-done="1"]', timeout=60_000)
+    if new:
+        return page.locator("#output").inner_text()
     return page.locator("#output .new").inner_text() if page.locator("#output .new").count() else ""
+
+
+@pytest.fixture(scope="module")
+def translator_site(tiny_runs, tmp_path_factory):
+    """The live page of the tiny translator, served: ``(base URL, folder)``."""
+    folder = tmp_path_factory.mktemp("live_mt") / "site"
+    write_live_page(tiny_runs["translation"], folder)
+    server, base = _serve(folder)
+    yield base, folder
+    server.shutdown()
+
+
+def test_a_typed_german_sentence_translates_as_qkv_translate_does(translator_site, tiny_runs):
+    from qkv.inference.search import greedy_decode
+    from qkv.inference.translator import Translator
+
+    base, _ = translator_site
+    translator = Translator.from_run(tiny_runs["translation"], beam_size=1)
+    model, tok = runs.load_run(tiny_runs["translation"])
+    cfg = model.config
+    with chromium_page() as (page, requests, errors):
+        for sentence in ("Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch im Park."):
+            expected = translator.translate([sentence])[0]
+            assert run_page(page, base, sentence, new=True) == expected
+            src = torch.tensor([tok.encode(sentence) + [cfg.eos_id]])
+            written = greedy_decode(model, src)[0]
+            assert page.evaluate("window.live.tokens") == [cfg.bos_id, *written]
+            with torch.no_grad():  # the drawn cross-attention is the model's
+                memory, src_mask, _ = model.encode(src)
+                _, _, cross = model.decode(
+                    torch.tensor([[cfg.bos_id, *written]]), memory, src_mask, need_weights=True
+                )
+            drawn = page.evaluate("Array.from(window.live.attention.data)")
+            assert torch.allclose(
+                torch.tensor(drawn).view_as(torch.stack(cross)), torch.stack(cross), atol=1e-4
+            )
+        run_page(page, base, "   ", new=True)
+        assert "type a sentence first" in page.locator("#message").inner_text()
+        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
+        assert not errors, errors
 
 
 def test_mulberry32_is_the_reference_generator():
@@ -132,9 +176,9 @@ def test_bad_input_is_a_message_on_the_page(site, prompt, message):
 
 
 def test_write_refuses_in_one_line(tiny_runs, tmp_path, capsys):
-    with pytest.raises(QkvError, match="runs lm runs so far"):
-        write_live_page(tiny_runs["translation"], tmp_path / "mt")
-    assert not (tmp_path / "mt").exists()
+    with pytest.raises(QkvError, match="runs lm, translation runs so far"):
+        write_live_page(tiny_runs["diffusion-lm"], tmp_path / "dlm")
+    assert not (tmp_path / "dlm").exists()
     assert main(["explain", str(tiny_runs["lm"]), "--live", str(tmp_path / "page")]) == 0
     assert (tmp_path / "page" / "index.html").is_file() and (
         tmp_path / "page" / "model" / "decoder.onnx"

@@ -8,8 +8,10 @@ cache, and draws the attention of any layer and head. The folder is a static sit
 (``python -m http.server -d DIR``, or a docs site; browsers do not load WebAssembly from
 ``file://``).
 
-Families so far: the decoder LM (character or subword vocabulary; greedy, or sampling with
-temperature and top-k). Others are refused in one line.
+Families so far: the decoder LM with a character vocabulary (greedy, or sampling with temperature
+and top-k; the attention of the whole text) and the translator (greedy, as ``qkv translate
+--beam 1``; its subword tokenizer read in the browser by tokenizers.js, vendored in
+``static/tokenizers/``; the cross-attention of what it wrote). Others are refused in one line.
 
 The page samples with a seeded generator so that Python can replay it: :func:`page_sampler` is
 the same sampler, step for step (mulberry32 for the uniform draw; softmax in float64 over
@@ -30,9 +32,11 @@ from ..hub.convert import refuse_nonempty
 from ..hub.onnx_export import export_onnx
 
 STATIC = Path(__file__).parent / "static"
-LIVE_FILES = ("live.html", "live.js")
-ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
-LIVE_RECIPES = ("lm",)
+VENDORED = {  # folder under static/ -> the files the page loads (README.txt and SHA256SUMS stay)
+    "ort": ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE"),
+    "tokenizers": ("tokenizers.min.mjs", "LICENSE"),
+}
+LIVE_RECIPES = ("lm", "translation")
 _MASK32 = 0xFFFFFFFF
 
 
@@ -53,14 +57,13 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
     if recipe not in LIVE_RECIPES:
         raise QkvError(f"the live page runs {', '.join(LIVE_RECIPES)} runs so far; this is a {recipe!r} run")
     kind = json.loads((Path(run_dir) / "tokenizer.json").read_text(encoding="utf-8")).get("type")
-    if kind != "char":
-        raise QkvError(
-            "the live page tokenizes character vocabularies so far; this run's tokenizer is not one"
-        )
+    if recipe == "lm" and kind != "char":
+        raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
     export_onnx(run_dir, out / "model", attentions=True)
-    (out / "ort").mkdir()
-    for name in ORT_FILES:
-        shutil.copyfile(STATIC / "ort" / name, out / "ort" / name)
+    for folder, names in VENDORED.items():
+        (out / folder).mkdir()
+        for name in names:
+            shutil.copyfile(STATIC / folder / name, out / folder / name)
     shutil.copyfile(STATIC / "live.js", out / "live.js")
     page = out / "index.html"
     page.write_text((STATIC / "live.html").read_text(encoding="utf-8"), encoding="utf-8")

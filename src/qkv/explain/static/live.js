@@ -1,9 +1,14 @@
-// The live page (qkv.explain.live): a qkv LM exported to ONNX, run by onnxruntime-web.
-// One decoding step at a time through the exported key/value cache; the sampler is the one
-// qkv.explain.live.page_sampler replays in Python (keep the two in step).
-"use strict";
+// The live page (qkv.explain.live): a qkv run exported to ONNX, run by onnxruntime-web (the
+// global `ort`, a classic script loaded before this module). One decoding step at a time through
+// the exported key/value cache. LM: greedy or sampled with the sampler that
+// qkv.explain.live.page_sampler replays in Python (keep the two in step). Translator: greedy, as
+// qkv's greedy_decode; its tokenizer.json read by tokenizers.js.
+import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
-const live = { session: null, config: null, vocab: null, chars: null, busy: false, attention: null, tokens: [] };
+const live = {
+  recipe: null, session: null, encoder: null, config: null, vocab: null, chars: null, tokenizer: null,
+  busy: false, attention: null, tokens: [], source: [],
+};
 window.live = live;  // read by the tests
 
 const $ = (id) => document.getElementById(id);
@@ -56,7 +61,7 @@ function encode(text) {
 
 function emptyCache() {
   const c = live.config;
-  const dims = [c.n_layers, 1, c.n_heads, 0, c.d_model / c.n_heads];
+  const dims = [c.n_layers ?? c.n_decoder_layers, 1, c.n_heads, 0, c.d_model / c.n_heads];
   return { past_keys: new ort.Tensor("float32", new Float32Array(0), dims), past_values: new ort.Tensor("float32", new Float32Array(0), dims) };
 }
 
@@ -80,8 +85,59 @@ function readSettings() {
   return { n, temperature, topK, seed };
 }
 
+function argmax(row) {
+  let best = 0;
+  for (let i = 1; i < row.length; i++) if (row[i] > row[best]) best = i;
+  return best;
+}
+
+// Greedy translation, as qkv's greedy_decode: the source + eos through the encoder, then one
+// target token at a time until eos or the limit (the source's length + 50, at most max_len).
+async function translate() {
+  const c = live.config;
+  const text = $("prompt").value.trim();
+  if (text.length === 0) throw new Error("type a sentence first");
+  const src = live.tokenizer.encode(text, { add_special_tokens: false }).ids.concat([c.eos_id]);
+  if (src.length > c.max_len) throw new Error(`the sentence has ${src.length} tokens; the model reads at most ${c.max_len}`);
+  live.busy = true;
+  $("generate").disabled = true;
+  const source = int64(src);
+  const { memory } = await live.encoder.run({ src: source });
+  const limit = Math.min(src.length + 50, c.max_len);
+  let cache = emptyCache(), token = c.bos_id;
+  const out = [];
+  for (let step = 0; step < limit; step++) {
+    const r = await live.session.run({ tgt: int64([token]), memory, src: source, ...cache });
+    token = argmax(lastRow(r.logits));
+    if (token === c.eos_id) break;
+    out.push(token);
+    cache = { past_keys: r.present_keys, past_values: r.present_values };
+  }
+  $("output").textContent = out.length ? live.tokenizer.decode(out) : "";
+  live.source = src;
+  live.tokens = [c.bos_id].concat(out);
+  // one teacher-forced pass over what was written: the cross-attention of every layer
+  const r = await live.session.run({ tgt: int64(live.tokens), memory, src: source, ...emptyCache() });
+  live.attention = r.cross_attentions;
+  drawAttention();
+}
+
 async function generate() {
   if (live.busy) return;
+  if (live.recipe === "translation") {
+    say("");
+    document.body.dataset.done = "0";
+    try {
+      await translate();
+    } catch (err) {
+      say(err.message);
+    } finally {
+      live.busy = false;
+      $("generate").disabled = false;
+      document.body.dataset.done = "1";
+    }
+    return;
+  }
   say("");
   document.body.dataset.done = "0";
   const prompt = $("prompt").value;
@@ -142,19 +198,20 @@ async function showAttention() {
   drawAttention();
 }
 
+// The chosen layer and head of (L, 1, H, T, K) weights: a row per query, a column per key.
 function drawAttention() {
   const a = live.attention;
   if (!a) return;
-  const [, , h, t] = a.dims;
+  const [, , h, t, keys] = a.dims;
   const layer = Number($("layer").value), head = Number($("head").value);
   const canvas = $("attention"), ctx = canvas.getContext("2d");
-  const cell = Math.max(1, Math.floor(canvas.width / t));
+  const cell = Math.max(1, Math.floor(canvas.width / Math.max(t, keys)));
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
-  const base = (layer * h + head) * t * t;
+  const base = (layer * h + head) * t * keys;
   for (let q = 0; q < t; q++) {
-    for (let k = 0; k < t; k++) {
-      const w = a.data[base + q * t + k];
+    for (let k = 0; k < keys; k++) {
+      const w = a.data[base + q * keys + k];
       const shade = Math.round(255 * (1 - Math.min(1, w)));
       ctx.fillStyle = `rgb(${shade},${shade},255)`;
       ctx.fillRect(k * cell, q * cell, cell, cell);
@@ -178,18 +235,29 @@ async function start() {
   try {
     const manifest = await (await fetch("model/onnx.json")).json();
     const tokenizer = await (await fetch("model/tokenizer.json")).json();
+    live.recipe = manifest.recipe;
     live.config = manifest.config;
-    live.vocab = tokenizer.model.vocab;
-    live.chars = [];
-    for (const [ch, id] of Object.entries(live.vocab)) live.chars[id] = ch;
     ort.env.wasm.wasmPaths = new URL("ort/", location.href).href;
     ort.env.wasm.numThreads = 1;  // threads need cross-origin isolation, which a docs host may not give
     live.session = await ort.InferenceSession.create("model/decoder.onnx");
-    options($("layer"), live.config.n_layers, "layer");
-    options($("head"), live.config.n_heads, "head");
-    const mb = (manifest.files["decoder.onnx"].bytes / 1e6).toFixed(1);
-    $("about").textContent = `a ${manifest.recipe} run: ${live.config.n_layers} layers, ${live.config.n_heads} heads, ` +
-      `d_model ${live.config.d_model}, context ${live.config.max_len} tokens, ${live.chars.length} characters; decoder.onnx ${mb} MB`;
+    const c = live.config, layers = c.n_layers ?? c.n_decoder_layers;
+    let mb = manifest.files["decoder.onnx"].bytes / 1e6;
+    if (live.recipe === "translation") {
+      live.encoder = await ort.InferenceSession.create("model/encoder.onnx");
+      live.tokenizer = new Tokenizer(tokenizer, { clean_up_tokenization_spaces: false });
+      mb += manifest.files["encoder.onnx"].bytes / 1e6;
+      $("prompt").value = "Ein Mann fährt mit dem Fahrrad.";
+      for (const id of ["temperature", "top-k", "seed", "n"]) $(id).disabled = true;  // greedy, as qkv translate --beam 1
+      $("attention-kind").textContent = "cross-attention: rows the English tokens written, columns the source tokens";
+    } else {
+      live.vocab = tokenizer.model.vocab;
+      live.chars = [];
+      for (const [ch, id] of Object.entries(live.vocab)) live.chars[id] = ch;
+    }
+    options($("layer"), layers, "layer");
+    options($("head"), c.n_heads, "head");
+    $("about").textContent = `a ${manifest.recipe} run: ${layers} decoder layers, ${c.n_heads} heads, ` +
+      `d_model ${c.d_model}, context ${c.max_len} tokens; ${mb.toFixed(1)} MB of ONNX graphs`;
     $("generate").disabled = false;
     document.body.dataset.ready = "1";
   } catch (err) {
