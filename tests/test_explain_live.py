@@ -99,6 +99,54 @@ def test_a_typed_german_sentence_translates_as_qkv_translate_does(translator_sit
         assert not errors, errors
 
 
+@pytest.fixture(scope="module")
+def vit_site(tiny_vit_run, tmp_path_factory):
+    """The live page of the tiny ViT (8 × 8 digits), served: ``(base URL, folder)``."""
+    folder = tmp_path_factory.mktemp("live_vit") / "site"
+    write_live_page(tiny_vit_run, folder)
+    server, base = _serve(folder)
+    yield base, folder
+    server.shutdown()
+
+
+def open_image(page, base: str, path: Path) -> None:
+    page.goto(base)
+    page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+    page.set_input_files("#file", str(path))
+    page.wait_for_selector('body[data-done="1"]', timeout=60_000)
+
+
+def test_an_opened_image_is_classified_as_the_model_does(vit_site, tiny_vit_run, tmp_path):
+    from PIL import Image
+
+    from qkv.data.images import to_model_input
+
+    base, _ = vit_site
+    model, _ = runs.load_run(tiny_vit_run)
+    size = model.config.image_size
+    image = np.random.default_rng(0).integers(0, 256, (size, size), dtype=np.uint8)
+    Image.fromarray(image, "L").save(tmp_path / "digit.png")
+    (tmp_path / "notes.png").write_text("not an image", encoding="utf-8")
+    with torch.no_grad():
+        out = model(to_model_input(image[None, ..., None]), need_weights=True)
+    with chromium_page() as (page, requests, errors):
+        open_image(page, base, tmp_path / "digit.png")
+        probs = torch.tensor(page.evaluate("window.live.probs"))
+        weights = torch.tensor(page.evaluate("Array.from(window.live.attention.data)"))
+        assert torch.allclose(probs, out.logits.softmax(-1)[0], atol=1e-4)
+        assert torch.allclose(weights.view(-1), torch.stack(out.attentions).view(-1), atol=1e-4)
+        classes = read_classes(tiny_vit_run)
+        assert page.locator("#output").inner_text().startswith(classes[int(probs.argmax())])
+        open_image(page, base, tmp_path / "notes.png")
+        assert "notes.png is not an image" in page.locator("#message").inner_text()
+        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
+        assert not errors, errors
+
+
+def read_classes(run_dir) -> list[str]:
+    return json.loads((Path(run_dir) / "task.json").read_text(encoding="utf-8"))["classes"]
+
+
 def test_mulberry32_is_the_reference_generator():
     # the first draws of the published JavaScript mulberry32 (a|=0; a=a+0x6D2B79F5|0; ...), run
     # with node: seed 0 and seed 7
@@ -176,7 +224,7 @@ def test_bad_input_is_a_message_on_the_page(site, prompt, message):
 
 
 def test_write_refuses_in_one_line(tiny_runs, tmp_path, capsys):
-    with pytest.raises(QkvError, match="runs lm, translation runs so far"):
+    with pytest.raises(QkvError, match="runs lm, translation, vit runs so far"):
         write_live_page(tiny_runs["diffusion-lm"], tmp_path / "dlm")
     assert not (tmp_path / "dlm").exists()
     assert main(["explain", str(tiny_runs["lm"]), "--live", str(tmp_path / "page")]) == 0

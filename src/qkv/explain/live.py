@@ -11,7 +11,9 @@ cache, and draws the attention of any layer and head. The folder is a static sit
 Families so far: the decoder LM with a character vocabulary (greedy, or sampling with temperature
 and top-k; the attention of the whole text) and the translator (greedy, as ``qkv translate
 --beam 1``; its subword tokenizer read in the browser by tokenizers.js, vendored in
-``static/tokenizers/``; the cross-attention of what it wrote). Others are refused in one line.
+``static/tokenizers/``; the cross-attention of what it wrote) and the ViT (an image drawn with
+the mouse or opened from a file, at the model's size; the classes' probabilities and every
+layer's attention). Others are refused in one line.
 
 The page samples with a seeded generator so that Python can replay it: :func:`page_sampler` is
 the same sampler, step for step (mulberry32 for the uniform draw; softmax in float64 over
@@ -36,7 +38,7 @@ VENDORED = {  # folder under static/ -> the files the page loads (README.txt and
     "ort": ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE"),
     "tokenizers": ("tokenizers.min.mjs", "LICENSE"),
 }
-LIVE_RECIPES = ("lm", "translation")
+LIVE_RECIPES = ("lm", "translation", "vit")
 _MASK32 = 0xFFFFFFFF
 
 
@@ -56,7 +58,8 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
     recipe = RunInfo.read(Path(run_dir)).recipe
     if recipe not in LIVE_RECIPES:
         raise QkvError(f"the live page runs {', '.join(LIVE_RECIPES)} runs so far; this is a {recipe!r} run")
-    kind = json.loads((Path(run_dir) / "tokenizer.json").read_text(encoding="utf-8")).get("type")
+    tokenizer = Path(run_dir) / "tokenizer.json"
+    kind = json.loads(tokenizer.read_text(encoding="utf-8")).get("type") if tokenizer.is_file() else None
     if recipe == "lm" and kind != "char":
         raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
     export_onnx(run_dir, out / "model", attentions=True)

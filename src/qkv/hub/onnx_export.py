@@ -407,7 +407,8 @@ def export_onnx(
     info = runs.info.RunInfo.read(Path(run_dir)) if (Path(run_dir) / "train_config.json").is_file() else None
     model, tokenizer = runs.load_run(run_dir)
     recipe = info.recipe if info else "unknown"
-    level = runs.run_json(run_dir, TASK, missing={}).get("level", "mlm")
+    task = runs.run_json(run_dir, TASK, missing={})
+    level = task.get("level", "mlm")
     parts = graphs(model, recipe, level, attentions)  # refuses a family it cannot export
     config = model.config.to_dict()
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
@@ -424,6 +425,7 @@ def export_onnx(
             "format": 1,
             "recipe": recipe,
             "level": level,
+            "classes": task.get("classes"),  # a classifier's labels in id order (task.json), else None
             "opset": opset,
             "attentions": attentions,
             "graphs": {

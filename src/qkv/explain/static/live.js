@@ -122,8 +122,93 @@ async function translate() {
   drawAttention();
 }
 
+// The ViT: the canvas's pixels (its size is the model's) → pixel / 127.5 - 1 (qkv's
+// to_model_input), one pass, the classes' probabilities and every layer's attention.
+function pixels() {
+  const c = live.config, size = c.image_size;
+  const data = $("pixels").getContext("2d").getImageData(0, 0, size, size).data;
+  const x = new Float32Array(c.channels * size * size);
+  for (let i = 0; i < size * size; i++)
+    for (let ch = 0; ch < c.channels; ch++) x[ch * size * size + i] = data[4 * i + (c.channels === 1 ? 0 : ch)] / 127.5 - 1;
+  return new ort.Tensor("float32", x, [1, c.channels, size, size]);
+}
+
+async function classify() {
+  live.busy = true;
+  const r = await live.session.run({ images: pixels() });
+  const logits = Array.from(r.logits.data), top = Math.max(...logits);
+  const e = logits.map((v) => Math.exp(v - top)), total = e.reduce((a, b) => a + b, 0);
+  live.probs = e.map((v) => v / total);
+  const order = live.probs.map((p, i) => i).sort((a, b) => live.probs[b] - live.probs[a]).slice(0, 5);
+  $("output").textContent = order.map((i) => `${live.classes[i] ?? i}: ${(100 * live.probs[i]).toFixed(1)} %`).join("\n");
+  live.attention = r.attentions;
+  drawAttention();
+}
+
+async function openFile() {
+  const file = $("file").files[0];
+  if (!file) return;
+  say("");
+  document.body.dataset.done = "0";
+  try {
+    let bitmap;
+    try {
+      bitmap = await createImageBitmap(file);
+    } catch {
+      throw new Error(`${file.name} is not an image this browser can read`);
+    }
+    const size = live.config.image_size, ctx = $("pixels").getContext("2d");
+    ctx.imageSmoothingEnabled = true;
+    ctx.fillStyle = "#000";
+    ctx.fillRect(0, 0, size, size);
+    ctx.drawImage(bitmap, 0, 0, size, size);
+    await classify();
+  } catch (err) {
+    say(err.message);
+  } finally {
+    live.busy = false;
+    document.body.dataset.done = "1";
+  }
+}
+
+function startDrawing() {
+  const canvas = $("pixels"), ctx = canvas.getContext("2d"), size = live.config.image_size;
+  ctx.fillStyle = "#000";
+  ctx.fillRect(0, 0, size, size);
+  let down = false;
+  const at = (ev) => {
+    const box = canvas.getBoundingClientRect();
+    return [((ev.clientX - box.left) / box.width) * size, ((ev.clientY - box.top) / box.height) * size];
+  };
+  canvas.addEventListener("pointerdown", (ev) => { down = true; ctx.beginPath(); ctx.moveTo(...at(ev)); });
+  canvas.addEventListener("pointermove", (ev) => {
+    if (!down) return;
+    ctx.strokeStyle = "#fff";
+    ctx.lineWidth = Math.max(1, size / 10);
+    ctx.lineCap = "round";
+    ctx.lineTo(...at(ev));
+    ctx.stroke();
+  });
+  canvas.addEventListener("pointerup", () => { down = false; generate(); });
+  $("file").addEventListener("change", openFile);
+  $("clear").addEventListener("click", () => { ctx.fillStyle = "#000"; ctx.fillRect(0, 0, size, size); });
+}
+
 async function generate() {
   if (live.busy) return;
+  if (live.recipe === "vit") {
+    say("");
+    document.body.dataset.done = "0";
+    try {
+      await classify();
+    } catch (err) {
+      say(`the model failed: ${err.message}`);
+    } finally {
+      live.busy = false;
+      document.body.dataset.done = "1";
+    }
+    return;
+  }
   if (live.recipe === "translation") {
     say("");
     document.body.dataset.done = "0";
@@ -234,15 +319,26 @@ function options(select, n, label) {
 async function start() {
   try {
     const manifest = await (await fetch("model/onnx.json")).json();
-    const tokenizer = await (await fetch("model/tokenizer.json")).json();
+    // a ViT reads pixels: its export has no tokenizer.json
+    const tokenizer = manifest.files["tokenizer.json"] ? await (await fetch("model/tokenizer.json")).json() : null;
     live.recipe = manifest.recipe;
     live.config = manifest.config;
     ort.env.wasm.wasmPaths = new URL("ort/", location.href).href;
     ort.env.wasm.numThreads = 1;  // threads need cross-origin isolation, which a docs host may not give
-    live.session = await ort.InferenceSession.create("model/decoder.onnx");
+    const graph = live.recipe === "vit" ? "model.onnx" : "decoder.onnx";
+    live.session = await ort.InferenceSession.create(`model/${graph}`);
     const c = live.config, layers = c.n_layers ?? c.n_decoder_layers;
-    let mb = manifest.files["decoder.onnx"].bytes / 1e6;
-    if (live.recipe === "translation") {
+    let mb = manifest.files[graph].bytes / 1e6;
+    if (live.recipe === "vit") {
+      live.classes = manifest.classes ?? [];
+      $("text-input").hidden = true;
+      $("image-input").hidden = false;
+      $("pixels").width = $("pixels").height = c.image_size;
+      for (const id of ["temperature", "top-k", "seed", "n"]) $(id).disabled = true;
+      $("generate").textContent = "Classify";
+      $("attention-kind").textContent = "rows: the token that attends (0: the class token); columns: the tokens it reads (1 ...: the patches, row by row)";
+      startDrawing();
+    } else if (live.recipe === "translation") {
       live.encoder = await ort.InferenceSession.create("model/encoder.onnx");
       live.tokenizer = new Tokenizer(tokenizer, { clean_up_tokenization_spaces: false });
       mb += manifest.files["encoder.onnx"].bytes / 1e6;
