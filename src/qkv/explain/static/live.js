@@ -352,7 +352,7 @@ async function start() {
     }
     options($("layer"), layers, "layer");
     options($("head"), c.n_heads, "head");
-    $("about").textContent = `the ${manifest.recipe} recipe's run: ${layers} decoder layers, ${c.n_heads} heads, ` +
+    $("about").textContent = `the ${manifest.recipe} recipe's run: ${layers} layers, ${c.n_heads} heads, ` +
       `d_model ${c.d_model}, context ${c.max_len} tokens; ${mb.toFixed(1)} MB of ONNX graphs`;
     $("generate").disabled = false;
     document.body.dataset.ready = "1";
