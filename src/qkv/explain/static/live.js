@@ -99,8 +99,6 @@ async function translate() {
   if (text.length === 0) throw new Error("type a sentence first");
   const src = live.tokenizer.encode(text, { add_special_tokens: false }).ids.concat([c.eos_id]);
   if (src.length > c.max_len) throw new Error(`the sentence has ${src.length} tokens; the model reads at most ${c.max_len}`);
-  live.busy = true;
-  $("generate").disabled = true;
   const source = int64(src);
   const { memory } = await live.encoder.run({ src: source });
   const limit = Math.min(src.length + 50, c.max_len);
@@ -134,7 +132,6 @@ function pixels() {
 }
 
 async function classify() {
-  live.busy = true;
   const r = await live.session.run({ images: pixels() });
   const logits = Array.from(r.logits.data), top = Math.max(...logits);
   const e = logits.map((v) => Math.exp(v - top)), total = e.reduce((a, b) => a + b, 0);
@@ -148,27 +145,18 @@ async function classify() {
 async function openFile() {
   const file = $("file").files[0];
   if (!file) return;
-  say("");
-  document.body.dataset.done = "0";
+  let bitmap;
   try {
-    let bitmap;
-    try {
-      bitmap = await createImageBitmap(file);
-    } catch {
-      throw new Error(`${file.name} is not an image this browser can read`);
-    }
-    const size = live.config.image_size, ctx = $("pixels").getContext("2d");
-    ctx.imageSmoothingEnabled = true;
-    ctx.fillStyle = "#000";
-    ctx.fillRect(0, 0, size, size);
-    ctx.drawImage(bitmap, 0, 0, size, size);
-    await classify();
-  } catch (err) {
-    say(err.message);
-  } finally {
-    live.busy = false;
-    document.body.dataset.done = "1";
+    bitmap = await createImageBitmap(file);
+  } catch {
+    throw new Error(`${file.name} is not an image this browser can read`);
   }
+  const size = live.config.image_size, ctx = $("pixels").getContext("2d");
+  ctx.imageSmoothingEnabled = true;
+  ctx.fillStyle = "#000";
+  ctx.fillRect(0, 0, size, size);
+  ctx.drawImage(bitmap, 0, 0, size, size);
+  await classify();
 }
 
 function startDrawing() {
@@ -190,81 +178,57 @@ function startDrawing() {
     ctx.stroke();
   });
   canvas.addEventListener("pointerup", () => { down = false; generate(); });
-  $("file").addEventListener("change", openFile);
+  $("file").addEventListener("change", () => run(openFile));
   $("clear").addEventListener("click", () => { ctx.fillStyle = "#000"; ctx.fillRect(0, 0, size, size); });
 }
 
-async function generate() {
+// One request at a time: clear the message, run `work`, say what failed, mark the page done.
+async function run(work) {
   if (live.busy) return;
-  if (live.recipe === "vit") {
-    say("");
-    document.body.dataset.done = "0";
-    try {
-      await classify();
-    } catch (err) {
-      say(`the model failed: ${err.message}`);
-    } finally {
-      live.busy = false;
-      document.body.dataset.done = "1";
-    }
-    return;
-  }
-  if (live.recipe === "translation") {
-    say("");
-    document.body.dataset.done = "0";
-    try {
-      await translate();
-    } catch (err) {
-      say(err.message);
-    } finally {
-      live.busy = false;
-      $("generate").disabled = false;
-      document.body.dataset.done = "1";
-    }
-    return;
-  }
+  live.busy = true;
   say("");
   document.body.dataset.done = "0";
-  const prompt = $("prompt").value;
-  let settings, ids;
-  try {
-    settings = readSettings();
-    if (prompt.length === 0) throw new Error("type a prompt first");
-    ids = encode(prompt);
-    if (ids.length >= live.config.max_len)
-      throw new Error(`the prompt has ${ids.length} tokens; the model reads at most ${live.config.max_len}, and needs room to write`);
-  } catch (err) {
-    say(err.message);
-    document.body.dataset.done = "1";
-    return;
-  }
-  live.busy = true;
   $("generate").disabled = true;
   try {
-    const draw = mulberry32(settings.seed);
-    const out = [];
-    let feed = ids, cache = emptyCache();
-    for (let step = 0; step < settings.n; step++) {
-      if (ids.length + out.length >= live.config.max_len) {
-        say(`stopped at the model's context length (${live.config.max_len} tokens)`);
-        break;
-      }
-      const r = await live.session.run({ tokens: int64(feed), ...cache });
-      const next = choose(lastRow(r.logits), draw(), settings.temperature, settings.topK);
-      out.push(next);
-      cache = { past_keys: r.present_keys, past_values: r.present_values };
-      feed = [next];
-    }
-    live.tokens = ids.concat(out);
-    showText(prompt, out);
-    await showAttention();
+    await work();
   } catch (err) {
-    say(`the model failed: ${err.message}`);
+    say(err.message);
   } finally {
     live.busy = false;
     $("generate").disabled = false;
     document.body.dataset.done = "1";
   }
+}
+
+function generate() {
+  return run({ vit: classify, translation: translate }[live.recipe] ?? sample);
+}
+
+// The LM: the prompt, then one token at a time through the cache, drawn by `choose`.
+async function sample() {
+  const prompt = $("prompt").value;
+  const settings = readSettings();
+  if (prompt.length === 0) throw new Error("type a prompt first");
+  const ids = encode(prompt);
+  if (ids.length >= live.config.max_len)
+    throw new Error(`the prompt has ${ids.length} tokens; the model reads at most ${live.config.max_len}, and needs room to write`);
+  const draw = mulberry32(settings.seed);
+  const out = [];
+  let feed = ids, cache = emptyCache();
+  for (let step = 0; step < settings.n; step++) {
+    if (ids.length + out.length >= live.config.max_len) {
+      say(`stopped at the model's context length (${live.config.max_len} tokens)`);
+      break;
+    }
+    const r = await live.session.run({ tokens: int64(feed), ...cache });
+    const next = choose(lastRow(r.logits), draw(), settings.temperature, settings.topK);
+    out.push(next);
+    cache = { past_keys: r.present_keys, past_values: r.present_values };
+    feed = [next];
+  }
+  live.tokens = ids.concat(out);
+  showText(prompt, out);
+  await showAttention();
 }
 
 function showText(prompt, out) {
