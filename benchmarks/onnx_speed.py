@@ -27,8 +27,9 @@ import torch
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 import qkv
+from qkv.data.batching import pad_sequences
 from qkv.device import cpu_has_native_bf16
-from qkv.hub.onnx_export import export_onnx
+from qkv.hub.onnx_export import empty_cache, export_onnx
 from qkv.inference.lm import generate_tokens
 from qkv.inference.quantize import cast_weights
 from qkv.inference.search import greedy_decode
@@ -43,17 +44,12 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def empty_cache(n_layers: int, cfg, batch: int) -> dict[str, np.ndarray]:
-    shape = (n_layers, batch, cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
-    return {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
-
-
 def onnx_translate(encoder, decoder, cfg, src: np.ndarray, extra_len: int = 50) -> list[list[int]]:
     """Greedy decoding through the exported graphs, as qkv's greedy_decode does (same limit)."""
     (memory,) = encoder.run(None, {"src": src})
     b = src.shape[0]
     limit = min(int((src != cfg.pad_id).sum(1).max()) + extra_len, cfg.max_len)
-    cache = empty_cache(cfg.n_decoder_layers, cfg, b)
+    cache = empty_cache(cfg, b)
     token = np.full((b, 1), cfg.bos_id, np.int64)
     out, done = np.full((b, limit), cfg.pad_id, np.int64), np.zeros(b, bool)
     for t in range(limit):
@@ -73,7 +69,7 @@ def onnx_translate(encoder, decoder, cfg, src: np.ndarray, extra_len: int = 50) 
 
 
 def onnx_generate(decoder, cfg, prompt: np.ndarray, n: int) -> np.ndarray:
-    cache = empty_cache(cfg.n_layers, cfg, prompt.shape[0])
+    cache = empty_cache(cfg, prompt.shape[0])
     tokens, out = prompt, []
     for _ in range(n):
         logits, cache["past_keys"], cache["past_values"] = decoder.run(None, {"tokens": tokens, **cache})
@@ -89,12 +85,7 @@ def torch_generate(model, prompt: torch.Tensor, n: int) -> np.ndarray:
 
 
 def batches(rows: list[list[int]], size: int, pad: int) -> list[np.ndarray]:
-    out = []
-    for i in range(0, len(rows), size):
-        chunk = rows[i : i + size]
-        width = max(map(len, chunk))
-        out.append(np.array([r + [pad] * (width - len(r)) for r in chunk], np.int64))
-    return out
+    return [pad_sequences(rows[i : i + size], pad).numpy() for i in range(0, len(rows), size)]
 
 
 def timed(fn) -> tuple[Any, float]:

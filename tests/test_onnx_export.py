@@ -14,7 +14,7 @@ from conftest import _write_run
 from qkv import runs
 from qkv.cli import main
 from qkv.errors import QkvError
-from qkv.hub.onnx_export import MIN_OPSET, export_onnx, read_manifest
+from qkv.hub.onnx_export import MIN_OPSET, empty_cache, export_onnx, read_manifest
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -29,11 +29,6 @@ def close(onnx_value: np.ndarray, torch_value: np.ndarray) -> None:
 
 def session(folder, name):
     return ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
-
-
-def empty_cache(n_layers: int, config, batch: int) -> dict[str, np.ndarray]:
-    shape = (n_layers, batch, config.n_heads, 0, config.d_model // config.n_heads)
-    return {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +65,7 @@ def test_the_lm_decodes_incrementally_with_the_exported_cache(exported):
     model, tok = runs.load_run(run)
     decoder, cfg = session(folder, "decoder.onnx"), model.config
     prompt = torch.tensor([tok.encode("ROMEO:\nBut")] * 2)
-    logits, keys, values, weights = decoder.run(
-        None, {"tokens": prompt.numpy(), **empty_cache(cfg.n_layers, cfg, 2)}
-    )
+    logits, keys, values, weights = decoder.run(None, {"tokens": prompt.numpy(), **empty_cache(cfg, 2)})
     with torch.no_grad():
         ref = model(prompt, need_weights=True)
     close(logits, ref.logits.numpy())
@@ -116,7 +109,7 @@ def test_the_encoder_decoder_decodes_greedily_as_qkv_does(exported, family):
     extra = {"src": x.numpy()} if family == "translation" else {}
     with torch.no_grad():
         expected = greedy_decode(model, x)[0]  # stops at eos or at its length limit
-    cache = empty_cache(cfg.n_decoder_layers, cfg, 1)
+    cache = empty_cache(cfg, 1)
     token, out = np.array([[cfg.bos_id]]), []
     for _ in range(len(expected) + 1):
         logits, cache["past_keys"], cache["past_values"], *_ = decoder.run(
@@ -130,7 +123,7 @@ def test_the_encoder_decoder_decodes_greedily_as_qkv_does(exported, family):
     # teacher-forced, whole target at once: logits and both kinds of attention
     tgt = torch.tensor([[cfg.bos_id, *expected[:3]]]) if expected else torch.tensor([[cfg.bos_id]])
     logits, _, _, self_w, cross_w = decoder.run(
-        None, {"tgt": tgt.numpy(), "memory": memory, **extra, **empty_cache(cfg.n_decoder_layers, cfg, 1)}
+        None, {"tgt": tgt.numpy(), "memory": memory, **extra, **empty_cache(cfg, 1)}
     )
     src_mask = padding_mask(x, cfg.pad_id) if family == "translation" else None
     with torch.no_grad():

@@ -41,21 +41,21 @@ is :class:`GrowingCache`, a :class:`~qkv.nn.attention.KVCache` whose ``append`` 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from .. import runs
+from ..data.sources import sha256sum
 from ..errors import QkvError
 from ..files import read_json, write_json
 from ..models.caption import CaptionModel
@@ -92,13 +92,27 @@ class GrowingCache(KVCache):
         return self._k, self._v
 
 
+def cache_shape(config: Any, batch: int, length: int) -> tuple[int, int, int, int, int]:
+    """The exported cache's shape, ``(n_layers, batch, n_heads, length, d_k)``: the decoder's
+    layers for a translator or captioner."""
+    n_layers = getattr(config, "n_decoder_layers", None) or config.n_layers
+    return (n_layers, batch, config.n_heads, length, config.d_model // config.n_heads)
+
+
+def empty_cache(config: Any, batch: int) -> dict[str, np.ndarray]:
+    """``past_keys`` and ``past_values`` of a first decoding step (``P = 0``), float32 for
+    onnxruntime; ``config``: the model's config."""
+    shape = cache_shape(config, batch, 0)
+    return {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
+
+
 def _caches(past_keys: torch.Tensor, past_values: torch.Tensor) -> list[GrowingCache]:
     return [GrowingCache(past_keys[i], past_values[i]) for i in range(past_keys.size(0))]
 
 
-def _stacked(caches: list, pick: Callable[[Any], KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+def _stacked(caches: list[GrowingCache]) -> tuple[torch.Tensor, torch.Tensor]:
     """Every layer's cached keys and values, ``(n_layers, B, H, L, d_k)`` each."""
-    keys, values = zip(*((pick(c)._k, pick(c)._v) for c in caches), strict=True)
+    keys, values = zip(*((c._k, c._v) for c in caches), strict=True)
     return torch.stack(keys), torch.stack(values)
 
 
@@ -114,7 +128,7 @@ class LMStep(nn.Module):
     def forward(self, tokens: torch.Tensor, past_keys: torch.Tensor, past_values: torch.Tensor) -> tuple:
         caches = _caches(past_keys, past_values)
         out = self.model(tokens, caches=caches, need_weights=self.attentions)
-        keys, values = _stacked(caches, lambda c: c)
+        keys, values = _stacked(caches)
         return (out.logits, keys, values) + ((torch.stack(out.attentions),) if self.attentions else ())
 
 
@@ -128,13 +142,14 @@ class Seq2SeqStep(nn.Module):
         self.model, self.attentions = model, attentions
 
     def step(self, tgt, memory, src_mask, past_keys, past_values) -> tuple:
+        own = _caches(past_keys, past_values)
         # a fresh cross-attention cache each step: its keys and values are computed from memory
-        caches: list[tuple[KVCache, KVCache]] = [(c, KVCache()) for c in _caches(past_keys, past_values)]
+        caches: list[tuple[KVCache, KVCache]] = [(c, KVCache()) for c in own]
         start = past_keys.size(3)
         logits, self_w, cross_w = self.model.decode(
             tgt, memory, src_mask, caches=caches, start_pos=start, need_weights=self.attentions
         )
-        keys, values = _stacked(caches, lambda c: c[0])
+        keys, values = _stacked(own)
         weights = (torch.stack(self_w), torch.stack(cross_w)) if self.attentions else ()
         return (logits, keys, values) + weights
 
@@ -177,8 +192,7 @@ class Whole(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> tuple:
         out = self.model(inputs, need_weights=self.attentions, **self.kwargs)
-        weights = out.attentions if hasattr(out, "attentions") else out.encoder_attentions
-        return (out.logits,) + ((torch.stack(weights),) if self.attentions else ())
+        return (out.logits,) + ((torch.stack(out.attentions),) if self.attentions else ())
 
 
 @dataclass
@@ -201,8 +215,8 @@ STEP_AXES |= {"present_keys": CACHE_OUT, "present_values": CACHE_OUT}
 WEIGHT_AXES = {1: "batch", 3: "length", 4: "keys"}  # (n_layers, B, H, T, L)
 
 
-def _past(n_layers: int, config, batch: int, length: int) -> dict[str, torch.Tensor]:
-    shape = (n_layers, batch, config.n_heads, length, config.d_model // config.n_heads)
+def _past(config: Any, batch: int, length: int) -> dict[str, torch.Tensor]:
+    shape = cache_shape(config, batch, length)
     return {"past_keys": torch.randn(shape), "past_values": torch.randn(shape)}
 
 
@@ -221,7 +235,7 @@ def _images(config: Any) -> torch.Tensor:
 def _lm_graphs(model: DecoderLM, attentions: bool) -> list[Graph]:
     config: Any = model.config
     names, axes = _weights(["attentions"], attentions)
-    inputs = {"tokens": torch.randint(0, config.vocab_size, (B, T)), **_past(config.n_layers, config, B, P)}
+    inputs = {"tokens": torch.randint(0, config.vocab_size, (B, T)), **_past(config, B, P)}
     outputs = ["logits", "present_keys", "present_values", *names]
     return [
         Graph("decoder.onnx", LMStep(model, attentions), inputs, outputs, STEP_AXES | {"tokens": SEQ} | axes)
@@ -244,7 +258,7 @@ def _seq2seq_graphs(model: Transformer | CaptionModel, attentions: bool) -> list
         memory = model.encode(next(iter(enc_in.values())))[0]
     vocab = config.tgt_vocab_size if translator else config.vocab_size
     inputs = {"tgt": torch.randint(4, vocab, (B, T)), "memory": memory, **(enc_in if translator else {})}
-    inputs |= _past(config.n_decoder_layers, config, B, P)
+    inputs |= _past(config, B, P)
     names, axes = _weights(["self_attentions", "cross_attentions"], attentions)
     axes |= STEP_AXES | {"tgt": SEQ} | memory_axes | (enc_axes if translator else {})
     step = (TranslatorStep if translator else CaptionStep)(model, attentions)
@@ -337,39 +351,30 @@ def _export_quietly(graph: Graph, path: Path, opset: int) -> str:
         return "torchscript"
 
 
-def hf_tokenizer_json(tokenizer: Any) -> str:
-    """The run's tokenizer as a Hugging Face ``tokenizers`` JSON string (what ``tokenizers``
-    and its JavaScript port read). A subword or pretrained tokenizer is already one; qkv's
-    character and amino-acid vocabularies become a ``WordLevel`` model over single characters
-    (the amino-acid one adds ``<cls>`` … ``<eos>`` around a sequence, as qkv does; it expects
-    upper-case residues)."""
+def write_hf_tokenizer(tokenizer: Any, path: Path) -> None:
+    """Write the run's tokenizer to ``path`` as Hugging Face ``tokenizers`` JSON (what
+    ``tokenizers`` and its JavaScript port read). A subword or pretrained tokenizer saves itself
+    (it is one already); qkv's character and amino-acid vocabularies become a ``WordLevel`` model
+    over single characters (the amino-acid one adds ``<cls>`` … ``<eos>`` around a sequence, as
+    qkv does; it expects upper-case residues)."""
     from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
     from tokenizers.models import WordLevel
 
     from ..data.tokenizers import AminoAcidTokenizer, CharTokenizer
 
     if isinstance(tokenizer, CharTokenizer):
-        vocab, unk = {c: i for i, c in enumerate(tokenizer.chars)}, None
+        hf = Tokenizer(WordLevel({c: i for i, c in enumerate(tokenizer.chars)}))
     elif isinstance(tokenizer, AminoAcidTokenizer):
-        vocab, unk = {t: i for i, t in enumerate(tokenizer.tokens)}, "<unk>"
-    else:
-        return tokenizer._tok.to_str(pretty=True)
-    hf = Tokenizer(WordLevel(vocab, unk_token=unk) if unk else WordLevel(vocab))
-    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    if isinstance(tokenizer, AminoAcidTokenizer):
+        hf = Tokenizer(WordLevel({t: i for i, t in enumerate(tokenizer.tokens)}, unk_token="<unk>"))
         hf.add_special_tokens(list(tokenizer.tokens[:5]))
         hf.post_processor = processors.TemplateProcessing(
             single="<cls> $A <eos>", special_tokens=[("<cls>", tokenizer.cls_id), ("<eos>", tokenizer.eos_id)]
         )
-    return hf.to_str(pretty=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    else:
+        tokenizer.save(path)
+        return
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    hf.save(str(path))
 
 
 @dataclass(frozen=True)
@@ -404,9 +409,8 @@ def export_onnx(
         raise QkvError(f"ONNX export needs {' and '.join(missing)}: pip install 'qkv[onnx]'")
     if opset < MIN_OPSET:
         raise QkvError(f"opset {opset} is too old: qkv's graphs need opset {MIN_OPSET} or newer")
-    info = runs.info.RunInfo.read(Path(run_dir)) if (Path(run_dir) / "train_config.json").is_file() else None
-    model, tokenizer = runs.load_run(run_dir)
-    recipe = info.recipe if info else "unknown"
+    model, tokenizer = runs.load_run(run_dir)  # checks the run's files first
+    recipe = runs.info.RunInfo.read(Path(run_dir)).recipe
     task = runs.run_json(run_dir, TASK, missing={})
     level = task.get("level", "mlm")
     parts = graphs(model, recipe, level, attentions)  # refuses a family it cannot export
@@ -420,7 +424,7 @@ def export_onnx(
                 files[graph.file] = _export(graph, staged / graph.file, opset)
             logger.debug("%s: %s exporter", graph.file, files[graph.file])
         if tokenizer is not None:
-            (staged / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
+            write_hf_tokenizer(tokenizer, staged / "tokenizer.json")
         manifest = {
             "format": 1,
             "recipe": recipe,
@@ -434,7 +438,7 @@ def export_onnx(
             },
             "config": config,
             "files": {
-                p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staged.iterdir())
+                p.name: {"bytes": p.stat().st_size, "sha256": sha256sum(p)} for p in sorted(staged.iterdir())
             },
         }
         write_json(staged / MANIFEST, manifest)
