@@ -23,12 +23,12 @@ id, in id order, whose running sum passes the draw).
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from ..data.tokenizers import CharTokenizer, load_tokenizer
 from ..errors import QkvError
 from ..hub.convert import refuse_nonempty
 from ..hub.onnx_export import export_onnx
@@ -58,9 +58,7 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
     recipe = RunInfo.read(Path(run_dir)).recipe
     if recipe not in LIVE_RECIPES:
         raise QkvError(f"the live page runs {', '.join(LIVE_RECIPES)} runs so far; this is a {recipe!r} run")
-    tokenizer = Path(run_dir) / "tokenizer.json"
-    kind = json.loads(tokenizer.read_text(encoding="utf-8")).get("type") if tokenizer.is_file() else None
-    if recipe == "lm" and kind != "char":
+    if recipe == "lm" and not isinstance(load_tokenizer(Path(run_dir) / "tokenizer.json"), CharTokenizer):
         raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
     export_onnx(run_dir, out / "model", attentions=True)
     for folder, names in VENDORED.items():
@@ -68,9 +66,8 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
         for name in names:
             shutil.copyfile(STATIC / folder / name, out / folder / name)
     shutil.copyfile(STATIC / "live.js", out / "live.js")
-    page = out / "index.html"
-    page.write_text((STATIC / "live.html").read_text(encoding="utf-8"), encoding="utf-8")
-    return page
+    shutil.copyfile(STATIC / "live.html", out / "index.html")
+    return out / "index.html"
 
 
 def mulberry32(seed: int) -> Iterator[float]:
@@ -96,13 +93,13 @@ def page_sampler(logits: Sequence[float], u: float, temperature: float, top_k: i
     values = [float(x) for x in logits]
     if temperature == 0:
         return max(range(len(values)), key=lambda i: (values[i], -i))
-    kept = sorted(range(len(values)), key=lambda i: (-values[i], i))[: top_k or len(values)]
-    top = values[kept[0]]
-    weights = {i: math.exp((values[i] - top) / temperature) for i in kept}
-    total = sum(weights[i] for i in sorted(kept))
+    best = sorted(range(len(values)), key=lambda i: (-values[i], i))[: top_k or len(values)]
+    kept = sorted(best)  # id order: the order the page sums in
+    weights = [math.exp((values[i] - values[best[0]]) / temperature) for i in kept]
+    total = sum(weights)
     running = 0.0
-    for i in sorted(kept):
-        running += weights[i] / total
+    for i, weight in zip(kept, weights, strict=True):
+        running += weight / total
         if running > u:
             return i
-    return max(kept)
+    return kept[-1]

@@ -30,11 +30,7 @@ function mulberry32(seed) {
 // is greedy; else softmax(logits / T) over the top-k (ties to the lower id), summed in id order.
 function choose(logits, u, temperature, topK) {
   const n = logits.length;
-  if (temperature === 0) {
-    let best = 0;
-    for (let i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
-    return best;
-  }
+  if (temperature === 0) return argmax(logits);
   const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => logits[b] - logits[a] || a - b);
   const kept = order.slice(0, topK || n).sort((a, b) => a - b);
   const top = logits[order[0]];
