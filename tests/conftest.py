@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,4 +175,75 @@ def train_digits_vit(run, *overrides: str):
         ]
     )
     assert code == 0
+    return run
+
+
+CAPTION_STEPS = 80
+CAPTIONS = [
+    "a coat",
+    "two t-shirts",
+    "a sandal to the left of a bag",
+    "a bag to the right of a sandal",
+    "two dresses above a sneaker",
+    "a boot below a pullover",
+    "a shirt above two trousers",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_caption_run(tmp_path_factory) -> Path:
+    """A ``qkv train caption`` run directory with a tiny captioner: 56 × 56 grey scenes in
+    14-pixel patches (a 4 × 4 grid), 2 encoder and 2 decoder layers, 2 heads, trained for a
+    moment to write the words of :data:`CAPTIONS` (a second or so)."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from qkv.data.batching import pad_sequences
+    from qkv.data.images import to_model_input
+    from qkv.data.tokenizers import SubwordTokenizer
+    from qkv.files import save_weights, write_json
+    from qkv.models.caption import CaptionModel
+    from qkv.models.config import CaptionConfig
+
+    run = tmp_path_factory.mktemp("caption") / "run"
+    run.mkdir()
+    torch.manual_seed(0)
+    tokenizer = SubwordTokenizer.train(CAPTIONS * 3, vocab_size=80, min_frequency=1)
+    config = CaptionConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        image_size=56,
+        patch_size=14,
+        channels=1,
+        max_len=16,
+    )
+    model = CaptionModel(config)
+    # Untrained, it writes one piece over and over; a few steps on CAPTIONS (each over an image
+    # of noise) and it writes their words.
+    images = to_model_input(
+        np.random.default_rng(0).integers(0, 256, (len(CAPTIONS), 56, 56, 1), dtype=np.uint8)
+    )
+    ids = [tokenizer.encode(c) for c in CAPTIONS]
+    tgt_in = pad_sequences([[config.bos_id, *x] for x in ids], config.pad_id)
+    tgt_out = pad_sequences([[*x, config.eos_id] for x in ids], config.pad_id)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(CAPTION_STEPS):
+        logits = model(images, tgt_in).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=config.pad_id)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    save_weights(model, run / "model.safetensors")
+    write_json(run / "config.json", config.to_dict())
+    write_json(
+        run / "train_config.json",
+        {"recipe": "caption", "model_type": "caption", "task": "scenes", "eval_scenes": 6, "split_seed": 0},
+    )
+    write_json(run / "task.json", {"task": "scenes", "background": "black"})
+    tokenizer.save(run / "tokenizer.json")
     return run

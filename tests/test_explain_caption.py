@@ -16,91 +16,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 import qkv
 from qkv import runs
 from qkv.cli import main
-from qkv.data.batching import pad_sequences
 from qkv.data.images import to_model_input
-from qkv.data.tokenizers import SubwordTokenizer
 from qkv.errors import QkvError
 from qkv.explain import ExplainerPage
 from qkv.explain.caption import CaptionExplainer
 from qkv.explain.plots import plot_caption_attention, plot_caption_heads
-from qkv.files import save_weights, write_json
 from qkv.inference.search import beam_search, greedy_decode
-from qkv.models.caption import CaptionModel
-from qkv.models.config import CaptionConfig
 from qkv.recipes.loading import load_explainer
 
 DATA = Path(os.environ.get("QKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 CHROMIUM = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-STEPS = 80
-CAPTIONS = [
-    "a coat",
-    "two t-shirts",
-    "a sandal to the left of a bag",
-    "a bag to the right of a sandal",
-    "two dresses above a sneaker",
-    "a boot below a pullover",
-    "a shirt above two trousers",
-]
 
 
 @pytest.fixture(scope="module")
-def caption_run(tmp_path_factory) -> Path:
-    """A ``qkv train caption`` run directory with a tiny captioner: 56 × 56 grey scenes in
-    14-pixel patches (a 4 × 4 grid), 2 encoder and 2 decoder layers, 2 heads, trained for a
-    moment to write the words of :data:`CAPTIONS` (a second or so)."""
-    run = tmp_path_factory.mktemp("caption") / "run"
-    run.mkdir()
-    torch.manual_seed(0)
-    tokenizer = SubwordTokenizer.train(CAPTIONS * 3, vocab_size=80, min_frequency=1)
-    config = CaptionConfig(
-        vocab_size=tokenizer.vocab_size,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        image_size=56,
-        patch_size=14,
-        channels=1,
-        max_len=16,
-    )
-    model = CaptionModel(config)
-    # Untrained, it writes one piece over and over; a few steps on CAPTIONS (each over an image
-    # of noise) and it writes their words.
-    images = to_model_input(
-        np.random.default_rng(0).integers(0, 256, (len(CAPTIONS), 56, 56, 1), dtype=np.uint8)
-    )
-    ids = [tokenizer.encode(c) for c in CAPTIONS]
-    tgt_in = pad_sequences([[config.bos_id, *x] for x in ids], config.pad_id)
-    tgt_out = pad_sequences([[*x, config.eos_id] for x in ids], config.pad_id)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(STEPS):
-        logits = model(images, tgt_in).logits
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=config.pad_id)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    save_weights(model, run / "model.safetensors")
-    write_json(run / "config.json", config.to_dict())
-    write_json(
-        run / "train_config.json",
-        {"recipe": "caption", "model_type": "caption", "task": "scenes", "eval_scenes": 6, "split_seed": 0},
-    )
-    write_json(run / "task.json", {"task": "scenes", "background": "black"})
-    tokenizer.save(run / "tokenizer.json")
-    return run
-
-
-@pytest.fixture(scope="module")
-def explainer(caption_run) -> CaptionExplainer:
-    return load_explainer(caption_run)
+def explainer(tiny_caption_run) -> CaptionExplainer:
+    return load_explainer(tiny_caption_run)
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +76,10 @@ def _model_word_maps(
     return np.stack([cross[:, :, a].reshape(cross.shape[0], cross.shape[1], g, g).numpy() for a, b in spans])
 
 
-def test_the_pages_word_maps_are_the_models_cross_attention(caption_run, image_file, tmp_path):
+def test_the_pages_word_maps_are_the_models_cross_attention(tiny_caption_run, image_file, tmp_path):
     several = []  # words of several pieces: their map is the mean of the pieces' rows
     for beam in (1, 3):
-        page = qkv.show(caption_run, str(image_file), beam_size=beam)
+        page = qkv.show(tiny_caption_run, str(image_file), beam_size=beam)
         data = _page_data(page.save(tmp_path / f"beam{beam}.html").read_text(encoding="utf-8"))
         out = data["explanation"]["output"]
         assert data["explanation"]["family"] == "caption" and data["info"]["input"] == "image"
@@ -152,7 +87,7 @@ def test_the_pages_word_maps_are_the_models_cross_attention(caption_run, image_f
         pixels = _pixels(out["image"])
         assert pixels.shape == (56, 56, 1)
         # the caption is the model's own decoding of these pixels
-        model, _ = runs.load_run(caption_run, family="caption")
+        model, _ = runs.load_run(tiny_caption_run, family="caption")
         x = to_model_input(pixels[None])
         with torch.no_grad():
             ids = greedy_decode(model, x)[0] if beam == 1 else beam_search(model, x, beam)[0]
@@ -162,7 +97,7 @@ def test_the_pages_word_maps_are_the_models_cross_attention(caption_run, image_f
         assert [i for a, b in spans for i in range(a, b)] == list(range(len(ids)))  # every piece, once
         assert len(words) > 1 and " ".join(w["text"] for w in words) == out["text"]
         several += [w["text"] for w in words if w["end"] - w["start"] > 1]
-        want = _model_word_maps(caption_run, pixels, ids, spans)
+        want = _model_word_maps(tiny_caption_run, pixels, ids, spans)
         got = np.array([w["maps"] for w in words], dtype=float).reshape(want.shape)
         assert got.shape[1:] == (2, 2, 4, 4)
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
@@ -200,10 +135,12 @@ def test_explanation_holds_every_kind_and_the_cross_rows_match_the_word_maps(exp
     )
 
 
-def test_cli_writes_the_pictures_and_the_page(caption_run, image_file, tmp_path, capsys):
+def test_cli_writes_the_pictures_and_the_page(tiny_caption_run, image_file, tmp_path, capsys):
     pics = tmp_path / "pics"
     assert (
-        main(["explain", str(caption_run), "--input", str(image_file), "--out", str(pics), "--beam", "1"])
+        main(
+            ["explain", str(tiny_caption_run), "--input", str(image_file), "--out", str(pics), "--beam", "1"]
+        )
         == 0
     )
     names = {Path(p).name for p in capsys.readouterr().out.split()}
@@ -221,18 +158,18 @@ def test_cli_writes_the_pictures_and_the_page(caption_run, image_file, tmp_path,
     saved = json.loads((pics / "explanation.json").read_text(encoding="utf-8"))
     assert saved["family"] == "caption" and all(len(w["maps"]) == 2 for w in saved["output"]["words"])
     page = tmp_path / "page.html"
-    assert main(["explain", str(caption_run), "--input", str(image_file), "--html", str(page)]) == 0
+    assert main(["explain", str(tiny_caption_run), "--input", str(image_file), "--html", str(page)]) == 0
     doc = page.read_text(encoding="utf-8")
     assert 'id="caption-card"' in doc and "Content-Security-Policy" in doc and "<script src=" not in doc
     assert _page_data(doc)["explanation"]["output"]["decoding"] == "greedy decoding"  # the run's own beam
 
 
-def test_the_page_decodes_as_qkv_caption_does(explainer, caption_run, image_file, capsys):
+def test_the_page_decodes_as_qkv_caption_does(explainer, tiny_caption_run, image_file, capsys):
     """Without a beam size the page (and qkv explain) decode as the run does (its beam_size: 1
     here), so the page and qkv caption give one caption for one image; --beam still chooses."""
     page = explainer.explain(str(image_file)).output
     assert page["decoding"] == "greedy decoding"
-    assert main(["caption", str(caption_run), str(image_file)]) == 0
+    assert main(["caption", str(tiny_caption_run), str(image_file)]) == 0
     assert page["text"] in capsys.readouterr().out
     beam = explainer.explain(str(image_file), qkv.explain.DecodingOptions(beam_size=3)).output
     assert beam["decoding"] == "beam search, beam size 3"
@@ -254,19 +191,19 @@ def test_caption_figures_have_one_panel_per_word(explainer):
         plot_caption_attention(image, words, maps[:2])
 
 
-def test_show_gives_a_notebook_page_for_every_kind_of_image_input(explainer, caption_run, image_file):
+def test_show_gives_a_notebook_page_for_every_kind_of_image_input(explainer, tiny_caption_run, image_file):
     page = qkv.show(explainer, np.asarray(Image.open(image_file)), beam_size=1)
     assert isinstance(page, ExplainerPage) and page.explanation.text == "array 60×60"
     frame = page._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame
     assert "caption-card" in html.unescape(frame)
     from_bytes = qkv.explain.show(explainer, image_file.read_bytes(), beam_size=1)
-    from_path = qkv.show(caption_run, image_file, beam_size=1)
+    from_path = qkv.show(tiny_caption_run, image_file, beam_size=1)
     words = [p.explanation.output["words"] for p in (page, from_bytes, from_path)]
     assert words[0] == words[1] == words[2]
 
 
-def test_a_wrong_input_is_a_one_line_error(explainer, caption_run, tmp_path, capsys):
+def test_a_wrong_input_is_a_one_line_error(explainer, tiny_caption_run, tmp_path, capsys):
     from PIL import Image
 
     notes = tmp_path / "notes.txt"
@@ -291,11 +228,17 @@ def test_a_wrong_input_is_a_one_line_error(explainer, caption_run, tmp_path, cap
         assert "\n" not in str(caught.value)
     with pytest.raises(QkvError, match="beam size must be between 1"):
         explainer.explain(0, qkv.explain.DecodingOptions(beam_size=10_000))
-    assert main(["explain", str(caption_run), "--input", str(notes), "--html", str(tmp_path / "p.html")]) == 2
+    assert (
+        main(["explain", str(tiny_caption_run), "--input", str(notes), "--html", str(tmp_path / "p.html")])
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "not an image" in err[0]
     assert not (tmp_path / "p.html").exists()
-    assert main(["explain", str(caption_run), "--input", str(tiny), "--html", str(tmp_path / "p.html")]) == 2
+    assert (
+        main(["explain", str(tiny_caption_run), "--input", str(tiny), "--html", str(tmp_path / "p.html")])
+        == 2
+    )
     assert "too small" in capsys.readouterr().err and not (tmp_path / "p.html").exists()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from qkv import runs
 from qkv.cli import main
 from qkv.errors import QkvError
 from qkv.explain.live import mulberry32, page_sampler, write_live_page
+from qkv.files import write_json
 from qkv.inference.lm import generate_tokens
 
 pytest.importorskip("onnxscript")
@@ -143,6 +145,58 @@ def test_an_opened_image_is_classified_as_the_model_does(vit_site, tiny_vit_run,
         assert not errors, errors
 
 
+@pytest.fixture(scope="module")
+def caption_site(tiny_caption_run, tmp_path_factory):
+    """The live page of the tiny captioner (56 × 56 scenes, 4 × 4 patches), served."""
+    folder = tmp_path_factory.mktemp("live_caption") / "site"
+    write_live_page(tiny_caption_run, folder)
+    server, base = _serve(folder)
+    yield base, folder
+    server.shutdown()
+
+
+def test_a_composed_scene_is_captioned_as_qkv_caption_does(caption_site, tiny_caption_run):
+    """Garments picked into the grid make the scene qkv.data.scenes paints (pixel for pixel), and
+    the page writes qkv caption's greedy caption with the model's cross-attention."""
+    from qkv.data.images import load_fashion_mnist
+    from qkv.data.scenes import CELL
+    from qkv.inference.caption import Captioner
+
+    base, _ = caption_site
+    test = load_fashion_mnist("test")
+    captioner = Captioner.from_run(tiny_caption_run, beam_size=1)
+    layouts = [{0: (4, 0), 3: (8, 1)}, {1: (5, 2), 2: (5, 3), 3: (9, 0)}]  # cell: (label, k-th image)
+    with chromium_page() as (page, requests, errors):
+        page.goto(base)
+        page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+        for layout in layouts:
+            page.click("#empty")
+            scene = np.zeros((56, 56, 1), np.uint8)
+            for cell, (label, k) in layout.items():
+                page.click(f'#grid button[data-cell="{cell}"]')
+                page.click(f'#palette canvas[data-label="{label}"][data-index="{k}"]')
+                row, col = divmod(cell, 2)
+                image = test.images[np.flatnonzero(test.labels == label)[k]]
+                scene[row * CELL : (row + 1) * CELL, col * CELL : (col + 1) * CELL] = image
+            page.wait_for_selector('body[data-done="1"]', timeout=60_000)
+            pixels = np.rint((np.array(page.evaluate("window.live.pixels")) + 1) * 127.5)
+            np.testing.assert_array_equal(pixels, scene.ravel())  # the scene, pixel for pixel
+            ids = captioner.caption_ids(scene[None])[0]
+            assert page.evaluate("window.live.tokens") == [captioner.config.bos_id, *ids]
+            assert page.locator("#output").inner_text() == captioner.caption(scene[None])[0]
+            assert page.locator("#words button").count() == len(ids)
+            cross = torch.tensor(captioner.cross_attention(scene, ids))  # (L, H, T, N)
+            drawn = torch.tensor(page.evaluate("Array.from(window.live.attention.data)"))
+            drawn = drawn.view(cross.shape[0], cross.shape[1], len(ids) + 1, -1)[:, :, : len(ids)]
+            assert torch.allclose(drawn, cross, atol=1e-4)
+        page.click("#empty")
+        page.click("#generate")
+        page.wait_for_selector('body[data-done="1"]', timeout=60_000)
+        assert "put a garment in the grid first" in page.locator("#message").inner_text()
+        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
+        assert not errors, errors
+
+
 def read_classes(run_dir) -> list[str]:
     return json.loads((Path(run_dir) / "task.json").read_text(encoding="utf-8"))["classes"]
 
@@ -223,10 +277,15 @@ def test_bad_input_is_a_message_on_the_page(site, prompt, message):
         assert not errors, errors
 
 
-def test_write_refuses_in_one_line(tiny_runs, tmp_path, capsys):
-    with pytest.raises(QkvError, match="runs lm, translation, vit runs so far"):
+def test_write_refuses_in_one_line(tiny_runs, tiny_caption_run, tmp_path, capsys):
+    with pytest.raises(QkvError, match="runs lm, translation, vit, caption runs so far"):
         write_live_page(tiny_runs["diffusion-lm"], tmp_path / "dlm")
     assert not (tmp_path / "dlm").exists()
+    other = shutil.copytree(tiny_caption_run, tmp_path / "folder-captioner")
+    write_json(other / "task.json", {"task": "folder", "background": "white"})
+    with pytest.raises(QkvError, match="composes garment scenes; this captioner's task is 'folder'"):
+        write_live_page(other, tmp_path / "cap")
+    assert not (tmp_path / "cap").exists()
     assert main(["explain", str(tiny_runs["lm"]), "--live", str(tmp_path / "page")]) == 0
     assert (tmp_path / "page" / "index.html").is_file() and (
         tmp_path / "page" / "model" / "decoder.onnx"

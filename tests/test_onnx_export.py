@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import _write_run
 
 from qkv import runs
 from qkv.cli import main
@@ -32,30 +31,12 @@ def session(folder, name):
 
 
 @pytest.fixture(scope="module")
-def caption_run(tmp_path_factory):
-    """A tiny random captioner (8 × 8 images, 4 × 4 patches, 2 + 2 layers) with a BPE tokenizer."""
-    from qkv.data.tokenizers import SubwordTokenizer
-    from qkv.models.caption import CaptionModel
-    from qkv.models.config import CaptionConfig
-
-    torch.manual_seed(0)
-    captions = ["a coat left of a bag", "two sandals above a dress"] * 5
-    bpe = SubwordTokenizer.train(captions, vocab_size=60, min_frequency=1)
-    sizes = {"image_size": 8, "patch_size": 4, "channels": 1, "d_model": 16, "n_heads": 2, "d_ff": 32}
-    cfg = CaptionConfig(
-        vocab_size=bpe.vocab_size, n_encoder_layers=2, n_decoder_layers=2, max_len=16, **sizes
-    )
-    run = tmp_path_factory.mktemp("caption") / "run"
-    return _write_run(run, CaptionModel(cfg), cfg, "caption", bpe)
-
-
-@pytest.fixture(scope="module")
-def exported(tiny_runs, tiny_vit_run, caption_run, tmp_path_factory):
+def exported(tiny_runs, tiny_vit_run, tiny_caption_run, tmp_path_factory):
     """Each family's tiny run exported with attention outputs: ``{family: (run, folder)}``."""
     out = {}
     root = tmp_path_factory.mktemp("onnx")
     sources = {k: v for k, v in tiny_runs.items() if k != "translation-rnn"}
-    for family, run in {**sources, "vit": tiny_vit_run, "caption": caption_run}.items():
+    for family, run in {**sources, "vit": tiny_vit_run, "caption": tiny_caption_run}.items():
         out[family] = (run, export_onnx(run, root / family, attentions=True).out)
     return out
 

@@ -13,7 +13,10 @@ and top-k; the attention of the whole text) and the translator (greedy, as ``qkv
 --beam 1``; its subword tokenizer read in the browser by tokenizers.js, vendored in
 ``static/tokenizers/``; the cross-attention of what it wrote) and the ViT (an image drawn with
 the mouse or opened from a file, at the model's size; the classes' probabilities and every
-layer's attention). Others are refused in one line.
+layer's attention) and the captioner of garment scenes (the reader picks Fashion-MNIST garments
+into the 2 × 2 grid, from a sheet of test images written beside the page; greedy, as
+``qkv caption`` with beam 1; where each word of the caption looked). Others are refused in one
+line.
 
 The page samples with a seeded generator so that Python can replay it: :func:`page_sampler` is
 the same sampler, step for step (mulberry32 for the uniform draw; softmax in float64 over
@@ -28,8 +31,13 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
+from ..data.images import load_fashion_mnist
+from ..data.scenes import CELL, NOUNS
 from ..data.tokenizers import CharTokenizer, load_tokenizer
 from ..errors import QkvError
+from ..files import write_json
 from ..hub.convert import refuse_nonempty
 from ..hub.onnx_export import export_onnx
 
@@ -38,7 +46,8 @@ VENDORED = {  # folder under static/ -> the files the page loads (README.txt and
     "ort": ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE"),
     "tokenizers": ("tokenizers.min.mjs", "LICENSE"),
 }
-LIVE_RECIPES = ("lm", "translation", "vit")
+LIVE_RECIPES = ("lm", "translation", "vit", "caption")
+GARMENTS_PER_CLASS = 4  # the composer's choice of Fashion-MNIST test images per class
 _MASK32 = 0xFFFFFFFF
 
 
@@ -60,7 +69,15 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
         raise QkvError(f"the live page runs {', '.join(LIVE_RECIPES)} runs so far; this is a {recipe!r} run")
     if recipe == "lm" and not isinstance(load_tokenizer(Path(run_dir) / "tokenizer.json"), CharTokenizer):
         raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
+    sheet = _garment_sheet(run_dir) if recipe == "caption" else None  # before anything is written
     export_onnx(run_dir, out / "model", attentions=True)
+    if sheet is not None:
+        from PIL import Image
+
+        Image.fromarray(sheet, "L").save(out / "garments.png")
+        write_json(
+            out / "garments.json", {"nouns": list(NOUNS), "cell": CELL, "per_class": GARMENTS_PER_CLASS}
+        )
     for folder, names in VENDORED.items():
         (out / folder).mkdir()
         for name in names:
@@ -68,6 +85,28 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
     shutil.copyfile(STATIC / "live.js", out / "live.js")
     shutil.copyfile(STATIC / "live.html", out / "index.html")
     return out / "index.html"
+
+
+def _garment_sheet(run_dir: str | Path) -> np.ndarray:
+    """The composer's garments: the first :data:`GARMENTS_PER_CLASS` Fashion-MNIST test images
+    of each class, uint8 ``(10 * 28, GARMENTS_PER_CLASS * 28)``, a row per class (:data:`NOUNS`
+    order). A captioner trained on other images is refused: the page composes scenes only.
+
+    Raises:
+        QkvError: the run's task is not the scenes of :mod:`qkv.data.scenes`; Fashion-MNIST is
+            missing (see :func:`~qkv.data.images.load_fashion_mnist`).
+    """
+    from ..runs.info import run_json
+
+    task = run_json(run_dir, "task.json", missing={}).get("task")
+    if task != "scenes":
+        raise QkvError(
+            f"the live page composes garment scenes; this captioner's task is {task!r}, not 'scenes'"
+        )
+    test = load_fashion_mnist("test")
+    picks = [np.flatnonzero(test.labels == label)[:GARMENTS_PER_CLASS] for label in range(len(NOUNS))]
+    rows = [np.concatenate([test.images[i, :, :, 0] for i in pick], axis=1) for pick in picks]
+    return np.concatenate(rows, axis=0)
 
 
 def mulberry32(seed: int) -> Iterator[float]:

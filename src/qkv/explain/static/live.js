@@ -1,13 +1,14 @@
 // The live page (qkv.explain.live): a qkv run exported to ONNX, run by onnxruntime-web (the
 // global `ort`, a classic script loaded before this module). One decoding step at a time through
 // the exported key/value cache. LM: greedy or sampled with the sampler that
-// qkv.explain.live.page_sampler replays in Python (keep the two in step). Translator: greedy, as
-// qkv's greedy_decode; its tokenizer.json read by tokenizers.js.
+// qkv.explain.live.page_sampler replays in Python (keep the two in step). Translator and
+// captioner: greedy, as qkv's greedy_decode; their tokenizer.json read by tokenizers.js. ViT: a
+// drawn or opened image.
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const live = {
   recipe: null, session: null, encoder: null, config: null, vocab: null, chars: null, tokenizer: null,
-  busy: false, attention: null, tokens: [], source: [],
+  busy: false, again: null, attention: null, tokens: [], source: [], word: 0,
 };
 window.live = live;  // read by the tests
 
@@ -87,8 +88,28 @@ function argmax(row) {
   return best;
 }
 
-// Greedy translation, as qkv's greedy_decode: the source + eos through the encoder, then one
-// target token at a time until eos or the limit (the source's length + 50, at most max_len).
+// Greedy decoding through the exported cache, as qkv's greedy_decode: from bos, the most probable
+// token until eos or `limit` tokens; then one teacher-forced pass over what was written for every
+// layer's cross-attention. `inputs`: the encoder's memory (and the translator's src).
+async function greedy(inputs, limit) {
+  const c = live.config;
+  let cache = emptyCache(), token = c.bos_id;
+  const out = [];
+  for (let step = 0; step < limit; step++) {
+    const r = await live.session.run({ tgt: int64([token]), ...inputs, ...cache });
+    token = argmax(lastRow(r.logits));
+    if (token === c.eos_id) break;
+    out.push(token);
+    cache = { past_keys: r.present_keys, past_values: r.present_values };
+  }
+  live.tokens = [c.bos_id].concat(out);
+  const r = await live.session.run({ tgt: int64(live.tokens), ...inputs, ...emptyCache() });
+  live.attention = r.cross_attentions;
+  return out;
+}
+
+// The translator: the source + eos through the encoder; the limit is the source's length + 50,
+// at most max_len (greedy_decode's).
 async function translate() {
   const c = live.config;
   const text = $("prompt").value.trim();
@@ -97,38 +118,121 @@ async function translate() {
   if (src.length > c.max_len) throw new Error(`the sentence has ${src.length} tokens; the model reads at most ${c.max_len}`);
   const source = int64(src);
   const { memory } = await live.encoder.run({ src: source });
-  const limit = Math.min(src.length + 50, c.max_len);
-  let cache = emptyCache(), token = c.bos_id;
-  const out = [];
-  for (let step = 0; step < limit; step++) {
-    const r = await live.session.run({ tgt: int64([token]), memory, src: source, ...cache });
-    token = argmax(lastRow(r.logits));
-    if (token === c.eos_id) break;
-    out.push(token);
-    cache = { past_keys: r.present_keys, past_values: r.present_values };
-  }
+  const out = await greedy({ memory, src: source }, Math.min(src.length + 50, c.max_len));
   $("output").textContent = out.length ? live.tokenizer.decode(out) : "";
   live.source = src;
-  live.tokens = [c.bos_id].concat(out);
-  // one teacher-forced pass over what was written: the cross-attention of every layer
-  const r = await live.session.run({ tgt: int64(live.tokens), memory, src: source, ...emptyCache() });
-  live.attention = r.cross_attentions;
   drawAttention();
 }
 
-// The ViT: the canvas's pixels (its size is the model's) → pixel / 127.5 - 1 (qkv's
-// to_model_input), one pass, the classes' probabilities and every layer's attention.
-function pixels() {
+// The captioner: the composed scene through the encoder; bos + the caption fit max_len.
+async function caption() {
+  if (scene.cells.every((g) => g === null)) throw new Error("put a garment in the grid first");
+  const images = pixels("scene");
+  live.pixels = Array.from(images.data);
+  const { memory } = await live.encoder.run({ images });
+  const out = await greedy({ memory }, live.config.max_len - 1);
+  $("output").textContent = out.length ? live.tokenizer.decode(out) : "";
+  const words = $("words");
+  words.innerHTML = "";
+  out.forEach((id, j) => {
+    const b = document.createElement("button");
+    b.textContent = live.tokenizer.decode([id]) || "·";
+    b.addEventListener("click", () => { live.word = j; drawAttention(); });
+    words.appendChild(b);
+  });
+  live.word = 0;
+  $("look-row").hidden = out.length === 0;
+  drawAttention();
+}
+
+// The scene being composed (qkv.data.scenes: 2 × 2 cells of 28 × 28 garments on black): each
+// cell null or [label, index into the sheet's row]; `picked`: the cell the next garment goes to.
+const scene = { cells: [null, null, null, null], picked: 0, sheet: null, cell: 0 };
+
+async function startComposer() {
+  const meta = await (await fetch("garments.json")).json();
+  const img = new Image();
+  img.src = "garments.png";
+  await img.decode();
+  const sheet = document.createElement("canvas");
+  sheet.width = img.width;
+  sheet.height = img.height;
+  sheet.getContext("2d").drawImage(img, 0, 0);
+  Object.assign(scene, { sheet, cell: meta.cell });
+  $("scene").width = $("scene").height = live.config.image_size;
+  for (let i = 0; i < 4; i++) {
+    const b = document.createElement("button");
+    Object.assign(b.style, { left: `${(i % 2) * 112}px`, top: `${Math.floor(i / 2) * 112}px` });
+    b.dataset.cell = String(i);
+    b.title = `cell ${i + 1}`;
+    b.addEventListener("click", () => pickCell(i));
+    $("grid").appendChild(b);
+  }
+  meta.nouns.forEach((noun, label) => {
+    const row = document.createElement("div");
+    const name = document.createElement("span");
+    name.textContent = noun;
+    row.appendChild(name);
+    for (let k = 0; k < meta.per_class; k++) {
+      const g = document.createElement("canvas");
+      g.width = g.height = meta.cell;
+      Object.assign(g.dataset, { label: String(label), index: String(k) });
+      g.title = noun;
+      g.getContext("2d").drawImage(sheet, k * meta.cell, label * meta.cell, meta.cell, meta.cell, 0, 0, meta.cell, meta.cell);
+      g.addEventListener("click", () => place([label, k]));
+      row.appendChild(g);
+    }
+    $("palette").appendChild(row);
+  });
+  $("random").addEventListener("click", () => {
+    const n = meta.nouns.length, cells = scene.cells.map(() => Math.random() < 0.6);
+    if (!cells.some(Boolean)) cells[Math.floor(Math.random() * 4)] = true;
+    scene.cells = cells.map((on) => (on ? [Math.floor(Math.random() * n), Math.floor(Math.random() * meta.per_class)] : null));
+    paintScene();
+    generate();
+  });
+  $("empty").addEventListener("click", () => { scene.cells = [null, null, null, null]; paintScene(); });
+  pickCell(0);
+  paintScene();
+}
+
+function pickCell(i) {
+  scene.picked = i;
+  for (const b of $("grid").querySelectorAll("button")) b.classList.toggle("picked", Number(b.dataset.cell) === i);
+}
+
+// The picked cell takes the garment (or is emptied, if it holds that one); the next cell is
+// picked and the scene captioned.
+function place(garment) {
+  const now = scene.cells[scene.picked];
+  scene.cells[scene.picked] = now && now[0] === garment[0] && now[1] === garment[1] ? null : garment;
+  pickCell((scene.picked + 1) % 4);
+  paintScene();
+  if (scene.cells.some((g) => g !== null)) generate();
+}
+
+function paintScene() {
+  const ctx = $("scene").getContext("2d"), size = live.config.image_size, half = size / 2, cell = scene.cell;
+  ctx.fillStyle = "#000";
+  ctx.fillRect(0, 0, size, size);
+  scene.cells.forEach((g, i) => {
+    if (g) ctx.drawImage(scene.sheet, g[1] * cell, g[0] * cell, cell, cell, (i % 2) * half, Math.floor(i / 2) * half, half, half);
+  });
+}
+
+// A canvas's pixels (its size is the model's) → pixel / 127.5 - 1 (qkv's to_model_input).
+function pixels(canvas) {
   const c = live.config, size = c.image_size;
-  const data = $("pixels").getContext("2d").getImageData(0, 0, size, size).data;
+  const data = $(canvas).getContext("2d").getImageData(0, 0, size, size).data;
   const x = new Float32Array(c.channels * size * size);
   for (let i = 0; i < size * size; i++)
     for (let ch = 0; ch < c.channels; ch++) x[ch * size * size + i] = data[4 * i + (c.channels === 1 ? 0 : ch)] / 127.5 - 1;
   return new ort.Tensor("float32", x, [1, c.channels, size, size]);
 }
 
+// The ViT: one pass over the drawn image, the classes' probabilities and every layer's attention.
 async function classify() {
-  const r = await live.session.run({ images: pixels() });
+  const r = await live.session.run({ images: pixels("pixels") });
   const logits = Array.from(r.logits.data), top = Math.max(...logits);
   const e = logits.map((v) => Math.exp(v - top)), total = e.reduce((a, b) => a + b, 0);
   live.probs = e.map((v) => v / total);
@@ -178,26 +282,36 @@ function startDrawing() {
   $("clear").addEventListener("click", () => { ctx.fillStyle = "#000"; ctx.fillRect(0, 0, size, size); });
 }
 
-// One request at a time: clear the message, run `work`, say what failed, mark the page done.
+// One request at a time: clear the message, run `work`, say what failed, mark the page done. A
+// request made meanwhile (a stroke, a garment placed) runs next, so what is shown is the input's.
 async function run(work) {
-  if (live.busy) return;
+  if (live.busy) {
+    live.again = work;
+    return;
+  }
   live.busy = true;
   say("");
   document.body.dataset.done = "0";
   $("generate").disabled = true;
   try {
     await work();
+    while (live.again) {
+      const next = live.again;
+      live.again = null;
+      await next();
+    }
   } catch (err) {
     say(err.message);
   } finally {
     live.busy = false;
+    live.again = null;
     $("generate").disabled = false;
     document.body.dataset.done = "1";
   }
 }
 
 function generate() {
-  return run({ vit: classify, translation: translate }[live.recipe] ?? sample);
+  return run({ vit: classify, translation: translate, caption }[live.recipe] ?? sample);
 }
 
 // The LM: the prompt, then one token at a time through the cache, drawn by `choose`.
@@ -264,6 +378,21 @@ function drawAttention() {
   }
   canvas.dataset.layer = String(layer);
   canvas.dataset.head = String(head);
+  if (live.recipe === "caption") drawLook(a.data.subarray(base + live.word * keys, base + (live.word + 1) * keys));
+}
+
+// The captioner's view (qkv explain's word maps): the scene, and over it one written token's
+// cross-attention on the patches (reading order, a square grid), darkest where it looked most.
+function drawLook(row) {
+  const canvas = $("look"), ctx = canvas.getContext("2d"), side = canvas.width;
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage($("scene"), 0, 0, side, side);
+  const g = Math.round(Math.sqrt(row.length)), cell = side / g, top = Math.max(...row);
+  for (let k = 0; k < row.length; k++) {
+    ctx.fillStyle = `rgba(255, 120, 0, ${(0.75 * row[k]) / top})`;
+    ctx.fillRect((k % g) * cell, Math.floor(k / g) * cell, cell, cell);
+  }
+  for (const [j, b] of Array.from($("words").children).entries()) b.classList.toggle("picked", j === live.word);
 }
 
 function options(select, n, label) {
@@ -298,13 +427,21 @@ async function start() {
       $("generate").textContent = "Classify";
       $("attention-kind").textContent = "rows: the token that attends (0: the class token); columns: the tokens it reads (1 ...: the patches, row by row)";
       startDrawing();
-    } else if (live.recipe === "translation") {
+    } else if (live.recipe === "translation" || live.recipe === "caption") {
       live.encoder = await ort.InferenceSession.create("model/encoder.onnx");
       live.tokenizer = new Tokenizer(tokenizer, { clean_up_tokenization_spaces: false });
       mb += manifest.files["encoder.onnx"].bytes / 1e6;
-      $("prompt").value = "Ein Mann fährt mit dem Fahrrad.";
-      for (const id of ["temperature", "top-k", "seed", "n"]) $(id).disabled = true;  // greedy, as qkv translate --beam 1
-      $("attention-kind").textContent = "cross-attention: rows the English tokens written, columns the source tokens";
+      for (const id of ["temperature", "top-k", "seed", "n"]) $(id).disabled = true;  // greedy, as qkv translate/caption --beam 1
+      if (live.recipe === "translation") {
+        $("prompt").value = "Ein Mann fährt mit dem Fahrrad.";
+        $("attention-kind").textContent = "cross-attention: rows the English tokens written, columns the source tokens";
+      } else {
+        $("text-input").hidden = true;
+        $("scene-input").hidden = false;
+        $("generate").textContent = "Caption";
+        $("attention-kind").textContent = "cross-attention: rows the caption's tokens, columns the patches (row by row)";
+        await startComposer();
+      }
     } else {
       live.vocab = tokenizer.model.vocab;
       live.chars = [];
