@@ -1,6 +1,7 @@
 """onnxruntime (CPU) against qkv's own PyTorch inference, side by side in one run: greedy decoding
 of a translation run (the first N test2016 sentences) or an LM run (N tokens from a prompt), in
-generated tokens per second at batch 1 and 32, fp32 and int8 (PyTorch: qkv.inference.quantize's
+generated tokens per second at batch 1 and 32, fp32, fp32 with float16-stored weights
+(qkv.hub.onnx_export.store_half) and int8 (PyTorch: qkv.inference.quantize's
 int8 weights with bfloat16 activations, on CPUs with native bfloat16 only; onnxruntime: its
 dynamic quantizer, int8 weights of every MatMul, activations quantised per call). Before timing,
 the outputs of each ONNX graph are compared with PyTorch's: how many greedy outputs are
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import tempfile
 import time
 from functools import partial
@@ -29,7 +31,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 import qkv
 from qkv.data.batching import pad_sequences
 from qkv.device import cpu_has_native_bf16
-from qkv.hub.onnx_export import empty_cache, export_onnx
+from qkv.hub.onnx_export import empty_cache, export_onnx, store_half
 from qkv.inference.lm import generate_tokens
 from qkv.inference.quantize import cast_weights
 from qkv.inference.search import greedy_decode
@@ -121,6 +123,7 @@ def translation(run: str, folder: Path, n: int, threads: int) -> None:
     models = torch_models(model)
     graphs = {
         "onnx fp32": (folder / "encoder.onnx", folder / "decoder.onnx"),
+        "onnx fp16 weights": (folder / "encoder.fp16.onnx", folder / "decoder.fp16.onnx"),
         "onnx int8": (folder / "encoder.int8.onnx", folder / "decoder.int8.onnx"),
     }
     reference = None
@@ -148,7 +151,11 @@ def lm(run: str, folder: Path, n: int, threads: int) -> None:
     cfg = model.config
     n = min(n, cfg.max_len - len(tok.encode(PROMPT)))
     models = torch_models(model)
-    graphs = {"onnx fp32": folder / "decoder.onnx", "onnx int8": folder / "decoder.int8.onnx"}
+    graphs = {
+        "onnx fp32": folder / "decoder.onnx",
+        "onnx fp16 weights": folder / "decoder.fp16.onnx",
+        "onnx int8": folder / "decoder.int8.onnx",
+    }
     print(f"| engine | batch | tokens/s | {n} greedy tokens identical to torch fp32 |")
     print("|---|---|---|---|")
     for batch in (1, 32):
@@ -179,6 +186,9 @@ def main() -> None:
             quantize_dynamic(
                 folder / graph, folder / graph.replace(".onnx", ".int8.onnx"), weight_type=QuantType.QInt8
             )
+            half = folder / graph.replace(".onnx", ".fp16.onnx")
+            shutil.copyfile(folder / graph, half)
+            store_half(half)
         sizes = {p.name: p.stat().st_size / 1e6 for p in sorted(folder.glob("*.onnx"))}
         print("files (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in sizes.items()))
         recipe = RunInfo.read(Path(args.run)).recipe

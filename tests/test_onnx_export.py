@@ -182,10 +182,38 @@ def test_refusals_are_one_line_and_write_nothing(tiny_runs, tmp_path, capsys):
     assert (full / "keep.txt").read_text() == "mine" and len(list(full.iterdir())) == 1
 
 
-def test_cli_exports_a_run(tiny_runs, tmp_path, capsys):
+def test_half_weights_are_the_models_tensors_rounded_to_float16(tiny_runs, tmp_path):
+    import copy
+
+    from qkv.hub.onnx_export import store_half
+
+    run = tiny_runs["lm"]
+    folder = export_onnx(run, tmp_path / "lm").out
+    store_half(folder / "decoder.onnx", least=2)  # every tensor (the tiny model's are all small)
+    model, tok = runs.load_run(run)
+    ids = torch.tensor([tok.encode("ROMEO: But soft")])
+    logits, *_ = session(folder, "decoder.onnx").run(
+        None, {"tokens": ids.numpy(), **empty_cache(model.config, 1)}
+    )
+    with torch.no_grad():
+        rounded = copy.deepcopy(model).half().float()(ids).logits.numpy()
+        exact = model(ids).logits.numpy()
+    close(logits, rounded)
+    assert np.abs(logits - exact).max() > 10 * np.abs(logits - rounded).max()  # it did round
+    mt = export_onnx(tiny_runs["translation"], tmp_path / "mt", weights="float16")
+    assert read_manifest(mt.out)["weights"] == "float16"
+    with pytest.raises(QkvError, match="float32 or float16, not 'int4'"):
+        export_onnx(run, tmp_path / "int4", weights="int4")
+    assert not (tmp_path / "int4").exists()
+
+
+def test_cli_exports_a_run_and_names_what_it_wrote(tiny_runs, tiny_vit_run, tmp_path, capsys):
     assert main(["convert", "--to", "onnx", str(tiny_runs["diffusion-lm"]), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "model.onnx").is_file()
-    assert "model.onnx (dynamo exporter)" in capsys.readouterr().err
+    assert "model.onnx (dynamo exporter), tokenizer.json, onnx.json" in capsys.readouterr().err
+    assert main(["convert", "--to", "onnx", str(tiny_vit_run), str(tmp_path / "vit")]) == 0
+    said = capsys.readouterr().err
+    assert "model.onnx (dynamo exporter), onnx.json" in said and "tokenizer" not in said  # a ViT has none
 
 
 def test_every_graph_is_dynamo_exported(exported):

@@ -40,6 +40,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --to onnx: every graph also outputs its attention weights",
     )
+    p.add_argument(
+        "--weights",
+        default="float32",
+        help="with --to onnx: float32, or float16 to store the weights in half the bytes (float32 arithmetic)",
+    )
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)
     p.set_defaults(func=_cmd_convert)
@@ -67,9 +72,12 @@ def _cmd_convert(args) -> int:
         from ..hub.onnx_export import export_onnx
 
         run_dir, out_dir = args.paths
-        onnx = export_onnx(run_dir, out_dir, opset=args.opset, attentions=args.attentions)
+        onnx = export_onnx(
+            run_dir, out_dir, opset=args.opset, attentions=args.attentions, weights=args.weights
+        )
         graphs = ", ".join(f"{name} ({exporter} exporter)" for name, exporter in onnx.files.items())
-        log(f"wrote {onnx.out}: {graphs}, tokenizer.json, onnx.json ({onnx.megabytes:.1f} MB in all)")
+        beside = "tokenizer.json, onnx.json" if (onnx.out / "tokenizer.json").is_file() else "onnx.json"
+        log(f"wrote {onnx.out}: {graphs}, {beside} ({onnx.megabytes:.1f} MB in all)")
         return 0
     if args.to == "peft":
         from ..hub.peft_export import export_peft

@@ -32,6 +32,10 @@ characters), and ``onnx.json``: the recipe, the exporter used, the opset, each g
 and outputs, the model's config (special ids, ``max_len``, ``n_layers``, ``n_heads``, ``d_model``),
 and each file's size and SHA-256.
 
+``weights="float16"`` (``--weights float16``) stores the weights and tables (positions) in half the
+bytes, each cast back to float32 in the graph (:func:`store_half`): a page loads half as much, the
+arithmetic is float32's, the numbers those of the model with its tensors rounded to float16.
+
 The graphs are traced from the model's own forward (``torch.onnx.export``, the dynamo exporter
 first, TorchScript's where dynamo fails; ``onnx.json`` says which); the only export-time piece
 is :class:`GrowingCache`, a :class:`~qkv.nn.attention.KVCache` whose ``append`` concatenates
@@ -73,6 +77,8 @@ logger = logging.getLogger(__name__)
 MIN_OPSET = 17  # LayerNormalization is an ONNX operator from opset 17
 DEFAULT_OPSET = 18
 MANIFEST = "onnx.json"
+WEIGHT_DTYPES = ("float32", "float16")
+HALF_LEAST = 1024  # store_half keeps tensors smaller than this (norm gains, biases) in float32
 
 
 class GrowingCache(KVCache):
@@ -351,6 +357,35 @@ def _export_quietly(graph: Graph, path: Path, opset: int) -> str:
         return "torchscript"
 
 
+def store_half(path: Path, least: int = HALF_LEAST) -> None:
+    """Rewrite the ONNX graph at ``path`` so that its float32 weights of at least ``least``
+    elements are stored as float16, each followed by a ``Cast`` back to float32: the file about
+    halves, the arithmetic stays float32 (onnxruntime folds the casts when the session loads), and
+    the graph computes exactly what the model computes with its weights rounded to float16
+    (about 3 significant digits; greedy outputs barely move, see the deployment guide). Small
+    tensors (norm gains, biases) stay float32."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    kept, casts = [], []
+    for weight in graph.initializer:
+        if weight.data_type == TensorProto.FLOAT and int(np.prod(weight.dims)) >= least:
+            half = numpy_helper.from_array(
+                numpy_helper.to_array(weight).astype(np.float16), weight.name + ".fp16"
+            )
+            kept.append(half)
+            casts.append(helper.make_node("Cast", [half.name], [weight.name], to=TensorProto.FLOAT))
+        else:
+            kept.append(weight)
+    nodes = casts + list(graph.node)  # the casts first: a graph's nodes are in topological order
+    del graph.initializer[:], graph.node[:]
+    graph.initializer.extend(kept)
+    graph.node.extend(nodes)
+    onnx.save(model, str(path))
+
+
 def write_hf_tokenizer(tokenizer: Any, path: Path) -> None:
     """Write the run's tokenizer to ``path`` as Hugging Face ``tokenizers`` JSON (what
     ``tokenizers`` and its JavaScript port read). A subword or pretrained tokenizer saves itself
@@ -388,7 +423,11 @@ class OnnxExport:
 
 
 def export_onnx(
-    run_dir: str | Path, out_dir: str | Path, opset: int = DEFAULT_OPSET, attentions: bool = False
+    run_dir: str | Path,
+    out_dir: str | Path,
+    opset: int = DEFAULT_OPSET,
+    attentions: bool = False,
+    weights: str = "float32",
 ) -> OnnxExport:
     """Export the run in ``run_dir`` to ONNX graphs in ``out_dir`` (see the module docstring).
     Everything is traced in a temporary folder and moved in at the end: a failed export leaves
@@ -396,14 +435,19 @@ def export_onnx(
 
     Args:
         opset: the ONNX opset (at least :data:`MIN_OPSET`). attentions: add the attention
-            weights as outputs (the explainer's views; more memory per step).
+            weights as outputs (the explainer's views; more memory per step). weights:
+            ``"float32"``, or ``"float16"`` to store them in half the bytes (:func:`store_half`;
+            float32 arithmetic).
 
     Raises:
         QkvError: ``out_dir`` exists and is not empty; an opset below :data:`MIN_OPSET`; a
-            missing or incomplete run; a family not exportable yet (the RNN baseline).
+            ``weights`` other than float32/float16; a missing or incomplete run; a family not
+            exportable yet (the RNN baseline).
     """
     out_dir = Path(out_dir)
     refuse_nonempty(out_dir, "folder")
+    if weights not in WEIGHT_DTYPES:
+        raise QkvError(f"weights are stored as {' or '.join(WEIGHT_DTYPES)}, not {weights!r}")
     missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
         raise QkvError(f"ONNX export needs {' and '.join(missing)}: pip install 'qkv[onnx]'")
@@ -422,6 +466,8 @@ def export_onnx(
         for graph in parts:
             with torch.no_grad():
                 files[graph.file] = _export(graph, staged / graph.file, opset)
+            if weights == "float16":
+                store_half(staged / graph.file)
             logger.debug("%s: %s exporter", graph.file, files[graph.file])
         if tokenizer is not None:
             write_hf_tokenizer(tokenizer, staged / "tokenizer.json")
@@ -432,6 +478,7 @@ def export_onnx(
             "classes": task.get("classes"),  # a classifier's labels in id order (task.json), else None
             "opset": opset,
             "attentions": attentions,
+            "weights": weights,
             "graphs": {
                 g.file: {"exporter": files[g.file], "inputs": list(g.inputs), "outputs": g.outputs}
                 for g in parts

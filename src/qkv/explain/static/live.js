@@ -7,7 +7,7 @@
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const live = {
-  recipe: null, session: null, encoder: null, config: null, vocab: null, chars: null, tokenizer: null,
+  recipe: null, session: null, encoder: null, config: null, vocab: null, pieces: [], tokenizer: null,
   busy: false, again: null, attention: null, tokens: [], source: [], word: 0,
 };
 window.live = live;  // read by the tests
@@ -346,7 +346,7 @@ function showText(prompt, out) {
   box.textContent = prompt;
   const span = document.createElement("span");
   span.className = "new";
-  span.textContent = out.map((i) => live.chars[i]).join("");
+  span.textContent = out.map((i) => live.pieces[i]).join("");
   box.appendChild(span);
 }
 
@@ -358,13 +358,17 @@ async function showAttention() {
 }
 
 // The chosen layer and head of (L, 1, H, T, K) weights: a row per query, a column per key.
+// Labelled while the cells stay readable (up to MAX_LABELLED tokens a side).
+const MAX_LABELLED = 48, MARGIN = 64;
+
 function drawAttention() {
   const a = live.attention;
   if (!a) return;
   const [, , h, t, keys] = a.dims;
   const layer = Number($("layer").value), head = Number($("head").value);
   const canvas = $("attention"), ctx = canvas.getContext("2d");
-  const cell = Math.max(1, Math.floor(canvas.width / Math.max(t, keys)));
+  const labels = Math.max(t, keys) <= MAX_LABELLED ? axisLabels(keys) : null, margin = labels ? MARGIN : 0;
+  const cell = Math.max(1, Math.floor((canvas.width - margin) / Math.max(t, keys)));
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   const base = (layer * h + head) * t * keys;
@@ -373,12 +377,36 @@ function drawAttention() {
       const w = a.data[base + q * keys + k];
       const shade = Math.round(255 * (1 - Math.min(1, w)));
       ctx.fillStyle = `rgb(${shade},${shade},255)`;
-      ctx.fillRect(k * cell, q * cell, cell, cell);
+      ctx.fillRect(margin + k * cell, margin + q * cell, cell, cell);
     }
   }
+  if (labels) drawLabels(ctx, labels, cell);
   canvas.dataset.layer = String(layer);
   canvas.dataset.head = String(head);
   if (live.recipe === "caption") drawLook(a.data.subarray(base + live.word * keys, base + (live.word + 1) * keys));
+}
+
+// The heatmap's axes: [rows, columns], the tokens that attend and what they read.
+function axisLabels(keys) {
+  const show = (ids) => ids.map((i) => (live.pieces[i] ?? String(i)).replace(/\n/g, "⏎").replace(/ /g, "␣"));
+  const patches = (n) => Array.from({ length: n }, (_, k) => `patch ${k + 1}`);
+  if (live.recipe === "vit") return [["class", ...patches(keys - 1)], ["class", ...patches(keys - 1)]];
+  if (live.recipe === "caption") return [show(live.tokens), patches(keys)];
+  return [show(live.tokens), show(live.recipe === "translation" ? live.source : live.tokens)];
+}
+
+function drawLabels(ctx, [rows, columns], cell) {
+  ctx.fillStyle = "#1d2330";
+  ctx.font = `${Math.min(11, cell)}px ui-monospace, monospace`;
+  ctx.textBaseline = "middle";
+  const fit = (text) => (text.length > 9 ? text.slice(0, 8) + "…" : text);
+  ctx.textAlign = "right";
+  rows.forEach((text, q) => ctx.fillText(fit(text), MARGIN - 4, MARGIN + (q + 0.5) * cell));
+  ctx.save();
+  ctx.rotate(-Math.PI / 2);
+  ctx.textAlign = "left";
+  columns.forEach((text, k) => ctx.fillText(fit(text), -MARGIN + 4, MARGIN + (k + 0.5) * cell));
+  ctx.restore();
 }
 
 // The captioner's view (qkv explain's word maps): the scene, and over it one written token's
@@ -412,6 +440,8 @@ async function start() {
     const tokenizer = manifest.files["tokenizer.json"] ? await (await fetch("model/tokenizer.json")).json() : null;
     live.recipe = manifest.recipe;
     live.config = manifest.config;
+    live.pieces = [];  // id → its piece (a character, a subword): the heatmap's labels
+    if (tokenizer) for (const [piece, id] of Object.entries(tokenizer.model.vocab)) live.pieces[id] = piece;
     ort.env.wasm.wasmPaths = new URL("ort/", location.href).href;
     ort.env.wasm.numThreads = 1;  // threads need cross-origin isolation, which a docs host may not give
     const graph = live.recipe === "vit" ? "model.onnx" : "decoder.onnx";
@@ -444,8 +474,6 @@ async function start() {
       }
     } else {
       live.vocab = tokenizer.model.vocab;
-      live.chars = [];
-      for (const [ch, id] of Object.entries(live.vocab)) live.chars[id] = ch;
     }
     options($("layer"), layers, "layer");
     options($("head"), c.n_heads, "head");
