@@ -2,18 +2,18 @@
 sentences typed into it against `qkv translate --beam 1`, the seconds until the page is ready,
 and any request outside the site or console error.
 
-    QKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/live_page.py RUN [N]
+    QKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/live_page.py RUN [--n N] [--weights float16]
 
 Needs playwright and a Chromium (QKV_CHROMIUM or chromium on PATH), and `pip install 'qkv[onnx]'`.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import http.server
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -31,13 +31,13 @@ class Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def main(run: str, n: int) -> None:
+def main(run: str, n: int, weights: str) -> None:
     chromium = os.environ.get("QKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     sentences = load_multi30k("test2016", "de", "en")[0][:n]
     expected = Translator.from_run(run, beam_size=1).translate(sentences)
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp) / "site"
-        write_live_page(run, site)
+        write_live_page(run, site, weights=weights)
         server = http.server.ThreadingHTTPServer(
             ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site))
         )
@@ -72,6 +72,11 @@ def main(run: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__.strip().splitlines()[2].strip())
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 20)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run")
+    parser.add_argument("--n", type=int, default=20, help="test2016 sentences to type")
+    parser.add_argument(
+        "--weights", default="float32", help="float32, or float16 (stored; float32 arithmetic)"
+    )
+    args = parser.parse_args()
+    main(args.run, args.n, args.weights)

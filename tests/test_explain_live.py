@@ -5,12 +5,10 @@ and answers bad input with a message on the page and no error in the console."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import shutil
-import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from qkv.files import write_json
 from qkv.inference.lm import generate_tokens
 
 pytest.importorskip("onnxscript")
+LIVE_DOCS = Path(__file__).resolve().parent.parent / "docs" / "live"  # the site's models, one folder each
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (set QKV_CHROMIUM or install chromium)")
 
 
@@ -34,16 +33,9 @@ def site(tiny_runs, tmp_path_factory):
     """The live page of the tiny LM, served over HTTP: ``(base URL, folder)``."""
     folder = tmp_path_factory.mktemp("live") / "site"
     write_live_page(tiny_runs["lm"], folder)
-    handler = functools.partial(QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/", folder
+    server, base = _serve(folder)
+    yield base, folder
     server.shutdown()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep the test output clean
-        pass
 
 
 def run_page(page, base: str, prompt: str, new: bool = False, **fields: str) -> str:
@@ -315,13 +307,13 @@ def replay(folder: Path, prompt: str, n: int, temperature: float, top_k: int | N
 
 
 def test_the_docs_site_runs_the_lm_in_the_browser(built_site):  # noqa: F811 - the fixture imported above
-    """The site's live page (docs/live/lm: the package's page and runtime, the lm recipe's model)
-    writes what the Python replay writes, from the site alone."""
+    """The site's live page (docs/live: the package's page and runtime; ?model=lm, the lm recipe's
+    model in docs/live/lm) writes what the Python replay writes, from the site alone."""
     server, base = _serve(built_site)
-    folder = Path(__file__).resolve().parent.parent / "docs" / "live" / "lm" / "model"
+    folder = LIVE_DOCS / "lm"
     try:
         with chromium_page() as (page, requests, errors):
-            url = base + "live/lm/"
+            url = base + "live/?model=lm"
             assert run_page(page, url, "ROMEO:", n="50", temperature="0") == replay(
                 folder, "ROMEO:", 50, 0, None, 0
             )
@@ -332,3 +324,96 @@ def test_the_docs_site_runs_the_lm_in_the_browser(built_site):  # noqa: F811 - t
             assert not errors, errors
     finally:
         server.shutdown()
+
+
+def greedy_replay(folder: Path, inputs: dict, limit: int) -> tuple[list[int], np.ndarray]:
+    """Greedy decoding through an exported encoder-decoder (onnxruntime), as the page decodes:
+    the ids written, and the cross-attention of one teacher-forced pass over them."""
+    ort = pytest.importorskip("onnxruntime")
+    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    encoder, decoder = (
+        ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+        for name in ("encoder.onnx", "decoder.onnx")
+    )
+    (memory, *_) = encoder.run(None, inputs)
+    feeds = {"memory": memory, **({"src": inputs["src"]} if "src" in inputs else {})}
+    shape = (cfg["n_decoder_layers"], 1, cfg["n_heads"], 0, cfg["d_model"] // cfg["n_heads"])
+    empty = {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
+    cache, token, out = dict(empty), cfg["bos_id"], []
+    for _ in range(limit):
+        logits, cache["past_keys"], cache["past_values"], *_ = decoder.run(
+            None, {"tgt": np.array([[token]]), **feeds, **cache}
+        )
+        token = int(logits[0, -1].argmax())
+        if token == cfg["eos_id"]:
+            break
+        out.append(token)
+    *_, cross = decoder.run(None, {"tgt": np.array([[cfg["bos_id"], *out]]), **feeds, **empty})
+    return out, cross
+
+
+def test_the_docs_site_translates_in_the_browser(built_site):  # noqa: F811 - the fixture imported above
+    """The site's translator (the demo run, float16 weights) writes what the onnxruntime replay of
+    its committed graphs writes."""
+    from tokenizers import Tokenizer
+
+    server, base = _serve(built_site)
+    folder = LIVE_DOCS / "translation"
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]["eos_id"]
+    try:
+        with chromium_page() as (page, requests, errors):
+            for sentence in ("Ein Mann fährt mit dem Fahrrad.", "Zwei Hunde spielen im Schnee."):
+                src = np.array([tok.encode(sentence, add_special_tokens=False).ids + [eos]])
+                ids, _ = greedy_replay(folder, {"src": src}, src.shape[1] + 50)
+                assert run_page(page, base + "live/?model=translation", sentence, new=True) == tok.decode(ids)
+            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
+            assert not errors, errors
+    finally:
+        server.shutdown()
+
+
+def test_the_docs_site_captions_a_composed_scene(built_site):  # noqa: F811 - the fixture imported above
+    """The site's captioner: garments picked into the grid make the scene from the site's own
+    garments.png, captioned as the onnxruntime replay of its committed graphs captions it."""
+    from PIL import Image
+    from tokenizers import Tokenizer
+
+    server, base = _serve(built_site)
+    folder = LIVE_DOCS / "caption"
+    sheet = np.asarray(Image.open(folder / "garments.png"))
+    cell = json.loads((folder / "garments.json").read_text(encoding="utf-8"))["cell"]
+    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    layout = {0: (4, 0), 1: (4, 1), 3: (8, 2)}  # two coats above a bag
+    scene = np.zeros((2 * cell, 2 * cell), np.uint8)
+    try:
+        with chromium_page() as (page, requests, errors):
+            page.goto(base + "live/?model=caption")
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
+            for at, (label, k) in layout.items():
+                page.click(f'#grid button[data-cell="{at}"]')
+                page.click(f'#palette canvas[data-label="{label}"][data-index="{k}"]')
+                row, col = divmod(at, 2)
+                scene[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = sheet[
+                    label * cell : (label + 1) * cell, k * cell : (k + 1) * cell
+                ]
+            page.wait_for_selector('body[data-done="1"]', timeout=60_000)
+            pixels = (scene / 127.5 - 1).astype(np.float32)[None, None]
+            ids, cross = greedy_replay(folder, {"images": pixels}, cfg["max_len"] - 1)
+            assert page.locator("#output").inner_text() == tok.decode(ids)
+            drawn = np.array(page.evaluate("Array.from(window.live.attention.data)"), np.float32)
+            np.testing.assert_allclose(drawn, cross.ravel(), atol=1e-4)
+            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
+            assert not errors, errors
+    finally:
+        server.shutdown()
+
+
+def test_a_model_name_that_is_not_a_folder_name_is_refused_on_the_page(site):
+    base, _ = site
+    with chromium_page() as (page, requests, errors):
+        page.goto(base + "?model=../secret")
+        page.wait_for_function("document.getElementById('message').textContent.length > 0", timeout=60_000)
+        assert 'no model named "../secret"' in page.locator("#message").inner_text()
+        assert not any("secret" in urlparse(url).path for url in requests) and not errors, (requests, errors)

@@ -43,7 +43,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--weights",
         default="float32",
-        help="with --to onnx: float32, or float16 to store the weights in half the bytes (float32 arithmetic)",
+        help="with --to onnx: float32, or float16 to store the weights in half the bytes "
+        "(float32 arithmetic)",
     )
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)

@@ -57,7 +57,12 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         "--live",
         metavar="DIR",
         help="write a new folder whose page runs the model in the browser (ONNX, onnxruntime-web); "
-        "serve it with any static server (lm runs so far)",
+        "serve it with any static server (char LM, translation, vit and scene-caption runs)",
+    )
+    p.add_argument(
+        "--weights",
+        default="float32",
+        help="with --live: float32, or float16 to store the weights in half the bytes (float32 arithmetic)",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
@@ -120,7 +125,7 @@ def _cmd_explain(args) -> int:
 
         if args.input is not None or args.serve or args.html is not None or args.out is not None:
             raise QkvError("--live DIR writes the live page alone (no --input, --serve, --html or --out)")
-        write_line(write_live_page(args.run_dir, args.live))
+        write_line(write_live_page(args.run_dir, args.live, weights=args.weights))
         return 0
     _check_what_to_write(args)
     # A standalone page cuts its input to --max-tokens (and says so): no character cap by default.

@@ -51,10 +51,12 @@ GARMENTS_PER_CLASS = 4  # the composer's choice of Fashion-MNIST test images per
 _MASK32 = 0xFFFFFFFF
 
 
-def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
+def write_live_page(run_dir: str | Path, out_dir: str | Path, weights: str = "float32") -> Path:
     """Write the live page of the run in ``run_dir`` into the new folder ``out_dir``:
-    ``index.html``, ``live.js``, ``ort/`` (onnxruntime-web) and ``model/`` (the export, with
-    attention outputs). Returns the page's path.
+    ``index.html``, ``live.js``, ``ort/`` (onnxruntime-web), ``tokenizers/`` (tokenizers.js) and
+    ``model/`` (the export, with attention outputs; a captioner's garments beside it). ``weights``:
+    as :func:`~qkv.hub.onnx_export.export_onnx`'s (``"float16"`` halves the download). Returns
+    the page's path.
 
     Raises:
         QkvError: ``out_dir`` exists and is not empty; a run of a family the page does not run
@@ -70,13 +72,14 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path) -> Path:
     if recipe == "lm" and not isinstance(load_tokenizer(Path(run_dir) / "tokenizer.json"), CharTokenizer):
         raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
     sheet = _garment_sheet(run_dir) if recipe == "caption" else None  # before anything is written
-    export_onnx(run_dir, out / "model", attentions=True)
+    export_onnx(run_dir, out / "model", attentions=True, weights=weights)
     if sheet is not None:
         from PIL import Image
 
-        Image.fromarray(sheet, "L").save(out / "garments.png")
+        Image.fromarray(sheet, "L").save(out / "model" / "garments.png")
         write_json(
-            out / "garments.json", {"nouns": list(NOUNS), "cell": CELL, "per_class": GARMENTS_PER_CLASS}
+            out / "model" / "garments.json",
+            {"nouns": list(NOUNS), "cell": CELL, "per_class": GARMENTS_PER_CLASS},
         )
     for folder, names in VENDORED.items():
         (out / folder).mkdir()

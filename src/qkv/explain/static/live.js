@@ -7,7 +7,7 @@
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const live = {
-  recipe: null, session: null, encoder: null, config: null, vocab: null, pieces: [], tokenizer: null,
+  folder: null, recipe: null, session: null, encoder: null, config: null, vocab: null, pieces: [], tokenizer: null,
   busy: false, again: null, attention: null, tokens: [], source: [], word: 0,
 };
 window.live = live;  // read by the tests
@@ -150,9 +150,9 @@ async function caption() {
 const scene = { cells: [null, null, null, null], picked: 0, sheet: null, cell: 0 };
 
 async function startComposer() {
-  const meta = await (await fetch("garments.json")).json();
+  const meta = await (await fetch(`${live.folder}/garments.json`)).json();
   const img = new Image();
-  img.src = "garments.png";
+  img.src = `${live.folder}/garments.png`;
   await img.decode();
   const sheet = document.createElement("canvas");
   sheet.width = img.width;
@@ -369,6 +369,7 @@ function drawAttention() {
   const canvas = $("attention"), ctx = canvas.getContext("2d");
   const labels = Math.max(t, keys) <= MAX_LABELLED ? axisLabels(keys) : null, margin = labels ? MARGIN : 0;
   const cell = Math.max(1, Math.floor((canvas.width - margin) / Math.max(t, keys)));
+  canvas.height = Math.min(canvas.width, margin + t * cell);  // the rows' height (clears the canvas)
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   const base = (layer * h + head) * t * keys;
@@ -433,11 +434,26 @@ function options(select, n, label) {
   }
 }
 
+// Sampling settings are the LM's: the other pages decode greedily or classify.
+function hideSampling() {
+  for (const id of ["temperature", "top-k", "seed", "n"]) $(id).closest("label").hidden = true;
+}
+
+// The model's folder: model/ beside the page (what qkv explain --live writes), or ?model=NAME, a
+// folder beside the page (a docs site serves several models with one page and one runtime).
+function modelFolder() {
+  const name = new URLSearchParams(location.search).get("model");
+  if (name === null) return "model";
+  if (!/^[A-Za-z0-9_-]+$/.test(name)) throw new Error(`no model named ${JSON.stringify(name)} here`);
+  return name;
+}
+
 async function start() {
   try {
-    const manifest = await (await fetch("model/onnx.json")).json();
+    live.folder = modelFolder();
+    const manifest = await (await fetch(`${live.folder}/onnx.json`)).json();
     // a ViT reads pixels: its export has no tokenizer.json
-    const tokenizer = manifest.files["tokenizer.json"] ? await (await fetch("model/tokenizer.json")).json() : null;
+    const tokenizer = manifest.files["tokenizer.json"] ? await (await fetch(`${live.folder}/tokenizer.json`)).json() : null;
     live.recipe = manifest.recipe;
     live.config = manifest.config;
     live.pieces = [];  // id → its piece (a character, a subword): the heatmap's labels
@@ -445,7 +461,7 @@ async function start() {
     ort.env.wasm.wasmPaths = new URL("ort/", location.href).href;
     ort.env.wasm.numThreads = 1;  // threads need cross-origin isolation, which a docs host may not give
     const graph = live.recipe === "vit" ? "model.onnx" : "decoder.onnx";
-    live.session = await ort.InferenceSession.create(`model/${graph}`);
+    live.session = await ort.InferenceSession.create(`${live.folder}/${graph}`);
     const c = live.config, layers = c.n_layers ?? c.n_decoder_layers;
     let mb = manifest.files[graph].bytes / 1e6;
     if (live.recipe === "vit") {
@@ -453,15 +469,15 @@ async function start() {
       $("text-input").hidden = true;
       $("image-input").hidden = false;
       $("pixels").width = $("pixels").height = c.image_size;
-      for (const id of ["temperature", "top-k", "seed", "n"]) $(id).disabled = true;
+      hideSampling();
       $("generate").textContent = "Classify";
       $("attention-kind").textContent = "rows: the token that attends (0: the class token); columns: the tokens it reads (1 ...: the patches, row by row)";
       startDrawing();
     } else if (live.recipe === "translation" || live.recipe === "caption") {
-      live.encoder = await ort.InferenceSession.create("model/encoder.onnx");
+      live.encoder = await ort.InferenceSession.create(`${live.folder}/encoder.onnx`);
       live.tokenizer = new Tokenizer(tokenizer, { clean_up_tokenization_spaces: false });
       mb += manifest.files["encoder.onnx"].bytes / 1e6;
-      for (const id of ["temperature", "top-k", "seed", "n"]) $(id).disabled = true;  // greedy, as qkv translate/caption --beam 1
+      hideSampling();  // greedy, as qkv translate/caption --beam 1
       if (live.recipe === "translation") {
         $("prompt").value = "Ein Mann fährt mit dem Fahrrad.";
         $("attention-kind").textContent = "cross-attention: rows the English tokens written, columns the source tokens";

@@ -1,0 +1,1 @@
+../../src/qkv/explain/static/live.js

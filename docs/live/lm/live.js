@@ -1,1 +1,0 @@
-../../../src/qkv/explain/static/live.js
