@@ -75,10 +75,10 @@ def _anchors(page: Path) -> set[str]:
 
 
 def _links(text: str) -> list[tuple[str, str]]:
-    """``(path, anchor)`` of every relative Markdown link (no scheme, not a picture); the path
-    is empty for a link within the page."""
+    """``(path, anchor)`` of every relative Markdown link (no scheme, not a picture; a query
+    string, the live page's ``?model=``, dropped); the path is empty for a link within the page."""
     targets = re.findall(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)", text)
-    return [(t.partition("#")[0], t.partition("#")[2]) for t in targets if "://" not in t]
+    return [(t.partition("#")[0].partition("?")[0], t.partition("#")[2]) for t in targets if "://" not in t]
 
 
 @pytest.mark.parametrize("page", [*PAGES, README], ids=_ids)

@@ -417,3 +417,29 @@ def test_a_model_name_that_is_not_a_folder_name_is_refused_on_the_page(site):
         page.wait_for_function("document.getElementById('message').textContent.length > 0", timeout=60_000)
         assert 'no model named "../secret"' in page.locator("#message").inner_text()
         assert not any("secret" in urlparse(url).path for url in requests) and not errors, (requests, errors)
+
+
+def test_the_docs_site_classifies_an_opened_image(built_site, tmp_path):  # noqa: F811 - the fixture imported above
+    """The site's ViT: an opened image gets the probabilities the onnxruntime replay of its
+    committed graph gives the same pixels."""
+    from PIL import Image
+
+    ort = pytest.importorskip("onnxruntime")
+    folder = LIVE_DOCS / "vit"
+    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    size = cfg["image_size"]
+    image = np.zeros((size, size), np.uint8)
+    image[4:-4, size // 2 - 3 : size // 2 + 3] = 220  # a bar: trouser-like
+    Image.fromarray(image, "L").save(tmp_path / "bar.png")
+    graph = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits, *_ = graph.run(None, {"images": (image / 127.5 - 1).astype(np.float32)[None, None]})
+    expected = torch.tensor(logits[0]).softmax(-1)
+    server, base = _serve(built_site)
+    try:
+        with chromium_page() as (page, requests, errors):
+            open_image(page, base + "live/?model=vit", tmp_path / "bar.png")
+            assert torch.allclose(torch.tensor(page.evaluate("window.live.probs")), expected, atol=1e-4)
+            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
+            assert not errors, errors
+    finally:
+        server.shutdown()
