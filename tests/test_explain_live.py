@@ -28,14 +28,19 @@ LIVE_DOCS = Path(__file__).resolve().parent.parent / "docs" / "live"  # the site
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (set QKV_CHROMIUM or install chromium)")
 
 
-@pytest.fixture(scope="module")
-def site(tiny_runs, tmp_path_factory):
-    """The live page of the tiny LM, served over HTTP: ``(base URL, folder)``."""
-    folder = tmp_path_factory.mktemp("live") / "site"
-    write_live_page(tiny_runs["lm"], folder)
+def served_live_page(run, folder: Path):
+    """Write the run's live page into ``folder`` and serve it while the fixture lives:
+    yields ``(base URL, folder)``."""
+    write_live_page(run, folder)
     server, base = _serve(folder)
     yield base, folder
     server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def site(tiny_runs, tmp_path_factory):
+    """The live page of the tiny LM, served over HTTP: ``(base URL, folder)``."""
+    yield from served_live_page(tiny_runs["lm"], tmp_path_factory.mktemp("live") / "site")
 
 
 def run_page(page, base: str, prompt: str, new: bool = False, **fields: str) -> str:
@@ -56,11 +61,7 @@ def run_page(page, base: str, prompt: str, new: bool = False, **fields: str) -> 
 @pytest.fixture(scope="module")
 def translator_site(tiny_runs, tmp_path_factory):
     """The live page of the tiny translator, served: ``(base URL, folder)``."""
-    folder = tmp_path_factory.mktemp("live_mt") / "site"
-    write_live_page(tiny_runs["translation"], folder)
-    server, base = _serve(folder)
-    yield base, folder
-    server.shutdown()
+    yield from served_live_page(tiny_runs["translation"], tmp_path_factory.mktemp("live_mt") / "site")
 
 
 def test_a_typed_german_sentence_translates_as_qkv_translate_does(translator_site, tiny_runs):
@@ -96,11 +97,7 @@ def test_a_typed_german_sentence_translates_as_qkv_translate_does(translator_sit
 @pytest.fixture(scope="module")
 def vit_site(tiny_vit_run, tmp_path_factory):
     """The live page of the tiny ViT (8 × 8 digits), served: ``(base URL, folder)``."""
-    folder = tmp_path_factory.mktemp("live_vit") / "site"
-    write_live_page(tiny_vit_run, folder)
-    server, base = _serve(folder)
-    yield base, folder
-    server.shutdown()
+    yield from served_live_page(tiny_vit_run, tmp_path_factory.mktemp("live_vit") / "site")
 
 
 def open_image(page, base: str, path: Path) -> None:
@@ -140,11 +137,7 @@ def test_an_opened_image_is_classified_as_the_model_does(vit_site, tiny_vit_run,
 @pytest.fixture(scope="module")
 def caption_site(tiny_caption_run, tmp_path_factory):
     """The live page of the tiny captioner (56 × 56 scenes, 4 × 4 patches), served."""
-    folder = tmp_path_factory.mktemp("live_caption") / "site"
-    write_live_page(tiny_caption_run, folder)
-    server, base = _serve(folder)
-    yield base, folder
-    server.shutdown()
+    yield from served_live_page(tiny_caption_run, tmp_path_factory.mktemp("live_caption") / "site")
 
 
 def test_a_composed_scene_is_captioned_as_qkv_caption_does(caption_site, tiny_caption_run):

@@ -191,7 +191,14 @@ async function startComposer() {
     paintScene();
     generate();
   });
-  $("empty").addEventListener("click", () => { scene.cells = [null, null, null, null]; paintScene(); });
+  $("empty").addEventListener("click", () => {
+    scene.cells = [null, null, null, null];
+    paintScene();
+    $("output").textContent = "";  // the caption and its attention were the last scene's
+    $("look-row").hidden = true;
+    live.attention = null;
+    $("attention").getContext("2d").clearRect(0, 0, $("attention").width, $("attention").height);
+  });
   pickCell(0);
   paintScene();
 }
