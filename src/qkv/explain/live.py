@@ -14,7 +14,7 @@ and top-k; the attention of the whole text) and the translator (greedy, as ``qkv
 ``static/tokenizers/``; the cross-attention of what it wrote) and the ViT (an image drawn with
 the mouse or opened from a file, at the model's size; the classes' probabilities and every
 layer's attention) and the captioner of garment scenes (the reader picks Fashion-MNIST garments
-into the 2 × 2 grid, from a sheet of test images written beside the page; greedy, as
+into the 2 × 2 grid, from a sheet of test images written beside the graphs; greedy, as
 ``qkv caption`` with beam 1; where each word of the caption looked). Others are refused in one
 line.
 

@@ -361,9 +361,14 @@ def store_half(path: Path, least: int = HALF_LEAST) -> None:
     """Rewrite the ONNX graph at ``path`` so that its float32 weights of at least ``least``
     elements are stored as float16, each followed by a ``Cast`` back to float32: the file about
     halves, the arithmetic stays float32 (onnxruntime folds the casts when the session loads), and
-    the graph computes exactly what the model computes with its weights rounded to float16
+    the graph computes exactly what the model computes with those tensors rounded to float16
     (about 3 significant digits; greedy outputs barely move, see the deployment guide). Small
-    tensors (norm gains, biases) stay float32."""
+    tensors (norm gains, biases) stay float32.
+
+    Raises:
+        onnx.onnx_cpp2py_export.checker.ValidationError, OSError: ``path`` is not a readable
+            ONNX file (``export_onnx`` calls it on the graphs it has just written).
+    """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
