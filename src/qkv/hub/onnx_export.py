@@ -366,8 +366,9 @@ def store_half(path: Path, least: int = HALF_LEAST) -> None:
     tensors (norm gains, biases) stay float32.
 
     Raises:
-        onnx.onnx_cpp2py_export.checker.ValidationError, OSError: ``path`` is not a readable
-            ONNX file (``export_onnx`` calls it on the graphs it has just written).
+        OSError: ``path`` cannot be read or written.
+        google.protobuf.message.DecodeError: ``path`` is not an ONNX file (``export_onnx``
+            calls this on the graphs it has just written).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
