@@ -34,7 +34,7 @@ from qkv.device import cpu_has_native_bf16
 from qkv.hub.onnx_export import empty_cache, export_onnx, store_half
 from qkv.inference.lm import generate_tokens
 from qkv.inference.quantize import cast_weights
-from qkv.inference.search import greedy_decode
+from qkv.inference.search import greedy_decode, strip_special
 from qkv.runs.info import RunInfo
 
 PROMPT = "ROMEO:\n"
@@ -63,11 +63,7 @@ def onnx_translate(encoder, decoder, cfg, src: np.ndarray, extra_len: int = 50) 
         done |= token[:, 0] == cfg.eos_id
         if done.all():
             break
-    rows = []
-    for row in out.tolist():
-        row = row[: row.index(cfg.eos_id)] if cfg.eos_id in row else row
-        rows.append([i for i in row if i != cfg.pad_id])
-    return rows
+    return [strip_special(row, cfg.eos_id, cfg.pad_id) for row in out.tolist()]
 
 
 def onnx_generate(decoder, cfg, prompt: np.ndarray, n: int) -> np.ndarray:

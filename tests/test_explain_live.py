@@ -5,9 +5,9 @@ and answers bad input with a message on the page and no error in the console."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import numpy as np
@@ -20,7 +20,8 @@ from qkv import runs
 from qkv.cli import main
 from qkv.errors import QkvError
 from qkv.explain.live import mulberry32, page_sampler, write_live_page
-from qkv.files import write_json
+from qkv.files import read_json, write_json
+from qkv.hub.onnx_export import empty_cache, read_manifest
 from qkv.inference.lm import generate_tokens
 
 pytest.importorskip("onnxscript")
@@ -41,6 +42,12 @@ def served_live_page(run, folder: Path):
 def site(tiny_runs, tmp_path_factory):
     """The live page of the tiny LM, served over HTTP: ``(base URL, folder)``."""
     yield from served_live_page(tiny_runs["lm"], tmp_path_factory.mktemp("live") / "site")
+
+
+def stayed_on_site(base: str, requests: list[str], errors: list[str]) -> None:
+    """The page asked no host but its own and logged no console error."""
+    assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
+    assert not errors, errors
 
 
 def run_page(page, base: str, prompt: str, new: bool = False, **fields: str) -> str:
@@ -90,8 +97,7 @@ def test_a_typed_german_sentence_translates_as_qkv_translate_does(translator_sit
             )
         run_page(page, base, "   ", new=True)
         assert "type a sentence first" in page.locator("#message").inner_text()
-        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
-        assert not errors, errors
+        stayed_on_site(base, requests, errors)
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +136,7 @@ def test_an_opened_image_is_classified_as_the_model_does(vit_site, tiny_vit_run,
         assert page.locator("#output").inner_text().startswith(classes[int(probs.argmax())])
         open_image(page, base, tmp_path / "notes.png")
         assert "notes.png is not an image" in page.locator("#message").inner_text()
-        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
-        assert not errors, errors
+        stayed_on_site(base, requests, errors)
 
 
 @pytest.fixture(scope="module")
@@ -178,12 +183,11 @@ def test_a_composed_scene_is_captioned_as_qkv_caption_does(caption_site, tiny_ca
         page.click("#generate")
         page.wait_for_selector('body[data-done="1"]', timeout=60_000)
         assert "put a garment in the grid first" in page.locator("#message").inner_text()
-        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
-        assert not errors, errors
+        stayed_on_site(base, requests, errors)
 
 
 def read_classes(run_dir) -> list[str]:
-    return json.loads((Path(run_dir) / "task.json").read_text(encoding="utf-8"))["classes"]
+    return read_json(Path(run_dir) / "task.json")["classes"]
 
 
 def test_mulberry32_is_the_reference_generator():
@@ -221,8 +225,7 @@ def test_greedy_and_seeded_sampling_write_what_python_writes(site, tiny_runs):
             run_page(page, base, "ROMEO:", n="50", temperature="0.8", **{"top-k": "10", "seed": "7"})
             == sampled
         )
-        assert all(url.startswith(base) for url in requests), [u for u in requests if not u.startswith(base)]
-        assert not errors, errors
+        stayed_on_site(base, requests, errors)
 
 
 def test_the_attention_drawn_is_the_models(site, tiny_runs):
@@ -283,12 +286,11 @@ def replay(folder: Path, prompt: str, n: int, temperature: float, top_k: int | N
     """What the live page writes, replayed in Python through the same ONNX graph (onnxruntime)
     and the page's sampler."""
     ort = pytest.importorskip("onnxruntime")
-    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
-    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    cfg = read_manifest(folder)["config"]
+    vocab = read_json(folder / "tokenizer.json")["model"]["vocab"]
     chars = {i: c for c, i in vocab.items()}
     session = ort.InferenceSession(str(folder / "decoder.onnx"), providers=["CPUExecutionProvider"])
-    shape = (cfg["n_layers"], 1, cfg["n_heads"], 0, cfg["d_model"] // cfg["n_heads"])
-    cache = {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
+    cache = empty_cache(SimpleNamespace(**cfg), 1)
     feed, out, draws = [[vocab[c] for c in prompt]], [], mulberry32(seed)
     for _ in range(n):
         logits, cache["past_keys"], cache["past_values"], _ = session.run(
@@ -313,8 +315,7 @@ def test_the_docs_site_runs_the_lm_in_the_browser(built_site):  # noqa: F811 - t
             seeded = {"temperature": "0.8", "top-k": "10", "seed": "7"}
             expected = replay(folder, "ROMEO:", 50, 0.8, 10, 7)
             assert run_page(page, url, "ROMEO:", n="50", **seeded) == expected
-            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
-            assert not errors, errors
+            stayed_on_site(base, requests, errors)
     finally:
         server.shutdown()
 
@@ -323,15 +324,14 @@ def greedy_replay(folder: Path, inputs: dict, limit: int) -> tuple[list[int], np
     """Greedy decoding through an exported encoder-decoder (onnxruntime), as the page decodes:
     the ids written, and the cross-attention of one teacher-forced pass over them."""
     ort = pytest.importorskip("onnxruntime")
-    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    cfg = read_manifest(folder)["config"]
     encoder, decoder = (
         ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
         for name in ("encoder.onnx", "decoder.onnx")
     )
     (memory, *_) = encoder.run(None, inputs)
     feeds = {"memory": memory, **({"src": inputs["src"]} if "src" in inputs else {})}
-    shape = (cfg["n_decoder_layers"], 1, cfg["n_heads"], 0, cfg["d_model"] // cfg["n_heads"])
-    empty = {"past_keys": np.zeros(shape, np.float32), "past_values": np.zeros(shape, np.float32)}
+    empty = empty_cache(SimpleNamespace(**cfg), 1)
     cache, token, out = dict(empty), cfg["bos_id"], []
     for _ in range(limit):
         logits, cache["past_keys"], cache["past_values"], *_ = decoder.run(
@@ -353,15 +353,14 @@ def test_the_docs_site_translates_in_the_browser(built_site):  # noqa: F811 - th
     server, base = _serve(built_site)
     folder = LIVE_DOCS / "translation"
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    eos = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]["eos_id"]
+    eos = read_manifest(folder)["config"]["eos_id"]
     try:
         with chromium_page() as (page, requests, errors):
             for sentence in ("Ein Mann fährt mit dem Fahrrad.", "Zwei Hunde spielen im Schnee."):
                 src = np.array([tok.encode(sentence, add_special_tokens=False).ids + [eos]])
                 ids, _ = greedy_replay(folder, {"src": src}, src.shape[1] + 50)
                 assert run_page(page, base + "live/?model=translation", sentence, new=True) == tok.decode(ids)
-            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
-            assert not errors, errors
+            stayed_on_site(base, requests, errors)
     finally:
         server.shutdown()
 
@@ -375,8 +374,8 @@ def test_the_docs_site_captions_a_composed_scene(built_site):  # noqa: F811 - th
     server, base = _serve(built_site)
     folder = LIVE_DOCS / "caption"
     sheet = np.asarray(Image.open(folder / "garments.png"))
-    cell = json.loads((folder / "garments.json").read_text(encoding="utf-8"))["cell"]
-    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    cell = read_json(folder / "garments.json")["cell"]
+    cfg = read_manifest(folder)["config"]
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     layout = {0: (4, 0), 1: (4, 1), 3: (8, 2)}  # two coats above a bag
     scene = np.zeros((2 * cell, 2 * cell), np.uint8)
@@ -397,8 +396,7 @@ def test_the_docs_site_captions_a_composed_scene(built_site):  # noqa: F811 - th
             assert page.locator("#output").inner_text() == tok.decode(ids)
             drawn = np.array(page.evaluate("Array.from(window.live.attention.data)"), np.float32)
             np.testing.assert_allclose(drawn, cross.ravel(), atol=1e-4)
-            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
-            assert not errors, errors
+            stayed_on_site(base, requests, errors)
     finally:
         server.shutdown()
 
@@ -419,7 +417,7 @@ def test_the_docs_site_classifies_an_opened_image(built_site, tmp_path):  # noqa
 
     ort = pytest.importorskip("onnxruntime")
     folder = LIVE_DOCS / "vit"
-    cfg = json.loads((folder / "onnx.json").read_text(encoding="utf-8"))["config"]
+    cfg = read_manifest(folder)["config"]
     size = cfg["image_size"]
     image = np.zeros((size, size), np.uint8)
     image[4:-4, size // 2 - 3 : size // 2 + 3] = 220  # a bar: trouser-like
@@ -432,7 +430,6 @@ def test_the_docs_site_classifies_an_opened_image(built_site, tmp_path):  # noqa
         with chromium_page() as (page, requests, errors):
             open_image(page, base + "live/?model=vit", tmp_path / "bar.png")
             assert torch.allclose(torch.tensor(page.evaluate("window.live.probs")), expected, atol=1e-4)
-            assert all(u.startswith(base) for u in requests), [u for u in requests if not u.startswith(base)]
-            assert not errors, errors
+            stayed_on_site(base, requests, errors)
     finally:
         server.shutdown()

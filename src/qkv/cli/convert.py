@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .console import log
-from .options import revision_option
+from .options import onnx_weights_option, revision_option
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -40,12 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --to onnx: every graph also outputs its attention weights",
     )
-    p.add_argument(
-        "--weights",
-        default="float32",
-        help="with --to onnx: float32, or float16 to store the weights in half the bytes "
-        "(float32 arithmetic)",
-    )
+    onnx_weights_option(p, "with --to onnx")
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)
     p.set_defaults(func=_cmd_convert)

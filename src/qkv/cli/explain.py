@@ -8,7 +8,13 @@ import math
 
 from ..errors import QkvError
 from .console import log
-from .options import device_option, file_output_option, sampling_options, search_options
+from .options import (
+    device_option,
+    file_output_option,
+    onnx_weights_option,
+    sampling_options,
+    search_options,
+)
 from .output import write_line
 
 
@@ -59,11 +65,7 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         help="write a new folder whose page runs the model in the browser (ONNX, onnxruntime-web); "
         "serve it with any static server (char LM, translation, vit and scene-caption runs)",
     )
-    p.add_argument(
-        "--weights",
-        default="float32",
-        help="with --live: float32, or float16 to store the weights in half the bytes (float32 arithmetic)",
-    )
+    onnx_weights_option(p, "with --live")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )

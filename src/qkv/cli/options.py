@@ -104,6 +104,16 @@ def search_options(
         )
 
 
+def onnx_weights_option(p: argparse.ArgumentParser, who: str) -> None:
+    """``--weights``: how ``who`` stores the ONNX graphs' weights (qkv.hub.onnx_export's
+    ``weights``; the library refuses anything else in one line)."""
+    p.add_argument(
+        "--weights",
+        default="float32",
+        help=f"{who}: float32, or float16 to store the weights in half the bytes (float32 arithmetic)",
+    )
+
+
 def sampling_options(
     p: argparse.ArgumentParser, max_new_tokens: int, temperature: float | None, seed: int | None
 ) -> None:

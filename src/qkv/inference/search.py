@@ -93,10 +93,11 @@ def greedy_decode(
         done |= token[:, 0] == cfg.eos_id
         if bool(done.all()):
             break
-    return [_strip(row, cfg.eos_id, cfg.pad_id) for row in out.tolist()]
+    return [strip_special(row, cfg.eos_id, cfg.pad_id) for row in out.tolist()]
 
 
-def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+def strip_special(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    """A decoded row without its end: the ids before the first ``eos``, padding dropped."""
     if eos_id in ids:
         ids = ids[: ids.index(eos_id)]
     return [i for i in ids if i != pad_id]
@@ -166,7 +167,7 @@ def beam_search(
         seqs = torch.cat([seqs.index_select(0, rows), token], dim=1)
         for self_cache, _cross_cache in caches:  # a sentence's beams share one source: no reorder
             self_cache.reorder(rows)
-    return [_strip(best, cfg.eos_id, cfg.pad_id) for best in _winners(finished, scores, seqs, alpha)]
+    return [strip_special(best, cfg.eos_id, cfg.pad_id) for best in _winners(finished, scores, seqs, alpha)]
 
 
 def _keep_finished(

@@ -7,7 +7,7 @@
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const live = {
-  folder: null, recipe: null, session: null, encoder: null, config: null, vocab: null, pieces: [], tokenizer: null,
+  folder: null, layers: 0, recipe: null, session: null, encoder: null, config: null, vocab: null, pieces: [], tokenizer: null,
   busy: false, again: null, attention: null, tokens: [], source: [], word: 0,
 };
 window.live = live;  // read by the tests
@@ -58,7 +58,7 @@ function encode(text) {
 
 function emptyCache() {
   const c = live.config;
-  const dims = [c.n_layers ?? c.n_decoder_layers, 1, c.n_heads, 0, c.d_model / c.n_heads];
+  const dims = [live.layers, 1, c.n_heads, 0, c.d_model / c.n_heads];
   return { past_keys: new ort.Tensor("float32", new Float32Array(0), dims), past_values: new ort.Tensor("float32", new Float32Array(0), dims) };
 }
 
@@ -66,9 +66,10 @@ function int64(ids) {
   return new ort.Tensor("int64", BigInt64Array.from(ids.map((i) => BigInt(i))), [1, ids.length]);
 }
 
+// The last position's logits: a view, not a copy (read once per decoding step).
 function lastRow(logits) {
   const [, t, v] = logits.dims;
-  return Array.from(logits.data.subarray((t - 1) * v, t * v));
+  return logits.data.subarray((t - 1) * v, t * v);
 }
 
 function readSettings() {
@@ -469,7 +470,8 @@ async function start() {
     ort.env.wasm.numThreads = 1;  // threads need cross-origin isolation, which a docs host may not give
     const graph = live.recipe === "vit" ? "model.onnx" : "decoder.onnx";
     live.session = await ort.InferenceSession.create(`${live.folder}/${graph}`);
-    const c = live.config, layers = c.n_layers ?? c.n_decoder_layers;
+    const c = live.config;
+    live.layers = c.n_layers ?? c.n_decoder_layers;  // an encoder-decoder's: the decoder's (its cache)
     let mb = manifest.files[graph].bytes / 1e6;
     if (live.recipe === "vit") {
       live.classes = manifest.classes ?? [];
@@ -498,9 +500,9 @@ async function start() {
     } else {
       live.vocab = tokenizer.model.vocab;
     }
-    options($("layer"), layers, "layer");
+    options($("layer"), live.layers, "layer");
     options($("head"), c.n_heads, "head");
-    $("about").textContent = `the ${manifest.recipe} recipe's run: ${layers} layers, ${c.n_heads} heads, ` +
+    $("about").textContent = `the ${manifest.recipe} recipe's run: ${live.layers} layers, ${c.n_heads} heads, ` +
       `d_model ${c.d_model}, context ${c.max_len} tokens; ${mb.toFixed(1)} MB of ONNX graphs`;
     $("generate").disabled = false;
     document.body.dataset.ready = "1";
