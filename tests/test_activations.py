@@ -24,6 +24,7 @@ from qkv.models.encoder import EncoderModel
 from qkv.models.rnn import RNNSeq2Seq
 from qkv.models.transformer import Transformer
 from qkv.models.vit import VisionTransformer
+from qkv.nn.attention import MultiHeadAttention
 
 TOL = 1e-5
 SMALL = dict(d_model=16, n_heads=2, d_ff=32, max_len=32)
@@ -181,7 +182,7 @@ def test_hooks_leave_with_the_block():
     with pytest.raises(RuntimeError, match="boom"), record_activations(model):
         raise RuntimeError("boom")
     hooks = [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
-    assert hooks == [] and all(getattr(m, "on_heads", None) is None for m in model.modules())
+    assert hooks == [] and all(not m.head_hooks for m in model.modules() if isinstance(m, MultiHeadAttention))
 
 
 @torch.no_grad()
@@ -197,7 +198,7 @@ def test_a_kv_cached_decode_records_what_the_full_forward_does():
         for name in full:
             if name.endswith((".k", ".v")):  # every cached key so far
                 _close(step[name], full[name][:, :, : t + 1])
-            elif name.endswith(".pattern"):  # the new query's row over the keys so far
+            elif name.endswith((".pattern", ".scores")):  # the new query's row over the keys so far
                 _close(step[name], full[name][:, :, t : t + 1, : t + 1])
             elif name.endswith(".q"):
                 _close(step[name], full[name][:, :, t : t + 1])

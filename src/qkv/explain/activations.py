@@ -20,7 +20,8 @@ the same for every model of a family and say where the value lives. For a layer 
 | ``S.norm_out`` | ``(B, T, D)`` | that norm's output |
 | ``S.q`` | ``(B, H, Tq, d_k)`` | queries after ``W_Q`` (and RoPE), split into heads |
 | ``S.k``, ``S.v`` | ``(B, H, Tk, d_k)`` | keys, values (with a KV cache: every cached key) |
-| ``S.pattern`` | ``(B, H, Tq, Tk)`` | softmax(QKᵀ/√d_k) (Eq. 1); rows sum to 1 |
+| ``S.scores`` | ``(B, H, Tq, Tk)`` | QKᵀ/√d_k, illegal connections at the dtype's minimum (§3.2.3) |
+| ``S.pattern`` | ``(B, H, Tq, Tk)`` | softmax of the scores (Eq. 1); rows sum to 1 |
 | ``S.z`` | ``(B, Tq, H, d_k)`` | each head's output, before ``W_O`` (§3.2.2) |
 | ``S.out`` | ``(B, T, D)`` | the sub-layer's output (attention after ``W_O``; FFN: Eq. 2) |
 | ``L.ffn.pre`` | ``(B, T, d_ff)`` | ``x W_1 + b_1``, before the activation |
@@ -29,16 +30,19 @@ the same for every model of a family and say where the value lives. For a layer 
 | ``L.resid_post`` | ``(B, T, D)`` | the stream leaving the layer |
 
 Besides the layers, the output of each other part of the model is recorded under its path:
-``embed`` / ``src_embed`` / ``tgt_embed`` / ``patch_embed`` (token or patch embeddings),
-``positional`` (the position encodings added to them), ``embed_norm``, ``final_norm``
-(``encoder.final_norm``, ``decoder.final_norm``), ``encoder`` (the translator's and captioner's
-``memory``), the heads (``lm_head``, ``generator``, ``mlm_head``, ``head``, ...), and
-``logits``, the model's own output. ``pattern`` is recorded when attention weights are
-computed: :func:`run_with_cache` asks the model for them.
+``embed`` / ``patch_embed`` (token or patch embeddings), ``positional`` (the position encodings
+added to them, ``(1, T, D)``), ``embed_norm``, ``final_norm`` (``encoder.final_norm``,
+``decoder.final_norm``), ``encoder`` (the translator's and captioner's ``memory``), the heads
+(``lm_head``, ``generator``, ``mlm_head``, ``head``, ...), and ``logits``, the model's own
+output. The translator's embeddings and positions are named by the stack they feed:
+``src_embed``, ``tgt_embed``, ``src_positional``, ``tgt_positional`` (a shared embedding too).
+:func:`~qkv.explain.hooks.hook_points` lists a model's names.
 
-The values come from forward hooks on the model's own modules, during the model's own forward
-pass: there is no second code path, so they are the numbers the model computed. A KV-cached
-decoding step records its one new position (``k``/``v`` hold every cached key).
+Every name is a hook point (:mod:`qkv.explain.hooks`): recording is the read-only case of the
+same mechanism that replaces values (:func:`~qkv.explain.hooks.run_with_hooks`). The values are
+the model's own, from its own forward pass: there is no second code path. Each is a copy
+(detached), so a later step cannot change it. A KV-cached decoding step records its one new
+position (``k``/``v`` hold every cached key).
 """
 
 from __future__ import annotations
@@ -58,33 +62,26 @@ from ..models.diffusion_lm import DiffusionLM
 from ..models.encoder import EncoderModel
 from ..models.transformer import Transformer
 from ..models.vit import VisionTransformer
-from ..nn.attention import MultiHeadAttention
-from ..nn.feedforward import PositionwiseFeedForward
-from ..nn.layers import DecoderLayer, SelfAttentionLayer
-from ..nn.norms import ResidualNorm
+from .hooks import Hook, hooked
 
 __all__ = ["ActivationCache", "logit_lens", "record_activations", "readout", "run_with_cache"]
-
-LAYER_POINTS = ("resid_pre", "resid_post")
-SUBLAYER_POINTS = ("norm_in", "norm_out", "q", "k", "v", "pattern", "z", "out", "pre", "hidden", "resid_post")
-# the residual wrapper of each sub-layer, and the name of the sub-layer it wraps
-_BLOCKS = {"self_attn_block": "self_attn", "cross_attn_block": "cross_attn", "ffn_block": "ffn"}
-# parts recorded under their own path: containers and regularisers are not values to look at
-_SKIP = (nn.ModuleList, nn.ModuleDict, nn.Dropout)
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
     """The named intermediates of one forward pass (see the module's table of names).
 
-    A read-only mapping ``name → tensor`` (detached, on the model's device and dtype) with
-    helpers for the residual stream. An unknown name raises ``KeyError`` with one line that
-    names the closest names the cache has.
+    A read-only mapping ``name → tensor`` (detached copies, on the model's device and dtype)
+    with helpers for the residual stream. An unknown name (or one that is not a string) raises
+    ``KeyError`` with one line that names the closest names the cache has, so ``name in cache``
+    and ``cache.get(name)`` answer ``False`` and ``None``.
     """
 
     def __init__(self, values: dict[str, torch.Tensor] | None = None) -> None:
         self._values: dict[str, torch.Tensor] = {} if values is None else values
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if not isinstance(name, str):
+            raise KeyError(f"activation names are strings such as 'layers.0.resid_post', got {name!r}")
         try:
             return self._values[name]
         except KeyError:
@@ -112,8 +109,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """The path of layer ``index`` of ``stack`` (negative counts from the end).
 
         Raises:
-            IndexError: no such layer (one line naming how many the stack has).
+            TypeError: ``index`` is not an int. IndexError: no such layer (one line naming how
+                many the stack has).
         """
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise TypeError(f"a layer index is an int, got {index!r}")
         paths = self.layers(stack)
         if not -len(paths) <= index < len(paths):
             where = f"the {stack} stack" if stack else "the model"
@@ -128,104 +128,47 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return torch.stack([self[f"{paths[0]}.resid_pre"]] + [self[f"{p}.resid_post"] for p in paths])
 
 
-def _store(values: dict[str, torch.Tensor], name: str, value: Any) -> None:
-    if isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
-        value = value[0]  # (output, attention weights) and (memory, weights): the output
-    if isinstance(value, torch.Tensor):
-        values[name] = value.detach()
-    elif hasattr(value, "logits") and isinstance(value.logits, torch.Tensor):
-        values[name] = value.logits.detach()
+def _recorder(values: dict[str, torch.Tensor]) -> Hook:
+    """A read-only hook that keeps a detached copy of each value (a copy: a value may be a view
+    of a buffer the model changes later, as a KV cache's keys are after a beam reorder)."""
 
+    def record(value: torch.Tensor, name: str) -> None:
+        values[name] = value.detach().clone()
 
-def _hooks(path: str, module: nn.Module, values: dict[str, torch.Tensor]) -> list[Any]:
-    """Register the hooks of one module of the model; return their handles."""
-    parent, _, leaf = path.rpartition(".")
-
-    def output_as(target: nn.Module, name: str, pick: Callable[[Any], Any] = lambda out: out) -> Any:
-        return target.register_forward_hook(lambda _m, _args, out: _store(values, name, pick(out)))
-
-    def input_as(target: nn.Module, name: str) -> Any:
-        return target.register_forward_pre_hook(lambda _m, args: _store(values, name, args[0]))
-
-    if isinstance(module, (SelfAttentionLayer, DecoderLayer)):
-        return [input_as(module, f"{path}.resid_pre"), output_as(module, f"{path}.resid_post")]
-    if isinstance(module, ResidualNorm) and leaf in _BLOCKS:
-        sub = f"{parent}.{_BLOCKS[leaf]}"
-        return [
-            output_as(module, f"{sub}.resid_post"),
-            input_as(module.norm, f"{sub}.norm_in"),
-            output_as(module.norm, f"{sub}.norm_out"),
-        ]
-    if isinstance(module, MultiHeadAttention):
-
-        def heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-            values.update({f"{path}.q": q.detach(), f"{path}.k": k.detach(), f"{path}.v": v.detach()})
-
-        def z(_m: nn.Module, args: tuple) -> None:
-            b, t, _ = args[0].shape
-            values[f"{path}.z"] = args[0].detach().view(b, t, module.n_heads, module.d_k)
-
-        module.on_heads = heads
-        return [
-            output_as(module, f"{path}.out"),  # (output, weights): _store keeps the output
-            output_as(module, f"{path}.pattern", lambda out: out[1]),  # None without weights: not stored
-            module.w_o.register_forward_pre_hook(z),
-        ]
-    if isinstance(module, PositionwiseFeedForward):
-        return [
-            output_as(module, f"{path}.out"),
-            output_as(module.w_1, f"{path}.pre"),
-            input_as(module.w_2, f"{path}.hidden"),
-        ]
-    return []
-
-
-def _parts(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """The model's parts recorded under their own path: children of the model and of its
-    encoder and decoder stacks that are neither layers nor containers."""
-    for name, child in model.named_children():
-        if isinstance(child, _SKIP) or name in ("layers", "rotary"):
-            continue
-        if name in ("encoder", "decoder") and hasattr(child, "layers"):
-            for sub, grandchild in child.named_children():
-                if not isinstance(grandchild, _SKIP):
-                    yield f"{name}.{sub}", grandchild
-        yield name, child
+    return record
 
 
 @contextmanager
-def record_activations(model: nn.Module) -> Iterator[ActivationCache]:
+def record_activations(
+    model: nn.Module, names_filter: str | Callable[[str], bool] | None = None
+) -> Iterator[ActivationCache]:
     """Record the named intermediates of every forward call of ``model`` inside the block.
 
     ``with record_activations(model) as cache: model.decode(...)``: any method of the model
     (``encode``, ``decode``, one KV-cached step) is recorded; a name called twice keeps the
-    last call's value. Hooks are removed on leaving the block, even on an error.
+    last call's value. ``names_filter``: one point's name, or a function choosing the names to
+    record (default: every point of :func:`~qkv.explain.hooks.hook_points`). The recording is
+    the read-only case of the hook points (:func:`~qkv.explain.hooks.hooked`): recording the
+    pattern makes attention compute Eq. 1 explicitly, so ``pattern`` is there for every call,
+    cached steps included. Hooks are removed on leaving the block, even on an error.
+
+    Raises:
+        ValueError: ``names_filter`` names no hook point of ``model``.
     """
     values: dict[str, torch.Tensor] = {}
-    handles: list[Any] = []
-    attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    try:
-        for path, module in model.named_modules():
-            handles += _hooks(path, module, values)
-        for path, part in _parts(model):
-            handles.append(
-                part.register_forward_hook(lambda _m, _a, out, path=path: _store(values, path, out))
-            )
-        handles.append(model.register_forward_hook(lambda _m, _a, out: _store(values, "logits", out)))
+    with hooked(model, [(names_filter or (lambda _name: True), _recorder(values))]):
         yield ActivationCache(values)
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module in attention:
-            module.on_heads = None
 
 
-def run_with_cache(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, ActivationCache]:
-    """``model(*args, **kwargs)`` and every named intermediate of that call.
+def run_with_cache(
+    model: nn.Module, *args: Any, names_filter: str | Callable[[str], bool] | None = None, **kwargs: Any
+) -> tuple[Any, ActivationCache]:
+    """``model(*args, **kwargs)`` and every named intermediate of that call (or those that
+    ``names_filter`` chooses, as :func:`record_activations`).
 
-    Asks for attention weights (``need_weights=True``, so ``pattern`` is recorded) when the
-    model's ``forward`` takes them and the call did not say. Runs in the current grad mode and
-    the model's current mode (call ``model.eval()`` first for inference numbers).
+    Asks for attention weights (``need_weights=True``) when the model's ``forward`` takes them
+    and the call did not say. Runs in the current grad mode and the model's current mode (call
+    ``model.eval()`` first for inference numbers).
 
     Returns:
         ``(output, cache)``: the model's own output and an :class:`ActivationCache`.
@@ -235,7 +178,7 @@ def run_with_cache(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Ac
     """
     if "need_weights" not in kwargs and "need_weights" in inspect.signature(model.forward).parameters:
         kwargs["need_weights"] = True
-    with record_activations(model) as cache:
+    with record_activations(model, names_filter) as cache:
         output = model(*args, **kwargs)
     return output, cache
 

@@ -1,19 +1,23 @@
-"""The intermediates of Eq. 1 inside a model: capture one attention module's call.
+"""The intermediates of Eq. 1 inside a model: one attention module's call, read off its hook
+points.
 
-Models return attention *weights* (``need_weights=True``); the full step-through (Q, K, V,
-QKᵀ, scaling, mask, softmax, output) of one layer is recomputed from that module's inputs,
-recorded by a forward pre-hook while the model runs as usual, so no model code changes for
-inspection.
+Source: Vaswani et al. 2017, §3.2.1 (Eq. 1: ``softmax(QKᵀ / √d_k) V``), §3.2.3 (the mask).
+The step-through (Q, K, V, QKᵀ, scaling, mask, softmax, output) is read from the points inside
+the module's call (:class:`~qkv.nn.attention.HeadHook`, the same points as
+:mod:`qkv.explain.hooks`) while the model runs as usual: no replay of the call, no model code
+changed for inspection.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 
-from ..nn.attention import AttentionSteps, MultiHeadAttention
+from ..nn.attention import AttentionSteps, HeadHook, MultiHeadAttention
 
 
 @torch.no_grad()
@@ -22,11 +26,11 @@ def capture_steps(module: MultiHeadAttention, run: Callable[[], Any]) -> Attenti
     :class:`~qkv.nn.attention.AttentionSteps` of ``module``'s first call in it, all heads.
 
     Shapes: ``q (B, H, Tq, Dh)``, ``k``/``v (B, H, Tk, Dh)``, ``scores``/``scaled``/``masked``/
-    ``weights (B, H, Tq, Tk)``, ``output (B, H, Tq, Dh)`` (before ``W_O``).
+    ``weights (B, H, Tq, Tk)``, ``output (B, H, Tq, Dh)`` (before ``W_O``). A KV-cached call's
+    keys are every cached key.
 
     Raises:
         ValueError: ``module`` was not called by ``run`` (it is not part of that model).
-        ValueError: the call used a key/value cache (explain full sequences, not decoding steps).
     """
     return capture_all_steps([module], run)[0]
 
@@ -36,33 +40,38 @@ def capture_all_steps(modules: Sequence[MultiHeadAttention], run: Callable[[], A
     """:func:`capture_steps` of several modules of one model (every layer of a stack, say) from
     one forward pass ``run()``: one :class:`~qkv.nn.attention.AttentionSteps` per module, in
     the order given. Raises as :func:`capture_steps`."""
-    calls: list[list[tuple[tuple, dict]]] = [[] for _ in modules]
-    handles = [
-        module.register_forward_pre_hook(
-            lambda _m, args, kwargs, seen=seen: seen.append((args, dict(kwargs))), with_kwargs=True
-        )
-        for module, seen in zip(modules, calls, strict=True)
-    ]
-    try:
+    seen: list[dict[str, torch.Tensor]] = [{} for _ in modules]
+
+    def reader(values: dict[str, torch.Tensor]) -> HeadHook:
+        def read(name: str, value: torch.Tensor) -> torch.Tensor:
+            if name not in values:  # the first call's: a later call of the module keeps them
+                values[name] = value.detach().clone()
+            return value
+
+        return HeadHook(read)
+
+    with ExitStack() as stack:
+        for module, values in zip(modules, seen, strict=True):
+            hook = reader(values)
+            module.head_hooks.append(hook)
+            stack.callback(module.head_hooks.remove, hook)
         run()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return [_replay(module, seen) for module, seen in zip(modules, calls, strict=True)]
+    return [_steps(values) for values in seen]
 
 
-def _replay(module: MultiHeadAttention, calls: list[tuple[tuple, dict]]) -> AttentionSteps:
-    """Eq. 1 step by step for the first recorded call of ``module``."""
-    if not calls:
+def _steps(values: dict[str, torch.Tensor]) -> AttentionSteps:
+    """Eq. 1's intermediates from the points of one call."""
+    if "z" not in values:
         raise ValueError("the attention module was not called by this forward pass")
-    args, kwargs = calls[0]
-    if kwargs.get("cache") is not None:
-        raise ValueError("cannot step through a call that used a key/value cache")
-    x = args[0] if args else kwargs["x"]
-    return module.steps(
-        x,
-        memory=kwargs.get("memory"),
-        attn_mask=kwargs.get("attn_mask"),
-        is_causal=kwargs.get("is_causal", False),
-        positions=kwargs.get("positions"),
+    q, k = values["q"], values["k"]
+    scores = q @ k.transpose(-2, -1)  # Q Kᵀ, before the scaling the points start from
+    return AttentionSteps(
+        q=q,
+        k=k,
+        v=values["v"],
+        scores=scores,
+        scaled=scores / math.sqrt(q.size(-1)),
+        masked=values["scores"],
+        weights=values["pattern"],
+        output=values["z"].transpose(1, 2),
     )

@@ -8,9 +8,10 @@ Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broad
 ``(B, H, q_len, k_len)``; the argument that carries it is ``attn_mask`` everywhere in this
 module (PyTorch's name; ``mask=`` is accepted for one release, with a ``DeprecationWarning``).
 
-Eq. 1 itself is the body of :func:`scaled_dot_product_attention`. Backends: one computation
-of Eq. 1 is a function registered under a name (:func:`register_backend`, :data:`BACKENDS`),
-which that function dispatches to. This module registers three: ``"sdpa"``
+Eq. 1 itself is the body of :func:`scaled_dot_product_attention`. Its intermediates can be read
+and replaced while a model runs (:class:`HeadHook`: the hook points of :mod:`qkv.explain.hooks`).
+Backends: one computation of Eq. 1 is a function registered under a name
+(:func:`register_backend`, :data:`BACKENDS`), which that function dispatches to. This module registers three: ``"sdpa"``
 (:func:`fused_attention`, PyTorch's fused kernel), ``"eager"`` (:func:`eager_attention`, the
 explicit path) and ``"invariant"`` (:func:`per_query_attention`: batch-invariant decoding,
 inference only, which :func:`~qkv.inference.layout.prepare_for_inference` switches a model to).
@@ -72,6 +73,33 @@ class AttentionSteps:
     output: torch.Tensor  # weights @ V
 
 
+Point = Callable[[str, torch.Tensor], torch.Tensor]
+"""``point(name, value) -> value``: a named value inside attention (``"q"``, ``"k"``, ``"v"``,
+``"scores"``, ``"pattern"``, ``"z"``) handed out while it is computed; what it returns is used
+in its place (the same shape)."""
+
+
+@dataclass(frozen=True)
+class HeadHook:
+    """A hook on the values inside one :class:`MultiHeadAttention` call, in the manner of
+    TransformerLens's ``HookPoint`` (Nanda & Bloom 2022): ``fire(name, value)`` is called with
+
+    - ``"q"`` ``(B, H, Tq, d_k)``, ``"k"``, ``"v"`` ``(B, H, Tk, d_k)``: after ``W_Q``, ``W_K``,
+      ``W_V`` (and RoPE), split into heads (§3.2.2); with a KV cache, every cached key (a
+      replacement is used by this call only: the cache keeps the computed keys);
+    - ``"scores"`` ``(B, H, Tq, Tk)``: ``QKᵀ/√d_k`` with illegal connections set to the dtype's
+      minimum (Eq. 1 before the softmax) and ``"pattern"``, its softmax (rows sum to 1): only
+      when ``weights`` is true, which makes the call take the explicit path of Eq. 1;
+    - ``"z"`` ``(B, Tq, H, d_k)``: each head's output, before ``W_O``;
+
+    and returns the value to use instead (the same tensor to leave it). Installed by appending
+    to :attr:`MultiHeadAttention.head_hooks` (:func:`qkv.explain.hooks.hooked` does).
+    """
+
+    fire: Point
+    weights: bool = True
+
+
 @renamed_arguments(mask="attn_mask")
 def attention_steps(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
@@ -102,6 +130,7 @@ def scaled_dot_product_attention(
     need_weights: bool = False,
     *,
     record: list[AttentionSteps] | None = None,
+    point: Point | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V  (Vaswani et al. 2017, §3.2.1, Eq. 1).
 
@@ -123,6 +152,8 @@ def scaled_dot_product_attention(
         need_weights: also return the attention weights ``(B, H, Tq, Tk)``.
         record: a list the explicit path appends this call's :class:`AttentionSteps` to (every
             intermediate, for inspection: :func:`attention_steps`); implies ``need_weights``.
+        point: called as ``point("scores", masked scores)`` and ``point("pattern", weights)``
+            (see :data:`Point`); what it returns is used instead. Implies ``need_weights``.
 
     Returns:
         ``(output (B, H, Tq, Dh), weights or None)``. Fully masked query rows give zeros.
@@ -134,21 +165,21 @@ def scaled_dot_product_attention(
     check_backend(backend)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise ValueError(f"attention mask must be boolean (True = may attend), got {attn_mask.dtype}")
-    if not need_weights and record is None:
+    if not need_weights and record is None and point is None:
         return BACKENDS[backend](q, k, v, attn_mask, is_causal, dropout_p), None
     if is_causal:  # fold the look-ahead mask in, so the masked scores show it
         attn_mask = combine_masks(attn_mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
     scores = q @ k.transpose(-2, -1)  # Q Kᵀ (..., Tq, Tk)
     scaled = scores / math.sqrt(q.size(-1))  # ÷ sqrt(d_k)
-    if attn_mask is None:
-        masked = scaled
-        weights = torch.softmax(scaled.float(), dim=-1).to(q.dtype)
-    else:
-        # illegal connections set to the dtype's minimum ("-inf" in §3.2.3: finite, so no NaN)
-        masked = scaled.masked_fill(~attn_mask, torch.finfo(scaled.dtype).min)
-        weights = torch.softmax(masked.float(), dim=-1).to(q.dtype)
-        # A fully masked row would be uniform over illegal keys: zero it instead.
+    # illegal connections set to the dtype's minimum ("-inf" in §3.2.3: finite, so no NaN)
+    masked = scaled if attn_mask is None else scaled.masked_fill(~attn_mask, torch.finfo(scaled.dtype).min)
+    if point is not None:
+        masked = point("scores", masked)
+    weights = torch.softmax(masked.float(), dim=-1).to(q.dtype)
+    if attn_mask is not None:  # a fully masked row would be uniform over illegal keys: zero it
         weights = weights.masked_fill(~attn_mask, 0.0)
+    if point is not None:
+        weights = point("pattern", weights)
     output = (F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights) @ v  # (..., Tq, Dh)
     if record is not None:
         record.append(AttentionSteps(q, k, v, scores, scaled, masked, weights, output))
@@ -380,9 +411,10 @@ class MultiHeadAttention(nn.Module):
             self.w_qkv = self._packed(d_model, inner, 3, bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
-        # Called with (q, k, v) of every forward when set: how qkv.explain.activations reads
-        # the heads by name (a forward hook sees only the module's inputs and output).
-        self.on_heads: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+        # The hooks on the values inside a call (HeadHook): how qkv.explain reads and replaces
+        # Q, K, V, the pattern and each head's output by name, which a forward hook cannot see.
+        # Empty (no cost) unless a hook is installed.
+        self.head_hooks: list[HeadHook] = []
 
     @staticmethod
     @torch.no_grad()
@@ -423,9 +455,15 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._self_heads(x, cache, positions)
         else:
             q, k, v = self._cross_heads(x, memory, cache)
-        if self.on_heads is not None:
-            self.on_heads(q, k, v)
+        if self.head_hooks:
+            q, k, v = (self._point(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
         return q, k, v
+
+    def _point(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """``value`` passed through every installed :class:`HeadHook`, in order."""
+        for hook in self.head_hooks:
+            value = hook.fire(name, value)
+        return value
 
     def _self_heads(
         self, x: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
@@ -505,6 +543,8 @@ class MultiHeadAttention(nn.Module):
         """
         b, t, _ = x.shape
         q, k, v = self._heads(x, memory, cache, positions)
+        # a hook on the scores or the pattern needs them computed: the explicit path of Eq. 1
+        hooked = any(hook.weights for hook in self.head_hooks)
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -514,6 +554,10 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
             need_weights=need_weights,
+            point=self._point if hooked else None,
         )
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, Tq, H*Dh)
-        return self.w_o(out), weights
+        out = out.transpose(1, 2)  # (B, Tq, H, Dh)
+        if self.head_hooks:
+            out = self._point("z", out)
+        out = out.reshape(b, t, self.n_heads * self.d_k)  # (B, Tq, H*Dh)
+        return self.w_o(out), weights if need_weights else None
