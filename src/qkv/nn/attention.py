@@ -11,7 +11,8 @@ module (PyTorch's name; ``mask=`` is accepted for one release, with a ``Deprecat
 Eq. 1 itself is the body of :func:`scaled_dot_product_attention`. Its intermediates can be read
 and replaced while a model runs (:class:`HeadHook`: the hook points of :mod:`qkv.explain.hooks`).
 Backends: one computation of Eq. 1 is a function registered under a name
-(:func:`register_backend`, :data:`BACKENDS`), which that function dispatches to. This module registers three: ``"sdpa"``
+(:func:`register_backend`, :data:`BACKENDS`), which that function dispatches to. This module
+registers three: ``"sdpa"``
 (:func:`fused_attention`, PyTorch's fused kernel), ``"eager"`` (:func:`eager_attention`, the
 explicit path) and ``"invariant"`` (:func:`per_query_attention`: batch-invariant decoding,
 inference only, which :func:`~qkv.inference.layout.prepare_for_inference` switches a model to).
