@@ -520,3 +520,177 @@ def test_iglm_samples_antibody_residues_and_stops_at_its_end_token():
     assert gen.model.config.eos_id == gen.tokenizer.cls_id == 2  # IgLM ends with [CLS]
     (text,) = gen.generate(["[HEAVY] [HUMAN] EVQ"], 200, seed=0)
     assert 60 < len(text) < 200 and set(text) <= set(AMINO_ACIDS)  # stopped before the limit
+
+
+def _tiny_bert_mlm(**settings):
+    """A tiny random BertForMaskedLM (eval) whose MLM head transform and tied output projection
+    have large random weights, so the head's activation moves the logits far past ``TOL``
+    (GELU for ReLU: 0.2; exact GELU for its tanh approximation: 9e-4)."""
+    cfg = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        **settings,
+    )
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    transform = hf.cls.predictions.transform
+    with torch.no_grad():
+        transform.dense.weight.normal_(std=0.5)
+        transform.dense.bias.normal_(std=0.5)
+        transform.LayerNorm.weight.normal_(mean=1.0, std=0.3)
+        hf.cls.predictions.bias.normal_(std=0.1)
+        hf.bert.embeddings.word_embeddings.weight.normal_(std=0.3)  # the tied output projection
+    return hf
+
+
+@pytest.mark.parametrize(
+    ("hidden_act", "ours", "back"),
+    [("relu", "relu", "relu"), ("gelu_new", "gelu_tanh", "gelu_new"), ("gelu", "gelu", "gelu")],
+)
+def test_bert_mlm_head_applies_the_checkpoints_hidden_act(hidden_act, ours, back, tmp_path):
+    """Issue 68: BERT's MLM head transform (HF ``BertPredictionHeadTransform``) applies
+    ``hidden_act``, the FFN's activation, not always GELU; the export writes it back."""
+    hf = _tiny_bert_mlm(hidden_act=hidden_act)
+    conv = import_hf(_save(hf, WORD_VOCAB, tmp_path / "hf"), tmp_path / "run")
+    assert (conv.model.config.activation, conv.model.config.head_activation) == (ours, ours)
+    ids, mask = _batch("bert-mlm")
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
+        logits = conv.model(ids).logits
+    assert (logits - ref)[mask].abs().max() <= TOL
+    again = transformers.BertForMaskedLM.from_pretrained(
+        export_hf(tmp_path / "run", tmp_path / "back")
+    ).eval()
+    assert again.config.hidden_act == back
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids, attention_mask=mask.long()).logits[mask], ref[mask])
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"hidden_act": "relu"}, {"emb_layer_norm_before": True}, {"layer_norm_eps": None}],
+    ids=["hidden_act-relu", "emb_layer_norm_before", "layer_norm_eps-absent"],
+)
+def test_esm_settings_convert_as_transformers_reads_them(settings, tmp_path):
+    """HF's ESM applies the exact GELU in the FFN and the MLM head whatever ``hidden_act`` says;
+    ``emb_layer_norm_before`` is carried; an absent ``layer_norm_eps`` is EsmConfig's 1e-12."""
+    hf, vocab = _esm()
+    config = {**hf.config.to_dict(), **settings}
+    hf = transformers.EsmForMaskedLM(transformers.EsmConfig(**config)).eval()
+    with torch.no_grad():
+        hf.lm_head.dense.weight.normal_(std=0.5)  # a head whose activation shows in the logits
+        hf.esm.embeddings.word_embeddings.weight.normal_(std=0.3)
+    src = _save(hf, vocab, tmp_path / "hf")
+    if settings.get("layer_norm_eps", 0) is None:
+        written = json.loads((src / "config.json").read_text())
+        del written["layer_norm_eps"]
+        (src / "config.json").write_text(json.dumps(written))
+        hf = transformers.EsmForMaskedLM.from_pretrained(src).eval()
+        assert hf.config.layer_norm_eps == 1e-12
+    cfg = read_hf(src).model.config
+    assert (cfg.activation, cfg.head_activation) == ("gelu", "gelu")
+    assert cfg.embed_norm == bool(settings.get("emb_layer_norm_before"))
+    assert cfg.layer_norm_eps == hf.config.layer_norm_eps
+    conv = import_hf(src, tmp_path / "run")
+    ids, mask = _batch("esm")
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
+        logits = conv.model(ids).logits
+    assert (logits - ref)[mask].abs().max() <= TOL
+
+
+def _vit_folder(folder):
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=28,
+        patch_size=7,
+        num_channels=1,
+    )
+    transformers.ViTForImageClassification(cfg).save_pretrained(folder)
+    return folder
+
+
+def _marian_folder(folder):
+    return _marian(folder.parent)[1]
+
+
+def _folder(kind, folder):
+    if kind == "vit":
+        return _vit_folder(folder)
+    if kind == "marian":
+        return _marian_folder(folder)
+    hf, vocab = BUILDERS[kind]()
+    return _save(hf, vocab, folder)
+
+
+@pytest.mark.parametrize(
+    ("kind", "setting", "value", "message"),
+    [
+        (
+            "bert-mlm",
+            "is_decoder",
+            True,
+            r"BERT settings qkv does not implement: is_decoder=True \(qkv: False\)",
+        ),
+        ("bert-mlm", "add_cross_attention", True, r"add_cross_attention=True \(qkv: False\)"),
+        ("bert-mlm", "tie_word_embeddings", False, r"BERT settings .*tie_word_embeddings=False"),
+        ("esm", "tie_word_embeddings", False, r"ESM settings .*tie_word_embeddings=False"),
+        ("esm", "is_decoder", True, r"ESM settings .*is_decoder=True"),
+        ("esm", "rope_theta", 500000.0, r"ESM settings .*rope_theta=500000.0 \(qkv: 10000.0\)"),
+        ("gpt2", "scale_attn_weights", False, r"GPT-2 settings .*scale_attn_weights=False"),
+        ("marian", "tie_word_embeddings", False, r"Marian settings .*tie_word_embeddings is false"),
+        ("vit", "image_size", [28, 28], r"ViT with \{'image_size': \[28, 28\]\} is not supported"),
+    ],
+)
+def test_hf_settings_that_change_the_outputs_are_refused_by_name(kind, setting, value, message, tmp_path):
+    """Settings qkv does not represent are named in one line, never dropped: a decoder's causal
+    mask, an MLM or LM head untied from the embeddings, another rotary base, ..."""
+    src = _folder(kind, tmp_path / "hf")
+    hf_config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**hf_config, setting: value}))
+    with pytest.raises(QkvError, match=message) as refused:
+        read_hf(src)
+    assert "\n" not in str(refused.value)
+
+
+def test_bert_base_model_converts_whatever_its_head_tying(tmp_path):
+    """``tie_word_embeddings`` concerns only the MLM head: a bare BertModel converts."""
+    src = _folder("bert-base", tmp_path / "hf")
+    hf_config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**hf_config, "tie_word_embeddings": False}))
+    assert read_hf(src).parts == {"base", "pooler"}
+
+
+def test_export_refuses_head_activations_the_hf_family_cannot_express():
+    from qkv.hub.families import BERT, ESM
+    from qkv.models.config import EncoderConfig
+
+    bert = dict(vocab_size=50, positional="learned", norm_first=False, embed_norm=True, type_vocab_size=2)
+    assert (
+        BERT.to_hf(EncoderConfig(**bert, activation="relu", head_activation="relu"))["hidden_act"] == "relu"
+    )
+    with pytest.raises(QkvError, match=r"as BERT: head_activation='gelu' \(needs 'relu'\)"):
+        BERT.to_hf(EncoderConfig(**bert, activation="relu"))
+    assert ESM.to_hf(EncoderConfig(vocab_size=33))["hidden_act"] == "gelu"
+    with pytest.raises(QkvError, match=r"as ESM: activation='relu' \(needs 'gelu'\), head_activation='relu'"):
+        ESM.to_hf(EncoderConfig(vocab_size=33, activation="relu", head_activation="relu"))
+
+
+def test_encoder_config_without_head_activation_reads_as_the_gelu_head_it_had():
+    """``config.json`` files written before ``head_activation`` existed load with the GELU head
+    they were trained with, and the head's state-dict keys are unchanged."""
+    from qkv.models.config import EncoderConfig
+    from qkv.models.encoder import EncoderModel
+
+    old = EncoderConfig(vocab_size=30, activation="relu").to_dict()
+    del old["head_activation"]
+    config = EncoderConfig.from_dict(old)
+    assert (config.activation, config.head_activation) == ("relu", "gelu")
+    keys = {k for k in EncoderModel(config).state_dict() if k.startswith("mlm_transform.")}
+    assert keys == {f"mlm_transform.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")}

@@ -215,6 +215,7 @@ def test_family_configs_add_only_their_own_fields():
         "pooler",
         "token_dropout",
         "mask_id",
+        "head_activation",
     }
 
 

@@ -4,9 +4,11 @@
 Every family is a configuration of qkv's own modules, not a copy of HF's code:
 
 - **BERT** (Devlin et al. 2019): post-LN (the paper's order), exact GELU, learned positions plus
-  token-type embeddings, a LayerNorm over the summed embeddings, a pooler, the MLM head.
+  token-type embeddings, a LayerNorm over the summed embeddings, a pooler, the MLM head (its
+  transform applies ``hidden_act``, the FFN's activation).
 - **ESM-2** (Lin et al. 2023, ``EsmForMaskedLM``): pre-LN, rotary positions, token dropout
-  scaling, a final LayerNorm, the MLM head.
+  scaling, a final LayerNorm, the MLM head; the FFN and the head always apply the exact GELU
+  (HF's ESM reads no ``hidden_act``).
 - **GPT-2** (Radford et al. 2019): pre-LN, tanh-GELU, learned positions, ``Conv1D`` weights
   stored ``(in, out)``, output projection tied to the embeddings.
 - **Marian** (Junczys-Dowmunt et al. 2018; the OPUS-MT models): the closest HF model to the
@@ -16,6 +18,10 @@ Every family is a configuration of qkv's own modules, not a copy of HF's code:
 - **ViT** (Dosovitskiy et al. 2021, ``ViTForImageClassification``): pre-LN, learned positions,
   the class token, a patch projection stored as a convolution kernel, the classifier on the
   class token's final state.
+
+Each ``from_hf`` carries every HF setting that changes the outputs, or refuses it with a
+one-line :class:`QkvError` naming it; settings that only train (dropout, initialisation) or
+generate are not checked.
 """
 
 from __future__ import annotations
@@ -85,6 +91,15 @@ def _act(name: str) -> Activation:
     return ACT_FROM_HF[name]
 
 
+def _refuse(c: dict, family: str, **computed: object) -> None:
+    """Raise :class:`QkvError` naming every HF setting of ``c`` (an HF ``config.json``) that
+    holds another value than the one qkv computes with (``computed``: setting=value; an absent
+    setting reads as HF's default, which is that value)."""
+    bad = [f"{k}={c[k]!r} (qkv: {v!r})" for k, v in computed.items() if k in c and c[k] != v]
+    if bad:
+        raise QkvError(f"{family} settings qkv does not implement: {', '.join(bad)}")
+
+
 def _require(config: ModelConfig, family: str, **wanted: object) -> None:
     """Raise naming every field of a qkv config that the HF family cannot express."""
     bad = [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
@@ -92,8 +107,14 @@ def _require(config: ModelConfig, family: str, **wanted: object) -> None:
         raise QkvError(f"this model cannot be written as {family}: {', '.join(bad)}")
 
 
-def _encoder_fields(c: dict) -> dict:
-    """The EncoderConfig fields BERT's and ESM's configs name alike."""
+def _encoder_fields(c: dict, family: str, parts: set[str]) -> dict:
+    """The EncoderConfig fields BERT's and ESM's configs name alike, after refusing what
+    neither encoder represents: a decoder (``is_decoder``: causal self-attention;
+    ``add_cross_attention``) and, with the MLM head, an output projection untied from the
+    embeddings (``tie_word_embeddings`` false: qkv's head is always tied)."""
+    _refuse(c, family, is_decoder=False, add_cross_attention=False)
+    if "mlm" in parts:
+        _refuse(c, family, tie_word_embeddings=True)
     return dict(
         vocab_size=c["vocab_size"],
         d_model=c["hidden_size"],
@@ -101,7 +122,6 @@ def _encoder_fields(c: dict) -> dict:
         d_ff=c["intermediate_size"],
         n_layers=c["num_hidden_layers"],
         max_len=c["max_position_embeddings"],
-        activation=_act(c.get("hidden_act", "gelu")),
     )
 
 
@@ -128,7 +148,7 @@ def _encoder_layer_rules(base: str, pre_ln: bool) -> tuple[Rule, ...]:
 
 
 def _mlm_rules(head: str) -> tuple[Rule, ...]:
-    """The MLM head (dense + GELU + LayerNorm, then the tied decoder with its own bias)."""
+    """The MLM head (dense + activation + LayerNorm, then the tied decoder with its own bias)."""
     dense, norm = (
         ("predictions.transform.dense", "predictions.transform.LayerNorm")
         if head == "cls."
@@ -152,13 +172,23 @@ def _pooler_rules(prefix: str) -> tuple[Rule, ...]:
 
 
 def _bert_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
+    """An HF ``BertConfig`` → :class:`EncoderConfig`. ``hidden_act`` is the FFN's activation and
+    the MLM head transform's (HF ``BertIntermediate`` and ``BertPredictionHeadTransform``).
+
+    Raises:
+        QkvError: relative positions (``position_embedding_type``), a decoder, an untied MLM
+            head or an activation qkv does not have, named.
+    """
     if c.get("position_embedding_type", "absolute") != "absolute":
         raise QkvError(
             f"BERT with position_embedding_type={c['position_embedding_type']!r} is not "
             "supported (absolute only)"
         )
+    act = _act(c.get("hidden_act", "gelu"))
     return EncoderConfig(
-        **_encoder_fields(c),
+        **_encoder_fields(c, "BERT", parts),
+        activation=act,
+        head_activation=act,
         positional="learned",
         type_vocab_size=c.get("type_vocab_size", 2),
         embed_norm=True,
@@ -172,9 +202,11 @@ def _bert_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
 
 
 def _bert_to_hf(cfg: EncoderConfig) -> dict:
+    # one hidden_act for the FFN and the MLM head
     _require(
         cfg,
         "BERT",
+        head_activation=cfg.activation,
         positional="learned",
         norm_first=False,
         embed_norm=True,
@@ -238,17 +270,32 @@ ESM_POSITION_OFFSET = 2
 
 
 def _esm_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
+    """An HF ``EsmConfig`` → :class:`EncoderConfig`. The FFN and the MLM head apply the exact
+    (erf) GELU whatever ``hidden_act`` says: HF's ``EsmIntermediate`` and ``EsmLMHead`` call
+    ESM's own ``gelu`` and read no ``hidden_act`` (nor did fair-esm, Lin et al. 2023).
+
+    Raises:
+        QkvError: learned positions (``position_embedding_type``), a rotary base other than
+            10,000 (``rope_theta``: qkv's rotary positions use §3.5's), a decoder or an untied
+            MLM head, named.
+    """
     if c.get("position_embedding_type", "absolute") != "rotary":
         raise QkvError(
             f"ESM with position_embedding_type={c.get('position_embedding_type')!r} is not "
             "supported (rotary, as in ESM-2)"
         )
+    _refuse(c, "ESM", rope_theta=10000.0)
     return EncoderConfig(
-        **{**_encoder_fields(c), "max_len": c["max_position_embeddings"] - ESM_POSITION_OFFSET},
+        **{
+            **_encoder_fields(c, "ESM", parts),
+            "max_len": c["max_position_embeddings"] - ESM_POSITION_OFFSET,
+        },
+        activation="gelu",
+        head_activation="gelu",
         positional="rotary",
         norm_first=True,
         embed_norm=bool(c.get("emb_layer_norm_before", False)),
-        layer_norm_eps=c.get("layer_norm_eps", 1e-5),
+        layer_norm_eps=c.get("layer_norm_eps", 1e-12),  # EsmConfig's default
         dropout=c.get("hidden_dropout_prob", 0.0),
         attention_dropout=c.get("attention_probs_dropout_prob", 0.0),
         pad_id=c.get("pad_token_id", 1),
@@ -259,9 +306,12 @@ def _esm_from_hf(c: dict, parts: set[str]) -> EncoderConfig:
 
 
 def _esm_to_hf(cfg: EncoderConfig) -> dict:
+    # HF's ESM has no setting for the activation: always the exact GELU
     _require(
         cfg,
         "ESM",
+        activation="gelu",
+        head_activation="gelu",
         positional="rotary",
         norm_first=True,
         norm="layernorm",
@@ -277,7 +327,7 @@ def _esm_to_hf(cfg: EncoderConfig) -> dict:
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layers,
         "max_position_embeddings": cfg.max_len + ESM_POSITION_OFFSET,
-        "hidden_act": ACT_TO_HF[cfg.activation],
+        "hidden_act": "gelu",
         "layer_norm_eps": cfg.layer_norm_eps,
         "hidden_dropout_prob": cfg.dropout,
         "attention_probs_dropout_prob": cfg.attention_dropout,
@@ -321,18 +371,14 @@ ESM = Family(
 
 
 def _gpt2_from_hf(c: dict, parts: set[str]) -> LMConfig:
-    unsupported = {
-        k: c[k]
-        for k, ok in (
-            ("scale_attn_by_inverse_layer_idx", False),
-            ("reorder_and_upcast_attn", False),
-            ("scale_attn_weights", True),
-            ("add_cross_attention", False),
-        )
-        if c.get(k, ok) != ok
-    }
-    if unsupported:
-        raise QkvError(f"GPT-2 settings qkv does not implement: {unsupported}")
+    _refuse(
+        c,
+        "GPT-2",
+        scale_attn_by_inverse_layer_idx=False,
+        reorder_and_upcast_attn=False,
+        scale_attn_weights=True,
+        add_cross_attention=False,
+    )
     vocab = c["vocab_size"]
     special = {k: c.get(f"{k}_token_id") for k in ("bos", "eos")}
     return LMConfig(
@@ -436,6 +482,8 @@ def _marian_from_hf(c: dict, parts: set[str]) -> TransformerConfig:
         unequal.append("share_encoder_decoder_embeddings is false")
     if c.get("normalize_before", False):
         unequal.append("normalize_before is true")
+    if not c.get("tie_word_embeddings", True):  # lm_head.weight is then a matrix of its own
+        unequal.append("tie_word_embeddings is false")
     if unequal:
         raise QkvError(f"Marian settings qkv's Transformer does not represent: {'; '.join(unequal)}")
     return TransformerConfig(
@@ -449,6 +497,7 @@ def _marian_from_hf(c: dict, parts: set[str]) -> TransformerConfig:
         max_len=c["max_position_embeddings"],
         positional="sinusoidal_halves",
         norm_first=False,
+        layer_norm_eps=1e-5,  # MarianLayerNorm's: nn.LayerNorm's default, not in the config
         activation=_act(c.get("activation_function", "gelu")),
         dropout=c.get("dropout", 0.1),
         attention_dropout=c.get("attention_dropout", 0.0),
@@ -558,6 +607,9 @@ MARIAN = Family(
 def _vit_from_hf(c: dict, parts: set[str]) -> ViTConfig:
     if not c.get("qkv_bias", True):
         raise QkvError("ViT with qkv_bias=false is not supported")
+    sizes = {k: c[k] for k in ("image_size", "patch_size") if not isinstance(c[k], int)}
+    if sizes:  # HF takes [height, width] pairs too
+        raise QkvError(f"ViT with {sizes} is not supported (square images and patches: one number each)")
     labels = len(c.get("id2label") or {}) or c.get("num_labels", 2)
     return ViTConfig(
         d_model=c["hidden_size"],

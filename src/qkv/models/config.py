@@ -328,7 +328,11 @@ class EncoderConfig(StackConfig):
     ``pooler``: BERT's dense + tanh on the ``<cls>`` state before the sequence head.
     ``token_dropout``: ESM-2's rescaling of the embeddings by the share of ``mask_id`` tokens
     (:func:`~qkv.nn.embeddings.esm_token_dropout`). The masked-LM head is always tied to the
-    embeddings.
+    embeddings; ``head_activation`` is the activation of its transform (dense, activation,
+    LayerNorm): BERT's head applies the FFN's ``hidden_act`` (Devlin et al. 2019; HF
+    ``BertPredictionHeadTransform``), ESM's always the exact GELU (HF ``EsmLMHead``). Its
+    default, ``"gelu"``, is what every qkv encoder used before the field existed, so older
+    ``config.json`` files read as they were written.
     """
 
     d_model: int = 256
@@ -341,6 +345,7 @@ class EncoderConfig(StackConfig):
     pooler: bool = False
     token_dropout: bool = False
     mask_id: int | None = None
+    head_activation: Activation = "gelu"
 
     _special_ids: ClassVar[tuple[str, ...]] = ("pad_id", "mask_id")
 

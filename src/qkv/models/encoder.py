@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.embeddings import esm_token_dropout
+from ..nn.feedforward import ActivationLayer
 from .config import EncoderConfig
 from .stack import TransformerStack
 
@@ -57,7 +58,8 @@ class EncoderModel(TransformerStack):
     Shape:
         tokens ``(B, T)`` long, right-padded with ``pad_id`` (padding keys are masked out).
         :meth:`forward` → masked-LM logits ``(B, T, V)`` (output projection tied to the
-        embeddings, after a dense + GELU + LayerNorm transform as in BERT/ESM);
+        embeddings, after a dense + activation + LayerNorm transform as in BERT/ESM; the
+        activation is ``config.head_activation``);
         :meth:`classify_sequence` → ``(B, num_labels)`` from the ``<cls>`` position or the mean
         of real positions; :meth:`classify_residues` → ``(B, T, num_labels)``.
 
@@ -72,8 +74,12 @@ class EncoderModel(TransformerStack):
         super().__init__(config)
         assert config.vocab_size is not None  # TransformerStack.__init__ required it
         d = config.d_model
+        # BERT's BertPredictionHeadTransform / ESM's EsmLMHead: dense, activation, LayerNorm
+        # (indices 0 and 2 hold the weights: mlm_transform.0.*, mlm_transform.2.*)
         self.mlm_transform = nn.Sequential(
-            nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d, eps=config.layer_norm_eps)
+            nn.Linear(d, d),
+            ActivationLayer(config.head_activation),
+            nn.LayerNorm(d, eps=config.layer_norm_eps),
         )
         self.mlm_head = nn.Linear(d, config.vocab_size, bias=True)
         n = max(config.num_labels, 1)
@@ -126,8 +132,8 @@ class EncoderModel(TransformerStack):
         return EncoderOutput(logits, hidden, weights)
 
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The masked-token head: ``(B, T, D)`` → ``(B, T, V)`` (BERT's transform, then the
-        projection tied to the embeddings)."""
+        """The masked-token head: ``(B, T, D)`` → ``(B, T, V)`` (BERT's transform: dense,
+        ``config.head_activation``, LayerNorm; then the projection tied to the embeddings)."""
         return self.mlm_head(self.mlm_transform(hidden))
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

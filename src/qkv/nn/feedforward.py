@@ -26,6 +26,42 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation ``name`` of :data:`ACTIVATIONS` (elementwise, any shape).
+
+    Raises:
+        ValueError: an unknown name, with the known ones listed.
+    """
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class ActivationLayer(nn.Module):
+    """An activation of :data:`ACTIVATIONS` as a module without parameters, for
+    ``nn.Sequential`` (BERT's masked-LM head transform: dense, activation, LayerNorm; Devlin et
+    al. 2019, whose head reuses the FFN's activation).
+
+    Args:
+        name: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` or ``"silu"``.
+
+    Shape: any ``(*)`` → the same ``(*)``.
+
+    Raises:
+        ValueError: an unknown name (see :func:`activation_function`).
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.fn, self.name = activation_function(name), name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def extra_repr(self) -> str:
+        return repr(self.name)
+
+
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = act(x W1 + b1) W2 + b2 with ``act = relu`` by default (Eq. 2).
 
@@ -43,11 +79,10 @@ class PositionwiseFeedForward(nn.Module):
         self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu", bias: bool = True
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        fn = activation_function(activation)
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.activation, self.activation_name = ACTIVATIONS[activation], activation
+        self.activation, self.activation_name = fn, activation
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
