@@ -126,3 +126,60 @@ def test_lens_labels_say_whether_a_piece_starts_a_word():
         "cat",
     ]
     assert [vocabulary_label(p, subword=False) for p in ["\n", " ", "a"]] == ["⏎", "␣", "a"]
+
+
+# --- issue 68: each name read by its token axis; a value JSON cannot hold is null --------
+
+
+def test_activation_reads_every_name_by_its_token_axis(tiny_runs):
+    """``scores`` (B, H, Tq, Tk) is read at a query (it read the head axis: token 3 of a 15-token
+    prompt was refused, token 1 gave head 1); k at a key, z (B, T, H, d_k) at axis 1; the
+    translator's positions (1, T, D) at a token, 422 past the input (they were (T, D): token 20
+    of a 7-token source read feature 20); a pooled head's (B, classes) logits have no token."""
+    ex = load_explainer(tiny_runs["lm"])
+    cache = _cache(ex, INPUTS["lm"])
+    for name, token, expected in [
+        ("layers.0.self_attn.scores", 3, cache["layers.0.self_attn.scores"][0, :, 3]),
+        ("layers.1.self_attn.pattern", 14, cache["layers.1.self_attn.pattern"][0, :, 14]),
+        ("layers.0.self_attn.k", 5, cache["layers.0.self_attn.k"][0, :, 5]),
+        ("layers.1.self_attn.z", 9, cache["layers.1.self_attn.z"][0, 9]),
+    ]:
+        got = ex.activation(INPUTS["lm"], name, token)
+        assert got["token"] == token and torch.tensor(got["values"]).shape == expected.shape, name
+        assert torch.tensor(got["values"]) == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(
+        QkvError, match=r"^token 15 out of range: layers\.0\.self_attn\.scores has tokens 0\.\.14$"
+    ):
+        ex.activation(INPUTS["lm"], "layers.0.self_attn.scores", 15)
+
+    mt = load_explainer(tiny_runs["translation"])
+    client = TestClient(create_app(mt))
+    body = {"text": INPUTS["translation"], "name": "src_positional"}
+    n_src = mt.count_tokens(INPUTS["translation"])
+    row = client.post("/api/activation", json={**body, "token": n_src - 1}).json()
+    assert row["shape"] == [1, n_src, 16]
+    assert row["values"] == pytest.approx(mt.model.positional.pe[n_src - 1].tolist(), abs=1e-5)
+    res = client.post("/api/activation", json={**body, "token": 20})
+    assert res.status_code == 422
+    assert res.json()["detail"] == f"token 20 out of range: src_positional has tokens 0..{n_src - 1}"
+
+    protein = load_explainer(tiny_runs["protein"])
+    pooled = protein.activation(INPUTS["protein"], "logits", 1)
+    assert pooled["token"] is None and pooled["shape"] == [1, 2] and len(pooled["values"]) == 2
+
+
+def test_the_diffusion_lms_logits_are_json_with_null_for_the_mask_token(tiny_runs):
+    """The diffusion LM never predicts its mask token: that logit is -inf, which JSON cannot
+    hold (the server answered 500); it is null, the others the model's."""
+    ex = load_explainer(tiny_runs["diffusion-lm"])
+    client = TestClient(create_app(ex))
+    res = client.post("/api/activation", json={"text": INPUTS["diffusion-lm"], "name": "logits", "token": 7})
+    assert res.status_code == 200, res.text
+    values = res.json()["values"]
+    mask_id = ex.config.mask_id
+    assert values[mask_id] is None and all(v is not None for i, v in enumerate(values) if i != mask_id)
+    cache = _cache(ex, INPUTS["diffusion-lm"])
+    logits = cache["logits"][0, 7]
+    assert [v for i, v in enumerate(values) if i != mask_id] == pytest.approx(
+        [float(x) for i, x in enumerate(logits) if i != mask_id], abs=1e-5
+    )

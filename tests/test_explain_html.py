@@ -286,7 +286,10 @@ def test_repr_html_is_an_isolated_iframe_holding_the_whole_page(tiny_runs):
     data = json.loads(
         re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>', doc, re.S).group(1)
     )
-    assert set(data) == {"info", "explanation", "body", "steps", "notes"}
+    assert set(data) == {"info", "explanation", "body", "steps", "interventions", "notes"}
+    heads = data["interventions"]["heads"]["encoder"]  # every head's ablation: 2 layers × 2 heads
+    assert [len(layer) for layer in heads] == [2, 2]
+    assert heads[1][0]["description"] == "encoder self-attention, layer 2, head 1: its output set to zero"
     steps = data["steps"]["encoder"]
     assert len(steps["layers"]) == 2 and steps["n_heads"] == 2
     q = np.frombuffer(base64.b64decode(steps["layers"][0]["q"]), dtype="<f4")

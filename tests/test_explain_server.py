@@ -329,9 +329,17 @@ def test_the_openapi_document_is_served_without_a_docs_ui(clients):
     res = client.get("/openapi.json")
     assert res.status_code == 200 and res.headers["content-security-policy"].startswith("default-src 'self'")
     doc = res.json()
-    assert {"/api/info", "/api/explain", "/api/steps", "/api/image/explain", "/api/image/steps"} <= set(
-        doc["paths"]
-    )
+    assert {
+        "/api/info",
+        "/api/explain",
+        "/api/steps",
+        "/api/activation",
+        "/api/intervene",
+        "/api/image/explain",
+        "/api/image/steps",
+    } <= set(doc["paths"])
+    kinds = doc["components"]["schemas"]["InterveneRequest"]["properties"]["intervention"]["discriminator"]
+    assert set(kinds["mapping"]) == {"ablate_head", "zero_neuron", "patch"}
     seed = doc["components"]["schemas"]["ExplainRequest"]["properties"]["seed"]["anyOf"][0]
     assert (seed["minimum"], seed["exclusiveMaximum"]) == (0, 2**64)
     assert doc["paths"]["/api/explain"]["post"]["responses"]["422"]["content"]["application/json"][

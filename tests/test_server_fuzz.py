@@ -18,8 +18,12 @@ cases every run). With hypothesis 6.170 and schemathesis 4.32 that is 484 reques
 operations on each app, 12 runs (an operation with no inputs has one case and no negative
 mode); 101 answered 200, 370 422 and 13 400 (a body FastAPI cannot parse), none 5xx. About
 15 s on 2 cores, plus ~7 s to train the tiny ViT fixture; the test asserts at least 300.
-``POST /api/activation`` (a named activation at one token) has joined the LM's operations
-since those counts were taken.
+``POST /api/activation`` (a named activation at one token) and ``POST /api/intervene`` (the
+output before and after ablating a head, zeroing a neuron or patching from another input) have
+joined the LM's operations since those counts were taken, and a masked diffusion LM is served
+for those two (its logit of the mask token is -inf, which JSON cannot hold: it answered 500);
+half their positive bodies get a real activation name and token, and an intervention within
+(or just past) the tiny models' layers, heads and neurons.
 """
 
 from __future__ import annotations
@@ -51,11 +55,61 @@ CHECKS = [
     negative_data_rejection,
 ]
 HEADS = {"layer": st.integers(0, 1), "head": st.integers(0, 1)}  # both tiny models: 2 layers, 2 heads
+ALPHABET = "ROMEO:\nBut soft, what light"  # characters of the tiny models' vocabulary
+NAMES = st.sampled_from(
+    [
+        "logits",
+        "embed",
+        "layers.0.resid_pre",
+        "layers.1.self_attn.scores",
+        "layers.0.self_attn.k",
+        "layers.1.self_attn.z",
+        "layers.1.ffn.hidden",
+    ]
+)
+INTERVENTIONS = st.one_of(  # indices up to one past the tiny models' (2 layers, 2 heads, d_ff 32)
+    st.fixed_dictionaries(
+        {
+            "kind": st.just("ablate_head"),
+            "layer": st.integers(0, 2),
+            "head": st.integers(0, 2),
+            "mode": st.sampled_from(["zero", "mean"]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"kind": st.just("zero_neuron"), "layer": st.integers(0, 2), "neuron": st.integers(0, 32)}
+    ),
+    st.fixed_dictionaries(
+        {
+            "kind": st.just("patch"),
+            "source_text": st.text(alphabet=ALPHABET + "_", max_size=24),
+            "layer": st.integers(0, 2),
+            "point": st.sampled_from(["resid_pre", "resid_post"]),
+        }
+    ),
+)
+TEXT_VALID = {  # POST /api/activation, /api/intervene; small decodings
+    "name": NAMES,
+    "token": st.integers(0, 30),
+    "intervention": INTERVENTIONS,
+    "max_new_tokens": st.integers(0, 8),
+}
 LM_VALID = st.fixed_dictionaries(
     {
-        "text": st.text(alphabet="ROMEO:\nBut soft, what light", min_size=1, max_size=24),
+        "text": st.text(alphabet=ALPHABET, min_size=1, max_size=24),
         "kind": st.just("decoder"),
         **HEADS,
+        **TEXT_VALID,
+    }
+)
+DIFFUSION_VALID = st.fixed_dictionaries(  # a template with a blank; its logits half the time
+    {
+        **TEXT_VALID,
+        "text": st.builds(
+            lambda a, b: f"{a}_{b}", st.text(ALPHABET, max_size=10), st.text(ALPHABET, max_size=10)
+        ),
+        "name": st.one_of(st.just("logits"), NAMES),
+        "token": st.integers(0, 12),
     }
 )
 
@@ -111,8 +165,16 @@ def test_fuzzed_requests_never_get_a_server_error(tiny_runs, tiny_vit_run):
     from test_explain_vit import _png_bytes
 
     lm_app = create_app(load_explainer(tiny_runs["lm"], max_chars=60))
+    diffusion_app = create_app(load_explainer(tiny_runs["diffusion-lm"], max_chars=60))
     vit_app = create_app(load_explainer(tiny_vit_run))
-    text_ops = {"GET /", "GET /api/info", "POST /api/explain", "POST /api/steps", "POST /api/activation"}
+    text_ops = {
+        "GET /",
+        "GET /api/info",
+        "POST /api/explain",
+        "POST /api/steps",
+        "POST /api/activation",
+        "POST /api/intervene",
+    }
     image_ops = {
         "GET /api/info",
         "GET /api/image/examples",
@@ -120,6 +182,7 @@ def test_fuzzed_requests_never_get_a_server_error(tiny_runs, tiny_vit_run):
         "POST /api/image/steps",
     }
     statuses = _fuzz(lm_app, text_ops, LM_VALID)
+    statuses += _fuzz(diffusion_app, {"POST /api/activation", "POST /api/intervene"}, DIFFUSION_VALID)
     statuses += _fuzz(vit_app, image_ops, st.fixed_dictionaries({"png": st.just(_png_bytes()), **HEADS}))
     assert not [code for code in statuses if code >= 500], statuses
     assert sum(statuses.values()) >= 300 and statuses[200] > 0 and statuses[422] > 0, statuses

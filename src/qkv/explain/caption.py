@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from ..errors import QkvError
 from ..inference.caption import Captioner
 from ..runs import run_settings
 from .block import rounded
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass
+from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _gathered, _Pass
 from .labels import piece_labels
 from .vision import ImageInput, patch_info, patch_labels, png_data_url, read_pixels
 
@@ -183,6 +184,11 @@ class CaptionExplainer(Explainer[ImageInput]):
         self._last = (key, caption, prepared)  # the caption of this call, for explain()
         return prepared
 
+    def _fresh(self, image: ImageInput, options: DecodingOptions) -> _Pass:
+        if options.beam_size is None:  # as _prepared
+            options = dataclasses.replace(options, beam_size=self.captioner.beam_size)
+        return self._prepare_pixels(self.read(image)[0], options)
+
     def _captioner(self, options: DecodingOptions) -> Captioner:
         """The run's captioner decoding as ``options`` say (beam size 1: greedy)."""
         c = self.captioner
@@ -247,7 +253,14 @@ class CaptionExplainer(Explainer[ImageInput]):
             },
             output,
             forward(True),
+            score=(piece_labels([*pieces, "<eos>"]), self._score(x, tgt, ids)),
         )
+
+    def _score(self, x: torch.Tensor, tgt: torch.Tensor, ids: list[int]) -> Callable[[], torch.Tensor]:
+        """The probability ``(1 + T,)`` of each piece of the caption, then ``<eos>``, under a
+        teacher-forced pass of image ``x (1, C, S, S)`` and decoder input ``tgt (1, 1 + T)``."""
+        produced = torch.tensor([*ids, self.config.eos_id], device=x.device)
+        return lambda: _gathered(self.model(x, tgt).logits[0], produced)
 
     @torch.no_grad()
     def explain(

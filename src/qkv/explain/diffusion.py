@@ -19,7 +19,7 @@ from torch import nn
 from .. import runs
 from ..errors import QkvError
 from ..inference.diffusion import MASK_CHAR, DiffusionGenerator, Trace
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _Pass
+from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _gathered, _Pass
 
 MASK_LABEL = "▒"  # how a still-masked position is drawn
 
@@ -140,6 +140,14 @@ class DiffusionLMExplainer(Explainer[str]):
             return {"encoder": self.model(state, need_weights=need_weights).attentions}
 
         rows = trajectory(trace, self.tokenizer)
+        template_ids = trace.states[0].to(state.device)  # (1, T): the input, every blank masked
+        filled_ids = trace.states[-1][0].to(state.device)  # (T,): no mask left
+        blanks = (template_ids[0] == gen.mask_id).nonzero()[:, 0]  # (N,) the filled positions
+
+        def score() -> torch.Tensor:
+            """The probability of each filled token, read off the template (the first step's input)."""
+            return _gathered(self.model(template_ids).logits[0, blanks], filled_ids[blanks])
+
         output = {
             "text": filled,
             "next_tokens": [],
@@ -149,4 +157,5 @@ class DiffusionLMExplainer(Explainer[str]):
             "steps": n_steps,
             "trajectory": rows,
         }
-        return _Pass(forward, {"encoder": (pieces, pieces)}, output)
+        labels = [rows[i]["token"] for i in blanks.tolist()]
+        return _Pass(forward, {"encoder": (pieces, pieces)}, output, score=(labels, score))

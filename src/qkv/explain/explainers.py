@@ -1,9 +1,13 @@
 """One explainer per model family: input text in, the model's output and its attention out.
 
-An :class:`Explainer` loads a run directory and answers two questions about an input:
+An :class:`Explainer` loads a run directory and answers questions about an input:
 :meth:`~Explainer.explain` (the output, and the attention weights of every layer and head of
-every attention kind) and :meth:`~Explainer.steps` (Eq. 1 step by step for one head). The CLI's
-pictures and the web page are both drawn from these answers.
+every attention kind), :meth:`~Explainer.steps` (Eq. 1 step by step for one head),
+:meth:`~Explainer.activation` (one named activation at one token) and
+:meth:`~Explainer.intervene` (the output before and after ablating a head, zeroing an FFN
+neuron or patching the residual stream from another input: the hooks of
+:mod:`qkv.explain.interventions` on the model's own decoding). The CLI's pictures and the web
+page are both drawn from these answers.
 
 Attention kinds: ``"encoder"`` (encoder self-attention), ``"decoder"`` (masked decoder
 self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-decoder attention,
@@ -13,9 +17,11 @@ self-attention; the only kind of a decoder-only LM) and ``"cross"`` (encoder-dec
 from __future__ import annotations
 
 import base64
+import math
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
@@ -35,6 +41,8 @@ from ..nn.attention import MultiHeadAttention
 from .activations import ActivationCache, readout, record_activations
 from .block import follow_tokens, rounded
 from .capture import capture_steps
+from .hooks import HookSpec, hooked
+from .interventions import ablate_heads, ablate_neurons, point_axes
 from .labels import merge_attention, piece_labels, vocabulary_label, word_groups, wordpiece_as_marked
 
 DEFAULT_MAX_CHARS = 400
@@ -43,6 +51,19 @@ KIND_TITLES = {
     "decoder": "decoder self-attention (masked)",
     "cross": "cross-attention (rows: target token produced, columns: source)",
 }
+KIND_NAMES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention",
+    "cross": "cross-attention",
+}
+INTERVENTION_FIELDS = {
+    "ablate_head": ("kind", "stack", "layer", "head", "mode"),
+    "zero_neuron": ("kind", "layer", "neuron"),
+    "patch": ("kind", "source_text", "layer", "point"),
+}
+"""The interventions :meth:`Explainer.intervene` takes, and the fields of each."""
+PATCH_POINTS = ("resid_pre", "resid_post")
+"""The points of a layer that a ``patch`` intervention may take from another input's run."""
 
 
 InputT = TypeVar("InputT")
@@ -131,13 +152,17 @@ class _Pass:
     ``{kind: per-layer weights (1, H, Tq, Tk)}``; ``pieces[kind] = (query pieces, key pieces)``;
     ``weights``: the result of ``forward(True)`` once computed (a family whose output needs
     that pass anyway fills it in :meth:`Explainer._prepare`); ``cache``: the named activations
-    of that pass, once recorded (:meth:`Explainer._recorded`)."""
+    of that pass, once recorded (:meth:`Explainer._recorded`); ``score``: the labels of the
+    output's tokens (or classes) and a function that reruns the model, teacher-forced on this
+    output, and returns the probability of each ``(N,)`` (:meth:`Explainer.intervene` calls it
+    with and without the intervention's hooks); ``None`` where the output has no such tokens."""
 
     forward: Callable[[bool], dict]
     pieces: dict[str, tuple[list[str], list[str]]]
     output: dict
     weights: dict | None = None
     cache: ActivationCache | None = None
+    score: tuple[list[str], Callable[[], torch.Tensor]] | None = None
 
 
 PAIR_SEPARATOR = "|||"
@@ -184,9 +209,14 @@ class Explainer(Generic[InputT]):
         seed) is deterministic, so it need not run twice."""
         options = options or DecodingOptions()
         if self._last is None or self._last[:2] != (text, options):
-            # The text families' path (their InputT is str); ImageExplainer overrides _prepared.
-            self._last = (text, options, self._prepare(self._check(cast(str, text)), options))
+            self._last = (text, options, self._fresh(text, options))
         return self._last[2]
+
+    def _fresh(self, text: InputT, options: DecodingOptions) -> _Pass:
+        """:meth:`_prepare` of ``text``, run now (never reused): what :meth:`intervene` runs under
+        its hooks. The text families' path (their ``InputT`` is ``str``); the image explainers
+        override it."""
+        return self._prepare(self._check(cast(str, text)), options)
 
     @property
     def n_layers(self) -> int:
@@ -227,6 +257,35 @@ class Explainer(Generic[InputT]):
             "classes": list(getattr(self, "classes", ())),
             "level": getattr(self, "level", None),
             "step_through": self.step_through,
+            "intervene": self.intervene_info(),
+        }
+
+    def intervene_info(self) -> dict | None:
+        """What :meth:`intervene` can do on this model, for the page's controls (``None``: no
+        interventions, a model with no residual stream): ``ablate_head`` (the attention kinds),
+        ``zero_neuron`` (``stack``: the kind whose layers' FFNs it zeroes, the stack that feeds
+        the output; ``layers``; ``d_ff`` per layer) and ``patch`` (``stack``: the kind whose layers'
+        residual stream it patches, the stack that reads the input; ``layers``; ``points``;
+        ``None`` for image input)."""
+        try:
+            readout(self.model)
+        except ValueError:
+            return None
+        neuron_layers = self.layers(self.followed_kind)
+        return {
+            "ablate_head": list(self.kinds),
+            "zero_neuron": {
+                "stack": self.followed_kind,
+                "layers": len(neuron_layers),
+                "d_ff": [self._ffn(self.followed_kind, i)[1] for i in range(len(neuron_layers))],
+            },
+            "patch": None
+            if self.input_kind != "text"
+            else {
+                "stack": self.kinds[0],
+                "layers": len(self.layers(self.kinds[0])),
+                "points": list(PATCH_POINTS),
+            },
         }
 
     def _check(self, text: str) -> str:
@@ -323,8 +382,14 @@ class Explainer(Generic[InputT]):
     @torch.no_grad()
     def activation(self, text: InputT, name: str, token: int, options: DecodingOptions | None = None) -> dict:
         """One named activation (:mod:`qkv.explain.activations`) of ``text``'s forward pass at
-        one token: ``{"name", "token", "shape" (the whole tensor's), "values"}``; for
-        ``q``/``k``/``v``/``pattern`` the values of every head.
+        one token: ``{"name", "token", "shape" (the whole tensor's), "values"}``. ``token``
+        indexes the value's token axis (:func:`~qkv.explain.interventions.point_axes`): the
+        query position of ``scores``/``pattern``, the key position of ``k``/``v``, axis 1
+        otherwise (the positions ``(1, T, D)`` too); ``q``/``k``/``v``/``scores``/``pattern``/``z``
+        give every head's values. A value with no token axis (``(B, features)``: a pooled
+        head's logits) answers ``token: None`` and the whole vector. Values are rounded to 5
+        decimals; one that is not finite is ``None`` (the diffusion LM's logit of its mask
+        token is ``-inf``: JSON has no infinities).
 
         Raises:
             QkvError: an unknown name, a layer out of range, a token out of range (one line
@@ -341,16 +406,231 @@ class Explainer(Generic[InputT]):
                 where = f"the {stack} stack has" if stack else "the model has"
                 raise QkvError(f"layer {layer[1]} out of range: {where} layers 0..{len(paths) - 1}") from None
             raise QkvError(unknown.args[0]) from None
-        axis = 2 if name.endswith((".q", ".k", ".v", ".pattern")) else 1
-        if value.dim() <= axis:  # one vector per input (a pooled head): no token axis
-            return {"name": name, "token": None, "shape": list(value.shape), "values": rounded(value[0], 5)}
+        axis, _ = point_axes(name)  # q/k/v, scores/pattern: (B, H, T, ...); z and the rest: (B, T, ...)
+        if value.dim() <= 2:  # (B, features): one vector per input (a pooled head), no token axis
+            return {"name": name, "token": None, "shape": list(value.shape), "values": _finite(value[0])}
         if not 0 <= token < value.size(axis):
             raise QkvError(f"token {token} out of range: {name} has tokens 0..{value.size(axis) - 1}")
         return {
             "name": name,
             "token": token,
             "shape": list(value.shape),
-            "values": rounded(value.select(axis, token)[0], 5),
+            "values": _finite(value.select(axis, token)[0]),
+        }
+
+    # ---------- interventions: the output before and after one "what if"
+
+    def _path(self, module: nn.Module) -> str:
+        """The module path of ``module`` in the model (what its hook points are named from)."""
+        for name, candidate in self.model.named_modules():
+            if candidate is module:
+                return name
+        raise QkvError(f"this {self.family} model has no hook points on that part")  # (not a model module)
+
+    def _ffn(self, kind: str, layer: int) -> tuple[str, int]:
+        """``(path, d_ff)`` of the FFN of ``layer`` of ``kind``'s stack. Raises QkvError for a
+        layer out of range."""
+        layers = self.layers(kind)
+        if not 0 <= layer < len(layers):
+            where = f"the {kind} stack has" if len(self.kinds) > 1 else "the model has"
+            raise QkvError(f"layer {layer} out of range: {where} layers 0..{len(layers) - 1}")
+        ffn = cast(nn.Module, layers[layer].ffn)  # PositionwiseFeedForward: w_1, act, w_2 (Eq. 2)
+        return self._path(ffn), cast(nn.Linear, ffn.w_2).in_features
+
+    def _intervention_hooks(
+        self, spec: Mapping[str, Any], options: DecodingOptions, cache: ActivationCache
+    ) -> tuple[dict, str, list[HookSpec], Callable[[], list]]:
+        """Check ``spec`` and build its hooks: ``(spec with its defaults, description, hooks,
+        extra)``; ``extra()`` gives the PyTorch hooks to install beside them (their handles),
+        ``cache``: the named activations of the input's own pass (the means of ``mode="mean"``,
+        the input's length for a patch).
+        Raises QkvError (one line) for anything wrong in ``spec``."""
+        if not isinstance(spec, Mapping):
+            raise QkvError(f"an intervention is an object with a kind, got {type(spec).__name__}")
+        what = spec.get("kind")
+        if what not in INTERVENTION_FIELDS:
+            raise QkvError(f"unknown intervention kind {what!r}; choose {', '.join(INTERVENTION_FIELDS)}")
+        extra = sorted(set(spec) - set(INTERVENTION_FIELDS[what]), key=str)
+        if extra:
+            raise QkvError(
+                f"unknown field {extra[0]!r} of a {what} intervention; "
+                f"its fields are {', '.join(INTERVENTION_FIELDS[what])}"
+            )
+        layer = _index(spec, "layer", what)
+        if what == "ablate_head":
+            return self._ablate_head(spec, layer, cache)
+        if what == "zero_neuron":
+            neuron = _index(spec, "neuron", what)
+            path, d_ff = self._ffn(self.followed_kind, layer)
+            if neuron >= d_ff:
+                raise QkvError(
+                    f"neuron {neuron} out of range: the FFN of layer {layer} has neurons 0..{d_ff - 1}"
+                )
+            where = f"{self.followed_kind} " if len(self.kinds) > 1 else ""
+            return (
+                {"kind": what, "layer": layer, "neuron": neuron},
+                f"neuron {neuron} of the FFN of {where}layer {layer + 1} set to zero at every position",
+                ablate_neurons(path, neuron, "zero"),
+                list,
+            )
+        return self._patch(spec, layer, options, cache)
+
+    def _ablate_head(
+        self, spec: Mapping[str, Any], layer: int, cache: ActivationCache
+    ) -> tuple[dict, str, list[HookSpec], Callable[[], list]]:
+        """The hooks of an ``ablate_head`` intervention (see :meth:`_intervention_hooks`)."""
+        kind = spec.get("stack")
+        if kind is None:
+            if len(self.kinds) > 1:
+                raise QkvError(f"say which attention to ablate: stack = {', '.join(self.kinds)}")
+            kind = self.kinds[0]
+        if not isinstance(kind, str):
+            raise QkvError(f"stack is an attention kind ({', '.join(self.kinds)}), got {kind!r}")
+        module = self.attention_module(kind, layer)
+        head = _index(spec, "head", "ablate_head")
+        if head >= module.n_heads:
+            raise QkvError(f"head {head} out of range: the model has heads 0..{module.n_heads - 1}")
+        mode = spec.get("mode", "zero")
+        if mode not in ("zero", "mean"):
+            raise QkvError(f"unknown ablation mode {mode!r}; choose zero or mean")
+        path = self._path(module)
+        name = f"{KIND_NAMES.get(kind, kind)}, layer {layer + 1}, head {head + 1}"
+        normalised = {"kind": "ablate_head", "stack": kind, "layer": layer, "head": head, "mode": mode}
+        if mode == "zero":
+            return normalised, f"{name}: its output set to zero", ablate_heads(path, head, "zero"), list
+        # The mean over this input's own pass (the one shown), as a fixed vector: a decoding
+        # step sees one position at a time, where a mean over the call is the value itself.
+        mean = cache[f"{path}.z"].mean(dim=(0, 1))[head]  # (d_k,)
+
+        def to_mean(z: torch.Tensor, _name: str) -> torch.Tensor:  # z: (B, T, H, d_k)
+            z = z.clone()
+            z[:, :, head] = mean.to(z)
+            return z
+
+        description = f"{name}: its output set to its mean over the input"
+        return normalised, description, [(f"{path}.z", to_mean)], list
+
+    def _patch(
+        self, spec: Mapping[str, Any], layer: int, options: DecodingOptions, cache: ActivationCache
+    ) -> tuple[dict, str, list[HookSpec], Callable[[], list]]:
+        """The hooks of a ``patch`` intervention (see :meth:`_intervention_hooks`): the source
+        input is run (as :meth:`explain` runs it) and its value of the point recorded; every
+        later call of the model reading positions ``0..n-1`` (``n``: the shorter input's length
+        on that stack) gets the source's values there. A call's first position is its key/value
+        cache's length (0 without one), so a decoding step past the input is left alone. (An LM
+        whose context outgrows ``max_len`` re-reads a sliding window from position 0: the
+        window's first positions are patched as the input's were.)"""
+        if self.input_kind != "text":
+            raise QkvError(f"a {self.family} model takes an image: there is no text input to patch from")
+        source = spec.get("source_text")
+        if not isinstance(source, str):
+            raise QkvError("a patch needs source_text, the input whose run is patched in")
+        point = spec.get("point", "resid_pre")
+        if point not in PATCH_POINTS:
+            raise QkvError(f"unknown point {point!r} to patch; choose {', '.join(PATCH_POINTS)}")
+        kind = self.kinds[0]  # the stack that reads the input
+        layers = self.layers(kind)
+        if not 0 <= layer < len(layers):
+            raise QkvError(f"layer {layer} out of range: the {kind} stack has layers 0..{len(layers) - 1}")
+        name = f"{self._path(layers[layer])}.{point}"
+        try:
+            source_pass = self._fresh(cast(Any, source), options)
+        except QkvError as exc:  # say which input it is about (an InputTooLong stays one: a 413)
+            raise type(exc)(f"source_text: {exc}") from None
+        with record_activations(self.model, name) as recorded:
+            source_pass.forward(False)
+        patch = recorded[name]  # (1, Ts, D)
+        common = min(patch.size(1), cache[name].size(1))
+        start = [0]  # the position of the running call's first token
+
+        def note_start(_module: nn.Module, _args: tuple, kwargs: dict) -> None:
+            caches = kwargs.get("caches")
+            start[0] = caches[0].length if caches else 0
+
+        def patched(value: torch.Tensor, _name: str) -> torch.Tensor | None:  # (B, T, D)
+            first, end = start[0], min(start[0] + value.size(1), common)
+            if first >= end:
+                return None
+            value = value.clone()
+            value[:, : end - first] = patch[:, first:end].to(value)
+            return value
+
+        where = f"{kind} " if len(self.kinds) > 1 else ""
+        return (
+            {"kind": "patch", "source_text": source, "layer": layer, "point": point},
+            f"the residual stream {'entering' if point == 'resid_pre' else 'leaving'} {where}layer "
+            f"{layer + 1} patched from the other input's run at positions 1..{common}",
+            [(name, patched)],
+            lambda: [self.model.register_forward_pre_hook(note_start, with_kwargs=True)],
+        )
+
+    @torch.no_grad()
+    def intervene(
+        self, text: InputT, intervention: Mapping[str, Any], options: DecodingOptions | None = None
+    ) -> dict:
+        """The model's output for ``text`` before and after one intervention, both made by the
+        same decoding (:meth:`explain`'s: beam search, sampling with the options' seed, the
+        denoising, a classifier's pass), the second with the intervention's hooks attached
+        (:func:`~qkv.explain.hooks.hooked`: the model's own forward pass, no second code path).
+
+        Interventions (``intervention["kind"]``; layers and heads 0-based):
+
+        - ``{"kind": "ablate_head", "stack", "layer", "head", "mode"}``: one head's output
+          ``z`` (before ``W_O``, §3.2.2) set to zero (``mode="zero"``, the default) or to its
+          mean over the positions of this input's own pass (``"mean"``, a fixed vector, also at
+          decoding steps past the input). ``stack``: the attention kind (``encoder``,
+          ``decoder``, ``cross``); optional for a model with one kind.
+        - ``{"kind": "zero_neuron", "layer", "neuron"}``: one hidden unit of the FFN (Eq. 2,
+          §3.3) of ``layer`` of the stack that produces the output (an encoder-decoder's
+          decoder) set to zero at every position.
+        - ``{"kind": "patch", "source_text", "layer", "point"}``: the residual stream entering
+          (``point="resid_pre"``, the default) or leaving (``"resid_post"``) ``layer`` of the
+          stack that reads the input (an encoder-decoder's encoder) replaced by its value in
+          the run of ``source_text`` (activation patching, Meng et al. 2022, §2.1), at the
+          positions both inputs have: for inputs of different lengths, the common prefix
+          ``0..min(T_source, T_input) - 1``. Later positions (a longer input's rest, an LM's
+          generated tokens) are left alone. Text input only.
+
+        Returns (JSON-ready): ``intervention`` (the spec with its defaults), ``description``
+        (one line, layers and heads 1-based as the page shows them), ``before`` and ``after``
+        (the output as :meth:`explain` gives it, without ``block``), ``changed`` (whether the
+        output's headline differs: the text, the residue labels, the most likely class),
+        ``tokens``: ``{"labels", "before", "after"}``, the probability of each token of the
+        before-output (a translation's pieces and ``<eos>``, an LM's continuation, the filled
+        tokens of a diffusion template, a caption's pieces; or each class) under a
+        teacher-forced pass without and with the intervention (``None`` where the output has
+        none, such as a sentence embedding).
+
+        Raises:
+            QkvError: an unknown intervention kind or field, a stack, layer, head, neuron or
+                point out of range, a patch on image input (one line each); as :meth:`explain`
+                for the input and the source text.
+            InputTooLong: the input or the source text over the caps.
+        """
+        options = options or DecodingOptions()
+        before = self._prepared(text, options)
+        _, cache = self._recorded(before)
+        normalised, description, hooks, extra = self._intervention_hooks(intervention, options, cache)
+        labels, before_probs, after_probs = None, None, None
+        if before.score is not None:
+            labels, score = before.score
+            before_probs = score()
+        with ExitStack() as stack:
+            for handle in extra():
+                stack.callback(handle.remove)
+            stack.enter_context(hooked(self.model, hooks))
+            after = self._fresh(text, options)
+            if before.score is not None:
+                after_probs = before.score[1]()
+        return {
+            "intervention": normalised,
+            "description": description,
+            "before": before.output,
+            "after": after.output,
+            "changed": _headline(before.output) != _headline(after.output),
+            "tokens": None
+            if labels is None or before_probs is None or after_probs is None
+            else {"labels": labels, "before": _finite(before_probs), "after": _finite(after_probs)},
         }
 
     @torch.no_grad()
@@ -390,6 +670,47 @@ class Explainer(Generic[InputT]):
             "mask": allowed.tolist(),
             "masked": masked,
         }
+
+
+def _finite(values: torch.Tensor, digits: int = 5) -> list:
+    """``values`` as nested lists rounded to ``digits`` decimals, ``None`` where a value is not
+    finite (JSON has no infinities or NaN)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x if math.isfinite(x) else None
+
+    return clean(rounded(values, digits))
+
+
+def _index(spec: Mapping[str, Any], key: str, what: str) -> int:
+    """``spec[key]``, an index (an int >= 0). Raises QkvError naming the field."""
+    value = spec.get(key)
+    if value is None:
+        raise QkvError(f"a {what} intervention needs {key}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise QkvError(f"{key} is an index (0, 1, ...), got {value!r}")
+    return value
+
+
+def _headline(output: Mapping[str, Any]) -> Any:
+    """What :meth:`Explainer.intervene` compares to say whether the output changed: the text
+    (a translation, an LM's continuation, a filled template, a caption), else the residue
+    labels, else the most likely class, else a pair's cosine similarity."""
+    if output.get("text") is not None:
+        return output["text"]
+    if output.get("residues") is not None:
+        return output["residues"]
+    if output.get("classes"):
+        return max(output["classes"], key=lambda c: c["prob"])["label"]
+    return (output.get("similarity") or {}).get("cosine")
+
+
+def _gathered(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The probability of each target: ``logits (N, V)``, ``targets (N,)`` long → ``(N,)``
+    float32 (softmax at temperature 1)."""
+    return torch.softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
 
 
 class TranslationExplainer(Explainer[str]):
@@ -448,6 +769,11 @@ class TranslationExplainer(Explainer[str]):
         src_pieces = [tok.id_to_token(i) for i in ids] + ["<eos>"]
         tgt_in_pieces = ["<bos>"] + [tok.id_to_token(i) for i in tgt_in[0, 1:].tolist()]
         produced = tgt_in_pieces[1:] + ["<eos>"]
+        tgt_out = torch.cat([tgt_in[0, 1:], tgt_in.new_tensor([cfg.eos_id])])  # (T,): what each row produced
+
+        def score() -> torch.Tensor:
+            return _gathered(self.model(src, tgt_in).logits[0], tgt_out)
+
         return _Pass(
             forward,
             {
@@ -462,6 +788,7 @@ class TranslationExplainer(Explainer[str]):
                 "residues": None,
                 "decoding": "greedy decoding" if beam <= 1 else f"beam search, beam size {beam}",
             },
+            score=(piece_labels(produced, self.subword), score),
         )
 
 
@@ -492,6 +819,12 @@ class RNNTranslationExplainer(TranslationExplainer):
         raise QkvError(
             "additive attention (Bahdanau et al. 2015) scores with a small network, not Eq. 1's "
             "scaled dot products: there are no steps to show"
+        )
+
+    def intervene(self, text, intervention, options=None) -> dict:
+        raise QkvError(
+            "a recurrent model has no attention heads, FFN neurons or residual stream between "
+            "layers: there is nothing to ablate or patch"
         )
 
 
@@ -548,10 +881,20 @@ class LMExplainer(Explainer[str]):
         next_tokens = [
             {"token": piece_labels([t], False)[0].replace("Ġ", "␣"), "prob": round(p, 5)} for t, p in top
         ]
+        # the continuation's tokens (as far as the context holds them), re-read from its text
+        new_ids = (gen.encode_prompt(continuation) if continuation else [])[: self.config.max_len - len(ids)]
+        whole = torch.tensor([ids + new_ids], device=tokens.device)  # (1, T + N)
+
+        def score() -> torch.Tensor:
+            logits = self.model(whole).logits[0, len(ids) - 1 : -1]  # (N, V): the rows that predict them
+            return _gathered(logits, whole[0, len(ids) :])
+
+        labels = [piece_labels([str(tok.id_to_token(i))], False)[0].replace("Ġ", "␣") for i in new_ids]
         return _Pass(
             forward,
             {"decoder": (pieces, pieces)},
             {"text": continuation, "next_tokens": next_tokens, "classes": [], "residues": None},
+            score=(labels, score),
         )
 
 
@@ -607,7 +950,24 @@ class ProteinExplainer(Explainer[str]):
                 output["residues"] = "".join(self.classes[k] for k in probs[1:-1].argmax(-1).tolist())
         # ids come from tok.encode, so each is in the vocabulary: id_to_token gives a str, never None
         pieces = cast(list[str], [tok.id_to_token(i) for i in ids])
-        return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})
+        before = out.logits.argmax(-1)[0]  # the predicted class (of each residue)
+
+        def score() -> torch.Tensor:
+            logits = head(tokens).logits[0]
+            if self.level == "sequence":  # every class
+                return torch.softmax(logits.float(), -1)
+            if self.level == "residue":  # each residue's predicted label
+                return _gathered(logits[1:-1], before[1:-1])
+            return _gathered(logits[1:-1], tokens[0, 1:-1])  # each residue, read unmasked
+
+        labels = (
+            list(self.classes)
+            if self.level == "sequence"
+            else [f"{r}{i + 1}" for i, r in enumerate(pieces[1:-1])]
+        )
+        return _Pass(
+            forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions}, score=(labels, score)
+        )
 
 
 class TextExplainer(Explainer[str]):
@@ -703,4 +1063,14 @@ class TextExplainer(Explainer[str]):
                 "second": pair[1],
                 "cosine": round(float(first @ second), 5),
             }
-        return _Pass(forward, {"encoder": (pieces, pieces)}, output, {"encoder": out.attentions})
+
+        def score() -> torch.Tensor:
+            return torch.softmax(self.model(tokens, head=head, token_types=token_types).logits.float(), -1)[0]
+
+        return _Pass(
+            forward,
+            {"encoder": (pieces, pieces)},
+            output,
+            {"encoder": out.attentions},
+            score=(list(self.classes), score) if self.classes else None,
+        )

@@ -9,7 +9,14 @@
 - ``POST /api/explain``: the model's output and every layer's and head's attention.
 - ``POST /api/steps``: Eq. 1 step by step for one ``kind``/``layer``/``head``.
 - ``POST /api/activation``: one named activation (``name``, :mod:`qkv.explain.activations`) at
-  one ``token``; an unknown name, a layer or a token out of range is a 422.
+  one ``token`` of its token axis; an unknown name, a layer or a token out of range is a 422.
+  A value that is not finite is ``null`` (the diffusion LM's logit of its mask token, ``-inf``).
+- ``POST /api/intervene``: the output before and after one intervention (``intervention``:
+  ``{"kind": "ablate_head", "stack", "layer", "head", "mode"}``, ``{"kind": "zero_neuron",
+  "layer", "neuron"}`` or ``{"kind": "patch", "source_text", "layer", "point"}``), both decoded
+  as ``/api/explain`` decodes, the second with the hooks attached
+  (:meth:`~qkv.explain.explainers.Explainer.intervene`); a bad stack, layer, head, neuron or
+  point is a 422, and so is any intervention on a recurrent run (no heads).
 
 ``/api/explain``'s ``output.block`` holds the "follow a token" views of every token
 (:func:`qkv.explain.block.follow_tokens`): the residual stream, the norms, the FFN's top neurons,
@@ -50,7 +57,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -105,6 +112,16 @@ IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
 }  # the body is read raw
 
 
+def _valid_unicode(text: str) -> str:
+    """``text`` if it is valid Unicode: JSON can spell a lone surrogate (``"\\ud800"``), which
+    is not a character (the tokenizers would fail on it). Raises ValueError (a 422)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode: a lone surrogate at position {exc.start + 1}") from None
+    return text
+
+
 class ExplainRequest(BaseModel):
     """Body of ``POST /api/explain``: the input and the decoding settings."""
 
@@ -134,13 +151,7 @@ class ExplainRequest(BaseModel):
     @field_validator("text")
     @classmethod
     def _unicode(cls, text: str) -> str:
-        """JSON can spell a lone surrogate (``"\\ud800"``), which is not a character: the
-        tokenizers would fail on it."""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"not valid Unicode: a lone surrogate at position {exc.start + 1}") from None
-        return text
+        return _valid_unicode(text)
 
     def options(self) -> DecodingOptions:
         return DecodingOptions(**self.model_dump(include=DECODING_FIELDS))
@@ -160,6 +171,53 @@ class ActivationRequest(ExplainRequest):
 
     name: str = Field(max_length=200, description="e.g. layers.0.ffn.hidden, decoder.layers.1.resid_post")
     token: int = Field(ge=0, description="the token's index in the stack that holds the activation")
+
+
+class AblateHead(BaseModel):
+    """One head's output (``z``, before ``W_O``) set to zero or to its mean over the input."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["ablate_head"]
+    stack: str | None = Field(
+        None, max_length=20, description="the attention kind: encoder, decoder or cross (null: the only one)"
+    )
+    layer: int = Field(ge=0)
+    head: int = Field(ge=0)
+    mode: Literal["zero", "mean"] = "zero"
+
+
+class ZeroNeuron(BaseModel):
+    """One FFN hidden unit of a layer of the stack that produces the output, set to zero."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["zero_neuron"]
+    layer: int = Field(ge=0)
+    neuron: int = Field(ge=0)
+
+
+class PatchResidual(BaseModel):
+    """The residual stream at one layer of the stack that reads the input, taken from the run
+    of another input (the positions both have: a common prefix)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["patch"]
+    source_text: str = Field(description="the other input, whose run is patched in")
+    layer: int = Field(ge=0)
+    point: Literal["resid_pre", "resid_post"] = "resid_pre"
+
+    @field_validator("source_text")
+    @classmethod
+    def _unicode(cls, text: str) -> str:
+        return _valid_unicode(text)
+
+
+Intervention = Annotated[AblateHead | ZeroNeuron | PatchResidual, Field(discriminator="kind")]
+
+
+class InterveneRequest(ExplainRequest):
+    """Body of ``POST /api/intervene``: an explain body plus one intervention."""
+
+    intervention: Intervention
 
 
 # The image endpoints read the raw body themselves; the OpenAPI document says what it is.
@@ -261,8 +319,8 @@ def _add_page(app: FastAPI, explainer: Explainer) -> None:
 
 
 def _add_text_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> None:
-    """``POST /api/explain``, ``POST /api/steps`` and ``POST /api/activation``: text input,
-    JSON bodies."""
+    """``POST /api/explain``, ``POST /api/steps``, ``POST /api/activation`` and
+    ``POST /api/intervene``: text input, JSON bodies."""
 
     @app.post("/api/explain", responses=ERROR_RESPONSES)
     def explain(body: ExplainRequest):
@@ -281,6 +339,12 @@ def _add_text_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> N
         _check_input_kind(explainer, "text")
         with lock:
             return explainer.activation(body.text, body.name, body.token, body.options())
+
+    @app.post("/api/intervene", responses=ERROR_RESPONSES)
+    def intervene(body: InterveneRequest):
+        _check_input_kind(explainer, "text")
+        with lock:
+            return explainer.intervene(body.text, body.intervention.model_dump(), body.options())
 
 
 def _add_image_api(app: FastAPI, explainer: Explainer, lock: threading.Lock) -> None:

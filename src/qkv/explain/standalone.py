@@ -12,6 +12,12 @@ request (no server, no CDN, no host: it works offline, from ``file://`` and insi
 Long inputs are cut before the model runs, to :data:`MAX_TOKENS` tokens by default, and the
 page says so: the page holds ``n_layers × n_heads × T²`` weights, and past a few hundred tokens
 a browser would stall drawing them.
+
+Interventions: a page cannot rerun its model, so it holds every head's ablation, computed here
+(:func:`head_ablations`: each head of each attention kind set to zero, the output decoded again
+as the page's was, :meth:`~qkv.explain.explainers.Explainer.intervene`) when the model has at
+most :data:`MAX_ABLATIONS` heads in all; its "ablate this head" button looks them up. Zeroing a
+neuron and patching from another input need the model (``qkv explain RUN --serve``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,13 @@ STATIC_DIR = Path(__file__).parent / "static"
 MAX_TOKENS = 64
 """The default cap on the tokens of a text input shown by :func:`show` (the step-through's
 tables show at most 64 rows anyway)."""
+MAX_ABLATIONS = 48
+"""A standalone page holds every head's ablation when the model has at most this many heads
+over all its attention kinds (each one decodes the output again: a few seconds for a small
+model)."""
+COMPACT_OUTPUT = ("text", "classes", "residues", "prediction", "similarity", "decoding")
+"""The keys of an output an ablation keeps (what the page compares; not the images, maps or
+trajectories)."""
 UNCAPPED_CHARS = 10_000_000
 STANDALONE_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 STYLE_LINK = '<link rel="stylesheet" href="/static/style.css">'
@@ -354,6 +367,60 @@ def step_data(explainer: Explainer, prepared, kind: str) -> dict:
     }
 
 
+def head_ablations(explainer: Explainer, input: Any, options: DecodingOptions) -> dict:
+    """Every head's zero-ablation (:meth:`~qkv.explain.explainers.Explainer.intervene`) of
+    ``input``, for the standalone page: ``{"before", "tokens": {"labels", "before"} or None,
+    "heads": {kind: [layer][head] → {"description", "after", "changed", "tokens_after"}},
+    "note": None}``, outputs cut to :data:`COMPACT_OUTPUT`. A model with no heads to ablate,
+    or more than :data:`MAX_ABLATIONS`, gets ``{"heads": None, "note": why}``."""
+    spec = explainer.intervene_info()
+    if spec is None:
+        return {"heads": None, "note": None}
+    shape = {
+        kind: (len(explainer.layers(kind)), explainer.attention_module(kind, 0).n_heads)
+        for kind in spec["ablate_head"]
+    }
+    total = sum(n_layers * n_heads for n_layers, n_heads in shape.values())
+    if total > MAX_ABLATIONS:
+        return {
+            "heads": None,
+            "note": f"This page holds no head ablations: the model has {total} heads, more than the "
+            f"{MAX_ABLATIONS} a page precomputes. qkv explain RUN --serve ablates any head.",
+        }
+
+    def compact(output: dict) -> dict:
+        return {k: output[k] for k in COMPACT_OUTPUT if k in output}
+
+    heads: dict[str, list] = {}
+    first: dict | None = None
+    for kind, (n_layers, n_heads) in shape.items():
+        heads[kind] = []
+        for layer in range(n_layers):
+            row = []
+            for head in range(n_heads):
+                ablation = {"kind": "ablate_head", "stack": kind, "layer": layer, "head": head}
+                r = explainer.intervene(input, ablation, options)
+                first = first or r
+                tokens = r["tokens"]
+                row.append(
+                    {
+                        "description": r["description"],
+                        "after": compact(r["after"]),
+                        "changed": r["changed"],
+                        "tokens_after": None if tokens is None else tokens["after"],
+                    }
+                )
+            heads[kind].append(row)
+    assert first is not None  # every model has a head
+    tokens = first["tokens"]
+    return {
+        "before": compact(first["before"]),
+        "tokens": None if tokens is None else {"labels": tokens["labels"], "before": tokens["before"]},
+        "heads": heads,
+        "note": None,
+    }
+
+
 @torch.no_grad()
 def page_data(
     explainer: Explainer,
@@ -366,7 +433,8 @@ def page_data(
 ) -> dict:
     """Everything the standalone page draws, JSON-ready: ``info``, ``explanation`` (as the
     server's ``/api/explain`` answers), ``body`` (the input and the decoding, as the page
-    describes them), ``steps`` (:func:`step_data` per kind) and ``notes``; plus
+    describes them), ``steps`` (:func:`step_data` per kind), ``interventions``
+    (:func:`head_ablations`) and ``notes``; plus
     ``explanation_object`` (the :class:`Explanation`, not JSON: :func:`render_page` drops it).
     Raises as :func:`show`."""
     options = options or DecodingOptions()
@@ -377,6 +445,7 @@ def page_data(
         explanation = explainer.explain(image, options, merge_words=False)
         explanation.text = caption or explanation.text
         prepared = explainer._prepared(image, options)
+        shown: Any = image
         notes: list[str] = []
         body: dict[str, Any] = {"image": explanation.text}
     else:
@@ -384,6 +453,7 @@ def page_data(
         explanation = explainer.explain(text, options, merge_words)
         prepared = explainer._prepared(text, options)
         body = {"text": text, **dataclasses.asdict(options)}
+        shown = text
     return {
         "info": explainer.info(),
         "explanation": explanation.to_dict(packed=True),
@@ -392,6 +462,7 @@ def page_data(
         "steps": {kind: step_data(explainer, prepared, kind) for kind in explainer.kinds}
         if explainer.step_through
         else {},
+        "interventions": head_ablations(explainer, shown, options),
         "notes": notes,
     }
 

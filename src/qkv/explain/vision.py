@@ -220,6 +220,9 @@ class ImageExplainer(Explainer[ImageInput]):
         self._last = (key, caption, prepared)  # the caption of this call, for explain()
         return prepared
 
+    def _fresh(self, image: ImageInput, options: DecodingOptions) -> _Pass:
+        return self._prepare_pixels(self.read(image)[0], options)
+
     def _prepare_pixels(self, pixels: np.ndarray, options: DecodingOptions | None) -> _Pass:
         cfg, model = self.config, self.model
         probs, weights = self.classifier.attentions(pixels)  # (num_labels,), L × (H, T, T)
@@ -227,6 +230,9 @@ class ImageExplainer(Explainer[ImageInput]):
 
         def forward(need_weights):
             return {"encoder": model(x, need_weights=need_weights).attentions}
+
+        def score() -> torch.Tensor:  # every class's probability, from the one pass
+            return torch.softmax(model(x).logits.float(), -1)[0]
 
         rollout = attention_rollout(weights)[0]  # (T,): what the class token holds of each token
         g = cfg.grid_size
@@ -250,8 +256,9 @@ class ImageExplainer(Explainer[ImageInput]):
             forward,
             {"encoder": (labels, labels)},
             output,
-            {"encoder": [torch.from_numpy(w)[None] for w in weights]},
-        )  # L × (1, H, T, T)
+            {"encoder": [torch.from_numpy(w)[None] for w in weights]},  # L × (1, H, T, T)
+            score=([str(c) for c in self.classes], score),
+        )
 
     @torch.no_grad()
     def explain(

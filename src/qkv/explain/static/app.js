@@ -5,7 +5,9 @@
 // Two modes. Served (qkv explain --serve): the page asks the local server (/api/...).
 // Standalone (qkv.explain.show, qkv explain --html): one file with this script inline and the
 // model's answers in <script id="qkv-data">; nothing is fetched, and the Eq. 1 step-through is
-// recomputed here from the saved Q, K, V and mask.
+// recomputed here from the saved Q, K, V and mask. Interventions (ablate a head, zero a neuron,
+// patch from another input) ask /api/intervene; a standalone page holds every head's ablation,
+// precomputed when the model is small enough, and nothing else.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -26,6 +28,7 @@ const state = {
   decoded: {},       // standalone page: Q, K, V of a "kind/layer", decoded once
   step: null,        // diffusion LMs: the denoising step whose input the attention is on (null: the last)
   block: null, blockToken: 0,  // output.block of the last run, and the token followed
+  ivSeq: 0,     // a newer intervention makes older answers stale
 };
 
 // ViT runs take an image instead of text (GET /api/info says "input": "image").
@@ -159,6 +162,9 @@ async function init() {
   $("test-index").addEventListener("change", () => { state.image = { example: Math.max(0, +$("test-index").value || 0) }; });
   $("word-layer").addEventListener("change", drawWordMaps);
   $("word-head").addEventListener("change", drawWordMaps);
+  $("ablate-head").addEventListener("click", ablateHead);
+  $("patch-run").addEventListener("click", patchFromInput);
+  $("patch-text").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); patchFromInput(); } });
   $("heatmap").addEventListener("mousemove", heatHover);
   $("heatmap").addEventListener("mouseleave", () => { $("heat-tip").textContent = "\u00a0"; });
   drawColorbar();
@@ -391,6 +397,7 @@ function showResult(data, body, picture) {
   state.data = data;
   state.body = body;
   renderOutput(data, body);
+  setupInterventions();
   setupBlock((data.output || {}).block);
   if (isCaption()) setupWordMaps();
   if ((data.attention || []).length) {
@@ -891,11 +898,22 @@ function drawNorms() {
 }
 
 function drawFfn() {
-  const B = state.block, t = state.blockToken;
+  const B = state.block, t = state.blockToken, zero = canIntervene("zero_neuron");
   $("block-ffn").replaceChildren(...B.layers.map((L, i) => {
     const top = L.ffn_top[t], best = Math.max(1e-9, ...top.map((n) => Math.abs(n[1])));
-    return el("div", { class: "ffn-layer" }, el("strong", {}, `layer ${i + 1}`),
-      bars(null, top.map(([n, v]) => [`neuron ${n}`, Math.abs(v) / best]), (p) => fmt(p * best, 3)));
+    const chart = bars(null, top.map(([n, v]) => [`neuron ${n}`, Math.abs(v) / best]), (p) => fmt(p * best, 3));
+    if (zero) {  // a "zero this neuron" button at the end of each row
+      chart.classList.add("with-action");
+      [...chart.querySelectorAll(".bar-row")].forEach((row, k) => {
+        const n = top[k][0];
+        const button = el("button", { type: "button", class: "zero", "data-layer": i, "data-neuron": n,
+          title: `zero this neuron: neuron ${n} of layer ${i + 1}, at every position`,
+          "aria-label": `zero this neuron: neuron ${n} of layer ${i + 1}` }, "zero");
+        button.addEventListener("click", () => zeroNeuron(i, n, button));
+        row.append(button);
+      });
+    }
+    return el("div", { class: "ffn-layer" }, el("strong", {}, `layer ${i + 1}`), chart);
   }));
 }
 
@@ -943,6 +961,143 @@ function drawSampler() {
     ? `over the ${sent} most likely of ${B.vocab_size} outputs; ${items.length} kept` : `${items.length} of ${B.vocab_size} outputs kept`;
   $("block-sampler").replaceChildren(bars("sampler-bars", items.slice(0, 12).map(([l, p]) => [showToken(String(l)), p])),
     el("p", { class: "muted small", id: "sampler-note" }, note));
+}
+
+// ---------- interventions: the output before and after (POST /api/intervene; a standalone
+// page looks its precomputed head ablations up instead)
+
+// Whether this page can run intervention `what` ("ablate_head", "zero_neuron", "patch"): the
+// served page of a text model asks the server; a standalone page has only its head ablations.
+function canIntervene(what) {
+  const iv = state.info && state.info.intervene;
+  if (!iv || !iv[what]) return false;
+  if (state.standalone) return what === "ablate_head" && Boolean(state.standalone.interventions && state.standalone.interventions.heads);
+  return !isImage();  // the image endpoints have no intervention
+}
+
+function setupInterventions() {
+  state.ivSeq++;  // an answer about the previous input is stale
+  for (const id of ["ablate-result", "block-result"]) { $(id).hidden = true; $(id).replaceChildren(); }
+  delete document.body.dataset.interveneReady;
+  const ablate = canIntervene("ablate_head");
+  $("ablate-controls").hidden = !ablate && !(state.standalone && state.standalone.interventions && state.standalone.interventions.note);
+  $("ablate-head").hidden = !ablate;
+  $("ablate-mode-label").hidden = !ablate || Boolean(state.standalone);  // a page holds the zero ablations
+  if (state.standalone) {
+    const I = state.standalone.interventions || {};
+    $("ablate-note").textContent = ablate
+      ? "Shows the output with the selected head's output set to zero (before W^O, §3.2.2), precomputed for every head when this page was made."
+      : (I.note || "");
+  }
+  const patch = canIntervene("patch"), neurons = canIntervene("zero_neuron");
+  $("block-intervene").hidden = !(patch || neurons);
+  $("patch-controls").hidden = !patch;
+  if (patch) {
+    const P = state.info.intervene.patch;
+    const layer = Math.min(+$("patch-layer").value || 0, P.layers - 1);
+    fillSelect($("patch-layer"), [...Array(P.layers).keys()].map((i) => [i, String(i + 1)]), layer);
+    $("patch-stack").textContent = state.info.kinds.length > 1 ? `${P.stack} layer` : "layer";
+    $("patch-text").placeholder = state.info.example || "another input";
+  }
+}
+
+function ablateHead() {
+  const intervention = { kind: "ablate_head", stack: state.kind, layer: state.layer, head: state.head,
+    mode: state.standalone ? "zero" : $("ablate-mode").value };
+  intervene($("ablate-result"), intervention, $("ablate-head"));
+}
+
+function zeroNeuron(layer, neuron, button) {
+  intervene($("block-result"), { kind: "zero_neuron", layer, neuron }, button);
+}
+
+function patchFromInput() {
+  const source = $("patch-text").value;
+  if (!source.trim()) { showError("Type another input to patch from."); return; }
+  intervene($("block-result"), { kind: "patch", source_text: source, layer: +$("patch-layer").value,
+    point: $("patch-point").value }, $("patch-run"));
+}
+
+// Run one intervention and draw the output before and after it into `host`.
+async function intervene(host, intervention, button) {
+  if (!state.data) return;
+  const seq = ++state.ivSeq;
+  hideError();
+  delete document.body.dataset.interveneReady;
+  host.hidden = false;
+  host.replaceChildren(el("p", { class: "muted" }, "Running the model with and without the intervention…"));
+  if (button) button.disabled = true;
+  try {
+    const r = state.standalone ? savedAblation(intervention) : await api("/api/intervene", { ...state.body, intervention });
+    if (seq !== state.ivSeq) return;
+    renderIntervention(host, r);
+    host.scrollIntoView({ block: "nearest" });
+    document.body.dataset.interveneReady = "1";
+  } catch (e) {
+    if (seq !== state.ivSeq) return;
+    host.hidden = true;
+    showError(e.message);
+  } finally {
+    if (button) button.disabled = false;
+  }
+}
+
+// A standalone page's precomputed ablation of one head, as /api/intervene answers.
+function savedAblation(iv) {
+  const I = state.standalone.interventions, layers = I.heads[iv.stack];
+  const h = layers && layers[iv.layer] && layers[iv.layer][iv.head];
+  if (!h) throw new Error("This page holds no ablation of that head.");
+  return { intervention: iv, description: h.description, before: I.before, after: h.after, changed: h.changed,
+    tokens: I.tokens ? { labels: I.tokens.labels, before: I.tokens.before, after: h.tokens_after } : null };
+}
+
+// The output in one line: the text (a translation, a continuation, a filled template, a
+// caption), the residue labels, the most likely classes, or a pair's cosine similarity.
+function outputHeadline(o) {
+  if (o.text !== null && o.text !== undefined) return o.text === "" ? "(empty)" : o.text;
+  if (o.residues) return o.residues;
+  if (o.classes && o.classes.length) {
+    return [...o.classes].sort((a, b) => b.prob - a.prob).slice(0, 3)
+      .map((c) => `${c.label} ${(100 * c.prob).toFixed(1)} %`).join(" · ");
+  }
+  if (o.similarity) return `cosine similarity ${fmt(o.similarity.cosine, 3)}`;
+  return "(no text or class to compare: see the probabilities below)";
+}
+
+function renderIntervention(host, r) {
+  const line = (label, o, cls) => [el("span", { class: "iv-label" }, label),
+    el("div", { class: cls }, el("span", { class: "iv-text" }, outputHeadline(o)))];
+  const parts = [
+    el("p", { class: "iv-what" }, r.description),
+    el("div", { class: "iv-outputs" }, ...line("before", r.before, "iv-before"), ...line("after", r.after, "iv-after")),
+    el("p", { class: "iv-verdict " + (r.changed ? "changed" : "same") }, r.changed
+      ? "The output changed."
+      : "The output is the same" + (r.tokens ? "; the probabilities below say how much the model's confidence moved." : ".")),
+  ];
+  if (r.tokens && r.tokens.labels.length) parts.push(tokenChanges(r.tokens));
+  host.replaceChildren(...parts);
+}
+
+// The probability of each token (or class) of the output before the intervention, without and
+// with it: one column per token, the change coloured (red: less likely, blue: more).
+function tokenChanges(t) {
+  const n = Math.min(t.labels.length, MAX_TABLE);
+  const head = el("tr", {}, el("th", {}, "token"), ...t.labels.slice(0, n).map((l) => el("th", { class: "tok" }, shorten(showToken(String(l)), 12))));
+  const row = (label, values) => el("tr", {}, el("th", {}, label), ...values.slice(0, n).map((p) => el("td", {}, p === null ? "–" : `${(100 * p).toFixed(1)}%`)));
+  const delta = el("tr", {}, el("th", {}, "change"), ...t.after.slice(0, n).map((p, i) => {
+    const d = (p ?? 0) - (t.before[i] ?? 0), shown = fmt(100 * d, 1);
+    const cell = el("td", {}, d > 0 && Number(shown) !== 0 ? "+" + shown : shown);
+    const a = Math.min(1, Math.abs(d) * 2) * 0.7;
+    cell.style.background = d < 0 ? `rgba(214, 39, 40, ${a.toFixed(3)})` : `rgba(31, 95, 191, ${a.toFixed(3)})`;
+    if (a > 0.4) cell.style.color = "#fff";
+    return cell;
+  }));
+  const note = t.labels.length > n ? [el("p", { class: "muted small" }, `the first ${n} of ${t.labels.length}`)] : [];
+  return el("div", { class: "iv-tokens-wrap" },
+    el("p", { class: "muted small" }, "Probability of each token of the output before the intervention, " +
+      "the model reading that output (teacher-forced) without and with it:"),
+    el("table", { class: "block-table iv-tokens" }, head, row("before", t.before), row("after", t.after), delta),
+    ...note);
 }
 
 // ---------- step-through of Eq. 1
