@@ -123,6 +123,17 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
         "AntiBERTy lens last layer, CDR-H3": (0.0, 1.0),
         "captioner lens last layer, other words": (0.0, 1.0),
     },
+    "12_what_if": {
+        # the characters before the name are the same in both lines, and causal attention keeps
+        # their streams the same: patching them changes nothing, whatever the weights
+        "LM patching before the name": (0.0, 0.0),
+        # the class token's input (a learnt vector and its position) is the same in both runs
+        "ViT patching, class token at layer 0": (0.0, 0.0),
+        "LM p(newline) after a speaker's name": (0.0, 1.0),
+        "translator agreement on 'are', test2016": (0.0, 1.0),
+        # pretrained weights, no training: the answer is real even in quick mode
+        "Sapiens test recovery, rest of the chain": (0.6, 1.0),
+    },
 }
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")

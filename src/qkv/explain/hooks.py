@@ -321,7 +321,8 @@ def run_with_hooks(model: nn.Module, *args: Any, hooks: Iterable[HookSpec] = (),
     (:func:`qkv.explain.interventions.ablate_heads` writes that hook for you.)
 
     Raises:
-        As :func:`hooked`.
+        ValueError: a name that is not a hook point, or a hook that returned another shape.
+        TypeError: a target that is neither a name nor a function, or a hook not callable.
     """
     with hooked(model, hooks):
         return model(*args, **kwargs)

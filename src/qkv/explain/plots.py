@@ -14,6 +14,8 @@
 - :func:`plot_caption_attention`: a captioner's cross-attention for each generated word over
   the image, one panel per word in caption order (Show, Attend and Tell, Xu et al. 2015,
   Figures 2 and 3); :func:`plot_caption_heads`: the same for every head of one decoder layer.
+- :func:`plot_patching`: an activation-patching table (Meng et al. 2022, §2.1), layers × positions
+  or heads, each cell the share of the clean run's metric that patching it restores.
 
 Every function returns the :class:`~matplotlib.figure.Figure` so tests can count axes;
 :func:`save` writes it atomically. Figures are built with matplotlib's object API
@@ -39,6 +41,7 @@ from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, Sinusoi
 
 if TYPE_CHECKING:
     from .explainers import DecodingOptions, Explainer
+    from .interventions import PatchingTable
 
 CMAP = "Blues"
 OVERLAY_CMAP = "inferno"  # bright on a grey image, readable where the image is dark or light
@@ -480,6 +483,83 @@ def plot_logit_lens(block: dict, max_tokens: int = 40) -> Figure:
     stack = "decoder " if block["stack"] == "decoder" else ""
     ax.set_title(f"logit lens: the most likely output after each {stack}layer, at each position")
     fig.colorbar(image, ax=ax, label="probability", shrink=0.8)
+    return fig
+
+
+PATCHING_CMAP = "RdBu"  # diverging: blue = the clean run's metric restored, red = pushed the other way
+
+
+def plot_patching(
+    table: PatchingTable,
+    labels: list[str] | None = None,
+    metric: str = "metric",
+    normalised: bool = True,
+    annotate: bool | None = None,
+) -> Figure:
+    """An activation-patching table as a heatmap (causal tracing: Meng et al. 2022, §2.1 and
+    Figure 1; Wang et al. 2022, §3): rows are the layers (the first at the top), columns the
+    positions or the heads of :attr:`~qkv.explain.interventions.PatchingTable.columns`; each
+    cell is the corrupted run's metric with that layer's point patched there from the clean run.
+
+    Args:
+        table: from :func:`~qkv.explain.interventions.activation_patching`, ``values`` of shape
+            ``(n_layers, n_columns)``.
+        labels: one label per column (the clean input's tokens, for a table by position);
+            default: the table's own columns (``"0"``, ``"1"``, ... or ``"head 0"``, ...).
+        metric: what the metric measures, for the title (``"logit('\\n') - logit(' ')"``).
+        normalised: draw :meth:`~qkv.explain.interventions.PatchingTable.normalised` (0 = no
+            effect, 1 = the clean run's metric restored); ``False``: the change of the metric,
+            ``values - corrupted``, in its own units (also what a table whose two runs have the
+            same metric draws).
+        annotate: write each cell's value in it (default: when the table has at most 24
+            columns and 16 rows).
+
+    Returns the figure: one heatmap axis (its title names the point and the metric), then its
+    colour bar. The colours diverge around 0 (no effect), symmetric, so that blue is the clean
+    run's direction and red the other.
+
+    Raises:
+        ValueError: ``labels`` whose number is not the table's number of columns.
+    """
+    n_rows, n_columns = table.values.shape
+    if labels is not None and len(labels) != n_columns:
+        raise ValueError(f"{len(labels)} labels for a table of {n_columns} columns")
+    restorable = normalised and table.clean != table.corrupted
+    values = (table.normalised() if restorable else table.values - table.corrupted).float().numpy()
+    limit = max(float(np.abs(values).max()), 1.0 if restorable else 0.0) or 1.0
+    fig = Figure(
+        figsize=(max(5.0, 0.42 * n_columns + 2.4), max(2.4, 0.42 * n_rows + 1.6)), layout="constrained"
+    )
+    ax = fig.add_subplot()
+    image = ax.imshow(
+        values, cmap=PATCHING_CMAP, vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest"
+    )
+    names = _short(list(table.columns if labels is None else labels))
+    if n_columns <= MAX_LABELLED:
+        rotation = 0 if max(map(len, names), default=0) <= 2 else 90 if labels is not None else 60
+        ax.set_xticks(range(n_columns), names, rotation=rotation, fontsize=8)
+    else:
+        ax.set_xticks([])
+    ax.set_yticks(range(n_rows), table.rows, fontsize=8)
+    by_head = bool(table.columns) and table.columns[0].startswith("head")
+    ax.set_xlabel("head patched" if by_head else "position patched")
+    if annotate is None:
+        annotate = n_columns <= 24 and n_rows <= 16
+    if annotate:
+        for i in range(n_rows):
+            for j in range(n_columns):
+                ax.text(
+                    j,
+                    i,
+                    f"{values[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if abs(values[i, j]) > 0.6 * limit else "black",
+                )
+    ax.set_title(f"activation patching: {table.point} from the clean run; {metric}", fontsize=10)
+    label = "share of the clean metric restored" if restorable else "change of the metric"
+    fig.colorbar(image, ax=ax, label=label, shrink=0.85)
     return fig
 
 
