@@ -21,13 +21,14 @@ importing it takes seconds (it loads ``datasets``, ``pandas``, ``pyarrow``).
 from __future__ import annotations
 
 import importlib.util
-import warnings
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 from qkv.explain import ablate_heads, ablate_neurons, patch_from, run_with_cache, run_with_hooks
-from qkv.hub.convert import convert_state
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformer_lens") is None,
@@ -39,49 +40,38 @@ LAYERS, D_MODEL, HEADS, D_FF, VOCAB, N_CTX = 12, 192, 12, 768, 1000, 64
 NEURONS = [7, 100, 101, 250, 333, 400, 512, 600, 701, 767]  # of layer 2's FFN
 
 
+def _benchmark() -> ModuleType:
+    """benchmarks/transformer_lens_parity.py as a module: its ``build`` makes the two models (one
+    place for the weight loading both sides must agree on)."""
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location(
+        "transformer_lens_parity", folder / "transformer_lens_parity.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    sys.path.insert(0, str(folder))  # for its `from common import machine`
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
+
+
 @pytest.fixture(scope="module")
 def models():
     """(qkv DecoderLM, TransformerLens HookedTransformer) with the weights of one random HF
-    ``GPT2LMHeadModel`` (never downloaded)."""
-    transformers = pytest.importorskip("transformers", reason="builds the HF GPT-2: pip install transformers")
-    pytest.importorskip("transformer_lens")
+    ``GPT2LMHeadModel`` (never downloaded), built by the benchmark's ``build``."""
+    pytest.importorskip("transformers", reason="builds the HF GPT-2: pip install transformers")
     try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+        from transformer_lens import HookedTransformer  # noqa: F401
     except ImportError as exc:  # 4.0 raises ImportError with a migration note for HookedTransformer
         pytest.skip(f"this transformer-lens has no HookedTransformer (4.0 removed it; install < 4): {exc}")
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=N_CTX, n_embd=D_MODEL, n_layer=LAYERS, n_head=HEADS, n_inner=D_FF
+    bench = _benchmark()
+    config = bench.gpt2_config(
+        layers=LAYERS, d_model=D_MODEL, heads=HEADS, d_ff=D_FF, vocab=VOCAB, n_ctx=N_CTX
     )
-    hf = transformers.GPT2LMHeadModel(config).eval()
-    ours = convert_state(hf.config.to_dict(), hf.state_dict(), None).model.eval()
-    tl_config = HookedTransformerConfig(
-        n_layers=LAYERS,
-        d_model=D_MODEL,
-        n_heads=HEADS,
-        d_head=D_MODEL // HEADS,
-        d_mlp=D_FF,
-        d_vocab=VOCAB,
-        n_ctx=N_CTX,
-        act_fn="gelu_new",
-        normalization_type="LN",
-        eps=config.layer_norm_epsilon,
-        default_prepend_bos=False,
-    )
-    with warnings.catch_warnings():  # 3.x: "HookedTransformer is deprecated and will be removed in 4.0"
-        warnings.simplefilter("ignore", DeprecationWarning)
-        tl = HookedTransformer(tl_config)
-    # no weight processing: every hook point holds the plain forward pass's value
-    tl.load_and_process_state_dict(
-        convert_gpt2_weights(hf, tl_config),
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-    )
-    return ours, tl.eval()
+    return bench.build(config, seed=0)
 
 
 @pytest.fixture(scope="module")
