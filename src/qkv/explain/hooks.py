@@ -145,7 +145,11 @@ def hook_points(model: nn.Module) -> list[str]:
 
     Example: ``"layers.5.self_attn.z" in hook_points(gpt2)``.
     """
-    sites, attention = _sites(model)
+    return _names(*_sites(model))
+
+
+def _names(sites: list[_Site], attention: dict[str, MultiHeadAttention]) -> list[str]:
+    """The point names of ``sites`` and of the attention modules' insides, without repeats."""
     names = [name for site in sites for name in _site_names(site)]
     names += [f"{path}.{point}" for path in attention for point in HEAD_POINTS]
     return list(dict.fromkeys(names))
@@ -176,8 +180,7 @@ def _swap(out: Any, new: torch.Tensor) -> Any:
 class _Dispatch:
     """The hooks of one :func:`hooked` block by point name, and the call that runs them."""
 
-    def __init__(self, model: nn.Module, specs: Iterable[HookSpec]) -> None:
-        names = hook_points(model)
+    def __init__(self, model: nn.Module, names: list[str], specs: Iterable[HookSpec]) -> None:
         self.by_name: dict[str, list[Hook]] = {}
         for target, fn in specs:
             if isinstance(target, str):
@@ -289,8 +292,8 @@ def hooked(model: nn.Module, hooks: Iterable[HookSpec]) -> Iterator[None]:
             or, during the forward pass, a hook that returned a tensor of another shape.
         TypeError: a target that is neither a name nor a function, or a hook that is not callable.
     """
-    dispatch = _Dispatch(model, list(hooks))
     sites, attention = _sites(model)
+    dispatch = _Dispatch(model, _names(sites, attention), list(hooks))
     with ExitStack() as stack:
         role = stack.enter_context(_role_tracking(model))
         for site in sites:

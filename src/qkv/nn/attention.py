@@ -545,7 +545,7 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         q, k, v = self._heads(x, memory, cache, positions)
         # a hook on the scores or the pattern needs them computed: the explicit path of Eq. 1
-        hooked = any(hook.weights for hook in self.head_hooks)
+        hooked = bool(self.head_hooks) and any(hook.weights for hook in self.head_hooks)
         out, weights = scaled_dot_product_attention(
             q,
             k,
