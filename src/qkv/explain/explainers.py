@@ -500,15 +500,9 @@ class Explainer(Generic[InputT]):
             return normalised, f"{name}: its output set to zero", ablate_heads(path, head, "zero"), list
         # The mean over this input's own pass (the one shown), as a fixed vector: a decoding
         # step sees one position at a time, where a mean over the call is the value itself.
-        mean = cache[f"{path}.z"].mean(dim=(0, 1))[head]  # (d_k,)
-
-        def to_mean(z: torch.Tensor, _name: str) -> torch.Tensor:  # z: (B, T, H, d_k)
-            z = z.clone()
-            z[:, :, head] = mean.to(z)
-            return z
-
+        mean = cache[f"{path}.z"].mean(dim=(0, 1))  # (H, d_k)
         description = f"{name}: its output set to its mean over the input"
-        return normalised, description, [(f"{path}.z", to_mean)], list
+        return normalised, description, ablate_heads(path, head, "mean", mean=mean), list
 
     def _patch(
         self, spec: Mapping[str, Any], layer: int, options: DecodingOptions, cache: ActivationCache

@@ -76,27 +76,39 @@ def _mask(value: torch.Tensor, chosen: Mapping[int, Indices]) -> torch.Tensor:
     return mask
 
 
-def _set(mode: Mode, unit_axis: int, units: Indices, token_axis: int, positions: Indices) -> Callable:
-    """A hook setting ``units`` (at ``positions``) of a value to zero or to their mean over the
-    batch and the positions of the run."""
+def _set(
+    mode: Mode, unit_axis: int, units: Indices, token_axis: int, positions: Indices, mean: torch.Tensor | None
+) -> Callable:
+    """A hook setting ``units`` (at ``positions``) of a value to zero or to their mean: ``mean``
+    when given (broadcastable to the value), else the mean over the batch and the positions of
+    the run."""
     if mode not in ("zero", "mean"):
         raise ValueError(f"unknown ablation mode {mode!r}; choose 'zero' or 'mean'")
 
     def hook(value: torch.Tensor, _name: str) -> torch.Tensor:
         mask = _mask(value, {unit_axis: units, token_axis: positions})
-        ablated = torch.zeros_like(value) if mode == "zero" else value.mean(dim=(0, token_axis), keepdim=True)
+        if mode == "zero":
+            ablated = torch.zeros_like(value)
+        else:
+            ablated = value.mean(dim=(0, token_axis), keepdim=True) if mean is None else mean.to(value)
         return torch.where(mask, ablated, value)
 
     return hook
 
 
 def ablate_heads(
-    attention: str, heads: int | Sequence[int], mode: Mode = "zero", positions: Indices = None
+    attention: str,
+    heads: int | Sequence[int],
+    mode: Mode = "zero",
+    positions: Indices = None,
+    mean: torch.Tensor | None = None,
 ) -> list[HookSpec]:
     """Hooks that ablate ``heads`` of the attention sub-layer ``attention`` (a path such as
     ``"layers.5.self_attn"`` or ``"decoder.layers.0.cross_attn"``): their outputs ``z``
-    ``(B, T, H, d_k)`` (before ``W_O``) set to zero, or to their mean over the batch and the
-    positions of the run (``mode="mean"``), at ``positions`` (default: every position).
+    ``(B, T, H, d_k)`` (before ``W_O``) set to zero, or to their mean (``mode="mean"``): over
+    the batch and the positions of the run, or ``mean`` ``(H, d_k)`` when given (a mean taken
+    on other inputs, or a fixed one for decoding steps, which see one position each), at
+    ``positions`` (default: every position).
 
     Zeroing every head of a layer leaves only ``W_O``'s bias: the sub-layer's contribution to
     the residual stream, less its bias (tested against removing the sub-layer by hand).
@@ -104,21 +116,25 @@ def ablate_heads(
     Raises:
         ValueError: an unknown ``mode``. IndexError (during the run): a head or position out of range.
     """
-    return [(f"{attention}.z", _set(mode, 2, heads, 1, positions))]
+    return [(f"{attention}.z", _set(mode, 2, heads, 1, positions, mean))]
 
 
 def ablate_neurons(
-    ffn: str, neurons: int | Sequence[int], mode: Mode = "zero", positions: Indices = None
+    ffn: str,
+    neurons: int | Sequence[int],
+    mode: Mode = "zero",
+    positions: Indices = None,
+    mean: torch.Tensor | None = None,
 ) -> list[HookSpec]:
     """Hooks that ablate hidden units ``neurons`` of the FFN ``ffn`` (a path such as
     ``"layers.2.ffn"``): its hidden activations ``(B, T, d_ff)`` (Eq. 2 after the activation,
-    before ``W_2``) set to zero or to their mean over the batch and the positions, at
-    ``positions`` (default: every position).
+    before ``W_2``) set to zero or to their mean: over the batch and the positions of the run,
+    or ``mean`` ``(d_ff,)`` when given; at ``positions`` (default: every position).
 
     Raises:
         ValueError: an unknown ``mode``. IndexError (during the run): a unit or position out of range.
     """
-    return [(f"{ffn}.hidden", _set(mode, 2, neurons, 1, positions))]
+    return [(f"{ffn}.hidden", _set(mode, 2, neurons, 1, positions, mean))]
 
 
 def patch_from(
