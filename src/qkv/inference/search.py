@@ -2,7 +2,8 @@
 
 Source: Vaswani et al. 2017, §6.1: "beam search with a beam size of 4 and length penalty
 α = 0.6 ... maximum output length ... input length + 50, but terminate early when possible".
-The length penalty is GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016).
+The length penalty is GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016). The input length
+is each sentence's own, so a batch decodes every sentence as it would decode alone.
 """
 
 from __future__ import annotations
@@ -46,12 +47,19 @@ class Seq2SeqModel(Protocol):
     def parameters(self) -> Iterator[nn.Parameter]: ...
 
 
-def _start(model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None, extra: int):
+def _start(
+    model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None, extra: int
+) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """The encoder's memory and source mask, and each row's own length limit (see
+    :func:`greedy_decode`): ``memory (B, S, D)``, ``src_mask`` (``None`` for a captioner),
+    ``limits`` B ints."""
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+    cap = model.config.max_len if max_new_tokens is None else min(max_new_tokens, model.config.max_len)
     if src.is_floating_point():  # pixels (a captioner): no ids to check, no source length
         memory, src_mask, _ = model.encode(src)
         # bos + the caption fit max_len, so its attention can be recomputed in one pass
-        longest = model.config.max_len - 1
-        return memory, src_mask, longest if max_new_tokens is None else min(max_new_tokens, longest)
+        return memory, src_mask, [min(cap, model.config.max_len - 1)] * src.size(0)
     # Check the user's ids and length once here: the model's forward does not (no host syncs).
     if src.dim() != 2 or src.size(1) > model.config.max_len:
         raise ValueError(
@@ -61,36 +69,45 @@ def _start(model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None, e
     assert model.config.src_vocab_size is not None  # the model's __init__ required it
     check_token_ids(src, model.config.src_vocab_size)
     memory, src_mask, _ = model.encode(src)
-    src_len = (src != model.config.pad_id).sum(1)
-    limit = int(src_len.max()) + extra if max_new_tokens is None else max_new_tokens
-    limit = min(limit, model.config.max_len)
-    return memory, src_mask, limit
+    # A row's own length, padding not counted: a batch's longest source must not lengthen the
+    # others' limit, or a sentence's translation would depend on its neighbours.
+    src_lens = (src != model.config.pad_id).sum(1).tolist()
+    return memory, src_mask, [min(n + extra, cap) for n in src_lens]
 
 
 @torch.no_grad()
 def greedy_decode(
     model: Seq2SeqModel, src: torch.Tensor, max_new_tokens: int | None = None, extra_len: int = 50
 ) -> list[list[int]]:
-    """Pick the most probable next token until ``eos`` (or the length limit).
+    """Pick the most probable next token until ``eos`` or the sentence's length limit.
 
-    Shape: ``src (B, S)`` long, right-padded (a captioner's: pixels ``(B, C, H, W)`` float,
-    limit ``max_new_tokens`` or its ``max_len``). Returns B lists of ids (no bos/eos).
-    The limit is ``max_new_tokens``, else the longest source + ``extra_len`` (§6.1), capped at
-    the model's ``max_len``. Raises ``ValueError`` for an id outside the source vocabulary or
-    ``S > max_len``.
+    Shape: ``src (B, S)`` long, right-padded with ``pad_id`` (a captioner's: pixels
+    ``(B, C, H, W)`` float). Returns B lists of at most that row's limit ids (no bos/eos).
+
+    Each row has its own limit (§6.1: "maximum output length ... input length + 50, but
+    terminate early when possible", the input being that sentence): its source length (its
+    tokens other than ``pad_id``, the ``eos`` included) + ``extra_len``, or ``max_new_tokens``
+    if smaller, and never more than the model's ``max_len``; a captioner's is ``max_new_tokens``
+    or ``max_len - 1``. A row stops at its ``eos`` or its limit while the others go on, so a
+    sentence decodes the same alone or in any batch.
+
+    Raises:
+        ValueError: an id outside the source vocabulary, ``S > max_len`` or a negative
+            ``max_new_tokens``.
     """
     cfg = model.config
-    memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
-    b = src.size(0)
+    memory, src_mask, limits = _start(model, src, max_new_tokens, extra_len)
+    b, longest = src.size(0), max(limits, default=0)
+    row_limit = torch.tensor(limits, device=src.device)  # (B,)
     caches = model.new_caches()
     token = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=src.device)
-    out = torch.full((b, limit), cfg.pad_id, dtype=torch.long, device=src.device)
+    out = torch.full((b, longest), cfg.pad_id, dtype=torch.long, device=src.device)
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    for t in range(limit):
+    for t in range(longest):
         logits, _, _ = model.decode(token, memory, src_mask, caches=caches, start_pos=t)
         token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         out[:, t] = token[:, 0].masked_fill(done, cfg.pad_id)
-        done |= token[:, 0] == cfg.eos_id
+        done |= (token[:, 0] == cfg.eos_id) | (row_limit <= t + 1)
         if bool(done.all()):
             break
     return [strip_special(row, cfg.eos_id, cfg.pad_id) for row in out.tolist()]
@@ -126,14 +143,23 @@ def beam_search(
     (scored at the current length, as in Hugging Face's ``BeamSearchScorer``); the winner
     maximises log p(Y|X) / lp(Y). ``beam_size=1`` equals greedy decoding.
 
-    Shape: ``src (B, S)`` long (a captioner's: pixels ``(B, C, H, W)``). Raises ``ValueError``
-    (:class:`~qkv.errors.ConfigError` for ``beam_size < 1``) for a bad beam size, an id
-    outside the source vocabulary or ``S > max_len``.
+    Each sentence has its own length limit, as in :func:`greedy_decode` (its source length +
+    ``extra_len``, or ``max_new_tokens`` if smaller, never past ``max_len``; §6.1): at it, the
+    sentence ends with the hypotheses it has (its best live beam if none finished) while the
+    others go on, so a sentence decodes the same alone or in any batch.
+
+    Shape: ``src (B, S)`` long, right-padded with ``pad_id`` (a captioner's: pixels
+    ``(B, C, H, W)``). Returns B lists of ids.
+
+    Raises:
+        ConfigError: ``beam_size < 1``.
+        ValueError: an id outside the source vocabulary, ``S > max_len`` or a negative
+            ``max_new_tokens``.
     """
     if beam_size < 1:
         raise ConfigError(f"beam_size ({beam_size}) must be >= 1")
     cfg = model.config
-    memory, src_mask, limit = _start(model, src, max_new_tokens, extra_len)
+    memory, src_mask, limits = _start(model, src, max_new_tokens, extra_len)
     b, k, device = src.size(0), beam_size, src.device
     memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
     if src_mask is not None:  # a captioner's patches are all real: no mask
@@ -146,7 +172,7 @@ def beam_search(
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
     done = [False] * b
-    for t in range(limit):
+    for t in range(max(limits, default=0)):
         logits, _, _ = model.decode(token, memory, src_mask, caches=caches, start_pos=t)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
         vocab = logp.size(-1)
@@ -167,6 +193,9 @@ def beam_search(
         seqs = torch.cat([seqs.index_select(0, rows), token], dim=1)
         for self_cache, _cross_cache in caches:  # a sentence's beams share one source: no reorder
             self_cache.reorder(rows)
+        _stop_at_limit(finished, done, limits, scores, seqs, alpha)
+        if all(done):
+            break
     return [strip_special(best, cfg.eos_id, cfg.pad_id) for best in _winners(finished, scores, seqs, alpha)]
 
 
@@ -216,19 +245,40 @@ def _mark_done(
             done[bi] = True
 
 
+def _live_pool(
+    bi: int, scores: torch.Tensor, seqs: torch.Tensor, alpha: float
+) -> list[tuple[float, list[int]]]:
+    """Sentence ``bi``'s live beams as scored hypotheses (``scores (B, K)``, ``seqs (B*K, T)``),
+    each ``log p / lp(T)``."""
+    k = scores.size(1)
+    penalty = length_penalty(seqs.size(1), alpha)
+    return [(s / penalty, seqs[bi * k + j].tolist()) for j, s in enumerate(scores[bi].tolist())]
+
+
+def _stop_at_limit(
+    finished: list[list[tuple[float, list[int]]]],
+    done: list[bool],
+    limits: list[int],
+    scores: torch.Tensor,
+    seqs: torch.Tensor,
+    alpha: float,
+) -> None:
+    """Mark done each sentence whose live beams ``seqs (B*K, T)`` have reached its own limit
+    (``limits[bi] == T``); one without a finished hypothesis keeps its live beams
+    (``scores (B, K)``) as its finished ones, so that it ends as it would alone."""
+    for bi, limit in enumerate(limits):
+        if not done[bi] and limit == seqs.size(1):
+            done[bi] = True
+            if not finished[bi]:
+                finished[bi] = _live_pool(bi, scores, seqs, alpha)
+
+
 def _winners(
     finished: list[list[tuple[float, list[int]]]], scores: torch.Tensor, seqs: torch.Tensor, alpha: float
 ) -> list[list[int]]:
-    """Each sentence's best finished hypothesis, or, for one that hit the length limit
-    unfinished, its best live beam (``scores (B, K)``, ``seqs (B*K, T)``)."""
-    k = scores.size(1)
-    results = []
-    for bi in range(len(finished)):
-        pool = finished[bi]
-        if not pool:  # hit the length limit: fall back to live beams
-            pool = [
-                (float(scores[bi, j]) / length_penalty(seqs.size(1), alpha), seqs[bi * k + j].tolist())
-                for j in range(k)
-            ]
-        results.append(max(pool, key=lambda x: x[0])[1])
-    return results
+    """Each sentence's best finished hypothesis, or, for one without any (a length limit of
+    0), its best live beam (``scores (B, K)``, ``seqs (B*K, T)``)."""
+    return [
+        max(finished[bi] or _live_pool(bi, scores, seqs, alpha), key=lambda x: x[0])[1]
+        for bi in range(len(finished))
+    ]

@@ -38,7 +38,9 @@ class Translator:
             Raises :class:`~qkv.errors.ConfigError` for a beam outside 1..vocabulary size or
             an alpha that is negative or not finite.
         max_src_tokens: longer inputs are truncated with a warning (default: model max_len - 2).
-        batch_size: sentences per decoding batch.
+        batch_size: sentences per decoding batch (speed and memory only: each sentence stops at
+            its own length limit, so a translation does not depend on the batch).
+            Raises :class:`~qkv.errors.ConfigError` for one that is not an integer >= 1.
 
     Attribute ``last_stats``: the :class:`~qkv.inference.stats.DecodeStats` of the latest
     :meth:`translate` call (``items`` = non-blank sentences, ``new_tokens`` = output pieces).
@@ -61,6 +63,7 @@ class Translator:
             )
         if not math.isfinite(alpha) or alpha < 0:
             raise ConfigError(f"length penalty alpha must be a finite number >= 0 (got {alpha})")
+        check_batch_size(batch_size)
         self.model, self.tokenizer = model, tokenizer
         self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
         self.max_src_tokens = max_src_tokens or model.config.max_len - 2
@@ -85,24 +88,56 @@ class Translator:
 
     @torch.no_grad()
     def translate(self, sentences: list[str]) -> list[str]:
-        """Translations in input order; an empty (or blank) line translates to ``""``."""
-        cfg = self.model.config
+        """Translations in input order; an empty (or blank) line translates to ``""``. Each
+        translation is the same whatever the other sentences and ``batch_size``
+        (:meth:`translate_ids`)."""
         stats = DecodeStats()
         ids = self.encode_sources(sentences)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        todo = [i for i in range(len(ids)) if sentences[i].strip()]
+        hyps = self.translate_ids([ids[i] for i in todo])
         out: list[str] = [""] * len(ids)
-        todo = [i for i in order if sentences[i].strip()]
-        for start in range(0, len(todo), self.batch_size):
-            chunk = todo[start : start + self.batch_size]
-            src = pad_sequences([ids[i] + [cfg.eos_id] for i in chunk], cfg.pad_id).to(self.device)
+        for i, text in zip(todo, self.tokenizer.decode_batch(hyps), strict=True):
+            out[i] = text
+        stats.items, stats.new_tokens = len(todo), sum(len(h) for h in hyps)
+        self.last_stats = stats.stop()
+        return out
+
+    @torch.no_grad()
+    def translate_ids(self, sources: list[list[int]]) -> list[list[int]]:
+        """The translation ids (no bos/eos) of source ids (no eos), in input order.
+
+        Decodes ``batch_size`` sentences at a time, the shortest together (less padding), each
+        source followed by ``eos`` as in training. Each sentence stops at its own length limit,
+        its source + eos + 50 pieces capped at the model's ``max_len`` (§6.1; see
+        :func:`~qkv.inference.search.greedy_decode`), so its translation does not depend on
+        the batch it is decoded in.
+
+        Raises:
+            ValueError: an id outside the source vocabulary, or a source longer than
+                ``max_len - 1`` pieces.
+        """
+        cfg = self.model.config
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        out: list[list[int]] = [[] for _ in sources]
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            src = pad_sequences([sources[i] + [cfg.eos_id] for i in chunk], cfg.pad_id).to(self.device)
             if self.beam_size == 1:
                 hyps = greedy_decode(self.model, src)
             else:
                 hyps = beam_search(self.model, src, self.beam_size, self.alpha)
-            for i, text in zip(chunk, self.tokenizer.decode_batch(hyps), strict=True):
-                out[i] = text
-            stats.items += len(chunk)
+            for i, hyp in zip(chunk, hyps, strict=True):
+                out[i] = hyp
             cpu_share.tick(1)  # between batches: threads may follow the machine's load
-            stats.new_tokens += sum(len(h) for h in hyps)
-        self.last_stats = stats.stop()
         return out
+
+
+def check_batch_size(batch_size: object, name: str = "batch size") -> int:
+    """``batch_size`` if it is an integer >= 1 (sentences decoded together).
+
+    Raises:
+        ConfigError: anything else, in one line naming ``name`` (the CLI passes its option).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"{name} must be an integer >= 1 (got {batch_size!r})")
+    return batch_size
