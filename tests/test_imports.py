@@ -253,6 +253,15 @@ def test_the_old_names_table_imports_nothing():
     assert graph["qkv.generate"] == {"qkv._moved"}
 
 
+@pytest.mark.parametrize("module", ["qkv.recipes.registry", "qkv.runs", "qkv.train.run", "qkv.cli"])
+def test_each_module_imports_first_in_a_fresh_interpreter(module):
+    """torch's first import walks ``sys.modules`` (``inspect``) and asks each module for dunder
+    names: an old module that moved whole must answer them without importing its new home,
+    which is then half-imported (the circular ImportError of ``import qkv.recipes.registry``)."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-1500:]
+
+
 def test_no_import_cycles_between_folders():
     """The graph collapsed to top-level modules and folders has no cycle either: a folder
     never imports, however indirectly, a folder that imports it."""

@@ -114,7 +114,6 @@ MOVED: dict[str, str] = {
             "INPUT_PATHS",
             "recorded_input",
             "input_names",
-            "FIXED_ON_RESUME",
         )
     },
     "qkv.recipes.common:read_run_json": "qkv.runs.info:resumed_json",
@@ -187,8 +186,12 @@ def _whole(module: str) -> Callable[[str], Any]:
     new_module = MOVED[module]
 
     def __getattr__(name: str) -> Any:
+        # a dunder is asked by tools walking sys.modules (inspect, as torch's first import
+        # runs): answered without importing the new module, which may be half-imported then
+        if name.startswith("__"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
         target = importlib.import_module(new_module)
-        if name.startswith("__") or not hasattr(target, name):
+        if not hasattr(target, name):
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         warnings.warn(f"{module} {_HOW} {new_module}", DeprecationWarning, stacklevel=2)
         return getattr(target, name)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -104,6 +104,20 @@ class CaptionSettings:
     baseline: bool = True
     val_fraction: float = 0.1
     split_seed: int = 0
+
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "task",
+        "test_artist",
+        "train_scenes",
+        "phrasing",
+        "bpe_vocab",
+        "val_fraction",
+        "split_seed",
+        "init",
+        "freeze",
+    )
 
     def __post_init__(self) -> None:
         problems = []

@@ -29,6 +29,8 @@ def require_at_least_one(settings: object, *names: str) -> None:
 
 
 TASK_HEADS = ("sequence_head", "residue_head")
+# the settings that shape LoRA adapters' weights (in a recipe's FIXED_ON_RESUME)
+LORA_KEYS = ("train.lora_rank", "train.lora_alpha", "train.lora_modules")
 # The splits of a classification task (proteins, text, images), as Recipe.splits lists them:
 # test first, the split qkv evaluate scores by default.
 TASK_SPLITS = ("test", "val", "train")

@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -71,6 +72,9 @@ class DiffusionLMSettings(LMSettings):
     steps: int | None = None
     remasking: Remasking = DEFAULT_REMASKING
     block_length: int | None = None
+
+    # lm's, and how the corpus is read (one sequence per line or one stream)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = (*LMSettings.FIXED_ON_RESUME, "by_line")
 
     def __post_init__(self) -> None:
         if self.init is not None:

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,7 @@ from ..train.adapters import add_lora
 from ..train.loop import LoopState
 from ..train.run import TrainingRun
 from ..train.train_settings import TrainSettings
-from .common import require_at_least_one
+from .common import LORA_KEYS, require_at_least_one
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,12 @@ class LMSettings:
     init: str | None = None
     val_corpus: str | None = None
     data: str | None = None
+
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = (*DATA_KEYS, "data", "init", *LORA_KEYS)
+    # of those, what data.json compares by content (the same text or shards moved resume)
+    BY_CONTENT: ClassVar[tuple[str, ...]] = ("corpus", "val_corpus", "val_fraction", "data")
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end
@@ -278,6 +284,22 @@ def corpus_record(train_text: str, val_text: str, settings: LMSettings) -> dict:
     }
 
 
+def changed_text(saved: dict, now: dict) -> list[str]:
+    """The settings that another text of a resume (two :func:`corpus_record` records) is due to:
+    ``val_corpus`` when the validation text is a file of its own in one of them or another file
+    in both, ``val_fraction`` when the split of one corpus moved, ``corpus`` when the training
+    text changed; none when ``saved`` is not such a record (token shards)."""
+    if "train_sha256" not in saved:
+        return []
+    own = saved.get("val_fraction") is None, now["val_fraction"] is None
+    if own[0] != own[1]:
+        return ["val_corpus"]
+    changed = [] if saved["train_sha256"] == now["train_sha256"] else ["corpus"]
+    if all(own):
+        return changed + (["val_corpus"] if saved["val_sha256"] != now["val_sha256"] else [])
+    return ["val_fraction"] if saved["val_fraction"] != now["val_fraction"] else changed
+
+
 class LMRun(TrainingRun):
     """``qkv train lm``: a corpus (or token shards, ``data=``) in random windows or whole
     sequences, next-token cross-entropy; the best validation loss kept; samples written to
@@ -330,6 +352,7 @@ class LMRun(TrainingRun):
                 "data.json",
                 self.record,
                 {"corpus": s.corpus, "val_corpus": s.val_corpus, "val_fraction": s.val_fraction},
+                explain=changed_text,
             )
         if tok is None:
             tok = build_tokenizer(s.tokenizer, s.vocab_size, train_text + val_text, train_text)

@@ -16,6 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -79,6 +80,12 @@ class ProteinMLMSettings:
     train_limit: int | None = None
     val_limit: int | None = None
     data: str | None = None
+
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("data", "val_fraction", "train_limit")
+    # of those, what data.json compares by content (the same shards moved resume)
+    BY_CONTENT: ClassVar[tuple[str, ...]] = ("data",)
 
     def __post_init__(self) -> None:
         self.train.lr_schedule(self.model.d_model)  # a cosine schedule needs an end

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ from ..runs import RunInfo
 from ..runs.layout import TASK
 from ..train.run import SequenceClassifierRun
 from ..train.train_settings import TrainSettings
-from .common import TASK_SPLITS, encoder_with_head, require_at_least_one
+from .common import LORA_KEYS, TASK_SPLITS, encoder_with_head, require_at_least_one
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,18 @@ class ProteinTaskSettings:
     split_seed: int = 0
     max_tokens: int = 8192
     baseline: bool = True
+
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "task",
+        "labels",
+        "fold",
+        "split_seed",
+        "init",
+        "freeze",
+        *LORA_KEYS,
+    )
 
     def __post_init__(self) -> None:
         require_at_least_one(self, "max_tokens")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ from ..runs import RunInfo
 from ..runs.layout import TASK
 from ..train.run import SequenceClassifierRun
 from ..train.train_settings import TrainSettings
-from .common import TASK_SPLITS, encoder_with_head, require_at_least_one
+from .common import LORA_KEYS, TASK_SPLITS, encoder_with_head, require_at_least_one
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,18 @@ class TextClsSettings:
     max_tokens: int = 2048
     split_seed: int = 0
     baseline: bool = True
+
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "task",
+        "split_seed",
+        "max_len",
+        "init",
+        "freeze",
+        "scratch",
+        *LORA_KEYS,
+    )
 
     def __post_init__(self) -> None:
         require_at_least_one(self, "max_tokens")

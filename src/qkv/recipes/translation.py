@@ -147,6 +147,24 @@ class TranslationSettings:
     tokenizer: str = "auto"
 
     name: ClassVar[str] = "translation"  # the recipe's name in the run directory
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "src_lang",
+        "tgt_lang",
+        "data",
+        "columns",
+        "val_data",
+        "test_data",
+        "val_fraction",
+        "test_fraction",
+        "tokenizer",
+        "vocab_size",
+        "max_train_tokens",
+        "train_limit",
+    )
+    # of those, what pairs.json compares by content (the same files moved resume)
+    BY_CONTENT: ClassVar[tuple[str, ...]] = ("data", "val_data", "test_data")
 
     def __post_init__(self) -> None:
         if self.vocab_size < 8:

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,10 @@ class ViTSettings:
     val_fraction: float = 0.1
     split_seed: int = 0
     baseline: bool = True
+
+    # what defines the run's data, vocabulary and trained weights: a resume keeps them
+    # (qkv.runs.record.refuse_changed_settings; the model is compared whole, config.json)
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("task", "val_fraction", "split_seed")
 
     def __post_init__(self) -> None:
         problems = []

@@ -3,15 +3,17 @@
 :func:`refuse_other_data`), and its settings with their provenance (:func:`write_settings`).
 
 A resumed run must be the run it continues: the same recipe, processes, model, data and the
-settings that chose which weights train (:data:`FIXED_ON_RESUME`); each difference is refused
-in one line before anything is written.
+settings that define its data, its vocabulary and which weights train (each recipe's settings
+class lists them as ``FIXED_ON_RESUME``, :func:`refuse_changed_settings`); each difference is
+refused in one line before anything is written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +113,13 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
     return record
 
 
-def refuse_other_data(run_dir: Path, name: str, record: dict, given: dict[str, object]) -> None:
+def refuse_other_data(
+    run_dir: Path,
+    name: str,
+    record: dict,
+    given: dict[str, object],
+    explain: Callable[[dict, dict], list[str]] | None = None,
+) -> None:
     """A resumed run's own data record ``run_dir / name`` (``data.json``, ``pairs.json``) must
     describe the data ``record`` describes: they are compared without their ``path`` entries (at
     any depth), so a moved run or moved data resumes. A run saved without the record (by an
@@ -119,7 +127,9 @@ def refuse_other_data(run_dir: Path, name: str, record: dict, given: dict[str, o
 
     ``given``: the settings that name the data and their values now (``{"data": "pairs.tsv",
     "test_data": ...}``); the message names those whose part of the record (``record[key]`` or
-    ``record["files"][key]``) differs, all of them when no part tells.
+    ``record["files"][key]``) differs, all of them when no part tells. ``explain``: a
+    recipe's own reading of which of ``given`` a difference is due to, ``(saved record, record
+    now) → keys``, where its settings do not each own a part of the record.
 
     Raises:
         QkvError: other data, before anything is written.
@@ -129,8 +139,8 @@ def refuse_other_data(run_dir: Path, name: str, record: dict, given: dict[str, o
         now = _what_data(record)
         if saved == now:
             return
-        differ = [k for k in given if _part(saved, k) != _part(now, k)]
-        differ = differ or [k for k, v in given.items() if v is not None]
+        differ = explain(saved, now) if explain else [k for k in given if _part(saved, k) != _part(now, k)]
+        differ = differ or [k for k, v in given.items() if v is not None] or list(given)
     else:  # an older run: the inputs its settings named
         settings = resumed_json(run_dir, TRAIN_CONFIG)
         differ = [
@@ -191,13 +201,13 @@ def write_settings(
     run) are recorded absolute, so ``--resume`` finds them from any working directory.
 
     ``resume``: the model must be the one saved in ``config.json`` (its training state holds
-    that model's weights), and so must the settings that choose which weights train
-    (:data:`FIXED_ON_RESUME`); only ``train_config.json`` is rewritten, with today's settings
-    (a longer budget, say).
+    that model's weights); the settings that define the run's data, vocabulary and trained
+    weights were checked when the run started (:func:`refuse_changed_settings`); only
+    ``train_config.json`` is rewritten, with today's settings (a longer budget, say).
 
     Raises:
-        QkvError: ``resume`` with a model config or one of :data:`FIXED_ON_RESUME` that differs
-            from the saved one (the keys named), before anything is written.
+        QkvError: ``resume`` with a model config that differs from the saved one (the keys
+            named), before anything is written.
     """
     tree = {**to_dict(settings), "model": model_config.to_dict()}
     for key in INPUT_PATHS:
@@ -205,9 +215,6 @@ def write_settings(
             tree[key] = recorded_input(tree[key], key)
     if resume:
         _check_same_model(run_dir, model_config)
-        # a run saved before a key existed had its default: the train section's
-        train = getattr(settings, "train", None)
-        _check_same_weights_trained(run_dir, tree, to_dict(type(train)()) if train is not None else {})
     else:
         model_config.save(run_dir / CONFIG)
     write_json(
@@ -248,31 +255,59 @@ def input_names(key: str | None) -> tuple[str, ...]:
     return {"corpus": CORPORA, "val_corpus": CORPORA, "task": TASKS + TEXT_TASKS}.get(key or "", ())
 
 
-# Settings that decide which weights a run trains: its training state holds those weights and
-# their optimizer moments, so a resume must keep them (the budget, the learning rate and the
-# like may change). A run saved before a key existed had its default.
-FIXED_ON_RESUME = ("init", "mode", "train.lora_rank", "train.lora_alpha", "train.lora_modules")
+_ABSENT = object()  # a key a settings tree does not have
 
 
-def _check_same_weights_trained(run_dir: Path, settings: dict, defaults: dict) -> None:
+def refuse_changed_settings(
+    run_dir: Path, settings: Any, keys: Sequence[str], by_content: Collection[str] = ()
+) -> None:
+    """A resumed run's settings ``keys`` (a recipe's ``FIXED_ON_RESUME``: what defines its data,
+    its vocabulary and which weights train; dotted into sections, ``"train.lora_rank"``) must
+    have the values its ``train_config.json`` saved: its tokenizer, data record and training
+    state hold what those values made. A key an older run did not save had the default of
+    ``settings``' class; an input path (:data:`INPUT_PATHS`) is compared as
+    :func:`recorded_input` records it. ``by_content``: keys of ``keys`` that the run's data
+    record compares by content instead (:func:`refuse_other_data`, :func:`prepared_data_record`:
+    the same data moved or copied resumes), left to that check. The budget, the optimizer and
+    the evaluation may change.
+
+    Raises:
+        QkvError: one line naming each key that differs, its saved and its given value, before
+            anything is written.
+    """
     saved = resumed_json(run_dir, TRAIN_CONFIG)
+    now, default = to_dict(settings), to_dict(type(settings)())
     changed = []
-    for key in FIXED_ON_RESUME:
-        section, _, field = key.rpartition(".")
-        now_tree = settings.get(section, {}) if section else settings
-        was_tree = saved.get(section) if section else saved
-        if field not in now_tree:  # a key this recipe does not have
+    for key in keys:
+        if key in by_content:
             continue
-        was = (was_tree if isinstance(was_tree, dict) else {}).get(field, defaults.get(field))
-        if key in INPUT_PATHS and isinstance(was, str):  # a run of an earlier version: as given
-            was = recorded_input(was, key)
-        if was != now_tree[field]:
-            changed.append(f"{key}: {was!r} saved, {now_tree[field]!r} now")
+        value = _comparable(_setting(now, key), key)
+        was = _setting(saved, key)
+        was = _comparable(_setting(default, key) if was is _ABSENT else was, key)
+        if was != value:
+            changed.append(f"{key}: {was!r} saved, {value!r} now")
     if changed:
         raise QkvError(
-            f"cannot resume {run_dir} with other trained weights ({', '.join(changed)}): its training "
-            "state holds the weights those settings chose; resume with the run's own settings"
+            f"cannot resume {run_dir} with other settings ({', '.join(changed)}): they define the data, "
+            "vocabulary or trained weights its files hold; resume with the run's own settings"
         )
+
+
+def _setting(tree: dict, key: str) -> Any:
+    """The value of dotted ``key`` in a settings tree (:data:`_ABSENT` where it has none)."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
+def _comparable(value: Any, key: str) -> Any:
+    """``value`` as ``train_config.json`` holds it: JSON's types (a tuple is a list), an input
+    path as :func:`recorded_input` records it."""
+    if key in INPUT_PATHS and isinstance(value, str):
+        return recorded_input(value, key)
+    return value if value is _ABSENT else json.loads(json.dumps(value))
 
 
 def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:

@@ -3,7 +3,9 @@
 torchtune's recipes split a run into setup / train / cleanup; qkv's do the same with one base
 class, :class:`TrainingRun`, whose :meth:`~TrainingRun.run` is the whole flow:
 
-1. check the run directory (:func:`~qkv.runs.record.prepare_run_dir`; nothing written);
+1. check the run directory (:func:`~qkv.runs.record.prepare_run_dir`) and, resumed, that the
+   settings its settings class fixes on resume are the run's own
+   (:func:`~qkv.runs.record.refuse_changed_settings`); nothing written;
 2. :meth:`~TrainingRun.before_start`: inputs a recipe reads before the run's seed is set (the
    classification recipes build their seeded model here);
 3. start the run (:func:`start_run`: process group, threads, seed, device, precision);
@@ -42,7 +44,7 @@ from ..errors import QkvError
 from ..evaluate.classification import plot_confusion
 from ..files import load_weights, save_weights, write_json
 from ..runs.layout import SUMMARY
-from ..runs.record import prepare_run_dir, write_settings
+from ..runs.record import prepare_run_dir, refuse_changed_settings, write_settings
 from .adapters import LoraSettings, merge_lora, save_adapters
 from .loop import LoopState, train_loop
 from .optim import make_optimizer
@@ -121,7 +123,9 @@ class TrainingRun(ABC):
     ``score_key``/``higher_is_better`` (the validation metric that picks the best weights).
 
     Attributes (set by :meth:`run` before the hooks that use them):
-        settings: the recipe's frozen settings (a ``*Settings`` dataclass with ``train``).
+        settings: the recipe's frozen settings (a ``*Settings`` dataclass with ``train``, and
+            the class variables ``FIXED_ON_RESUME`` and optionally ``BY_CONTENT``: what a
+            resume must keep, :func:`~qkv.runs.record.refuse_changed_settings`).
         run_dir: the run directory (``Path``).
         resume: continue the run in ``run_dir`` (its training state, tokenizer and task files).
         context: what :func:`start_run` resolved (device, precision).
@@ -163,6 +167,11 @@ class TrainingRun(ABC):
     def run(self) -> dict:
         """The whole run (the module docstring lists its steps)."""
         self.run_dir = prepare_run_dir(self.run_dir, self.resume, self.name, check_state)
+        if self.resume and distributed.is_main():  # the others never write
+            fixed = type(self.settings)
+            refuse_changed_settings(
+                self.run_dir, self.settings, fixed.FIXED_ON_RESUME, getattr(fixed, "BY_CONTENT", ())
+            )
         model = self.start()
         state = self.fit(model)
         if not distributed.is_main():  # torchrun: the other processes only helped train
