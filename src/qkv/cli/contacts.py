@@ -35,7 +35,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(top L, L/2, L/5; |i-j| >= 24) of each evaluation chain",
     )
     file_output_option(
-        p, "--head-out", "--fit: where to write the head (default: MODEL/contact_head.safetensors for a run)"
+        p,
+        "--head-out",
+        "--fit: where to write the head (default: MODEL/contact_head.safetensors for a run; replacing one "
+        "there needs --overwrite)",
     )
     file_output_option(p, "--plot", "--fit: draw predicted and true contacts of one evaluation chain", "PNG")
     p.add_argument(
@@ -113,6 +116,12 @@ def _fit(args) -> int:
             f"{args.model} is not a qkv run directory: say where to write the head with --head-out"
         )
     head_out = Path(args.head_out) if args.head_out else model / HEAD_FILE
+    if args.head_out is None and head_out.exists() and not args.overwrite:
+        # --head-out itself went through check_file_outputs; its default place gets the same rule
+        raise QkvError(
+            f"{head_out} (the run's fitted contact head) already exists; give --overwrite to replace it, "
+            "or --head-out FILE to write the new head elsewhere"
+        )
     if args.plot_chain and not args.plot:
         raise QkvError("--plot-chain goes with --plot PNG")
     fit_names, eval_names = _chain_names(args.fit_chains), _chain_names(args.eval_chains)

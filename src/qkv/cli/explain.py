@@ -11,6 +11,7 @@ from .console import log
 from .options import (
     device_option,
     file_output_option,
+    folder_output_option,
     onnx_weights_option,
     sampling_options,
     search_options,
@@ -51,7 +52,11 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 def _output_options(p: argparse.ArgumentParser) -> None:
     """Where the explanation goes: PNG files, one HTML file, or a local server."""
-    p.add_argument("--out", help="directory for the PNG files (with --input)")
+    folder_output_option(
+        p,
+        "--out",
+        "directory for the PNG files (with --input); one that is not empty needs --overwrite",
+    )
     file_output_option(
         p,
         "--html",
@@ -59,11 +64,12 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         "offline in any browser)",
     )
     p.add_argument("--serve", action="store_true", help="start the interactive page instead")
-    p.add_argument(
+    folder_output_option(
+        p,
         "--live",
-        metavar="DIR",
-        help="write a new folder whose page runs the model in the browser (ONNX, onnxruntime-web); "
+        "write a new folder whose page runs the model in the browser (ONNX, onnxruntime-web); "
         "serve it with any static server (char LM, translation, vit and scene-caption runs)",
+        new=True,
     )
     onnx_weights_option(p, "with --live")
     p.add_argument(

@@ -23,15 +23,31 @@ def file_output_option(p: argparse._ActionsContainer, flag: str, help: str, meta
     the verb starts): one that exists is refused unless ``--overwrite`` is given, which the first
     such option adds to the verb."""
     action = p.add_argument(flag, metavar=metavar, help=help)
-    outputs = p.get_default("file_outputs") or ()
-    if not outputs:
+    overwrite_option(p)
+    p.set_defaults(file_outputs=(*(p.get_default("file_outputs") or ()), action.dest))
+
+
+def folder_output_option(
+    p: argparse._ActionsContainer, flag: str, help: str, metavar: str = "DIR", new: bool = False
+) -> None:
+    """An option naming a folder the verb writes files into (``explain --out DIR``), under the
+    same rule as :func:`file_output_option` (:func:`check_file_outputs`, before the verb
+    starts): a folder that holds files is refused unless ``--overwrite`` (added to the verb
+    here too), since the verb would replace files of the names it writes there. ``new``: the
+    verb writes a new folder and refuses one that holds files whatever is given
+    (``explain --live DIR``); it adds no ``--overwrite``. Either way a path that is a file or
+    lies under one is refused."""
+    action = p.add_argument(flag, metavar=metavar, help=help)
+    if not new:
         overwrite_option(p)
-    p.set_defaults(file_outputs=(*outputs, action.dest))
+    p.set_defaults(folder_outputs=(*(p.get_default("folder_outputs") or ()), (action.dest, new)))
 
 
 def overwrite_option(p: argparse._ActionsContainer) -> None:
-    """``--overwrite``: replace the files the verb's output options name when they exist."""
-    p.add_argument("--overwrite", action="store_true", help="replace output files that exist")
+    """``--overwrite``: replace the files the verb's output options name when they exist (added
+    once, by the first output option that needs it)."""
+    if not any(action.dest == "overwrite" for action in p._actions):
+        p.add_argument("--overwrite", action="store_true", help="replace output files that exist")
 
 
 def check_new_file(path: str | Path, flag: str, overwrite: bool = False) -> Path:
@@ -48,12 +64,41 @@ def check_new_file(path: str | Path, flag: str, overwrite: bool = False) -> Path
     return path
 
 
+def check_new_folder(path: str | Path, flag: str, overwrite: bool | None = None) -> Path:
+    """``path`` as a folder an option (``flag``) may write files into, or :class:`QkvError` in
+    one line naming it: a file, a path under a file, or a folder that holds files, unless
+    ``overwrite`` is true (``None``: the verb writes a new folder, there is no ``--overwrite``).
+    A folder that does not exist yet is fine (the verb creates it and its parents)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise QkvError(f"{flag} {path} is a file; give a folder")
+    above = next((parent for parent in path.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise QkvError(f"{flag} {path}: {above} is a file, not a folder")
+    if path.is_dir() and not overwrite and any(path.iterdir()):
+        how = (
+            "a new folder"
+            if overwrite is None
+            else "a new or empty folder, or give --overwrite to write into it"
+        )
+        raise QkvError(f"{flag} {path} already exists and is not empty; choose {how}")
+    return path
+
+
 def check_file_outputs(args: argparse.Namespace) -> None:
-    """Check every file the verb will write (its :func:`file_output_option` options that were
-    given) with :func:`check_new_file`, before any work."""
+    """Check every file and folder the verb will write (its :func:`file_output_option` and
+    :func:`folder_output_option` options that were given) with :func:`check_new_file` and
+    :func:`check_new_folder`, before any work."""
     for dest in getattr(args, "file_outputs", ()):
         if getattr(args, dest, None) is not None:
-            check_new_file(getattr(args, dest), "--" + dest.replace("_", "-"), args.overwrite)
+            check_new_file(getattr(args, dest), _flag(dest), args.overwrite)
+    for dest, new in getattr(args, "folder_outputs", ()):
+        if getattr(args, dest, None) is not None:
+            check_new_folder(getattr(args, dest), _flag(dest), None if new else args.overwrite)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def debug_option(p: argparse.ArgumentParser) -> None:
