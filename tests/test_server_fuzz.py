@@ -424,7 +424,6 @@ def test_every_name_each_server_accepts_is_answered(family, served):
         return
     answers = _walk_activations(client, explainer, text)
     assert all(status == 200 for name, status in answers.items() if ".layers." in f".{name}"), answers
-    if family != "protein-mlm":  # its explainer calls model.forward, past the hook on the model
-        assert answers["logits"] == 200, answers
+    assert answers["logits"] == 200, answers
     _walk_steps(client, info, text)
     _walk_interventions(client, info, text)

@@ -925,8 +925,9 @@ class ProteinExplainer(Explainer[str]):
         tok, ids = self.encoder.tok, self._ids(text)
         self._check_tokens(len(ids), self.config.max_len)
         tokens = torch.tensor([ids], device=self.encoder.device)
+        # the model itself (not .forward): its own hook records "logits"
         head = {"sequence": model.classify_sequence, "residue": model.classify_residues}.get(
-            self.level, model.forward
+            self.level, model
         )
 
         def forward(need_weights):
