@@ -174,6 +174,13 @@ class SubwordTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def unknown_characters(self, text: str) -> list[str]:
+        """The characters of ``text`` the vocabulary lacks (each read as ``<unk>``), each once,
+        in the order they first appear; ``[]`` for a byte-level BPE, which has none."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        found = (text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True) if i == self.unk_id)
+        return list(dict.fromkeys(found))
+
     def id_to_token(self, i: int) -> str | None:
         """The piece of id ``i`` (for display); ``None`` outside the vocabulary."""
         return self._tok.id_to_token(i)

@@ -781,6 +781,8 @@ class TranslationExplainer(Explainer[str]):
                 "classes": [],
                 "residues": None,
                 "decoding": "greedy decoding" if beam <= 1 else f"beam search, beam size {beam}",
+                # named on the page as `qkv translate` warns of them (the RNN's tokenizer has none)
+                "unknown_characters": getattr(tok, "unknown_characters", lambda _: [])(text),
             },
             score=(piece_labels(produced, self.subword), score),
         )

@@ -16,7 +16,8 @@ the mouse or opened from a file, at the model's size; the classes' probabilities
 layer's attention) and the captioner of garment scenes (the reader picks Fashion-MNIST garments
 into the 2 × 2 grid, from a sheet of test images written beside the graphs; greedy, as
 ``qkv caption`` with beam 1; where each word of the caption looked). Others are refused in one
-line.
+line. A translator's page names its languages (:func:`translation_languages`, written into the
+export's ``onnx.json`` as ``"languages"``) and the characters of a sentence its vocabulary lacks.
 
 The page samples with a seeded generator so that Python can replay it: :func:`page_sampler` is
 the same sampler, step for step (mulberry32 for the uniform draw; softmax in float64 over
@@ -39,7 +40,7 @@ from ..data.tokenizers import CharTokenizer, load_tokenizer
 from ..errors import QkvError
 from ..files import write_json
 from ..hub.convert import refuse_nonempty
-from ..hub.onnx_export import export_onnx
+from ..hub.onnx_export import MANIFEST, export_onnx, read_manifest
 
 STATIC = Path(__file__).parent / "static"
 VENDORED = {  # folder under static/ -> the files the page loads (README.txt and SHA256SUMS stay)
@@ -48,6 +49,7 @@ VENDORED = {  # folder under static/ -> the files the page loads (README.txt and
 }
 LIVE_RECIPES = ("lm", "translation", "vit", "caption")
 GARMENTS_PER_CLASS = 4  # the composer's choice of Fashion-MNIST test images per class
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech"}  # Multi30k's
 _MASK32 = 0xFFFFFFFF
 
 
@@ -62,7 +64,7 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path, weights: str = "fl
         QkvError: ``out_dir`` exists and is not empty; a run of a family the page does not run
             yet; what :func:`~qkv.hub.onnx_export.export_onnx` raises.
     """
-    from ..runs.info import RunInfo
+    from ..runs.info import RunInfo, run_settings
 
     out = Path(out_dir)
     refuse_nonempty(out, "folder")
@@ -72,7 +74,10 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path, weights: str = "fl
     if recipe == "lm" and not isinstance(load_tokenizer(Path(run_dir) / "tokenizer.json"), CharTokenizer):
         raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
     sheet = _garment_sheet(run_dir) if recipe == "caption" else None  # before anything is written
+    languages = translation_languages(run_settings(run_dir)) if recipe == "translation" else None
     export_onnx(run_dir, out / "model", attentions=True, weights=weights)
+    if languages is not None:
+        write_json(out / "model" / MANIFEST, {**read_manifest(out / "model"), "languages": languages})
     if sheet is not None:
         from PIL import Image
 
@@ -88,6 +93,26 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path, weights: str = "fl
     shutil.copyfile(STATIC / "live.js", out / "live.js")
     shutil.copyfile(STATIC / "live.html", out / "index.html")
     return out / "index.html"
+
+
+def translation_languages(settings: dict) -> dict | None:
+    """What a translation run translates, from its settings (``train_config.json``, as
+    :func:`~qkv.runs.info.run_settings` reads it): ``{"source": {"code", "name"}, "target":
+    {...}}``. A Multi30k run: ``src_lang``/``tgt_lang`` (``"de"`` → ``{"code": "de", "name":
+    "German"}``; the recipe's defaults, de and en, where the file leaves them out). A run on
+    its own pairs (``data=``): the two ``columns`` it read (code ``None``), or ``None`` when the
+    file's columns have no names."""
+    if settings.get("data"):
+        columns = settings.get("columns")
+        if not columns:
+            return None
+        names = [c.strip() for c in str(columns).split(",")]
+        return {"source": {"code": None, "name": names[0]}, "target": {"code": None, "name": names[-1]}}
+    codes = (str(settings.get("src_lang", "de")), str(settings.get("tgt_lang", "en")))
+    return {
+        side: {"code": code, "name": LANGUAGE_NAMES.get(code, code)}
+        for side, code in zip(("source", "target"), codes, strict=True)
+    }
 
 
 def _garment_sheet(run_dir: str | Path) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from pathlib import Path
@@ -75,8 +76,16 @@ class Translator:
         return cls(*load_run(run_dir, device=device), **kwargs)
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
+        """The source ids of ``sentences`` (no bos/eos), each cut to ``max_src_tokens`` with a
+        warning; a sentence with characters the vocabulary lacks (read as ``<unk>``) is warned
+        about, the characters named (:func:`unknown_characters_note`)."""
         ids = self.tokenizer.encode_batch(sentences)
+        unknown = getattr(self.tokenizer, "unknown_characters", None)
         for i, s in enumerate(ids):
+            if unknown is not None and getattr(self.tokenizer, "unk_id", None) in s:
+                warnings.warn(
+                    f"input line {i + 1}: {unknown_characters_note(unknown(sentences[i]))}", stacklevel=2
+                )
             if len(s) > self.max_src_tokens:
                 warnings.warn(
                     f"input line {i + 1} has {len(s)} subword tokens; truncated to the "
@@ -130,6 +139,14 @@ class Translator:
                 out[i] = hyp
             cpu_share.tick(1)  # between batches: threads may follow the machine's load
         return out
+
+
+def unknown_characters_note(chars: list[str]) -> str:
+    """How ``qkv translate``, the served page and the live page name characters a
+    translator's vocabulary lacks: ``unknown characters (not in the model's vocabulary, read as
+    <unk>): "😀", "中"`` (each as a JSON string, so a tab or a space is visible)."""
+    shown = ", ".join(json.dumps(c, ensure_ascii=False) for c in chars)
+    return f"unknown characters (not in the model's vocabulary, read as <unk>): {shown}"
 
 
 def check_batch_size(batch_size: object, name: str = "batch size") -> int:

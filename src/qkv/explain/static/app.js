@@ -191,6 +191,7 @@ function applyInfo(info) {
     : `${info.n_layers} layers`;
   $("dims").textContent = `${layers} × ${info.n_heads} heads, d_k = ${info.d_k}`;
   $("input-label").textContent = info.input_label || "Input";
+  $("run").textContent = RUN_LABELS[info.family] || "Run";
   const input = $("input");
   if (info.max_chars) input.maxLength = info.max_chars;
   input.value = info.example || "";
@@ -313,6 +314,7 @@ function pickFile() {
   const file = $("file").files[0];
   if (!file) return;
   if (file.size > state.info.max_upload_bytes) {
+    clearResult();
     showError(`${file.name}: ${file.size} bytes, the cap is ${state.info.max_upload_bytes}`);
     return;
   }
@@ -364,9 +366,12 @@ function requestBody() {
   return body;
 }
 
+// The button says what the model does with the input.
+const RUN_LABELS = { translation: "Translate", lm: "Generate", "diffusion-lm": "Generate", vit: "Classify", caption: "Caption" };
+
 function setBusy(on) {
   $("run").disabled = on;
-  $("run").textContent = on ? "Running…" : "Run";
+  $("run").textContent = on ? "Running…" : (RUN_LABELS[state.info && state.info.family] || "Run");
 }
 
 async function run() {
@@ -383,10 +388,32 @@ async function run() {
     if (seq !== state.runSeq) return;
     showResult(data, body, picture);
   } catch (e) {
-    if (seq === state.runSeq) showError(e.message);
+    if (seq !== state.runSeq) return;
+    clearResult();
+    showError(e.message);
   } finally {
     if (seq === state.runSeq) setBusy(false);
   }
+}
+
+// The last run's answer (output, attention, block, interventions, step-through), cleared when a
+// new input is refused: nothing on the page answers an input it was not computed from.
+function clearResult() {
+  Object.assign(state, { data: null, body: null, block: null, picture: null, heat: null });
+  state.ivSeq++;
+  state.stepSeq++;
+  clearTimeout(state.stepTimer);
+  $("output").replaceChildren(el("p", { class: "muted" }, "No output: the input was refused (the message above says why)."));
+  for (const id of ["image-card", "caption-card", "block-card", "ablate-controls", "ablate-result", "block-intervene"]) {
+    $(id).hidden = true;
+  }
+  ["head-view", "overview", "image-overview", "word-maps", "block-tokens"].forEach((id) => $(id).replaceChildren());
+  $("steps").replaceChildren(el("p", { class: "muted" }, "Run the model, then pick a layer and head."));
+  for (const id of ["kind", "layer", "head"]) { $(id).replaceChildren(); $(id).disabled = true; }
+  $("attn-title").textContent = "";
+  const cv = $("heatmap");
+  cv.getContext("2d").clearRect(0, 0, cv.width, cv.height);
+  for (const key of ["ready", "stepsReady", "blockReady", "interveneReady"]) delete document.body.dataset[key];
 }
 
 // Draw one answer of the model (`data`, as /api/explain answers) to the request `body`.
@@ -417,6 +444,11 @@ function renderOutput(data, body) {
   if (data.family === "translation") {
     out.append(el("p", { class: "out-text", id: "output-text" }, o.text ?? ""));
     if (o.decoding) out.append(el("p", { class: "muted small" }, o.decoding));  // as the model decoded
+    if (o.unknown_characters && o.unknown_characters.length) {  // qkv translate's warning
+      out.append(el("p", { class: "warning", id: "unknown-characters" },
+        "unknown characters (not in the model's vocabulary, read as <unk>): " +
+        o.unknown_characters.map((c) => JSON.stringify(c)).join(", ")));
+    }
   } else if (data.family === "lm") {
     // The prompt in grey, the model's own continuation in the accent colour.
     out.append(el("p", { class: "out-text lm", id: "output-text" },

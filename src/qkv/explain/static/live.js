@@ -3,18 +3,36 @@
 // the exported key/value cache. LM: greedy or sampled with the sampler that
 // qkv.explain.live.page_sampler replays in Python (keep the two in step). Translator and
 // captioner: greedy, as qkv's greedy_decode; their tokenizer.json read by tokenizers.js. ViT: a
-// drawn or opened image.
+// drawn or opened image. An input that fails clears the last input's result: what the page shows
+// always answers the input on screen.
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const live = {
   folder: null, layers: 0, recipe: null, session: null, encoder: null, config: null, vocab: null, pieces: [], tokenizer: null,
-  busy: false, again: null, attention: null, tokens: [], source: [], word: 0,
+  busy: false, again: null, attention: null, tokens: [], source: [], word: 0, known: null,
 };
 window.live = live;  // read by the tests
 
 const $ = (id) => document.getElementById(id);
 
 function say(text) { $("message").textContent = text; }
+
+// A note on a result that stands (the translator's unknown characters); "" hides it.
+function warn(text) {
+  $("warning").textContent = text;
+  $("warning").hidden = text === "";
+}
+
+// The last input's result (its text, classes or caption, and their attention), cleared when a
+// new input fails: the page never shows an answer beside an input it was not computed from.
+function clearResult() {
+  $("output").textContent = "";
+  $("words").innerHTML = "";
+  $("look-row").hidden = true;
+  Object.assign(live, { attention: null, tokens: [], source: [], probs: null, pixels: null });
+  const canvas = $("attention");
+  canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height);
+}
 
 // mulberry32: a seedable uniform generator in [0, 1) (qkv.explain.live.mulberry32 in Python).
 function mulberry32(seed) {
@@ -91,7 +109,9 @@ function argmax(row) {
 
 // Greedy decoding through the exported cache, as qkv's greedy_decode: from bos, the most probable
 // token until eos or `limit` tokens; then one teacher-forced pass over what was written for every
-// layer's cross-attention. `inputs`: the encoder's memory (and the translator's src).
+// layer's cross-attention (bos and at most max_len - 1 of the tokens: the positions the model
+// has; the last of max_len written tokens is never read). `inputs`: the encoder's memory (and the
+// translator's src).
 async function greedy(inputs, limit) {
   const c = live.config;
   let cache = emptyCache(), token = c.bos_id;
@@ -103,7 +123,7 @@ async function greedy(inputs, limit) {
     out.push(token);
     cache = { past_keys: r.present_keys, past_values: r.present_values };
   }
-  live.tokens = [c.bos_id].concat(out);
+  live.tokens = [c.bos_id].concat(out.slice(0, c.max_len - 1));
   const r = await live.session.run({ tgt: int64(live.tokens), ...inputs, ...emptyCache() });
   live.attention = r.cross_attentions;
   return out;
@@ -122,7 +142,25 @@ async function translate() {
   const out = await greedy({ memory, src: source }, Math.min(src.length + 50, c.max_len));
   $("output").textContent = out.length ? live.tokenizer.decode(out) : "";
   live.source = src;
+  const unknown = unknownCharacters(text);
+  if (unknown.length)
+    warn(`unknown characters (not in the model's vocabulary, read as <unk>): ${unknown.map((ch) => JSON.stringify(ch)).join(", ")}`);
   drawAttention();
+}
+
+// The characters of `text` the vocabulary lacks, each once, in order: the subword tokenizer reads
+// each as <unk> (no byte fallback), and the model translates around a piece it knows nothing of.
+// A character is unknown when, after the tokenizer's normalizer (NFKC), one of its characters is
+// not a piece of the vocabulary (BPE keeps every character it was trained on as a piece); a
+// space is the pre-tokenizer's word boundary (▁), a tab or a newline is a character like others.
+function unknownCharacters(text) {
+  const found = [], norm = live.tokenizer.normalizer;
+  for (const ch of text) {
+    if (found.includes(ch)) continue;
+    const chars = Array.from(norm ? norm(ch) : ch).filter((c) => c !== " ");
+    if (chars.some((c) => !live.known.has(c))) found.push(ch);
+  }
+  return found;
 }
 
 // The captioner: the composed scene through the encoder; bos + the caption fit max_len.
@@ -195,10 +233,7 @@ async function startComposer() {
   $("empty").addEventListener("click", () => {
     scene.cells = [null, null, null, null];
     paintScene();
-    $("output").textContent = "";  // the caption and its attention were the last scene's
-    $("look-row").hidden = true;
-    live.attention = null;
-    $("attention").getContext("2d").clearRect(0, 0, $("attention").width, $("attention").height);
+    clearResult();  // the caption and its attention were the last scene's
   });
   pickCell(0);
   paintScene();
@@ -290,8 +325,9 @@ function startDrawing() {
   $("clear").addEventListener("click", () => { ctx.fillStyle = "#000"; ctx.fillRect(0, 0, size, size); });
 }
 
-// One request at a time: clear the message, run `work`, say what failed, mark the page done. A
-// request made meanwhile (a stroke, a garment placed) runs next, so what is shown is the input's.
+// One request at a time: clear the message, run `work`, say what failed (and clear the last
+// input's result), mark the page done. A request made meanwhile (a stroke, a garment placed)
+// runs next, so what is shown is the input's.
 async function run(work) {
   if (live.busy) {
     live.again = work;
@@ -299,6 +335,7 @@ async function run(work) {
   }
   live.busy = true;
   say("");
+  warn("");
   document.body.dataset.done = "0";
   $("generate").disabled = true;
   try {
@@ -309,6 +346,7 @@ async function run(work) {
       await next();
     }
   } catch (err) {
+    clearResult();
     say(err.message);
   } finally {
     live.busy = false;
@@ -456,6 +494,73 @@ function modelFolder() {
   return name;
 }
 
+// A side of a translator's languages (the manifest's "languages", from the run's settings):
+// "German (de)", a column's name, or null where the export does not say.
+function languageName(side) {
+  if (!side) return null;
+  return side.code && side.code !== side.name ? `${side.name} (${side.code})` : side.name;
+}
+
+// The translator's fields and button say what it translates (its languages, where the manifest
+// gives them); the example sentence is German, the language of the recipe's default run.
+function setUpTranslator(languages) {
+  const from = languageName(languages && languages.source), to = languageName(languages && languages.target);
+  $("prompt-label").textContent = from ? `Source: ${from}` : "Source sentence";
+  $("output-label").textContent = to ? `Translation: ${to}` : "Translation";
+  $("output-label").hidden = false;
+  $("generate").textContent = "Translate";
+  const german = !languages || (languages.source && languages.source.code === "de");
+  $("prompt").value = german ? "Ein Mann fährt mit dem Fahrrad." : "";
+  const written = languages && languages.target ? `${languages.target.name} tokens` : "tokens";
+  $("attention-kind").textContent = `cross-attention: rows the ${written} written, columns the source tokens`;
+  return from && to ? `${from} → ${to}` : null;
+}
+
+// The page's header: the run's shape and what one input is (a ViT: the tokens of the image,
+// patches and the class token; not its position table's size).
+function describe(recipe, c, languages, mb) {
+  const shape = `${live.layers} layers, ${c.n_heads} heads, d_model ${c.d_model}`;
+  const patches = c.image_size && c.patch_size ? (c.image_size / c.patch_size) ** 2 : 0;
+  const input = {
+    vit: `an image of ${c.image_size} × ${c.image_size} pixels is ${patches} patches of ${c.patch_size} × ${c.patch_size} + the class token: ${patches + 1} tokens`,
+    caption: `a scene is ${patches} patches of ${c.patch_size} × ${c.patch_size}; captions of at most ${c.max_len} tokens`,
+    translation: `sentences of at most ${c.max_len} tokens`,
+  }[recipe] ?? `context ${c.max_len} tokens`;
+  const what = languages ? ` (${languages})` : "";
+  return `the ${recipe} recipe's run${what}: ${shape}; ${input}; ${mb.toFixed(1)} MB of ONNX graphs`;
+}
+
+function setUpViT(manifest) {
+  live.classes = manifest.classes ?? [];
+  $("text-input").hidden = true;
+  $("image-input").hidden = false;
+  $("pixels").width = $("pixels").height = live.config.image_size;
+  hideSampling();
+  $("generate").textContent = "Classify";
+  $("attention-kind").textContent = "rows: the token that attends (0: the class token); columns: the tokens it reads (1 ...: the patches, row by row)";
+  startDrawing();
+}
+
+// The encoder-decoders (translator, captioner): their encoder graph and subword tokenizer.
+// Returns the languages' line of the header (null for a captioner) and the encoder's MB.
+async function setUpEncoderDecoder(manifest, tokenizer) {
+  live.encoder = await ort.InferenceSession.create(`${live.folder}/encoder.onnx`);
+  live.tokenizer = new Tokenizer(tokenizer, { clean_up_tokenization_spaces: false });
+  live.known = new Set(Object.keys(tokenizer.model.vocab));
+  hideSampling();  // greedy, as qkv translate/caption --beam 1
+  let languages = null;
+  if (live.recipe === "translation") {
+    languages = setUpTranslator(manifest.languages);
+  } else {
+    $("text-input").hidden = true;
+    $("scene-input").hidden = false;
+    $("generate").textContent = "Caption";
+    $("attention-kind").textContent = "cross-attention: rows the caption's tokens, columns the patches (row by row)";
+    await startComposer();
+  }
+  return [languages, manifest.files["encoder.onnx"].bytes / 1e6];
+}
+
 async function start() {
   try {
     live.folder = modelFolder();
@@ -472,38 +577,19 @@ async function start() {
     live.session = await ort.InferenceSession.create(`${live.folder}/${graph}`);
     const c = live.config;
     live.layers = c.n_layers ?? c.n_decoder_layers;  // an encoder-decoder's: the decoder's (its cache)
-    let mb = manifest.files[graph].bytes / 1e6;
+    let mb = manifest.files[graph].bytes / 1e6, languages = null;
     if (live.recipe === "vit") {
-      live.classes = manifest.classes ?? [];
-      $("text-input").hidden = true;
-      $("image-input").hidden = false;
-      $("pixels").width = $("pixels").height = c.image_size;
-      hideSampling();
-      $("generate").textContent = "Classify";
-      $("attention-kind").textContent = "rows: the token that attends (0: the class token); columns: the tokens it reads (1 ...: the patches, row by row)";
-      startDrawing();
+      setUpViT(manifest);
     } else if (live.recipe === "translation" || live.recipe === "caption") {
-      live.encoder = await ort.InferenceSession.create(`${live.folder}/encoder.onnx`);
-      live.tokenizer = new Tokenizer(tokenizer, { clean_up_tokenization_spaces: false });
-      mb += manifest.files["encoder.onnx"].bytes / 1e6;
-      hideSampling();  // greedy, as qkv translate/caption --beam 1
-      if (live.recipe === "translation") {
-        $("prompt").value = "Ein Mann fährt mit dem Fahrrad.";
-        $("attention-kind").textContent = "cross-attention: rows the English tokens written, columns the source tokens";
-      } else {
-        $("text-input").hidden = true;
-        $("scene-input").hidden = false;
-        $("generate").textContent = "Caption";
-        $("attention-kind").textContent = "cross-attention: rows the caption's tokens, columns the patches (row by row)";
-        await startComposer();
-      }
+      const [named, encoderMB] = await setUpEncoderDecoder(manifest, tokenizer);
+      languages = named;
+      mb += encoderMB;
     } else {
       live.vocab = tokenizer.model.vocab;
     }
     options($("layer"), live.layers, "layer");
     options($("head"), c.n_heads, "head");
-    $("about").textContent = `the ${manifest.recipe} recipe's run: ${live.layers} layers, ${c.n_heads} heads, ` +
-      `d_model ${c.d_model}, context ${c.max_len} tokens; ${mb.toFixed(1)} MB of ONNX graphs`;
+    $("about").textContent = describe(live.recipe, c, languages, mb);
     $("generate").disabled = false;
     document.body.dataset.ready = "1";
   } catch (err) {
