@@ -13,7 +13,14 @@ import torch
 from qkv import runs
 from qkv.cli import main
 from qkv.errors import QkvError
-from qkv.hub.onnx_export import MIN_OPSET, empty_cache, export_onnx, read_manifest
+from qkv.hub.onnx_export import (
+    DEFAULT_OPSET,
+    MIN_OPSET,
+    empty_cache,
+    export_onnx,
+    read_manifest,
+    written_opset,
+)
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -165,6 +172,10 @@ def test_manifest_names_graphs_files_and_config(exported):
     assert {"encoder.onnx", "decoder.onnx", "tokenizer.json"} <= set(manifest["files"])
     assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
     assert manifest["config"]["eos_id"] is not None
+    # the opset read back from the files written, each graph's and the folder's
+    assert manifest["opset"] == DEFAULT_OPSET
+    for name, graph in manifest["graphs"].items():
+        assert graph["opset"] == written_opset(folder / name) == DEFAULT_OPSET
 
 
 def test_refusals_are_one_line_and_write_nothing(tiny_runs, tmp_path, capsys):

@@ -20,8 +20,11 @@ other one holds. So:
 Shorter spins (``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT``) were measured too and are not
 set: they cost a quiet run up to a third of its speed (decoding most) and gained nothing beside
 other work over the thread count alone (``benchmarks/busy_machine.py``; the table is in the
-performance guide, ``docs/guides/performance.md``). ``QKV_CPU_SHARE=0`` turns 1 off (torch's
-own thread count, as qkv had before).
+performance guide, ``docs/guides/performance.md``). ``QKV_CPU_SHARE=0`` (or ``false``, ``off``,
+``no``) turns 1 off (torch's own thread count, as qkv had before).
+
+The variables are parsed in one place, :func:`read_environment`, which refuses a value it cannot
+read in one line (the CLI checks them before any verb runs).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import os
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+
+from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +50,80 @@ BUSY_BELOW = 0.9  # a run that made under this share of a quiet run's steps says
 BUSY_FROM = 0.5  # ...when other processes kept at least this many CPUs busy on average
 
 
-def enabled(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Whether qkv chooses the thread count from the load (``QKV_CPU_SHARE`` not ``0``)."""
+# QKV_CPU_SHARE's words, case and surrounding spaces aside (unset or empty: on)
+SHARE_ON = ("1", "true", "on", "yes")
+SHARE_OFF = ("0", "false", "off", "no")
+MAX_THREADS = 2**31 - 1  # torch.set_num_threads takes a C int
+
+
+@dataclass(frozen=True)
+class ThreadEnvironment:
+    """What the environment says about this process's CPU threads (:func:`read_environment`):
+    ``share`` (``QKV_CPU_SHARE``: qkv may choose the count from the load) and ``threads``
+    (``QKV_THREADS``, else the first number of ``OMP_NUM_THREADS``; ``None``: not pinned)."""
+
+    share: bool
+    threads: int | None
+
+
+def read_environment(environ: MutableMapping[str, str] | None = None) -> ThreadEnvironment:
+    """The one parser of the variables qkv reads about threads (``environ``: default
+    ``os.environ``), each checked whichever one wins, so that a bad value is refused whatever
+    else is set; the CLI calls it before any verb runs (a refusal writes nothing).
+
+    - ``QKV_CPU_SHARE``: one of :data:`SHARE_ON` or :data:`SHARE_OFF` (any case); unset or
+      empty: on.
+    - ``QKV_THREADS``: a whole number from 1 to :data:`MAX_THREADS`; unset or empty: not pinned.
+    - ``OMP_NUM_THREADS``: what the OpenMP runtime under torch reads too (GNU libgomp: positive
+      whole numbers separated by commas, spaces around each allowed); qkv pins to the first.
+      A value outside that is refused rather than ignored: libgomp ignores it too (with a
+      ``libgomp: Invalid value`` line), so the count the user meant to fix would silently be
+      the default, and only a refusal says so.
+
+    Raises:
+        ConfigError: one line naming the variable, its value and what it accepts.
+    """
     env = os.environ if environ is None else environ
-    return env.get("QKV_CPU_SHARE", "1").strip().lower() not in ("0", "false", "off", "no")
+    share = env.get("QKV_CPU_SHARE", "").strip().lower()
+    if share and share not in SHARE_ON + SHARE_OFF:
+        raise _refused("QKV_CPU_SHARE", env, f"one of {', '.join(SHARE_ON + SHARE_OFF)} (unset: 1)")
+    qkv_threads = env.get("QKV_THREADS", "").strip()
+    threads = None
+    if qkv_threads:
+        threads = _count(qkv_threads)
+        if threads is None:
+            raise _refused("QKV_THREADS", env, f"a whole number from 1 to {MAX_THREADS}")
+    omp = env.get("OMP_NUM_THREADS", "")
+    if omp.strip():
+        counts = [_count(part.strip()) for part in omp.split(",")]
+        if None in counts:
+            accepts = f"whole numbers from 1 to {MAX_THREADS} separated by commas (qkv pins to the first)"
+            raise _refused("OMP_NUM_THREADS", env, accepts)
+        threads = threads or counts[0]
+    return ThreadEnvironment(share=share not in SHARE_OFF, threads=threads)
+
+
+def _count(text: str) -> int | None:
+    """A thread count written as libgomp reads one (digits, a leading ``+`` allowed), or ``None``."""
+    digits = text[1:] if text.startswith("+") else text
+    # past 10 significant digits it is beyond MAX_THREADS (and int() refuses 4,300 digits)
+    if not (digits.isascii() and digits.isdigit()) or len(digits.lstrip("0")) > 10:
+        return None
+    return int(digits) if 1 <= int(digits) <= MAX_THREADS else None
+
+
+def _refused(name: str, env: MutableMapping[str, str], accepts: str) -> ConfigError:
+    value = env[name] if len(env[name]) <= 40 else f"{env[name][:20]}... ({len(env[name])} characters)"
+    return ConfigError(f"environment variable {name}={value!r} is not valid: expected {accepts}")
+
+
+def enabled(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether qkv chooses the thread count from the load (``QKV_CPU_SHARE`` on).
+
+    Raises:
+        ConfigError: a variable :func:`read_environment` refuses.
+    """
+    return read_environment(environ).share
 
 
 def pinned_threads(
@@ -58,18 +133,11 @@ def pinned_threads(
     (``train.threads``), else ``QKV_THREADS``, else ``OMP_NUM_THREADS`` (its first number).
 
     Raises:
-        ValueError: ``QKV_THREADS`` that is not a positive integer.
+        ConfigError: (a ``ValueError``) a variable :func:`read_environment` refuses, whether or
+            not ``train_threads`` wins.
     """
-    if train_threads:
-        return train_threads
-    env = os.environ if environ is None else environ
-    if env.get("QKV_THREADS", "").strip():
-        value = env["QKV_THREADS"].strip()
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"QKV_THREADS={value!r}: expected a positive integer")
-        return int(value)
-    first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(first) if first.isdigit() and int(first) > 0 else None
+    threads = read_environment(environ).threads
+    return train_threads or threads
 
 
 class LoadSampler:

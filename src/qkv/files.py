@@ -164,7 +164,9 @@ def read_settings_checkpoint(path: Path, what: str) -> dict:
     one class allowed; ``what`` names the kind of file in errors.
 
     Raises:
-        QkvError: no such file, a refused or unreadable pickle, or a file that is not a dict.
+        QkvError: no such file, a refused or unreadable pickle (whatever the safe unpickler
+            raises: "PATH is not a WHAT checkpoint qkv can read (...)"), or a file that is not
+            a dict.
     """
     import argparse
     import pickle
@@ -176,6 +178,12 @@ def read_settings_checkpoint(path: Path, what: str) -> dict:
             data = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
         raise QkvError(f"refused {path}: it {torch_load_refusal(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a crafted pickle (the settings' class called with
+        # arguments, a state it refuses, a class swapped): no code ran, and it is no checkpoint
+        text = " ".join(str(exc).split())[:200]
+        raise QkvError(
+            f"{path} is not a {what} checkpoint qkv can read ({type(exc).__name__}: {text})"
+        ) from None
     if not isinstance(data, dict):
         raise QkvError(f"{path} is not a {what} checkpoint (a {type(data).__name__}, not a dict)")
     return data

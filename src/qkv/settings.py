@@ -22,8 +22,10 @@ tables (the settings classes themselves describe only today's keys):
 
 Every value is converted and checked against its field's annotation (``int``, ``float``,
 ``bool``, ``str``, ``X | None``, ``Literal[...]``) before anything else happens; a ``float``
-field takes finite numbers only (``nan``, ``inf`` and ``1e400`` are refused). Every problem is
-reported at once, in one line, each naming the key, the expected type and the value.
+field takes finite numbers only (``nan``, ``inf`` and ``1e400`` are refused), and a model
+config's float fields what float32 holds (``1e308`` is refused there: :func:`float32_problems`).
+Every problem is reported at once, in one line, each naming the key, the expected type and the
+value.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import functools
 import json
 import logging
 import math
+import struct
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -208,11 +211,40 @@ def field_problems(obj: DataclassInstance) -> list[str]:
     return out
 
 
-def check(obj: Any) -> None:
+def float32_problems(obj: DataclassInstance, named: Sequence[str] = ()) -> list[str]:
+    """The float fields of the dataclass instance ``obj`` whose value float32 cannot hold: one
+    beyond its range (about 3.4e38), or a number other than 0 that rounds to 0 (below about
+    1.4e-45). Fields that a message of ``named`` already names (it starts with the field's name)
+    are skipped: one problem per field."""
+    out: list[str] = []
+    for name, tp in _hints(type(obj)).items():
+        value = getattr(obj, name, None)
+        if not _takes_float(tp) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if any(message.startswith(f"{name} ") for message in (*named, *out)):
+            continue
+        try:
+            stored = struct.unpack("f", struct.pack("f", value))[0]  # rounded as torch rounds it
+        except OverflowError:
+            stored = math.inf
+        if not math.isfinite(stored):
+            out.append(
+                f"{name} ({_shown(value)}) does not fit in float32, the model's number type (|x| < 3.4e+38)"
+            )
+        elif stored == 0 and value != 0:
+            out.append(
+                f"{name} ({_shown(value)}) is 0 in float32, the model's number type (|x| >= 1.4e-45, or 0)"
+            )
+    return out
+
+
+def check(obj: Any, float32: bool = False) -> None:
     """Raise :class:`~qkv.errors.ConfigError` (a ``ValueError``) listing every problem of the
     dataclass instance ``obj`` in one line: values of the wrong type (:func:`field_problems`),
     then what its ``problems()`` method finds (range and consistency checks, skipped where a
-    wrong type makes them impossible)."""
+    wrong type makes them impossible), then, with ``float32`` (a model's config: its numbers
+    become float32 parameters and arithmetic), the float values float32 cannot hold
+    (:func:`float32_problems`)."""
     problems = field_problems(obj)
     try:
         problems += obj.problems()
@@ -220,6 +252,8 @@ def check(obj: Any) -> None:
         if not problems:  # every value has its type: a bug in problems()
             raise
         # else a value of the wrong type, already named, made the range checks impossible
+    if float32:
+        problems += float32_problems(obj, problems)
     if problems:
         raise ConfigError(one_line(f"invalid {type(obj).__name__}: " + "; ".join(problems)))
 

@@ -4,9 +4,10 @@ Human-readable progress goes to stderr; results (translations, JSON) go to stdou
 one line on stderr with a non-zero exit; ``--debug`` shows the traceback.
 
 Each verb module registers its verbs (``add_parsers``) with the function that runs them
-(``func``); :func:`main` parses, sets up logging, checks the files the verb will write (one
-rule for all: :func:`~qkv.cli.options.file_output_option`), runs that function and turns what
-it raises into an exit status (:mod:`qkv.cli.console`).
+(``func``); :func:`main` parses, sets up logging, checks the environment variables qkv reads
+(:func:`qkv.cpu_share.read_environment`) and the files the verb will write (one rule for all:
+:func:`~qkv.cli.options.file_output_option`), runs that function and turns what it raises into
+an exit status (:mod:`qkv.cli.console`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 from importlib import metadata
 
+from .. import cpu_share
 from . import (
     caption,
     classify,
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(getattr(args, "quiet", False), args.debug)
     try:
+        # the environment first: a variable qkv cannot read refuses every verb before it writes
+        cpu_share.read_environment()
         check_file_outputs(args)
         return args.func(args)
     except KeyboardInterrupt:

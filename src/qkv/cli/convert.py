@@ -34,7 +34,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "run as the HF base model in DIR/base plus its adapters as a PEFT adapter in DIR (peft), or "
         "a run as ONNX graphs with its tokenizer.json, for onnxruntime (onnx)",
     )
-    p.add_argument("--opset", type=int, default=18, help="with --to onnx: the ONNX opset (at least 17)")
+    p.add_argument(
+        "--opset",
+        type=int,
+        default=18,
+        help="with --to onnx: the ONNX opset, from 17 to the newest the installed torch exporter writes",
+    )
     p.add_argument(
         "--attentions",
         action="store_true",

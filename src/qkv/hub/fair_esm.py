@@ -132,7 +132,9 @@ def load_fair_esm(path: str | Path) -> Converted:
     ``torch.load(weights_only=True)`` (``argparse.Namespace`` allowed, the settings' type).
 
     Raises:
-        QkvError: a missing or refused file, or one that is not a fair-esm ESM-2 checkpoint.
+        QkvError: a missing or refused file, or one that is not a fair-esm ESM-2 checkpoint
+            (whatever reading it or its settings raised: "PATH is not a fair-esm checkpoint qkv
+            can read (...)").
     """
     path = Path(path)
     data = read_settings_checkpoint(path, "fair-esm")
@@ -143,8 +145,8 @@ def load_fair_esm(path: str | Path) -> Converted:
         }
         token_dropout = bool(_field(cfg, "token_dropout")) if _has(cfg, "token_dropout") else True
         state = dict(data["model"])
-    except (KeyError, AttributeError, TypeError, ValueError) as exc:
-        raise QkvError(f"{path} is not a fair-esm ESM-2 checkpoint (no {exc})") from None
+    except Exception as exc:  # noqa: BLE001 - any object a crafted pickle left there: not a checkpoint
+        raise _unreadable(path, exc) from None
     state.update(_regression_state(path))
     return from_fair_esm(
         state,
@@ -153,6 +155,12 @@ def load_fair_esm(path: str | Path) -> Converted:
         sizes["encoder_attention_heads"],
         token_dropout,
     )
+
+
+def _unreadable(path: Path, exc: Exception) -> QkvError:
+    what = {KeyError: "no {}", AttributeError: "{}"}.get(type(exc), f"{type(exc).__name__}: {{}}")
+    text = " ".join(str(exc).split())[:200]
+    return QkvError(f"{path} is not a fair-esm checkpoint qkv can read ({what.format(text)})")
 
 
 def _has(cfg: object, name: str) -> bool:
@@ -165,7 +173,11 @@ def _regression_state(path: Path) -> dict[str, torch.Tensor]:
     regression = path.with_name(f"{path.stem}-contact-regression.pt")
     if not regression.is_file():
         return {}
-    return dict(read_settings_checkpoint(regression, "fair-esm").get("model", {}))
+    data = read_settings_checkpoint(regression, "fair-esm")
+    try:
+        return dict(data.get("model", {}))
+    except Exception as exc:  # noqa: BLE001 - as load_fair_esm's settings
+        raise _unreadable(regression, exc) from None
 
 
 def contact_regression(path: str | Path) -> dict[str, torch.Tensor]:

@@ -28,9 +28,10 @@ nothing a model's forward does not (a sequence past ``max_len`` is the caller's 
 
 Beside the graphs: ``tokenizer.json`` in the format Hugging Face ``tokenizers`` (and its
 JavaScript port) reads (a character vocabulary becomes a ``WordLevel`` model over single
-characters), and ``onnx.json``: the recipe, the exporter used, the opset, each graph's inputs
-and outputs, the model's config (special ids, ``max_len``, ``n_layers``, ``n_heads``, ``d_model``),
-and each file's size and SHA-256.
+characters), and ``onnx.json``: the recipe, the exporter used, the opset (read back from each
+graph, what a runtime must implement: an exporter that cannot convert to the opset asked for
+keeps its own), each graph's inputs and outputs, the model's config (special ids, ``max_len``,
+``n_layers``, ``n_heads``, ``d_model``), and each file's size and SHA-256.
 
 ``weights="float16"`` (``--weights float16``) stores the weights and tables (positions) in half the
 bytes, each cast back to float32 in the graph (:func:`store_half`): a page loads half as much, the
@@ -76,6 +77,8 @@ logger = logging.getLogger(__name__)
 
 MIN_OPSET = 17  # LayerNormalization is an ONNX operator from opset 17
 DEFAULT_OPSET = 18
+# the opset domain of ONNX's own operators, as an opset_import names it ("" or its long name)
+ONNX_DOMAINS = ("", "ai.onnx")
 MANIFEST = "onnx.json"
 WEIGHT_DTYPES = ("float32", "float16")
 HALF_LEAST = 1024  # store_half keeps tensors smaller than this (norm gains, biases) in float32
@@ -301,6 +304,52 @@ def graphs(model: nn.Module, recipe: str, level: str, attentions: bool) -> list[
     raise QkvError(f"a {recipe!r} run ({type(model).__name__}) cannot be exported to ONNX yet")
 
 
+def max_opset() -> int:
+    """The newest opset the installed exporters write: the newest torch's exporters declare
+    (``torch.onnx._constants.ONNX_MAX_OPSET``), at most the newest the installed ``onnx``
+    knows (``onnx.defs.onnx_opset_version()``). Newer ones fail in the version conversion
+    after the export, which then keeps the graph at the exporter's own opset."""
+    import onnx.defs
+    from torch.onnx import _constants
+
+    newest = onnx.defs.onnx_opset_version()
+    return min(getattr(_constants, "ONNX_MAX_OPSET", newest), newest)
+
+
+def check_opset(opset: int) -> None:
+    """Refuse an opset outside ``MIN_OPSET .. max_opset()`` in one line.
+
+    Raises:
+        QkvError: below :data:`MIN_OPSET` (qkv's graphs need its operators) or above
+            :func:`max_opset` (the installed torch and onnx cannot write it).
+    """
+    if opset < MIN_OPSET:
+        raise QkvError(f"opset {opset} is too old: qkv's graphs need opset {MIN_OPSET} or newer")
+    newest = max_opset()
+    if opset > newest:
+        shown = str(opset) if len(str(opset)) <= 20 else f"{str(opset)[:10]}... ({len(str(opset))} digits)"
+        raise QkvError(
+            f"opset {shown} is too new: the installed exporter (torch {torch.__version__}) writes "
+            f"opsets {MIN_OPSET} to {newest}"
+        )
+
+
+def written_opset(path: Path) -> int:
+    """The ONNX operator opset the graph file at ``path`` imports (its ``opset_import``), what a
+    runtime must implement to load it; weights stored outside the file are not read.
+
+    Raises:
+        QkvError: the file imports no opset of ONNX's own operators.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    versions = [entry.version for entry in model.opset_import if entry.domain in ONNX_DOMAINS]
+    if not versions:
+        raise QkvError(f"{path} imports no ONNX operator opset")
+    return max(versions)
+
+
 def _dynamic_shapes(graph: Graph) -> dict[str, dict[int, Any]]:
     """The dynamo exporter's ``dynamic_shapes``: one ``Dim`` per axis name."""
     dims: dict[str, Any] = {}
@@ -315,13 +364,17 @@ def _dynamic_shapes(graph: Graph) -> dict[str, dict[int, Any]]:
 
 def _export(graph: Graph, path: Path, opset: int) -> str:
     """Write ``graph`` to ``path``: the dynamo exporter, else TorchScript's; returns which."""
-    quiet = logging.getLogger("torch.onnx")  # e.g. "torchvision is not installed", once per graph
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    # torch.onnx: e.g. "torchvision is not installed", once per graph; onnxscript: a version
+    # conversion that failed, with its traceback (the opset read back from the file says so)
+    quiet = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
     try:
         return _export_quietly(graph, path, opset)
     finally:
-        quiet.setLevel(level)
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
 
 
 def _export_quietly(graph: Graph, path: Path, opset: int) -> str:
@@ -344,6 +397,14 @@ def _export_quietly(graph: Graph, path: Path, opset: int) -> str:
             return "dynamo"
         except Exception as exc:  # noqa: BLE001 - any dynamo failure falls back, logged
             logger.info("%s: the dynamo exporter failed (%s); using TorchScript's", path.name, str(exc)[:200])
+            from torch.onnx import _constants
+
+            newest = getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", opset)
+            if opset > newest:
+                raise QkvError(
+                    f"{path.name}: the dynamo exporter failed and TorchScript's, the fallback, writes "
+                    f"opsets up to {newest}: choose opset {newest} or lower"
+                ) from None
         torch.onnx.export(
             graph.module,
             args,
@@ -446,19 +507,13 @@ def export_onnx(
             float32 arithmetic).
 
     Raises:
-        QkvError: ``out_dir`` exists and is not empty; an opset below :data:`MIN_OPSET`; a
-            ``weights`` other than float32/float16; a missing or incomplete run; a family not
-            exportable yet (the RNN baseline).
+        QkvError: ``out_dir`` exists and is not empty, or lies under a file; an opset outside
+            :data:`MIN_OPSET` .. :func:`max_opset` (:func:`check_opset`); a ``weights`` other
+            than float32/float16; a missing or incomplete run; a family not exportable yet (the
+            RNN baseline).
     """
     out_dir = Path(out_dir)
-    refuse_nonempty(out_dir, "folder")
-    if weights not in WEIGHT_DTYPES:
-        raise QkvError(f"weights are stored as {' or '.join(WEIGHT_DTYPES)}, not {weights!r}")
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise QkvError(f"ONNX export needs {' and '.join(missing)}: pip install 'qkv[onnx]'")
-    if opset < MIN_OPSET:
-        raise QkvError(f"opset {opset} is too old: qkv's graphs need opset {MIN_OPSET} or newer")
+    _check_request(out_dir, opset, weights)
     model, tokenizer = runs.load_run(run_dir)  # checks the run's files first
     recipe = runs.info.RunInfo.read(Path(run_dir)).recipe
     task = runs.run_json(run_dir, TASK, missing={})
@@ -468,13 +523,14 @@ def export_onnx(
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         staged = Path(tmp) / "onnx"
         staged.mkdir()
-        files = {}
+        files, opsets = {}, {}
         for graph in parts:
             with torch.no_grad():
                 files[graph.file] = _export(graph, staged / graph.file, opset)
             if weights == "float16":
                 store_half(staged / graph.file)
-            logger.debug("%s: %s exporter", graph.file, files[graph.file])
+            opsets[graph.file] = _opset_written(staged / graph.file, opset)
+            logger.debug("%s: %s exporter, opset %d", graph.file, files[graph.file], opsets[graph.file])
         if tokenizer is not None:
             write_hf_tokenizer(tokenizer, staged / "tokenizer.json")
         manifest = {
@@ -482,11 +538,16 @@ def export_onnx(
             "recipe": recipe,
             "level": level,
             "classes": task.get("classes"),  # a classifier's labels in id order (task.json), else None
-            "opset": opset,
+            "opset": max(opsets.values()),  # what the files hold, whatever was asked
             "attentions": attentions,
             "weights": weights,
             "graphs": {
-                g.file: {"exporter": files[g.file], "inputs": list(g.inputs), "outputs": g.outputs}
+                g.file: {
+                    "exporter": files[g.file],
+                    "opset": opsets[g.file],
+                    "inputs": list(g.inputs),
+                    "outputs": g.outputs,
+                }
                 for g in parts
             },
             "config": config,
@@ -500,6 +561,39 @@ def export_onnx(
             shutil.move(str(path), out_dir / path.name)
     size = sum(p.stat().st_size for p in out_dir.iterdir()) / 1e6
     return OnnxExport(out_dir, files, size)
+
+
+def _check_request(out_dir: Path, opset: int, weights: str) -> None:
+    """What :func:`export_onnx` refuses before any work (see its Raises), in one line each."""
+    refuse_nonempty(out_dir, "folder")
+    _refuse_under_file(out_dir)
+    if weights not in WEIGHT_DTYPES:
+        raise QkvError(f"weights are stored as {' or '.join(WEIGHT_DTYPES)}, not {weights!r}")
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise QkvError(f"ONNX export needs {' and '.join(missing)}: pip install 'qkv[onnx]'")
+    check_opset(opset)
+
+
+def _opset_written(path: Path, asked: int) -> int:
+    """The opset of the graph just written to ``path`` (:func:`written_opset`), with a warning
+    when it is not the one ``asked`` for (the exporter converts its own opset's graph to the one
+    asked for, and keeps its own when the conversion fails)."""
+    opset = written_opset(path)
+    if opset != asked:
+        logger.warning(
+            f"{path.name}: the exporter could not convert the graph to opset {asked}; it has opset "
+            f"{opset} (onnx.json says so)"
+        )
+    return opset
+
+
+def _refuse_under_file(out_dir: Path) -> None:
+    """Refuse ``out_dir`` under a file (its nearest existing parent is not a folder) in one line
+    naming it, before any work (the folder would be made there at the end)."""
+    parent = next((p for p in out_dir.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise QkvError(f"{out_dir}: cannot make a folder there, {parent} is a file")
 
 
 def read_manifest(out_dir: str | Path) -> dict:

@@ -47,14 +47,15 @@ class SavedConfig:
     ``config.json`` round trip. Subclasses are frozen dataclasses.
 
     Construction validates every field and raises :class:`~qkv.errors.ConfigError` (a
-    ``ValueError``) naming every bad value (:meth:`problems` lists them);
+    ``ValueError``) naming every bad value (:meth:`problems` lists them; a float that float32,
+    the parameters' type, cannot hold is one: :func:`qkv.settings.float32_problems`);
     ``to_dict``/``from_dict``/``save``/``load`` are the ``config.json`` round trip; what older
     qkv versions wrote is read through :mod:`qkv.compat` (its format version, and keys a
     family has since dropped).
     """
 
     def __post_init__(self) -> None:
-        check(self)
+        check(self, float32=True)  # the numbers become float32 parameters and arithmetic
 
     def problems(self) -> list[str]:
         """Every out-of-range or inconsistent value, as messages that name the field (empty:

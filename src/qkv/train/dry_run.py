@@ -34,6 +34,7 @@ one size that the next shapes do not fit), beyond what a short dry run sees.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
@@ -42,7 +43,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -528,7 +529,7 @@ def dry_run(
     """
     if distributed.context().enabled or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise QkvError("--dry-run runs in one process: start it without torchrun")
-    with tempfile.TemporaryDirectory(prefix="qkv-dry-run-") as tmp:
+    with _no_empty_torch_cache_left(), tempfile.TemporaryDirectory(prefix="qkv-dry-run-") as tmp:
         run = run_class(settings, Path(tmp) / "run", resume=False, progress=False)
         if out is not None:
             prepare_run_dir(out, False, run.name, check_state)
@@ -537,6 +538,32 @@ def dry_run(
             f"{steps.warmup} + {steps.least}-{steps.most} steps, one validation, the end of the run"
         )
         return _rehearse(run, startup_s, steps)
+
+
+@contextlib.contextmanager
+def _no_empty_torch_cache_left() -> Iterator[None]:
+    """Remove torch's compile cache folder after the dry run if the dry run made it and left it
+    empty. (The first optimizer step imports ``torch._dynamo``, whose disk cache makes the folder,
+    ``TORCHINDUCTOR_CACHE_DIR`` or ``<temp dir>/torchinductor_<user>``, whether or not anything
+    is compiled.) One that existed before is left alone, and so is what a compiled dry run
+    (``train.compile``) cached there: torch's cache, which the real run reuses."""
+    before = _torch_cache_folders()
+    try:
+        yield
+    finally:
+        for folder in _torch_cache_folders() - before:
+            for path in sorted([*folder.rglob("*"), folder], key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):  # not empty (a cached compile), or not a folder
+                    path.rmdir()
+
+
+def _torch_cache_folders() -> set[Path]:
+    """The compile cache folders of torch that exist: ``TORCHINDUCTOR_CACHE_DIR`` (torch sets it
+    when it makes its default one) and ``torchinductor_*`` in the temporary directory. Found,
+    not computed: importing torch's own function for the path makes the folder."""
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    found = {p.absolute() for p in Path(tempfile.gettempdir()).glob("torchinductor_*")}
+    return found | ({Path(named).absolute()} if named and Path(named).is_dir() else set())
 
 
 def _rehearse(run: TrainingRun, startup_s: float, steps: Steps) -> DryRun:
