@@ -86,6 +86,28 @@ def test_the_live_page_translates_as_qkv_translate_in_a_batch(tiny_runs, beam):
         assert shown == translated[i], SENTENCES[i]
 
 
+def test_the_page_decodes_a_run_as_qkv_translate_by_default(
+    tiny_runs, tmp_path, capsys, monkeypatch, sentence_file
+):
+    """With no beam or alpha asked, the explainer decodes with the run's own (its settings'
+    ``beam_size`` and ``alpha``, as ``qkv translate`` does), not the paper's 4 and 0.6."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs["translation"], run)
+    settings = json.loads((run / "train_config.json").read_text())
+    (run / "train_config.json").write_text(json.dumps({**settings, "beam_size": 2, "alpha": 1.5}))
+    lines = _cli_translate(capsys, monkeypatch, run, sentence_file)
+    assert lines == Translator.from_run(run, beam_size=2, alpha=1.5).translate(
+        [*SENTENCES[:10], "", *SENTENCES[10:]]
+    )
+    explainer = TranslationExplainer(run)
+    shown = {i: explainer.explain(SENTENCES[i]).output for i in (0, 1, 3)}
+    assert all(o["decoding"] == "beam search, beam size 2" for o in shown.values())
+    assert [o["text"] for o in shown.values()] == [lines[i] for i in (0, 1, 3)]
+
+
 def test_batch_size_must_be_a_positive_integer(tiny_runs, capsys):
     """``--batch-size 0`` is refused in one line naming the option; a non-integer by the parser."""
     run = str(tiny_runs["translation"])

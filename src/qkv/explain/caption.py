@@ -193,7 +193,12 @@ class CaptionExplainer(Explainer[ImageInput]):
         """The run's captioner decoding as ``options`` say (beam size 1: greedy)."""
         c = self.captioner
         return Captioner(
-            c.model, c.tokenizer, c.background, c.device, options.beam_size or c.beam_size, options.alpha
+            c.model,
+            c.tokenizer,
+            c.background,
+            c.device,
+            options.beam_size or c.beam_size,
+            c.alpha if options.alpha is None else options.alpha,
         )
 
     def _prepare_pixels(self, pixels: np.ndarray, options: DecodingOptions) -> _Pass:

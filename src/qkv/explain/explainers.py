@@ -36,7 +36,7 @@ from ..errors import InputTooLong, QkvError
 from ..files import read_json
 from ..inference.lm import TextGenerator
 from ..inference.search import beam_search, greedy_decode
-from ..inference.translator import SEQ2SEQ_RECIPES
+from ..inference.translator import SEQ2SEQ_RECIPES, run_decoding_of
 from ..nn.attention import MultiHeadAttention
 from .activations import ActivationCache, readout, record_activations
 from .block import follow_tokens, rounded
@@ -74,13 +74,14 @@ for the text families, an image for :class:`~qkv.explain.vision.ImageExplainer`.
 @dataclass
 class DecodingOptions:
     """How the output is produced: ``beam_size`` (translation and captions; 1 = greedy; ``None``:
-    the model's own, 4 for translation (§6.1), a captioner's run setting), ``alpha`` (length
-    penalty), and for language models ``max_new_tokens``, ``temperature`` (0 = greedy),
+    the run's own, as ``qkv translate`` and ``qkv caption`` decode it: 4 for a translation run
+    that names none, §6.1), ``alpha`` (length penalty; ``None``: the run's own, 0.6 where it
+    names none), and for language models ``max_new_tokens``, ``temperature`` (0 = greedy),
     ``top_k``, ``top_p`` and ``seed`` (sampling is reproducible for a given seed); ``step``: the
     denoising step whose input a diffusion LM's attention is taken from (``None``: the last)."""
 
     beam_size: int | None = None
-    alpha: float = 0.6
+    alpha: float | None = None
     max_new_tokens: int = 40
     temperature: float = 1.0
     top_k: int | None = None
@@ -721,6 +722,7 @@ class TranslationExplainer(Explainer[str]):
         model, self.tokenizer = runs.load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
         super().__init__(model, run_dir, max_chars)
         meta = runs.run_settings(run_dir)
+        self.beam_size, self.alpha = run_decoding_of(meta)  # as qkv translate decodes the run
         src, tgt = meta.get("src_lang", "de"), meta.get("tgt_lang", "en")
         self.input_label = f"sentence to translate ({src} → {tgt})"
         self.example = {
@@ -746,10 +748,9 @@ class TranslationExplainer(Explainer[str]):
         self._check_tokens(len(ids) + 1, cfg.max_len)
         device = next(self.model.parameters()).device
         src = torch.tensor([ids + [cfg.eos_id]], device=device)
-        beam = options.beam_size or 4  # the paper's beam (§6.1) unless asked otherwise
-        hyp = (
-            greedy_decode(self.model, src) if beam <= 1 else beam_search(self.model, src, beam, options.alpha)
-        )[0]
+        beam = options.beam_size or self.beam_size
+        alpha = self.alpha if options.alpha is None else options.alpha
+        hyp = (greedy_decode(self.model, src) if beam <= 1 else beam_search(self.model, src, beam, alpha))[0]
         tgt_in = torch.tensor([[cfg.bos_id] + hyp[: cfg.max_len - 1]], device=device)
 
         def forward(need_weights):

@@ -141,6 +141,18 @@ class Translator:
         return out
 
 
+def run_decoding_of(
+    settings: dict, beam_size: int | None = None, alpha: float | None = None
+) -> tuple[int, float]:
+    """``(beam_size, alpha)``: the ones given, else those a translation run's settings (its
+    ``train_config.json``) decode its test with: 4 and 0.6 (§6.1) for a run that names none.
+    ``qkv translate``, ``qkv evaluate`` and the explainer all decode a run this way."""
+    return (
+        settings.get("beam_size", 4) if beam_size is None else beam_size,
+        settings.get("alpha", 0.6) if alpha is None else alpha,
+    )
+
+
 def unknown_characters_note(chars: list[str]) -> str:
     """How ``qkv translate``, the served page and the live page name characters a
     translator's vocabulary lacks: ``unknown characters (not in the model's vocabulary, read as

@@ -29,7 +29,7 @@ from ..errors import ConfigError, QkvError
 from ..evaluate.bleu import residue_recovery, translation_scores
 from ..explain.explainers import RNNTranslationExplainer, TranslationExplainer
 from ..files import load_weights, read_json, save_weights
-from ..inference.translator import SEQ2SEQ_RECIPES, Translator
+from ..inference.translator import SEQ2SEQ_RECIPES, Translator, run_decoding_of
 from ..models.config import RNNConfig, TransformerConfig
 from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
 from ..models.rnn import RNNSeq2Seq
@@ -438,7 +438,7 @@ def evaluate_run(
     model, tok = load_run(run_dir, device=device, family=SEQ2SEQ_RECIPES)
     meta = run_settings(run_dir)
     split, src, ref, residues = _evaluation_pairs(run_dir, meta, split)
-    beam_size, alpha = _decoding(meta, beam_size, alpha)
+    beam_size, alpha = run_decoding_of(meta, beam_size, alpha)
     if limit:
         src, ref = src[:limit], ref[:limit]
     t0 = time.perf_counter()
@@ -470,15 +470,7 @@ def run_decoding(
 ) -> tuple[int, float]:
     """``(beam_size, alpha)``: the ones given, else the beam search a translation run's test
     was decoded with (its settings; 4 and 0.6, §6.1, for a run that names none)."""
-    return _decoding(run_settings(run_dir), beam_size, alpha)
-
-
-def _decoding(meta: dict, beam_size: int | None, alpha: float | None) -> tuple[int, float]:
-    """:func:`run_decoding` from settings already read."""
-    return (
-        meta.get("beam_size", 4) if beam_size is None else beam_size,
-        meta.get("alpha", 0.6) if alpha is None else alpha,
-    )
+    return run_decoding_of(run_settings(run_dir), beam_size, alpha)
 
 
 def _evaluation_pairs(run_dir: Path, meta: dict, split: str) -> tuple[str, list[str], list[str], bool]:
