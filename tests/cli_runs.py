@@ -118,10 +118,12 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
     return code, res.out, res.err
 
 
-def qkv(*args: str, cwd: Path | None = None, data: Path = DATA) -> subprocess.CompletedProcess:
+def qkv(
+    *args: str, cwd: Path | None = None, data: Path = DATA, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m qkv ARGS`` (one thread, no stdin) from ``cwd``, with ``data`` as the data
-    directory."""
-    env = {**os.environ, "QKV_DATA_DIR": str(Path(data).resolve()), "OMP_NUM_THREADS": "1"}
+    directory and ``env`` over the environment."""
+    env = {**os.environ, "QKV_DATA_DIR": str(Path(data).resolve()), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "qkv", *args],
         capture_output=True,

@@ -15,11 +15,12 @@ import sys
 import pytest
 import torch
 from cli_runs import refused, run_main
+from test_model import tiny_config
 
 from qkv.explain.explainers import DecodingOptions, TranslationExplainer
 from qkv.inference.search import beam_search, greedy_decode
 from qkv.inference.translator import Translator
-from qkv.models import Transformer, TransformerConfig
+from qkv.models import Transformer
 
 EXTRA = 50  # §6.1's "+ 50"
 RUN_MAX_LEN = 64  # the tiny translation run's max_len (tests/conftest.py)
@@ -141,17 +142,7 @@ class NeverEnds:
 
 def _model(max_len: int = 128, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    cfg = TransformerConfig(
-        src_vocab_size=13,
-        tgt_vocab_size=11,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        max_len=max_len,
-    )
-    return Transformer(cfg).eval()
+    return Transformer(tiny_config(max_len=max_len)).eval()
 
 
 def _sources() -> torch.Tensor:

@@ -12,36 +12,18 @@ import collections
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import typing
 from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import DATA, TINY_LM, refused, run_main
+from cli_runs import TINY_LM, qkv, refused, run_main
 
 from qkv import cpu_share
 from qkv.errors import ConfigError, QkvError
 from qkv.models import config as model_config
 from qkv.settings import float32_problems
-
-
-def qkv_env(extra_env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m qkv ARGS`` as :func:`cli_runs.qkv` runs it (one thread, no stdin), with
-    ``extra_env`` over the environment."""
-    env = {**os.environ, "QKV_DATA_DIR": str(DATA.resolve()), "OMP_NUM_THREADS": "1", **extra_env}
-    return subprocess.run(
-        [sys.executable, "-m", "qkv", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-    )
-
 
 # ---------------------------------------------------------------- environment variables
 
@@ -83,7 +65,7 @@ REVIEW_CASES = [
 @pytest.mark.parametrize(("verb", "value"), REVIEW_CASES)
 def test_a_bad_qkv_threads_refuses_every_verb_before_it_writes(tiny_runs, tmp_path, verb, value):
     args, out = _verb(verb, tiny_runs, tmp_path)
-    done = qkv_env({"QKV_THREADS": value}, *args, cwd=tmp_path)
+    done = qkv(*args, cwd=tmp_path, env={"QKV_THREADS": value})
     line = refused(done, f"QKV_THREADS={value!r}", "a whole number from 1")
     assert "internal error" not in line
     assert out is None or not out.exists(), f"{verb} wrote {out}"
@@ -438,7 +420,7 @@ def test_the_dry_run_leaves_no_torch_cache_folder(tmp_path):
     tmp.mkdir()
     cwd.mkdir()
     env = {"TMPDIR": str(tmp)}
-    done = qkv_env(env, "train", "lm", "--dry-run", "--quiet", *TINY_LM, "train.threads=1", cwd=cwd)
+    done = qkv("train", "lm", "--dry-run", "--quiet", *TINY_LM, "train.threads=1", cwd=cwd, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(tmp.iterdir()) == [] and list(cwd.iterdir()) == []
 
