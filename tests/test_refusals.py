@@ -217,7 +217,7 @@ def test_empty_texts_are_refused_by_search_and_similarity(tmp_path):
             "beam size must be between 1",
         ),
         (["translate", "{translation}", "--alpha", "nan", "Hallo"], "alpha must be a finite number"),
-        (["translate", "{translation}", "--batch-size", "0", "Hallo"], "--batch-size must be an integer >= 1"),
+        (["translate", "{translation}", "--batch-size", "0", "Hallo"], "--batch-size must be an integer"),
         (["evaluate", "{translation}", "--limit", "0"], "--limit must be >= 1"),
         (["generate", "{lm}", "--num-samples", "0"], "--num-samples must be >= 1"),
         (
