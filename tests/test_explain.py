@@ -250,3 +250,18 @@ def test_residue_classifier_labels_every_residue(tiny_runs, tmp_path):
     assert result.output["classes"] == [] and len(result.output["residues"]) == 8
     assert set(result.output["residues"]) <= {"H", "C"}
     assert ex.info()["level"] == "residue" and ex.info()["layers_per_kind"] == {"encoder": 2}
+
+
+def test_a_point_the_output_skips_is_named_as_such_not_as_unknown(tiny_runs):
+    """A sequence classifier's pass never reaches its masked-LM head: /api/activation says the
+    point exists but this output does not compute it; a name the model lacks stays unknown."""
+    from qkv.explain.hooks import hook_points
+
+    explainer = load_explainer(tiny_runs["protein"])
+    skipped = [n for n in hook_points(explainer.model) if n.startswith("mlm_head")]
+    assert skipped
+    with pytest.raises(QkvError, match=f"^'{skipped[0]}' is a point of this model that its protein output"):
+        explainer.activation("MKTAYIAK", skipped[0], 0)
+    with pytest.raises(QkvError, match="^unknown activation name 'mlm_hed'"):
+        explainer.activation("MKTAYIAK", "mlm_hed", 0)
+    assert explainer.activation("MKTAYIAK", "layers.0.resid_post", 0)["token"] == 0

@@ -41,7 +41,7 @@ from ..nn.attention import MultiHeadAttention
 from .activations import ActivationCache, readout, record_activations
 from .block import follow_tokens, rounded
 from .capture import capture_steps
-from .hooks import HookSpec, hooked
+from .hooks import HookSpec, hook_points, hooked
 from .interventions import ablate_heads, ablate_neurons, point_axes
 from .labels import merge_attention, piece_labels, vocabulary_label, word_groups, wordpiece_as_marked
 
@@ -406,6 +406,11 @@ class Explainer(Generic[InputT]):
             if layer and paths and int(layer[1]) >= len(paths):
                 where = f"the {stack} stack has" if stack else "the model has"
                 raise QkvError(f"layer {layer[1]} out of range: {where} layers 0..{len(paths) - 1}") from None
+            if isinstance(name, str) and name in hook_points(self.model):  # a part this output skips
+                raise QkvError(
+                    f"{name!r} is a point of this model that its {self.family} output does not "
+                    f"compute; this pass has {len(cache)} names"
+                ) from None
             raise QkvError(unknown.args[0]) from None
         axis, _ = point_axes(name)  # q/k/v, scores/pattern: (B, H, T, ...); z and the rest: (B, T, ...)
         if value.dim() <= 2:  # (B, features): one vector per input (a pooled head), no token axis
