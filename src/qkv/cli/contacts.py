@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import QkvError
 from .console import log
-from .options import device_option, file_output_option, revision_option
+from .options import check_new_file, device_option, file_output_option, revision_option
 from .output import write_tsv
 
 
@@ -116,12 +116,8 @@ def _fit(args) -> int:
             f"{args.model} is not a qkv run directory: say where to write the head with --head-out"
         )
     head_out = Path(args.head_out) if args.head_out else model / HEAD_FILE
-    if args.head_out is None and head_out.exists() and not args.overwrite:
-        # --head-out itself went through check_file_outputs; its default place gets the same rule
-        raise QkvError(
-            f"{head_out} (the run's fitted contact head) already exists; give --overwrite to replace it, "
-            "or --head-out FILE to write the new head elsewhere"
-        )
+    if args.head_out is None:  # a given --head-out went through check_file_outputs: its default too
+        check_new_file(head_out, "--head-out", args.overwrite)
     if args.plot_chain and not args.plot:
         raise QkvError("--plot-chain goes with --plot PNG")
     fit_names, eval_names = _chain_names(args.fit_chains), _chain_names(args.eval_chains)
