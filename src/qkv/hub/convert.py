@@ -197,12 +197,16 @@ def convert_state(
 
 
 def refuse_nonempty(path: str | Path, what: str = "run directory") -> None:
-    """Raise :class:`QkvError` when ``path`` exists and is not an empty directory: what
+    """Raise :class:`QkvError` when ``path`` exists and is not an empty directory, or lies under
+    a file (its nearest existing parent is not a folder: it could not be made there): what
     :func:`write_run` (and the exports) would refuse, checked before a checkpoint is read or
     downloaded. ``what``: how the message names a new one."""
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise QkvError(f"{path} already exists and is not empty; choose a new {what}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise QkvError(f"{path}: cannot make a folder there, {parent} is a file")
 
 
 def import_hf(

@@ -566,7 +566,6 @@ def export_onnx(
 def _check_request(out_dir: Path, opset: int, weights: str) -> None:
     """What :func:`export_onnx` refuses before any work (see its Raises), in one line each."""
     refuse_nonempty(out_dir, "folder")
-    _refuse_under_file(out_dir)
     if weights not in WEIGHT_DTYPES:
         raise QkvError(f"weights are stored as {' or '.join(WEIGHT_DTYPES)}, not {weights!r}")
     missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
@@ -586,14 +585,6 @@ def _opset_written(path: Path, asked: int) -> int:
             f"{opset} (onnx.json says so)"
         )
     return opset
-
-
-def _refuse_under_file(out_dir: Path) -> None:
-    """Refuse ``out_dir`` under a file (its nearest existing parent is not a folder) in one line
-    naming it, before any work (the folder would be made there at the end)."""
-    parent = next((p for p in out_dir.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise QkvError(f"{out_dir}: cannot make a folder there, {parent} is a file")
 
 
 def read_manifest(out_dir: str | Path) -> dict:
