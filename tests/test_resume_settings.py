@@ -58,11 +58,6 @@ def _other(value: Any) -> Any:
     return f"{value}-other" if isinstance(value, str) else "other"
 
 
-def _check(run: Path, settings: Any) -> None:
-    cls = type(settings)
-    refuse_changed_settings(run, settings, cls.FIXED_ON_RESUME, getattr(cls, "BY_CONTENT", ()))
-
-
 @pytest.mark.parametrize("recipe", sorted(TRAINED))
 def test_every_key_of_a_recipe_s_list_is_a_field_of_its_settings(recipe):
     cls = TRAINED[recipe]
@@ -84,16 +79,16 @@ def test_each_listed_setting_changed_on_resume_is_refused_with_the_run_unchanged
     cls = TRAINED[recipe]
     now = cls()
     tree = to_dict(now)
-    _check(_saved_run(tmp_path / "same", recipe, tree), now)  # its own settings: resumed
+    refuse_changed_settings(_saved_run(tmp_path / "same", recipe, tree), now)  # its own settings: resumed
     by_content = getattr(cls, "BY_CONTENT", ())
     for key in cls.FIXED_ON_RESUME:
         run = _saved_run(tmp_path / key, recipe, _set(tree, key, _other(_get(tree, key))))
         before = digest(run)
         if key in by_content:  # the data record compares it by content (moved data resumes)
-            _check(run, now)
+            refuse_changed_settings(run, now)
             continue
         with pytest.raises(QkvError) as refusal:
-            _check(run, now)
+            refuse_changed_settings(run, now)
         line = str(refusal.value)
         saved, given = _other(_get(tree, key)), _get(tree, key)
         assert "\n" not in line and line.startswith(f"cannot resume {run}")
@@ -105,7 +100,7 @@ def test_every_changed_key_is_named_in_one_line(tmp_path):
     now = TRAINED["lm"]()
     tree = _set(_set(to_dict(now), "tokenizer", "bpe"), "vocab_size", 100)
     with pytest.raises(QkvError) as refusal:
-        _check(_saved_run(tmp_path / "run", "lm", tree), now)
+        refuse_changed_settings(_saved_run(tmp_path / "run", "lm", tree), now)
     assert "tokenizer: 'bpe' saved, 'char' now, vocab_size: 100 saved, 8000 now" in str(refusal.value)
 
 
@@ -114,9 +109,9 @@ def test_a_key_an_older_run_did_not_save_counts_as_the_default(tmp_path):
     tree = to_dict(cls())
     del tree["scratch"], tree["train"]["lora_modules"]
     run = _saved_run(tmp_path / "old", "text-cls", tree)
-    _check(run, cls())
+    refuse_changed_settings(run, cls())
     with pytest.raises(QkvError, match="scratch: False saved, True now"):
-        _check(run, cls(scratch=True))
+        refuse_changed_settings(run, cls(scratch=True))
 
 
 def test_an_input_path_is_compared_where_it_points(tmp_path, monkeypatch):
@@ -125,9 +120,9 @@ def test_an_input_path_is_compared_where_it_points(tmp_path, monkeypatch):
     cls = TRAINED["vit"]
     run = _saved_run(tmp_path / "run", "vit", to_dict(cls(task=str(tmp_path / "images"))))
     monkeypatch.chdir(tmp_path)
-    _check(run, cls(task="images"))
+    refuse_changed_settings(run, cls(task="images"))
     with pytest.raises(QkvError, match="task: .* saved, 'fashion-mnist' now"):
-        _check(run, cls())
+        refuse_changed_settings(run, cls())
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -258,18 +258,16 @@ def input_names(key: str | None) -> tuple[str, ...]:
 _ABSENT = object()  # a key a settings tree does not have
 
 
-def refuse_changed_settings(
-    run_dir: Path, settings: Any, keys: Sequence[str], by_content: Collection[str] = ()
-) -> None:
-    """A resumed run's settings ``keys`` (a recipe's ``FIXED_ON_RESUME``: what defines its data,
-    its vocabulary and which weights train; dotted into sections, ``"train.lora_rank"``) must
-    have the values its ``train_config.json`` saved: its tokenizer, data record and training
-    state hold what those values made. A key an older run did not save had the default of
-    ``settings``' class; an input path (:data:`INPUT_PATHS`) is compared as
-    :func:`recorded_input` records it. ``by_content``: keys of ``keys`` that the run's data
-    record compares by content instead (:func:`refuse_other_data`, :func:`prepared_data_record`:
-    the same data moved or copied resumes), left to that check. The budget, the optimizer and
-    the evaluation may change.
+def refuse_changed_settings(run_dir: Path, settings: Any) -> None:
+    """A resumed run's settings that its settings class lists as ``FIXED_ON_RESUME`` (what
+    defines its data, its vocabulary and which weights train; dotted into sections,
+    ``"train.lora_rank"``) must have the values its ``train_config.json`` saved: its tokenizer,
+    data record and training state hold what those values made. A key an older run did not save
+    had the class's default; an input path (:data:`INPUT_PATHS`) is compared as
+    :func:`recorded_input` records it. The class's ``BY_CONTENT`` (optional): keys the run's
+    data record compares by content instead (:func:`refuse_other_data`,
+    :func:`prepared_data_record`: the same data moved or copied resumes), left to that check.
+    The budget, the optimizer and the evaluation may change.
 
     Raises:
         QkvError: one line naming each key that differs, its saved and its given value, before
@@ -277,8 +275,9 @@ def refuse_changed_settings(
     """
     saved = resumed_json(run_dir, TRAIN_CONFIG)
     now, default = to_dict(settings), to_dict(type(settings)())
+    by_content = getattr(type(settings), "BY_CONTENT", ())
     changed = []
-    for key in keys:
+    for key in type(settings).FIXED_ON_RESUME:
         if key in by_content:
             continue
         value = _comparable(_setting(now, key), key)

@@ -168,10 +168,7 @@ class TrainingRun(ABC):
         """The whole run (the module docstring lists its steps)."""
         self.run_dir = prepare_run_dir(self.run_dir, self.resume, self.name, check_state)
         if self.resume and distributed.is_main():  # the others never write
-            fixed = type(self.settings)
-            refuse_changed_settings(
-                self.run_dir, self.settings, fixed.FIXED_ON_RESUME, getattr(fixed, "BY_CONTENT", ())
-            )
+            refuse_changed_settings(self.run_dir, self.settings)
         model = self.start()
         state = self.fit(model)
         if not distributed.is_main():  # torchrun: the other processes only helped train
