@@ -69,6 +69,15 @@ docs-build: venv
 notebooks: venv
 	$(BIN)/python notebooks/execute.py
 
+# The docs site's model files (docs/live/NAME/, NAME the run's recipe) from a named run, with a
+# release only: make docs-models RUN=runs/demo. `qkv explain RUN --live DIR` (the translator's
+# weights in float16), the folder put in place and its files' sizes and sha256 recorded in
+# docs/live/models.json, within the budget of docs/live_models.py (CONTRIBUTING.md).
+.PHONY: docs-models
+docs-models: venv
+	$(if $(filter command line environment,$(origin RUN)),,$(error name the run: make docs-models RUN=DIR))
+	$(BIN)/python docs/live_models.py $(RUN)
+
 # What `pip install qkv` gives a user (.ci/package, about 2 min): python -m build (sdist, then the
 # wheel from it), their contents checked, the wheel installed into a clean venv with torch 2.13.0
 # and run there from outside the repository: qkv --version, a 5-step LM and its explainer page,

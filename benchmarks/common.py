@@ -53,7 +53,8 @@ def row(name: str, ours: list[float], ref: list[float]) -> str:
 
 def publish(text: str, append: bool, results) -> None:
     """Print a result section and, with ``append`` (``--append-results``), add it to the
-    ``results`` file (``benchmarks/RESULTS.md``)."""
+    ``results`` file (``benchmarks/HISTORY.md``, the dated record; ``benchmarks/RESULTS.md``
+    holds the current figures and is edited by hand)."""
     print(text)
     if append:
         with open(results, "a", encoding="utf-8") as f:

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--chains", choices=("evaluation", "antibody"), default="evaluation")
     parser.add_argument("--device", default="auto")
     parser.add_argument(
-        "--append-results", action="store_true", help="add the table to benchmarks/RESULTS.md"
+        "--append-results", action="store_true", help="add the table to benchmarks/HISTORY.md"
     )
     args = parser.parse_args()
 
@@ -89,7 +89,7 @@ def main() -> None:
             + f" | {published(model)} |"
         )
         print(lines[-1], file=sys.stderr)
-    publish("\n".join(lines) + "\n", args.append_results, Path(__file__).with_name("RESULTS.md"))
+    publish("\n".join(lines) + "\n", args.append_results, Path(__file__).with_name("HISTORY.md"))
 
 
 if __name__ == "__main__":

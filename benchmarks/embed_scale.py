@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
+RESULTS = HERE / "HISTORY.md"  # the dated record; RESULTS.md holds the current figures
 
 
 def build_model(folder: Path) -> Path:

@@ -1,5 +1,6 @@
 #!/bin/bash
-# The standing GPU checklist (benchmarks/RESULTS.md, "The standing GPU checklist on one H100") as
+# The standing GPU checklist (benchmarks/RESULTS.md, "The GPU checklist": its current figures; each
+# run's dated section goes to benchmarks/HISTORY.md, by hand from $OUT/checklist.log) as
 # one command for a GPU machine with no package registry and no network, run from the repository
 # root. About 8.5 min on one H100 (16 CPU cores):
 #   1. setup: carried wheels into /tmp/site, qkv from src/ (no `pip install -e .`: no build

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--translation-run", help="a trained translation run directory (BLEU rows)")
     p.add_argument("--chains", type=int, help="score only the first N test chains")
     p.add_argument("--append-results", action="store_true")
-    p.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
+    p.add_argument("--results", default=str(Path(__file__).with_name("HISTORY.md")))
     args = p.parse_args(argv)
     rows = []
     ppl = {k: iglm_perplexity(k, args.chains) for k in PRECISIONS}

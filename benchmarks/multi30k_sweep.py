@@ -20,7 +20,7 @@ Subcommands (each writes under ``--out``):
         --plot docs/img/multi30k/bleu_minutes.png
 
 A proxy is calibrated by its ranking: the candidates the real runs (2 threads, the full budget)
-score, ordered as their proxies were (``benchmarks/RESULTS.md``, issue 30).
+score, ordered as their proxies were (``benchmarks/HISTORY.md``, issue 30).
 """
 
 from __future__ import annotations
