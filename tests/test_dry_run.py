@@ -1,6 +1,7 @@
 """``qkv train ... --dry-run``: it writes nothing, reports the parameters of the model the real
-run builds and, for a step budget, its exact number of steps; the estimate's arithmetic
-(:func:`qkv.train.dry_run.plan_run`) follows the loop's budgets and cadences."""
+run builds and, for a step budget, its exact number of steps; the estimate
+(:meth:`qkv.train.schedule.Schedule.plan`) replays the loop's own schedule, so it counts what
+the loop does."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ import pytest
 import torch
 from cli_runs import DATA, TINY_LM, TINY_TRANSLATION, digest, refused, run_main, tiny_mlm_run
 
-from qkv.train.dry_run import Timings, plan_run
+from qkv.train.schedule import Schedule, Timings
 from qkv.train.train_settings import TrainSettings
+
+
+def plan_run(cfg: TrainSettings, steps_per_epoch: int, t: Timings, step_budget_key: str = "max_steps"):
+    return Schedule.of(cfg).plan(t, steps_per_epoch, step_budget_key)
+
 
 needs_multi30k = pytest.mark.skipif(  # in CI missing data must fail, not skip
     not (DATA / "multi30k" / "train.de.gz").is_file() and not os.environ.get("CI"),

@@ -360,3 +360,40 @@ def test_time_budget_schedule_decays_over_the_budget_not_the_steps():
     assert steps.lr_schedule(64)(51, 0.99) == pytest.approx(5e-4)
     with pytest.raises(ValueError, match="needs an end"):
         TrainSettings(schedule="linear", max_minutes=None).lr_schedule(64)
+
+
+def test_a_run_started_from_python_measures_the_load_and_leaves_the_threads_alone(tmp_path, monkeypatch):
+    """Without an entry point's CpuShare (``qkv train`` hands one over), a run measures the
+    machine's load for its summary, but neither sleeps to look at it nor changes torch's thread
+    count, however busy the machine: a program that trains through qkv keeps its own."""
+    from cli_runs import TINY_LM
+
+    from qkv import cpu_share
+    from qkv.recipes.registry import get
+    from qkv.settings import resolve
+
+    class BusyMachine:  # other processes keep 1.5 of 2 CPUs busy: a managed share would take 1
+        cpus = [0, 1]
+
+        def others(self) -> tuple[float, float]:
+            return 1.0, 1.5
+
+    slept: list[float] = []
+    monkeypatch.setattr(cpu_share, "LoadSampler", BusyMachine)
+    monkeypatch.setattr(cpu_share.time, "sleep", slept.append)
+    monkeypatch.setattr(cpu_share, "INTERVAL_S", 0.0)  # a look after every step
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
+    )
+    recipe = get("lm")
+    settings = resolve(recipe.settings, overrides=[f"corpus={corpus}", *TINY_LM, "train.max_steps=4"])
+    found = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        summary = recipe.train(settings, tmp_path / "run", progress=False)
+        assert torch.get_num_threads() == 2 and not slept
+    finally:
+        torch.set_num_threads(found)
+    assert summary["steps"] == 4 and summary["cpu_share"]["threads"] == [2]
+    assert summary["cpu_share"]["others_cpus"] == 1.5

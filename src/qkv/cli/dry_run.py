@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING, Any
 
+from .. import cpu_share
 from ..errors import QkvError
 from .output import write_json, write_line
 
 if TYPE_CHECKING:
-    from ..train.dry_run import DryRun
+    from ..train.estimate import DryRun
 
 
 def dry_run(recipe: Any, settings: Any, args: argparse.Namespace) -> int:
     """``--dry-run``: the estimate of :func:`qkv.train.dry_run.dry_run` on stdout (a table, or
     ``--json``); nothing written."""
+    import psutil
+
     from ..train import dry_run as dry
     from ..train.run import run_class
 
     if args.resume:
         raise QkvError("--dry-run estimates a new run; it does not take --resume")
-    startup_s = dry.process_age_s()  # this process's start-up, which the real run's repeats
-    estimate = dry.dry_run(run_class(recipe), settings, args.out, startup_s=startup_s)
+    # this process's start-up (interpreter, imports), which the real run's repeats
+    startup_s = max(time.time() - psutil.Process().create_time(), 0.0)
+    # threads from the load (unless train.threads pins them), as the real run's
+    cpu = cpu_share.for_command(settings.train.threads)
+    estimate = dry.dry_run(run_class(recipe), settings, args.out, startup_s=startup_s, cpu=cpu)
     if args.json:
         write_json(estimate.to_dict())
     else:
@@ -31,7 +38,7 @@ def dry_run(recipe: Any, settings: Any, args: argparse.Namespace) -> int:
 
 
 def dry_run_table(estimate: DryRun) -> list[str]:
-    """A :class:`~qkv.train.dry_run.DryRun` as lines of a two-column table."""
+    """A :class:`~qkv.train.estimate.DryRun` as lines of a two-column table."""
     rows = _model_rows(estimate) + _budget_rows(estimate) + _time_rows(estimate)
     width = max(len(name) for name, _ in rows)
     return [f"{name:<{width}}  {value}" for name, value in rows]

@@ -1,7 +1,3 @@
-"""The training loop and its pieces. The old modules ``qkv.train.run_files``,
-``qkv.train.checkpoint``, ``checkpointing``, ``settings`` and ``distributed`` still import for one
-release: see :mod:`qkv._moved`."""
-
-from .. import _moved
-
-_moved.forward_children(__name__)
+"""The training loop and its pieces: the run's flow (:mod:`~qkv.train.run`), the loop
+(:mod:`~qkv.train.loop`), one step, losses, optimiser and schedule, metrics, checkpoints and
+the training state's file, adapters, and the dry run."""

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from .. import distributed
 from ..errors import QkvError
 from ..files import atomic_write, read_safetensors, save_weights
-from ..runs.layout import remove_run_file, run_file, snapshot_name
+from ..runs.layout import BEST, LAST, TRAIN_STATE, remove_run_file, run_file, snapshot_name
 from .train_settings import TrainSettings
 from .train_state import STATE_FORMAT_VERSION, load_state, save_state, upgrade_train_state
 
@@ -46,6 +46,15 @@ class LoopState:
     last_snapshot_s: float = 0.0
     snapshots: list[str] = field(default_factory=list)
     skipped_nonfinite: int = 0
+
+    def record_snapshot(self, name: str, keep: int) -> list[str]:
+        """Record the snapshot ``name`` (``keep`` >= 1) of this step, taken now on the loop's
+        clock; return the older ones beyond the newest ``keep``, no longer recorded."""
+        self.snapshots.append(name)
+        self.last_snapshot_s = self.elapsed_s
+        dropped = self.snapshots[:-keep]
+        del self.snapshots[:-keep]
+        return dropped
 
 
 def rng_state() -> dict[str, Any]:
@@ -104,7 +113,7 @@ class Checkpointer:
         self.cfg = cfg
         self.score_key = score_key
         self.higher_is_better = higher_is_better
-        self.state_path = self.run_dir / "train_state.pt"
+        self.state_path = self.run_dir / TRAIN_STATE
 
     def save(self, state: LoopState) -> None:
         """Write ``train_state.pt`` (model, optimizer, ``state``, every rank's RNG streams in
@@ -125,7 +134,7 @@ class Checkpointer:
                 },
                 self.state_path,
             )
-            save_weights(self.model, self.run_dir / "last.safetensors")
+            save_weights(self.model, self.run_dir / LAST)
 
     def keep_best(self, state: LoopState, scores: dict[str, float]) -> bool:
         """Whether ``scores[score_key]`` beats ``state.best_score``; if so it becomes the best
@@ -142,7 +151,7 @@ class Checkpointer:
         if better:
             state.best_score = score
             if distributed.is_main():
-                save_weights(self.model, self.run_dir / "best.safetensors")
+                save_weights(self.model, self.run_dir / BEST)
         return better
 
     def snapshot(self, state: LoopState) -> None:
@@ -154,12 +163,9 @@ class Checkpointer:
         main = distributed.is_main()
         if main:
             save_weights(self.model, run_file(self.run_dir, name))
-        state.snapshots.append(name)
-        while len(state.snapshots) > self.cfg.keep_snapshots:
-            old = state.snapshots.pop(0)
+        for old in state.record_snapshot(name, self.cfg.keep_snapshots):
             if main:
                 remove_run_file(self.run_dir, old)
-        state.last_snapshot_s = state.elapsed_s
 
     def resume(self) -> LoopState:
         """Load ``train_state.pt`` (any version's, through :func:`qkv.train.train_state.upgrade_train_state`)

@@ -5,10 +5,11 @@ the learning-rate schedule, budgets (steps, minutes, epochs), periodic validatio
 checkpoint, time-spaced snapshots for averaging, ``metrics.jsonl``, a loss-curve PNG, atomic
 checkpoints, exact resume, a stop on a non-finite loss, and a clean stop on Ctrl-C.
 
-The loop itself is short; its pieces are modules of their own: one optimizer step
-(:mod:`qkv.train.step`), checkpoints and exact resume (:mod:`qkv.train.checkpointer`, whose
-docstring says what resuming repeats bit for bit and what it cannot), and ``metrics.jsonl``, the
-progress bar and ``loss.png`` (:mod:`qkv.train.metrics`).
+The loop itself is short; its pieces are modules of their own: when it validates, snapshots,
+saves and stops (:class:`~qkv.train.schedule.Schedule`, which the dry run replays too), one
+optimizer step (:mod:`qkv.train.step`), checkpoints and exact resume
+(:mod:`qkv.train.checkpointer`, whose docstring says what resuming repeats bit for bit and what
+it cannot), and ``metrics.jsonl``, the progress bar and ``loss.png`` (:mod:`qkv.train.metrics`).
 """
 
 from __future__ import annotations
@@ -18,22 +19,30 @@ import math
 import random
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .. import cpu_share, distributed
+from .. import distributed
 from ..device import resolve_precision
 from .checkpointer import Checkpointer, LoopState, rng_state, set_rng_state
 from .metrics import TrainMetrics
+from .schedule import Action, Schedule
 from .step import NonFiniteLoss, Stepper
 from .train_settings import TrainSettings
 
+if TYPE_CHECKING:
+    from ..cpu_share import CpuShare
+
 __all__ = [
+    "LoopEvent",
+    "LoopRecord",
     "LoopState",
     "NonFiniteLoss",
     "rng_state",
@@ -44,6 +53,59 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopEvent:
+    """What the loop just did, for an observer of :func:`train_loop` (the dry run's clock).
+
+    Attributes:
+        kind: ``"step"`` (an optimizer step applied), ``"batches"`` (an epoch's batches made)
+            or an :class:`~qkv.train.schedule.Action`'s value (``"validate"``, ``"snapshot"``,
+            ``"save"``).
+        seconds: how long it took (a step: its micro-batches' forward and backward passes and
+            the update).
+        step: the optimizer steps made so far.
+        elapsed_s: the loop's clock (:attr:`LoopState.elapsed_s`): seconds from its start to
+            the end of the last step's backward passes.
+        targets: a step's target tokens, summed over the processes (0 for the others).
+    """
+
+    kind: str
+    seconds: float
+    step: int
+    elapsed_s: float
+    targets: int = 0
+
+
+class LoopRecord:
+    """What a :func:`train_loop` did, as its ``observe`` hears it (every :class:`LoopEvent`),
+    read as the loop's clock: how the dry run times a run's steps and actions."""
+
+    def __init__(self) -> None:
+        self.events: list[LoopEvent] = []
+        self.ended = time.perf_counter()  # when the last event ended
+
+    def __call__(self, event: LoopEvent) -> None:
+        self.events.append(event)
+        self.ended = time.perf_counter()
+
+    @property
+    def steps(self) -> int:
+        """The optimizer steps made."""
+        return sum(e.kind == "step" for e in self.events)
+
+    def seconds(self, kind: str) -> list[float]:
+        """The seconds of each event of ``kind``, in order."""
+        return [e.seconds for e in self.events if e.kind == kind]
+
+    def stretch(self, first: int, last: int) -> tuple[float, int]:
+        """The seconds and targets of steps ``first + 1`` to ``last``: the loop's clock across
+        them (from its start for ``first`` 0) less what else it held (batches, actions)."""
+        ends = {e.step: e.elapsed_s for e in self.events if e.kind == "step"}
+        other_s = sum(e.seconds for e in self.events if e.kind != "step" and first <= e.step < last)
+        targets = sum(e.targets for e in self.events if e.kind == "step" and first < e.step <= last)
+        return ends[last] - ends.get(first, 0.0) - other_s, targets
 
 
 class _StopRequests:
@@ -87,6 +149,10 @@ def train_loop(
     higher_is_better: bool = False,
     resume: bool = False,
     precision: str | None = None,
+    *,
+    schedule: Schedule | None = None,
+    cpu: CpuShare | None = None,
+    observe: Callable[[LoopEvent], None] | None = None,
 ) -> LoopState:
     """Train ``model`` until a budget runs out; return the final :class:`LoopState`.
 
@@ -105,6 +171,11 @@ def train_loop(
             :mod:`qkv.train.checkpointer`).
         precision: ``"bf16"`` (bfloat16 autocast) or ``"fp32"``, as resolved by
             :func:`qkv.device.resolve_precision`; ``None`` resolves ``cfg.precision`` here.
+        schedule: when to validate, snapshot, save and stop; ``None``: ``cfg``'s
+            (:meth:`Schedule.of <qkv.train.schedule.Schedule.of>`).
+        cpu: the run's :class:`~qkv.cpu_share.CpuShare`, told of every step (it may change the
+            thread count if it manages it) and read for the progress bar; ``None``: none.
+        observe: called with a :class:`LoopEvent` after every step, action and epoch's batches.
 
     Files in ``run_dir`` (written by rank 0 only): ``train_state.pt`` (resume; the one it
     replaced is kept as ``train_state.prev.pt``), ``last.safetensors`` (its weights, for
@@ -119,7 +190,6 @@ def train_loop(
             run on another number of processes, or one holding another model's weights.
     """
     run_dir = Path(run_dir)
-    ctx = distributed.context()
     checkpoints, state = start_loop(model, optimizer, run_dir, cfg, score_key, higher_is_better, resume)
     if precision is None:
         precision = resolve_precision(cfg.precision, next(model.parameters()).device)[0]
@@ -136,8 +206,9 @@ def train_loop(
         elapsed_s=state.elapsed_s,
         stop_requested=lambda: stop.requested,
     )
-    with stop, TrainMetrics(run_dir, cfg, state, resumed=resume, progress=progress) as metrics:
-        run = _Run(model, step, validate, cfg, run_dir, state, metrics, checkpoints, several=ctx.enabled)
+    with stop, TrainMetrics(run_dir, cfg, state, resumed=resume, progress=progress, cpu=cpu) as metrics:
+        plan = schedule or Schedule.of(cfg)
+        run = _Run(model, step, validate, state, metrics, checkpoints, plan, cpu=cpu, observe=observe)
         run.until_out_of_budget(batches, resume)
     if not math.isfinite(sum(p.detach().float().sum().item() for p in model.parameters())):
         raise NonFiniteLoss(f"training diverged: parameters contain NaN/inf after step {state.step}")
@@ -173,36 +244,41 @@ def start_loop(
 
 class _Run:
     """One call of :func:`train_loop` from its first checkpoint to its last: the epochs, each
-    optimizer step and what follows it (validation, snapshots, checkpoints, a requested stop),
-    and what an interruption keeps."""
+    optimizer step and the actions its schedule says are due (validation, snapshots,
+    checkpoints), a requested stop, and what an interruption keeps."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         step: Stepper,
         validate: Callable[[torch.nn.Module], dict] | None,
-        cfg: TrainSettings,
-        run_dir: Path,
         state: LoopState,
         metrics: TrainMetrics,
         checkpoints: Checkpointer,
-        several: bool,
+        schedule: Schedule,
+        *,
+        cpu: CpuShare | None,
+        observe: Callable[[LoopEvent], None] | None,
     ) -> None:
-        self.model, self.step, self.validate, self.cfg, self.run_dir = model, step, validate, cfg, run_dir
-        self.state, self.metrics, self.checkpoints = state, metrics, checkpoints
-        self.several = several  # torchrun's processes: an interrupted one cannot save alone
+        self.model, self.step, self.validate, self.state = model, step, validate, state
+        self.metrics, self.checkpoints, self.schedule = metrics, checkpoints, schedule
+        # torchrun's processes: an interrupted one cannot save alone
+        self.several = distributed.context().enabled
+        self.cpu, self.observe = cpu, observe
         self.in_step = self.stopping = False
 
     def until_out_of_budget(self, batches: Callable[[int], Sequence], resume: bool) -> None:
-        """Train epoch after epoch until a budget runs out, then validate, snapshot and save
-        the last step; on Ctrl-C or SIGTERM save what can be saved and re-raise."""
-        state = self.state
+        """Train epoch after epoch until a budget runs out, with the schedule's actions at the
+        start and the end; on Ctrl-C or SIGTERM save what can be saved and re-raise."""
+        state, schedule = self.state, self.schedule
         try:
-            if not resume:
-                self.checkpoints.save(state)  # from here on, a killed run can always be resumed
-            while not _out_of_budget(state, self.cfg):
-                self._epoch(batches(state.epoch))
-            self._finish()
+            self._do(schedule.at_start(resume))
+            while not schedule.out_of_budget(state):
+                started = time.perf_counter()
+                epoch_batches = batches(state.epoch)
+                self._observed("batches", time.perf_counter() - started)
+                self._epoch(epoch_batches)
+            self._do(schedule.at_end(state))
         except KeyboardInterrupt:
             self._interrupted()
             raise
@@ -210,9 +286,9 @@ class _Run:
     def _epoch(self, epoch_batches: Sequence) -> None:
         """The rest of one epoch's batches (from where a resumed run left off), a group of
         ``accum_steps`` micro-batches per optimizer step, while the budget lasts."""
-        state, cfg = self.state, self.cfg
-        while state.batch_in_epoch < len(epoch_batches) and not _out_of_budget(state, cfg):
-            self._group(epoch_batches[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps])
+        state, accum = self.state, self.step.cfg.accum_steps
+        while state.batch_in_epoch < len(epoch_batches) and not self.schedule.out_of_budget(state):
+            self._group(epoch_batches[state.batch_in_epoch : state.batch_in_epoch + accum])
         if state.batch_in_epoch >= len(epoch_batches):
             state.epoch += 1
             state.batch_in_epoch = 0
@@ -225,7 +301,9 @@ class _Run:
             state.batch_in_epoch += len(group)
             return
         self.in_step = True
+        started = time.perf_counter()
         stats = self.step(group, state)
+        took = time.perf_counter() - started
         state.batch_in_epoch += len(group)
         if stats.skipped:
             state.skipped_nonfinite += 1
@@ -235,35 +313,32 @@ class _Run:
         state.step += 1
         state.elapsed_s = stats.elapsed
         self.in_step = False
-        cpu_share.tick(1)  # between steps: the thread count may follow the machine's load
+        if self.cpu is not None:  # between steps: the thread count may follow the machine's load
+            self.cpu.tick(1)
         self.metrics.train_step(state, stats)
-        self._after_step(stop_requested=stats.stop_requested)
-
-    def _after_step(self, stop_requested: bool) -> None:
-        """What is due after a step: validation and a checkpoint every ``eval_every`` steps, a
-        snapshot every ``snapshot_minutes``, and a checkpoint and stop when a signal asked."""
-        state, cfg, checkpoints = self.state, self.cfg, self.checkpoints
-        if state.step % cfg.eval_every == 0:
-            validate_and_keep_best(self.model, self.validate, state, self.metrics, checkpoints)
-            checkpoints.save(state)
-        if state.elapsed_s - state.last_snapshot_s >= cfg.snapshot_minutes * 60:
-            checkpoints.snapshot(state)
-            checkpoints.save(state)
-        if stop_requested:
+        self._observed("step", took, stats.tokens)
+        self._do(self.schedule.after_step(state))
+        if stats.stop_requested:
             self.stopping = True
-            checkpoints.save(state)
-            logger.warning(f"stopped at step {state.step}; checkpoint saved in {self.run_dir}")
+            self.checkpoints.save(state)
+            logger.warning(f"stopped at step {state.step}; checkpoint saved in {self.checkpoints.run_dir}")
             raise KeyboardInterrupt(f"stopped by a signal at step {state.step}")
 
-    def _finish(self) -> None:
-        """The end of the budget: validate the last step (unless it just was), snapshot it for
-        averaging and save the final checkpoint."""
-        state, checkpoints = self.state, self.checkpoints
-        if state.step % self.cfg.eval_every != 0:
-            validate_and_keep_best(self.model, self.validate, state, self.metrics, checkpoints)
-        if not state.snapshots or not state.snapshots[-1].endswith(f"step_{state.step}.safetensors"):
-            checkpoints.snapshot(state)
-        checkpoints.save(state)
+    def _do(self, actions: tuple[Action, ...]) -> None:
+        """Carry out the schedule's ``actions``, in order."""
+        for action in actions:
+            started = time.perf_counter()
+            if action is Action.VALIDATE:
+                validate_and_keep_best(self.model, self.validate, self.state, self.metrics, self.checkpoints)
+            elif action is Action.SNAPSHOT:
+                self.checkpoints.snapshot(self.state)
+            else:
+                self.checkpoints.save(self.state)
+            self._observed(action.value, time.perf_counter() - started)
+
+    def _observed(self, kind: str, seconds: float, targets: int = 0) -> None:
+        if self.observe is not None:
+            self.observe(LoopEvent(kind, seconds, self.state.step, self.state.elapsed_s, targets))
 
     def _interrupted(self) -> None:
         """Between steps the state is whole and can be saved; within a step (a second signal)
@@ -275,14 +350,6 @@ class _Run:
             self.checkpoints.save(state)
         elif self.in_step:
             logger.warning(f"stopped within step {state.step + 1}; the last checkpoint stands")
-
-
-def _out_of_budget(state: LoopState, cfg: TrainSettings) -> bool:
-    return (
-        (cfg.max_steps is not None and state.step >= cfg.max_steps)
-        or (cfg.max_minutes is not None and state.elapsed_s >= cfg.max_minutes * 60)
-        or (cfg.max_epochs is not None and state.epoch >= cfg.max_epochs)
-    )
 
 
 def validate_and_keep_best(

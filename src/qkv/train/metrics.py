@@ -12,15 +12,18 @@ import json
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from .. import cpu_share, distributed
+from .. import distributed
 from ..files import atomic_write, write_text
 from .checkpointer import LoopState
 from .step import StepStats
 from .train_settings import TrainSettings
+
+if TYPE_CHECKING:
+    from ..cpu_share import CpuShare
 
 TRAIN_ROW_EVERY = 20  # steps
 
@@ -32,12 +35,19 @@ class TrainMetrics:
     Built at the start of a run: a fresh run (``resumed`` false) deletes an earlier
     ``metrics.jsonl``; a resumed one drops the rows after ``state.step``, which it will write
     again. The bar fills by seconds under a time budget alone (its ETA is then exact), else by
-    steps; ``progress`` false (or a rank other than 0) hides it. On a busy machine the bar says
-    what share of a quiet run's steps the run makes (:meth:`qkv.cpu_share.CpuShare.report`).
+    steps; ``progress`` false (or a rank other than 0) hides it. On a busy machine (the run's
+    ``cpu``, :class:`~qkv.cpu_share.CpuShare`, says so) it warns as training starts, and the bar
+    says what share of a quiet run's steps the run makes (:meth:`~qkv.cpu_share.CpuShare.report`).
     """
 
     def __init__(
-        self, run_dir: Path, cfg: TrainSettings, state: LoopState, resumed: bool, progress: bool = True
+        self,
+        run_dir: Path,
+        cfg: TrainSettings,
+        state: LoopState,
+        resumed: bool,
+        progress: bool = True,
+        cpu: CpuShare | None = None,
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.plot_path = Path(run_dir) / "loss.png"
@@ -62,10 +72,10 @@ class TrainMetrics:
             else None,
         )
         self._window_loss, self._window_tokens, self._window_t = 0.0, 0, time.perf_counter()
-        share = cpu_share.current()
-        self._cpu_since = share.mark()
-        if self.main:
-            share.warn_if_busy()
+        self.cpu = cpu
+        self._cpu_since = 0 if cpu is None else cpu.mark()
+        if self.main and cpu is not None:
+            cpu.warn_if_busy()
 
     def log(self, row: dict[str, Any]) -> None:
         """Append ``row`` to ``metrics.jsonl`` (rank 0)."""
@@ -94,7 +104,7 @@ class TrainMetrics:
         self.log(row)
         max_minutes = self.cfg.max_minutes
         left = "" if max_minutes is None else f" left {max(0.0, max_minutes - state.elapsed_s / 60):.1f}m"
-        share = cpu_share.current().report(since=self._cpu_since)
+        share = {} if self.cpu is None else self.cpu.report(since=self._cpu_since)
         busy = f" busy: {100 * share['quiet_share']:.0f}% of quiet" if share.get("busy") else ""
         bar.set_postfix_str(
             f"loss {row['train_loss']:.3f} lr {row['lr']:.2e} "

@@ -8,7 +8,8 @@ class, :class:`TrainingRun`, whose :meth:`~TrainingRun.run` is the whole flow:
    (:func:`~qkv.runs.record.refuse_changed_settings`); nothing written;
 2. :meth:`~TrainingRun.before_start`: inputs a recipe reads before the run's seed is set (the
    classification recipes build their seeded model here);
-3. start the run (:func:`start_run`: process group, threads, seed, device, precision);
+3. start the run (:func:`start_run`: process group, the CPU threads' measure, seed, device,
+   precision);
 4. :meth:`~TrainingRun.setup`: data, tokenizer, the model's config, every input checked;
 5. the first writes, by one process: the tokenizer and :meth:`~TrainingRun.new_run_files`
    (a new run), ``config.json`` and ``train_config.json``
@@ -22,7 +23,8 @@ class, :class:`TrainingRun`, whose :meth:`~TrainingRun.run` is the whole flow:
 
 Steps 2 to 5 are :meth:`~TrainingRun.start`, step 6's loop :meth:`~TrainingRun.fit` and step 7
 :meth:`~TrainingRun.finish`: the dry run (``qkv train ... --dry-run``, :mod:`qkv.train.dry_run`)
-calls the same three in a temporary directory, with a few timed steps instead of the loop.
+calls the first and the last in a temporary directory, and between them the loop itself with a
+budget of a few steps.
 """
 
 from __future__ import annotations
@@ -37,17 +39,19 @@ from typing import Any, cast
 
 import torch
 
-from .. import cpu_share, distributed
+from .. import distributed
+from ..cpu_share import CpuShare
 from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
 from ..errors import QkvError
 from ..evaluate.classification import plot_confusion
 from ..files import load_weights, save_weights, write_json
-from ..runs.layout import SUMMARY
+from ..runs.layout import SUMMARY, TOKENIZER, WEIGHTS, select_weights
 from ..runs.record import prepare_run_dir, refuse_changed_settings, write_settings
 from .adapters import LoraSettings, merge_lora, save_adapters
-from .loop import LoopState, train_loop
+from .loop import LoopEvent, LoopState, train_loop
 from .optim import make_optimizer
+from .schedule import Schedule
 from .train_settings import TrainSettings
 from .train_state import check_state
 
@@ -57,11 +61,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunContext:
     """What :func:`start_run` resolved for a run: ``device``, ``precision`` (``"fp32"`` or
-    ``"bf16"``, what the training loop's autocast uses) and ``why`` that precision."""
+    ``"bf16"``, what the training loop's autocast uses), ``why`` that precision, and ``cpu``,
+    the :class:`~qkv.cpu_share.CpuShare` that measures the machine's load while it trains."""
 
     device: torch.device
     precision: str
     why: str
+    cpu: CpuShare
 
     def to_dict(self) -> dict:
         return {
@@ -72,26 +78,30 @@ class RunContext:
         }
 
 
-def start_run(train: TrainSettings) -> RunContext:
-    """Join torchrun's process group if there is one (:func:`qkv.distributed.init`),
-    choose the CPU threads (:func:`qkv.cpu_share.start`: ``train.threads``, or from the
-    machine's load, re-checked as the run goes), apply the seed, resolve its device
-    (under torchrun on CUDA: this process's GPU) and precision, and log (INFO) what was chosen
-    and why.
+def start_run(train: TrainSettings, cpu: CpuShare | None = None) -> RunContext:
+    """Join torchrun's process group if there is one (:func:`qkv.distributed.init`), apply the
+    seed, resolve the run's device (under torchrun on CUDA: this process's GPU) and precision,
+    and log (INFO) what was chosen and why. ``cpu``: the entry point's
+    :class:`~qkv.cpu_share.CpuShare` (``qkv train``'s follows the machine's load); ``None``
+    (a run started from Python) measures the load for the summary and changes no thread count
+    but the one ``train.threads`` pins.
 
     Raises:
         QkvError: a device that is not available here.
     """
     ctx = distributed.init(train.device)
-    cpu_share.start(train.threads)  # threads from the machine's load, unless pinned
+    if cpu is None:
+        cpu = CpuShare(train.threads, manage=False)
+        cpu.start(probe_s=0)
+    cpu.announce()  # the threads' line first, as the run starts (after every check of its inputs)
     torch.manual_seed(train.seed)
     device = resolve_device(train.device, log_level=logging.INFO)
-    cpu_share.current().cpu_bound = device.type == "cpu"
+    cpu.cpu_bound = device.type == "cpu"
     if ctx.enabled and device.type == "cuda":
         device = torch.device("cuda", ctx.local_rank)
     precision, why = resolve_precision(train.precision, device)
     logger.info(f"precision: {precision} ({why}), seed {train.seed}")
-    return RunContext(device, precision, why)
+    return RunContext(device, precision, why, cpu)
 
 
 def keep_best(model: torch.nn.Module, run_dir: Path, lora: LoraSettings | None = None) -> int:
@@ -102,13 +112,12 @@ def keep_best(model: torch.nn.Module, run_dir: Path, lora: LoraSettings | None =
     ``model.safetensors`` is the pretrained architecture with merged weights, which every
     command loads like any run's. Returns the number of parameters that trained (adapters and
     head; all of them in full training), counted before the merge."""
-    best = run_dir / "best.safetensors"
-    load_weights(model, best if best.is_file() else run_dir / "last.safetensors")
+    load_weights(model, select_weights(run_dir))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if lora is not None:
         save_adapters(model, run_dir, lora)
         merge_lora(model)
-    save_weights(model, run_dir / "model.safetensors")
+    save_weights(model, run_dir / WEIGHTS)
     model.eval()
     return trained
 
@@ -137,19 +146,33 @@ class TrainingRun(ABC):
     higher_is_better: bool = False
 
     def __init__(
-        self, settings: Any, run_dir: str | Path, resume: bool = False, progress: bool = True
+        self,
+        settings: Any,
+        run_dir: str | Path,
+        resume: bool = False,
+        progress: bool = True,
+        cpu: CpuShare | None = None,
     ) -> None:
         self.settings = settings
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.progress = progress
+        self.cpu = cpu  # the entry point's, or None: start_run makes one that only measures
         self.tokenizer: Any = None
         self.started = time.perf_counter()
-        self.cpu_report: dict = {}  # qkv.cpu_share's report of the training stretch
+        self.cpu_report: dict = {}  # the CpuShare's report of the training stretch
 
     @classmethod
-    def train(cls, settings: Any, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
+    def train(
+        cls,
+        settings: Any,
+        run_dir: str | Path,
+        resume: bool = False,
+        progress: bool = True,
+        cpu: CpuShare | None = None,
+    ) -> dict:
         """Run the recipe (:meth:`run`): what :attr:`qkv.recipes.recipe.Recipe.train` calls.
+        ``cpu``: the entry point's :class:`~qkv.cpu_share.CpuShare` (:func:`start_run`).
 
         Returns:
             The summary (also ``summary.json``); ``{}`` on a torchrun process other than rank 0.
@@ -157,7 +180,7 @@ class TrainingRun(ABC):
         Raises:
             QkvError: bad inputs or run directory, before anything is written.
         """
-        return cls(settings, run_dir, resume, progress).run()
+        return cls(settings, run_dir, resume, progress, cpu).run()
 
     @property
     def device(self) -> torch.device:
@@ -179,12 +202,12 @@ class TrainingRun(ABC):
         """Steps 2 to 5 of the flow: :meth:`before_start`, :func:`start_run`, :meth:`setup`, the
         first writes (rank 0), and the model (:meth:`build_model`), which it returns."""
         self.before_start()
-        self.context: RunContext = start_run(self.settings.train)
+        self.context: RunContext = start_run(self.settings.train, self.cpu)
         config = self.setup()
         if distributed.is_main():
             if not self.resume:  # a resumed run keeps its own
                 if self.tokenizer is not None:
-                    self.tokenizer.save(self.run_dir / "tokenizer.json")
+                    self.tokenizer.save(self.run_dir / TOKENIZER)
                 for name, content in self.new_run_files().items():
                     write_json(self.run_dir / name, content)
             write_settings(
@@ -202,30 +225,35 @@ class TrainingRun(ABC):
         write_json(self.run_dir / SUMMARY, summary)
         return summary
 
-    def loop_settings(
-        self, model: torch.nn.Module
-    ) -> tuple[TrainSettings, torch.optim.Optimizer, Callable[[int, float], float]]:
-        """The loop's settings (``max_steps`` the recipe's :meth:`total_steps`), optimizer and
-        learning-rate schedule."""
-        train = self.settings.train
+    def loop_settings(self) -> TrainSettings:
+        """The loop's settings: ``train`` with ``max_steps`` the recipe's :meth:`total_steps`."""
         total = self.total_steps()
-        if total is not None:
-            train = replace(train, max_steps=total)
+        return self.settings.train if total is None else replace(self.settings.train, max_steps=total)
+
+    def fit(
+        self,
+        model: torch.nn.Module,
+        batches: Callable[[int], Sequence] | None = None,
+        schedule: Schedule | None = None,
+        observe: Callable[[LoopEvent], None] | None = None,
+    ) -> LoopState:
+        """Step 6: the shared loop (:func:`~qkv.train.loop.train_loop`) over the recipe's parts
+        with AdamW and the settings' learning-rate schedule, measuring the machine's load while
+        it trains (:attr:`RunContext.cpu`). ``batches`` (default :meth:`batches`), ``schedule``
+        (default :meth:`loop_settings`') and ``observe`` go to the loop: the dry run
+        (:mod:`qkv.train.dry_run`) gives a sample of the epoch's batches, a budget of a few
+        steps and its clock."""
+        train = self.loop_settings()
         optimizer = make_optimizer(model, train)
         # Eq. 3 scales the rate by the model's d_model
-        lr = train.lr_schedule(cast(Any, model).config.d_model, total_steps=total, peak_lr=self.peak_lr())
-        return train, optimizer, lr
-
-    def fit(self, model: torch.nn.Module) -> LoopState:
-        """Step 6: the shared loop (:func:`~qkv.train.loop.train_loop`) over the recipe's parts,
-        measuring the machine's load while it trains (:mod:`qkv.cpu_share`)."""
-        train, optimizer, lr = self.loop_settings(model)
-        since = cpu_share.current().mark()
+        lr = train.lr_schedule(cast(Any, model).config.d_model, peak_lr=self.peak_lr())
+        share = self.context.cpu
+        since = share.mark()
         state = train_loop(
             model,
             optimizer,
             lr,
-            self.batches,
+            batches or self.batches,
             self.loss,
             self.validate,
             self.run_dir,
@@ -235,8 +263,10 @@ class TrainingRun(ABC):
             higher_is_better=self.higher_is_better,
             resume=self.resume,
             precision=self.context.precision,
+            schedule=schedule,
+            cpu=share,
+            observe=observe,
         )
-        share = cpu_share.current()
         share.mark()  # the last stretch of training
         self.cpu_report = share.report(since=since)
         return state

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import QkvError
 from ..files import atomic_write, load_weights, torch_load_refusal
-from ..runs.layout import SNAPSHOTS, run_file
+from ..runs.layout import LAST, SNAPSHOTS, run_file
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def upgrade_train_state(saved: dict, run_dir: Path, model: torch.nn.Module) -> d
     saved = dict(saved)
     saved.pop("format_version", None)  # checked as the file was read (check_state_version)
     if "model" not in saved:  # states written before the weights moved into them
-        load_weights(model, run_dir / "last.safetensors")
+        load_weights(model, run_dir / LAST)
         saved["model"] = model.state_dict()
     if "rng" not in saved:  # states written before per-process streams
         saved["rng"] = [
