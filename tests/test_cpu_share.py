@@ -50,13 +50,45 @@ def test_a_plain_python_process_keeps_openmp_as_it_was():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
-def test_decoding_in_a_notebook_starts_the_thread_count_from_the_load(two_threads, monkeypatch):
-    """A decoder called directly (no CLI, no training run) ticks this process's CpuShare, which
-    a first tick makes from a look at the load."""
-    monkeypatch.setattr(cpu_share, "_current", None)
+def test_an_entry_points_share_starts_the_thread_count_from_the_load(two_threads, monkeypatch):
+    """What a verb, the server or ``qkv.show`` makes (:func:`qkv.cpu_share.for_command`): one
+    look at the load, and the thread count set from it before anything decodes."""
     monkeypatch.setattr(cpu_share, "LoadSampler", lambda: FakeLoad(others=1.0))
-    cpu_share.tick()
-    assert cpu_share.current().threads == 1 and torch.get_num_threads() == 1
+    share = cpu_share.for_command()
+    assert share.manage and share.threads == 1 and torch.get_num_threads() == 1
+    share.tick()
+    assert torch.get_num_threads() == 1
+
+
+def test_a_share_that_only_measures_leaves_the_threads_alone(two_threads, monkeypatch):
+    """``manage=False`` (a training run handed no share): the load is measured for the report,
+    the environment is not read, and only the caller's own count is applied."""
+    monkeypatch.setenv("QKV_THREADS", "3")
+    share = CpuShare(interval_s=0.0, sampler=FakeLoad(others=1.5), manage=False)
+    share.start(probe_s=0)
+    share.tick(1)
+    assert torch.get_num_threads() == 2 and share.report()["others_cpus"] == 1.5
+    assert share.describe() == "CPU threads: 2 (torch's choice)"
+    CpuShare(pinned=1, sampler=FakeLoad(others=0.0), manage=False)
+    assert torch.get_num_threads() == 1  # what the caller gave is applied
+
+
+def test_a_share_as_a_context_gives_the_threads_back(two_threads):
+    with CpuShare(interval_s=0.0, sampler=FakeLoad(others=1.0)) as share:
+        share.start(probe_s=0)
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_the_start_line_waits_for_the_work(two_threads, qkv_logs):
+    """An entry point's share says its threads at the first tick, not at the start: a command
+    refused in between says its refusal alone."""
+    share = CpuShare(interval_s=10.0, sampler=FakeLoad(others=0.0))
+    share.start(probe_s=0, say=False)
+    assert "CPU threads" not in qkv_logs.text
+    share.tick(1)
+    share.tick(1)
+    assert qkv_logs.text.count("CPU threads: 2 of 2 CPUs") == 1
 
 
 def test_pinned_threads_come_from_the_setting_then_the_environment():

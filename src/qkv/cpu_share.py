@@ -25,6 +25,12 @@ performance guide, ``docs/guides/performance.md``). ``QKV_CPU_SHARE=0`` (or ``fa
 
 The variables are parsed in one place, :func:`read_environment`, which refuses a value it cannot
 read in one line (the CLI checks them before any verb runs).
+
+Who sets the threads: the entry points alone (the CLI's verbs, the explainer server,
+``qkv.show``), each with one :func:`for_command` that it hands to the decoders and the training
+run it calls (their ``cpu=`` argument). A library function given no :class:`CpuShare` leaves
+torch's thread count as the calling program set it and never sleeps: a program that calls
+``qkv.inference`` keeps its own threads (issue 70).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from .errors import ConfigError
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = 2.0  # seconds between two looks at the machine's load
+PROBE_S = 0.1  # an entry point's first look at the load, before it sets the threads
 # the kernel counts CPU time in ticks of 10 ms: a shorter window than this is mostly rounding
 MIN_WINDOW_S = 0.5
 QUIET_CORES = 0.3  # other processes below this many busy CPUs: a quiet stretch
@@ -197,37 +204,62 @@ class CpuShare:
     and sets ``torch.set_num_threads(max(1, cpus - taken))``, ``taken`` the CPUs other processes
     keep busy (:data:`TAKEN_FROM` of one or more), at most the count torch started with. A
     pinned count (:func:`pinned_threads`) or ``QKV_CPU_SHARE=0`` leaves the threads alone, but
-    the load is still measured for :meth:`report`.
+    the load is still measured for :meth:`report`. Used as a context manager (``with``), it
+    gives torch back the thread count it found.
 
     Args:
-        pinned: the user's thread count (``train.threads``), or ``None``.
+        pinned: the user's thread count (``train.threads``), or ``None``; applied at once.
         interval_s: seconds between looks at the load (default :data:`INTERVAL_S`).
         sampler: what measures the load (tests pass a fake).
         cpu_bound: the work runs on the CPU (``False`` for a GPU run, whose speed the CPUs'
             load does not set: its share is then measured against its quiet stretches only).
+        manage: whether the thread count follows the load. ``None`` (an entry point's,
+            :func:`for_command`): unless pinned (``pinned``, ``QKV_THREADS``,
+            ``OMP_NUM_THREADS``) or ``QKV_CPU_SHARE=0``. ``False`` (a library function handed
+            no :class:`CpuShare`): measure the load for :meth:`report` only, and pin nothing
+            but ``pinned`` (the environment is not read; start it with ``probe_s=0``, no
+            sleep). ``True``: follow the load whatever ``QKV_CPU_SHARE`` says, unless pinned.
+
+    Raises:
+        ConfigError: (``manage`` not ``False``) a variable :func:`read_environment` refuses.
     """
 
     pinned: int | None = None
     interval_s: float | None = None
     sampler: LoadSampler | None = None
     cpu_bound: bool = True
-    windows: list[_Window] = field(default_factory=list)
+    manage: bool | None = None
+    windows: list[_Window] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         import torch
 
         self._torch = torch
+        self._found = torch.get_num_threads()  # what __exit__ gives back
         if self.interval_s is None:
             self.interval_s = INTERVAL_S
-        self.pinned = pinned_threads(self.pinned)
-        self.manage = enabled() and self.pinned is None
+        # QKV_CPU_SHARE=0 (or a caller's manage=False) keeps torch's count: describe() says which
+        self._why_unmanaged = "torch's choice" if self.manage is False else "QKV_CPU_SHARE=0: torch's choice"
+        if self.manage is not False:
+            self.pinned = pinned_threads(self.pinned)
+            self.manage = (self.manage or enabled()) and self.pinned is None
         if self.pinned is not None:
             torch.set_num_threads(self.pinned)
         self.max_threads = torch.get_num_threads()
         self.threads = self.max_threads
         self.probe_others = 0.0  # what the start's look saw
+        self._unsaid: str | None = None  # the start's line, until the work begins (announce)
         self._steps = 0
         self._last = time.monotonic()
+
+    def __enter__(self) -> CpuShare:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Give torch back the thread count it had before this share: an entry point inside
+        another program (``qkv.show`` in a notebook) leaves it as it found it."""
+        if self._torch.get_num_threads() != self._found:
+            self._torch.set_num_threads(self._found)
 
     @property
     def cpus(self) -> int:
@@ -238,8 +270,11 @@ class CpuShare:
             self.sampler = LoadSampler()
         return self.sampler
 
-    def start(self, probe_s: float = 0.1) -> int:
-        """Look at the load for ``probe_s`` seconds, choose the thread count and return it."""
+    def start(self, probe_s: float = PROBE_S, say: bool = True) -> int:
+        """Look at the load for ``probe_s`` seconds, choose the thread count and return it.
+        ``say``: log :meth:`describe` (INFO) now; else :meth:`announce` does, or the first
+        :meth:`tick`, :meth:`mark` or :meth:`warn_if_busy`: when the work begins, so that a
+        command refused before then says its refusal alone."""
         self._sampler()
         if probe_s > 0:
             time.sleep(probe_s)
@@ -247,13 +282,22 @@ class CpuShare:
         others = self.probe_others = self.windows[-1].others
         self.windows.clear()  # the probe is no training window
         self._last = time.monotonic()
-        logger.info(self.describe(others))
+        self._unsaid = self.describe(others)
+        if say:
+            self.announce()
         return self.threads
+
+    def announce(self) -> None:
+        """Log :meth:`describe`'s line of the start (INFO), once: later calls do nothing."""
+        if self._unsaid is not None:
+            logger.info(self._unsaid)
+            self._unsaid = None
 
     def warn_if_busy(self) -> None:
         """Log a warning when, at the latest look, other processes kept a CPU or more busy: what
         the training loop says as it starts (after every check of the run's inputs, so that a
         refused command stays one line)."""
+        self.announce()
         others = self.windows[-1].others if self.windows else self.probe_others
         if others >= TAKEN_FROM:
             logger.warning(
@@ -267,6 +311,7 @@ class CpuShare:
         :meth:`report` ``(since=...)`` (the training loop marks its start: what came before,
         data and model preparation, is no training). A window shorter than
         :data:`MIN_WINDOW_S` stays open (its load would be rounding)."""
+        self.announce()
         if time.monotonic() - self._last >= MIN_WINDOW_S:
             self._look(self._steps)
             self._steps = 0
@@ -276,6 +321,7 @@ class CpuShare:
     def tick(self, steps: int = 0) -> None:
         """Count ``steps`` more steps done; every ``interval_s`` seconds, look at the load again
         (and change the thread count when it moved)."""
+        self.announce()
         self._steps += steps
         if time.monotonic() - self._last >= (self.interval_s or 0.0):
             self._look(self._steps)
@@ -301,7 +347,7 @@ class CpuShare:
         if self.pinned is not None:
             return f"CPU threads: {self.threads} (pinned)"
         if not self.manage:
-            return f"CPU threads: {self.threads} (QKV_CPU_SHARE=0: torch's choice)"
+            return f"CPU threads: {self.threads} ({self._why_unmanaged})"
         return (
             f"CPU threads: {self.threads} of {self.cpus} CPUs (other processes keep {others:.1f} busy; "
             f"re-checked every {self.interval_s:g} s)"
@@ -354,32 +400,20 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("" if n == 1 else "s")
 
 
-_current: CpuShare | None = None
+def for_command(pinned: int | None = None) -> CpuShare:
+    """The :class:`CpuShare` of an entry point (a CLI verb, the explainer server, ``qkv.show``):
+    the thread count follows the load (unless pinned: ``pinned``, the recipe's
+    ``train.threads``, else ``QKV_THREADS`` or ``OMP_NUM_THREADS``), started with a look of
+    :data:`PROBE_S` seconds. The entry point hands it to what it calls (their ``cpu=``); its
+    line (:meth:`CpuShare.describe`) is logged when the work begins (:meth:`CpuShare.announce`),
+    after the checks that may refuse the command.
 
-
-def start(pinned: int | None = None, probe_s: float = 0.1) -> CpuShare:
-    """A new :class:`CpuShare` for this process (``pinned``: ``train.threads``), started
-    (:meth:`CpuShare.start`); :func:`tick` and :func:`current` use it from then on."""
-    global _current
-    _current = CpuShare(pinned)
-    _current.start(probe_s)
-    return _current
-
-
-def current() -> CpuShare:
-    """This process's :class:`CpuShare`; the first call without :func:`start` makes one from a
-    short look at the load (a decoder's first batch, a notebook that calls one directly)."""
-    global _current
-    if _current is None:
-        _current = CpuShare()
-        _current.start(probe_s=0.1)
-    return _current
-
-
-def tick(steps: int = 0) -> None:
-    """:meth:`CpuShare.tick` of this process's :class:`CpuShare`: what the decoders call between
-    batches and the training loop after each step."""
-    current().tick(steps)
+    Raises:
+        ConfigError: a variable :func:`read_environment` refuses.
+    """
+    share = CpuShare(pinned)
+    share.start(PROBE_S, say=False)
+    return share
 
 
 def busy_note(report: dict, time_budget: bool = True) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import cpu_share
 from .options import device_option, search_options
 from .output import write_tsv
 
@@ -34,6 +35,7 @@ def _cmd_caption(args) -> int:
     )
     # every file is read and checked before the first caption is written
     images = captioner.read(args.images)
+    cpu_share.for_command()  # threads from the load, chosen once (the captioner takes none)
     captions = captioner.caption(images)
     write_tsv([path, " ".join(text.split())] for path, text in zip(args.images, captions, strict=True))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import cpu_share
 from ..errors import QkvError
 from .options import device_option, revision_option
 from .output import write_line, write_predictions, write_tsv
@@ -64,6 +65,7 @@ def _cmd_classify(args) -> int:
         )
     # what the run reads (images, a text file, FASTA) is the registry's to say and the
     # library's to act on; every input is read and predicted before anything is written
+    cpu_share.for_command()  # threads from the load, chosen once (the classifiers take none)
     write_predictions(classify_files(args.run_dir, args.inputs, kind.inputs, args.device))
     return 0
 
@@ -87,4 +89,6 @@ def _text_encoder(source: str, device: str, revision: str | None = None):
     from ..device import resolve_device
     from ..inference.text import TextEncoder
 
-    return TextEncoder.load(source, resolve_device(device), revision)
+    encoder = TextEncoder.load(source, resolve_device(device), revision)
+    cpu_share.for_command()  # threads from the load, chosen once (the text encoder takes none)
+    return encoder

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import QkvError
+from ..runs.layout import TRAIN_STATE
 
 
 def log(msg: str) -> None:
@@ -83,7 +84,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def remove_unstarted(out: Path, started_by: str | None = "train_state.pt") -> None:
+def remove_unstarted(out: Path, started_by: str | None = TRAIN_STATE) -> None:
     """Remove a directory this command created if it was refused before the file
     ``started_by`` was written (a refused command leaves nothing behind); a run with a training
     state is kept. ``None``: removed whatever it holds."""

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import cpu_share
 from ..errors import QkvError
 from .console import log
 from .options import check_new_file, device_option, file_output_option, revision_option
@@ -64,7 +65,9 @@ def _encoder(args):
     from ..device import resolve_device
     from ..inference.protein import ProteinEncoder
 
-    return ProteinEncoder.load(args.model, resolve_device(args.device), args.revision)
+    encoder = ProteinEncoder.load(args.model, resolve_device(args.device), args.revision)
+    cpu_share.for_command()  # threads from the load, chosen once (the contact maps take none)
+    return encoder
 
 
 def _predict(args) -> int:

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 from ..errors import QkvError
+from ..files import refuse_nonempty
+from ..runs.layout import TOKENIZER
 from .console import log
 from .options import onnx_weights_option, revision_option
 
@@ -63,21 +65,21 @@ def _recorded(source: str, args) -> str:
 
 
 def _cmd_convert(args) -> int:
-    from ..hub.convert import export_hf, refuse_nonempty, write_run
+    from ..hub.convert import export_hf, write_run
     from ..hub.pretrained import is_run_dir, read
 
     if args.to and len(args.paths) != 2:
         shown = {"peft": "LORA_RUN_DIR DIR", "onnx": "RUN_DIR DIR"}.get(args.to, "RUN_DIR HF_DIR")
         raise QkvError(f"usage: qkv convert --to {args.to} {shown}")
     if args.to == "onnx":
-        from ..hub.onnx_export import export_onnx
+        from ..hub.onnx_export import MANIFEST, export_onnx
 
         run_dir, out_dir = args.paths
         onnx = export_onnx(
             run_dir, out_dir, opset=args.opset, attentions=args.attentions, weights=args.weights
         )
         graphs = ", ".join(f"{name} ({exporter} exporter)" for name, exporter in onnx.files.items())
-        beside = "tokenizer.json, onnx.json" if (onnx.out / "tokenizer.json").is_file() else "onnx.json"
+        beside = f"{TOKENIZER}, {MANIFEST}" if (onnx.out / TOKENIZER).is_file() else MANIFEST
         log(f"wrote {onnx.out}: {graphs}, {beside} ({onnx.megabytes:.1f} MB in all)")
         return 0
     if args.to == "peft":

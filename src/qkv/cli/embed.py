@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import cpu_share
 from ..errors import QkvError
 from .console import log
 from .options import check_new_file, device_option, overwrite_option, quiet_option, revision_option
@@ -97,7 +98,7 @@ def _cmd_embed(args) -> int:
         )
     layers = _layers(args.layers)
     encoder = ProteinEncoder.load(source, resolve_device(args.device), args.revision)
-    embedder = Embedder(encoder, layers, args.per_residue, args.max_tokens)
+    embedder = Embedder(encoder, layers, args.per_residue, args.max_tokens, cpu=cpu_share.for_command())
     job = EmbedJob.open(embedder, fasta, args.out, args.shard_size)
     with tqdm(
         total=job.total,
@@ -148,6 +149,7 @@ def _embed_texts(args) -> int:
         raise QkvError("with --model, give one text file (one sentence per line)")
     check_new_file(args.out, "--out", args.overwrite)
     texts = read_lines(args.inputs[0])
+    cpu_share.for_command()  # threads from the load, chosen once (the text encoder takes none)
     vectors = TextEncoder.load(args.model, resolve_device(args.device), args.revision).embed(texts)
     save_embeddings(args.out, vectors, texts, str(args.model))
     log(

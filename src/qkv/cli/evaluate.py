@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import cpu_share
 from ..errors import QkvError
 from .options import device_option, search_options
 from .output import write_json
@@ -42,6 +43,7 @@ def _cmd_evaluate(args) -> int:
     split = args.split or kind.splits[0]
     if split not in kind.splits:
         raise QkvError(f"a {kind.name} run has the splits {', '.join(kind.splits)} (got --split {split})")
+    cpu_share.for_command()  # threads from the load, chosen once (a recipe's evaluation takes none)
     result = kind.evaluate(args.run_dir, split, device=resolve_device(args.device), **given)
     result.pop("examples", None)  # the scores only; summary.json keeps examples
     write_json(result, ensure_ascii=True)  # non-ASCII escaped, as evaluate has always written it

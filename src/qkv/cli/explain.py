@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from .. import cpu_share
 from ..errors import QkvError
 from .console import log
 from .options import (
@@ -146,10 +147,11 @@ def _cmd_explain(args) -> int:
     _check_explain_options(args, explainer.info())
     if args.pair is not None and explainer.family != "text":
         raise QkvError(f"--pair is for sentence encoders (text runs); this is a {explainer.family} model")
+    cpu_share.for_command()  # threads from the load, chosen once (the explainers take none)
     if args.html is not None:
-        from ..explain.standalone import show
+        from ..explain.standalone import standalone_page
 
-        page = show(
+        page = standalone_page(
             explainer,
             args.input,
             pair=args.pair,

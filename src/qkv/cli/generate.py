@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from .. import cpu_share
 from ..errors import QkvError
 from ..inference.diffusion import REMASKING
 from .console import log
@@ -171,7 +172,9 @@ def _load(args):
             f"--num-samples must be >= 1 and --max-new-tokens >= 0 (got {args.num_samples} and "
             f"{args.max_new_tokens})"
         )
-    return TextGenerator.from_run(args.run_dir or args.model, device=device, dtype=dtype, quantize=quantize)
+    return TextGenerator.from_run(
+        args.run_dir or args.model, device=device, dtype=dtype, quantize=quantize, cpu=cpu_share.for_command()
+    )
 
 
 def _cmd_diffusion(args) -> int:
@@ -183,6 +186,7 @@ def _cmd_diffusion(args) -> int:
     if args.num_samples < 1:
         raise QkvError(f"--num-samples must be >= 1 (got {args.num_samples})")
     gen = DiffusionGenerator.from_run(args.run_dir, resolve_device(args.device))
+    cpu_share.for_command()  # threads from the load, chosen once (the diffusion sampler takes none)
     options = {
         "remasking": args.remasking or DEFAULT_REMASKING,
         "block_length": args.block_length,

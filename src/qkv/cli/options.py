@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import QkvError
+from ..files import folder_obstacle
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,14 +69,15 @@ def check_new_folder(path: str | Path, flag: str, overwrite: bool | None = None)
     """``path`` as a folder an option (``flag``) may write files into, or :class:`QkvError` in
     one line naming it: a file, a path under a file, or a folder that holds files, unless
     ``overwrite`` is true (``None``: the verb writes a new folder, there is no ``--overwrite``).
-    A folder that does not exist yet is fine (the verb creates it and its parents)."""
+    A folder that does not exist yet is fine (the verb creates it and its parents); the rule is
+    :func:`qkv.files.folder_obstacle`'s."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
+    kind, where = folder_obstacle(path)
+    if kind == "file":
         raise QkvError(f"{flag} {path} is a file; give a folder")
-    above = next((parent for parent in path.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
-        raise QkvError(f"{flag} {path}: {above} is a file, not a folder")
-    if path.is_dir() and not overwrite and any(path.iterdir()):
+    if kind == "under a file":
+        raise QkvError(f"{flag} {path}: {where} is a file, not a folder")
+    if kind == "not empty" and not overwrite:
         how = (
             "a new folder"
             if overwrite is None

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..cpu_share import busy_note
+from .. import cpu_share
 from ..errors import QkvError
 from .console import log, remove_unstarted
 from .dry_run import dry_run
@@ -143,7 +143,9 @@ def _train(recipe: Any, settings: Any, args: argparse.Namespace) -> int:
     created = not Path(args.out).exists()
     finished = False
     try:
-        summary = recipe.train(settings, args.out, resume=args.resume, progress=not args.quiet)
+        # threads from the load (unless train.threads pins them), re-checked as the run goes
+        cpu = cpu_share.for_command(settings.train.threads)
+        summary = recipe.train(settings, args.out, resume=args.resume, progress=not args.quiet, cpu=cpu)
         finished = True
     except Exception:  # refused (or failed) before its first checkpoint: leave nothing behind
         if created and ctx.is_main:
@@ -161,7 +163,7 @@ def _train(recipe: Any, settings: Any, args: argparse.Namespace) -> int:
     if ctx.is_main:
         if recipe.summary is not None:
             log("\n" + recipe.summary(summary, Path(args.out)))
-        if note := busy_note(summary.get("cpu_share", {}), settings.train.max_minutes is not None):
+        if note := cpu_share.busy_note(summary.get("cpu_share", {}), settings.train.max_minutes is not None):
             log(f"warning: {note}")  # a time budget's result depends on it
         # stdout holds the result alone, so it pipes: the scores as JSON on request (the same
         # object as summary.json), else the run directory, what every next command takes.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import cpu_share
 from ..errors import QkvError
 from .console import log
 from .options import device_option, search_options, words_after_options
@@ -38,7 +39,12 @@ def _cmd_translate(args) -> int:
     batch_size = check_batch_size(args.batch_size, "--batch-size")  # before the run is loaded
     beam, alpha = run_decoding(args.run_dir, args.beam, args.alpha)
     translator = Translator.from_run(
-        args.run_dir, device=resolve_device(args.device), beam_size=beam, alpha=alpha, batch_size=batch_size
+        args.run_dir,
+        device=resolve_device(args.device),
+        beam_size=beam,
+        alpha=alpha,
+        batch_size=batch_size,
+        cpu=cpu_share.for_command(),
     )
     for line in translator.translate(_read_inputs(args.text)):
         write_line(line)

@@ -9,6 +9,7 @@ import csv
 import io
 from pathlib import Path
 
+from .. import cpu_share
 from ..errors import QkvError
 from .console import log
 from .options import device_option, file_output_option, revision_option
@@ -140,6 +141,7 @@ def _cmd_score_variants(args) -> int:
         )
 
     scorer = VariantScorer(ProteinEncoder.load(args.model, resolve_device(args.device), args.revision))
+    cpu_share.for_command()  # threads from the load, chosen once (the scorer takes none)
     matrix = None
     if args.heatmap or args.saturation:
         matrix = scorer.saturation(wild_type, args.method)

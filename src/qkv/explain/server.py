@@ -66,6 +66,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 
+from .. import cpu_share
 from ..errors import QkvError
 from .explainers import DecodingOptions, Explainer, InputTooLong
 
@@ -404,7 +405,9 @@ def serve(
 
     ``log`` receives the two status lines (address, stopped); by default they go to the
     ``qkv.explain.server`` logger at INFO. uvicorn's own logging is left unconfigured
-    (``log_config=None``): its records propagate to whatever the caller set up.
+    (``log_config=None``): its records propagate to whatever the caller set up. The CPU
+    threads follow the machine's load as serving starts (:func:`qkv.cpu_share.for_command`;
+    the request threads take that count at their first operation), and are given back after.
 
     Raises:
         QkvError: the port is taken or the address cannot be bound.
@@ -422,7 +425,9 @@ def serve(
     log(
         f"qkv explain: {explainer.family} model {explainer.run_dir} at http://{host}:{port}/ (Ctrl-C to stop)"
     )
-    uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning", log_config=None)
+    with cpu_share.for_command() as cpu:
+        cpu.announce()
+        uvicorn.run(create_app(explainer), host=host, port=port, log_level="warning", log_config=None)
     log("qkv explain: stopped")
     return 0
 

@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from .. import cpu_share
+from ..cpu_share import CpuShare
 from ..data.batching import pad_sequences, token_batches
 from ..data.protein import fasta_entries, record_id
 from ..data.sources import sha256sum
 from ..errors import QkvError
-from ..files import atomic_write, read_json, write_json
+from ..files import atomic_write, folder_obstacle, read_json, write_json
 from ..models.encoder import EncoderModel
 
 if TYPE_CHECKING:
@@ -273,7 +273,9 @@ class Embedder:
     """A :class:`~qkv.inference.protein.ProteinEncoder` read at ``layers`` (ESM's
     ``repr_layers`` numbering, see :func:`resolve_layers`; default the last), with windows as
     the module docstring says, in length-sorted batches of at most ``max_tokens`` padded tokens
-    (default the encoder's).
+    (default the encoder's). ``cpu``: the caller's :class:`~qkv.cpu_share.CpuShare` (an entry
+    point's), ticked between batches; ``None``: torch's thread count is left as the calling
+    program set it.
 
     Raises:
         QkvError: a layer the model does not have, or ``max_tokens`` below 1.
@@ -285,8 +287,9 @@ class Embedder:
         layers: str | Iterable[int] = (-1,),
         per_residue: bool = False,
         max_tokens: int | None = None,
+        cpu: CpuShare | None = None,
     ) -> None:
-        self.encoder, self.per_residue = encoder, per_residue
+        self.encoder, self.per_residue, self.cpu = encoder, per_residue, cpu
         self.model: EncoderModel = encoder.model
         self.layers = resolve_layers(layers, len(self.model.layers))
         self.max_tokens = encoder.max_tokens if max_tokens is None else max_tokens
@@ -323,7 +326,8 @@ class Embedder:
             tokens = plan.tokens(batch, self.encoder.tok.pad_id).to(self.encoder.device)
             done = pool.add(batch, encode_layers(self.model, tokens, self.layers))
             _return_freed_memory()
-            cpu_share.tick(1)  # between batches: threads may follow the machine's load
+            if self.cpu is not None:
+                self.cpu.tick(1)
             if progress is not None:
                 progress(done)
         return pool
@@ -501,7 +505,7 @@ class EmbedJob:
                     "give another --out (or remove it) to start afresh"
                 )
             manifest = _keep_intact_shards(out, found)
-        elif out.is_dir() and any(out.iterdir()):
+        elif folder_obstacle(out)[0] == "not empty":
             raise QkvError(f"{out} is not empty and holds no {MANIFEST}; give a new or empty directory")
         return cls(embedder, fasta, out, shard_size, manifest)
 

@@ -15,14 +15,17 @@ from pathlib import Path
 
 import torch
 
-from .. import cpu_share, runs
+from .. import runs
+from ..cpu_share import CpuShare
 from ..errors import QkvError
 from ..models.decoder_lm import DecoderLM
+from ..models.model_types import DECODER_LM, built_as
 from ..nn.embeddings import check_token_ids
-from .layout import prepare_for_inference
+from ..runs.layout import WEIGHTS
 from .quantize import cast_weights
 from .sampling import check_sampling, choose_next, next_token_probs
 from .stats import DecodeStats
+from .weight_layout import prepare_for_inference
 
 SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed accepts: [-2**63, 2**64)
 
@@ -52,6 +55,7 @@ def generate_tokens(
     stop: Callable[[int, list[int]], bool] | None = None,
     generator: torch.Generator | None = None,
     on_tokens: Callable[[list[int | None]], None] | None = None,
+    cpu: CpuShare | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -64,6 +68,8 @@ def generate_tokens(
         stop: ``(row, new ids so far) -> bool``, e.g. a stop-string check.
         generator: random generator for reproducible samples.
         on_tokens: called after each step with the new id per row (``None`` for finished rows).
+        cpu: the caller's :class:`~qkv.cpu_share.CpuShare`, ticked after each step (its thread
+            count may follow the machine's load); ``None``: torch's thread count is left alone.
 
     Returns:
         the new ids of each row (prompt excluded).
@@ -84,7 +90,8 @@ def generate_tokens(
     for step in range(max_new_tokens):
         next_ids = choose_next(logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
         emitted = rows.append(next_ids.tolist())
-        cpu_share.tick()  # the thread count may follow the machine's load between tokens
+        if cpu is not None:
+            cpu.tick(1)
         if on_tokens is not None:
             on_tokens(emitted)
         if rows.finished or step == max_new_tokens - 1:
@@ -188,16 +195,18 @@ class TextGenerator:
 
     Args:
         model: a :class:`DecoderLM`, used as given (:meth:`from_run` also lays its weights out
-            for fast CPU decoding, see :func:`~qkv.inference.layout.prepare_for_inference`);
+            for fast CPU decoding, see :func:`~qkv.inference.weight_layout.prepare_for_inference`);
         tokenizer: its :class:`~qkv.data.tokenizers.CharTokenizer` or
-            :class:`~qkv.data.tokenizers.SubwordTokenizer`.
+            :class:`~qkv.data.tokenizers.SubwordTokenizer`;
+        cpu: the caller's :class:`~qkv.cpu_share.CpuShare` (an entry point's), ticked between
+            tokens; ``None``: torch's thread count is left as the calling program set it.
 
     Attribute ``last_stats``: the :class:`~qkv.inference.stats.DecodeStats` of the latest
     :meth:`generate` call (``None`` before one).
     """
 
-    def __init__(self, model: DecoderLM, tokenizer) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model: DecoderLM, tokenizer, cpu: CpuShare | None = None) -> None:
+        self.model, self.tokenizer, self.cpu = model, tokenizer, cpu
         self.last_stats: DecodeStats | None = None
 
     @classmethod
@@ -205,9 +214,10 @@ class TextGenerator:
         cls,
         run_dir: str | Path,
         device: torch.device | str = "cpu",
-        weights: str = "model.safetensors",
+        weights: str = WEIGHTS,
         dtype: torch.dtype = torch.float32,
         quantize: str | None = None,
+        cpu: CpuShare | None = None,
     ) -> TextGenerator:
         """Load a trained LM run (or a pretrained short name, ``iglm``, or a Hub name of a GPT-2,
         ``org/name`` or ``org/name@revision``).
@@ -216,10 +226,11 @@ class TextGenerator:
         oneDNN's kernel; ``benchmarks/limits.py``; logits differ slightly from float32's, and
         decoding with the cache gives bit for bit the logits of full recomputation, see
         ``batch_invariant``). The weights' memory layout is chosen here, once, for the dtype and
-        device (values unchanged; see :func:`~qkv.inference.layout.prepare_for_inference`).
+        device (values unchanged; see :func:`~qkv.inference.weight_layout.prepare_for_inference`).
         ``quantize="int8"``: int8 weights with bfloat16 activations
         (:mod:`qkv.inference.quantize`; faster than bfloat16 weights where the CPU has native
-        bfloat16, at a small quality cost measured in ``benchmarks/RESULTS.md``).
+        bfloat16, at a small quality cost measured in ``benchmarks/RESULTS.md``). ``cpu``: as
+        the class's.
 
         Raises:
             QkvError: an unknown ``quantize``, a missing run, or a model that is not an LM."""
@@ -230,11 +241,11 @@ class TextGenerator:
             raise QkvError(f"unknown quantisation {quantize!r}; choose int8 (or none)")
         if is_short_name(run_dir) or is_hub_name(run_dir):
             model, tokenizer = load(run_dir, device)
-            if not isinstance(model, DecoderLM):
+            if not built_as(model, DECODER_LM):
                 raise QkvError(f"{run_dir} is not a language model")
         else:
             model, tokenizer = runs.load_run(run_dir, weights, device, family="lm")
-        return cls(prepare_for_inference(cast_weights(model, quantize or dtype)), tokenizer)
+        return cls(prepare_for_inference(cast_weights(model, quantize or dtype)), tokenizer, cpu)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Ids of ``prompt``. An empty prompt starts from the start token (``"\\n"`` for a
@@ -316,6 +327,7 @@ class TextGenerator:
             stop=texts.cut if per_step else None,
             generator=generator,
             on_tokens=on_tokens,
+            cpu=self.cpu,
         )
         stats.new_tokens = sum(map(len, new))
         self.last_stats = stats.stop()

@@ -10,10 +10,12 @@ from typing import Any
 
 import torch
 
-from .. import cpu_share, runs
+from .. import runs
+from ..cpu_share import CpuShare
 from ..data.batching import pad_sequences
 from ..data.tokenizers import SubwordTokenizer
 from ..errors import ConfigError
+from ..runs.layout import WEIGHTS
 from .search import Seq2SeqModel, beam_search, greedy_decode
 from .stats import DecodeStats
 
@@ -22,7 +24,7 @@ SEQ2SEQ_RECIPES = ("translation", "translation-rnn")
 
 
 def load_run(
-    run_dir: str | Path, weights: str = "model.safetensors", device: torch.device | str = "cpu"
+    run_dir: str | Path, weights: str = WEIGHTS, device: torch.device | str = "cpu"
 ) -> tuple[Seq2SeqModel, SubwordTokenizer]:
     """Model (eval mode) and tokenizer of a translation run (a Transformer or a recurrent
     baseline); see :func:`qkv.runs.load_run`."""
@@ -42,6 +44,8 @@ class Translator:
         batch_size: sentences per decoding batch (speed and memory only: each sentence stops at
             its own length limit, so a translation does not depend on the batch).
             Raises :class:`~qkv.errors.ConfigError` for one that is not an integer >= 1.
+        cpu: the caller's :class:`~qkv.cpu_share.CpuShare` (an entry point's), ticked between
+            batches; ``None``: torch's thread count is left as the calling program set it.
 
     Attribute ``last_stats``: the :class:`~qkv.inference.stats.DecodeStats` of the latest
     :meth:`translate` call (``items`` = non-blank sentences, ``new_tokens`` = output pieces).
@@ -55,6 +59,7 @@ class Translator:
         alpha: float = 0.6,
         batch_size: int = 64,
         max_src_tokens: int | None = None,
+        cpu: CpuShare | None = None,
     ) -> None:
         vocab = model.config.tgt_vocab_size
         assert vocab is not None  # Transformer.__init__ required it
@@ -67,6 +72,7 @@ class Translator:
         check_batch_size(batch_size)
         self.model, self.tokenizer = model, tokenizer
         self.beam_size, self.alpha, self.batch_size = beam_size, alpha, batch_size
+        self.cpu = cpu
         self.max_src_tokens = max_src_tokens or model.config.max_len - 2
         self.device = next(model.parameters()).device
         self.last_stats: DecodeStats | None = None
@@ -137,7 +143,8 @@ class Translator:
                 hyps = beam_search(self.model, src, self.beam_size, self.alpha)
             for i, hyp in zip(chunk, hyps, strict=True):
                 out[i] = hyp
-            cpu_share.tick(1)  # between batches: threads may follow the machine's load
+            if self.cpu is not None:
+                self.cpu.tick(1)
         return out
 
 

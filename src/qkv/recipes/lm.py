@@ -22,7 +22,7 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from .. import _moved, runs
+from .. import runs
 from ..data.lm import (
     LMData,
     build_tokenizer,
@@ -45,13 +45,14 @@ from ..files import write_text
 from ..inference.lm import TextGenerator
 from ..models.config import LMConfig
 from ..models.decoder_lm import DecoderLM
-from ..models.model_types import DECODER_LM
+from ..models.model_types import DECODER_LM, built_as
+from ..runs.layout import CONFIG, DATA, TOKENIZER
 from ..runs.record import prepared_data_record, recorded_input, refuse_other_data
 from ..train.adapters import add_lora
 from ..train.loop import LoopState
 from ..train.run import TrainingRun
 from ..train.train_settings import TrainSettings
-from .common import LORA_KEYS, require_at_least_one
+from .common import LORA_KEYS, closing_sentence, require_at_least_one
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ def init_model(settings: LMSettings) -> tuple[DecoderLM, Tokenizer]:
 
     assert settings.init is not None
     pretrained, tok = load(settings.init)
-    if not isinstance(pretrained, DecoderLM):
+    if not built_as(pretrained, DECODER_LM):
         raise QkvError(f"init={settings.init} is not a language model (a {type(pretrained).__name__})")
     base, default = pretrained.config, LMConfig()
     clash = [
@@ -323,7 +324,7 @@ class LMRun(TrainingRun):
         if self.pretrained is not None:
             return self.pretrained.config
         if s.init is not None:  # resumed: the weights come from the training state
-            return LMConfig.load(self.run_dir / "config.json")
+            return LMConfig.load(self.run_dir / CONFIG)
         return s.model_config(tok)
 
     def _prepared(self, data: str) -> tuple[LMData, LMData, float]:
@@ -340,7 +341,7 @@ class LMRun(TrainingRun):
         """The corpus in memory, with the run's tokenizer (a resumed run's), the init's, or a new one."""
         s, tok = self.settings, None
         if self.resume:
-            tok = load_tokenizer(self.run_dir / "tokenizer.json")
+            tok = load_tokenizer(self.run_dir / TOKENIZER)
         elif s.init is not None:
             self.pretrained, tok = init_model(s)
         by_line = self.by_line(tok)  # a tokenizer built below (characters, BPE) never reads lines
@@ -349,7 +350,7 @@ class LMRun(TrainingRun):
         if self.resume:
             refuse_other_data(
                 self.run_dir,
-                "data.json",
+                DATA,
                 self.record,
                 {"corpus": s.corpus, "val_corpus": s.val_corpus, "val_fraction": s.val_fraction},
                 explain=changed_text,
@@ -371,7 +372,7 @@ class LMRun(TrainingRun):
         return reads_lines(tok)
 
     def new_run_files(self) -> dict[str, dict]:
-        return {"data.json": self.record}
+        return {DATA: self.record}
 
     def build_model(self, config: LMConfig) -> DecoderLM:
         s = self.settings
@@ -406,7 +407,7 @@ class LMRun(TrainingRun):
         summary: dict = {"validation": {**_metrics(nll, n, self.chars_per_token), "tokens": n}}
         if self.zero_shot is not None:
             summary.update(init=s.init, init_validation=self.zero_shot)
-        generator = TextGenerator(model, self.tokenizer)
+        generator = TextGenerator(model, self.tokenizer, cpu=self.context.cpu)
         summary["samples"] = write_samples(generator, self.run_dir / "samples.txt", s)
         return summary
 
@@ -518,8 +519,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     return (
         f"sample:\n{summary['samples'][0]}\n\n{start}"
         f"validation loss {val['val_loss']:.4f} (ppl {val['val_ppl']:.2f}, "
-        f"{val['val_bits_per_char']:.3f} bits/char) after {summary['train_minutes']:.1f} min "
-        f"and {summary['steps']} steps; run directory: {Path(run_dir).resolve()}"
+        f"{val['val_bits_per_char']:.3f} bits/char) {closing_sentence(summary, run_dir)}"
     )
 
 
@@ -535,6 +535,3 @@ RECIPE = Recipe(
     inputs="text",
     adapters=True,
 )
-
-# the old names (issue 42), importable for one more release: see qkv._moved
-__getattr__ = _moved.names_of(__name__)

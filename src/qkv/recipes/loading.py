@@ -4,12 +4,9 @@ Which explainer reads a run depends on the recipe that made it
 (:attr:`qkv.recipes.recipe.Recipe.explainer`), and only the recipes' registry lists them, so
 picking one sits here, beside the registry, above :mod:`qkv.explain` (which the recipes
 import). Given an
-explainer, :mod:`qkv.explain` does the rest: :func:`qkv.explain.show` draws its page,
+explainer, :mod:`qkv.explain` does the rest: :func:`qkv.explain.standalone_page` draws its page,
 :func:`qkv.explain.plots.write_pictures` its pictures, :func:`qkv.explain.server.serve` the
 interactive page.
-
-``qkv.explain.load_explainer`` and ``qkv.explain.show(run_dir)`` still answer for now, with a
-``DeprecationWarning``: they forward here.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import cpu_share
 from ..errors import QkvError
 from ..explain import standalone
 from ..explain.explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer
@@ -57,21 +55,25 @@ def show(
     loaded): ``show(run_dir, "Ein Mann liest.")`` as the last line of a notebook cell draws it;
     ``.save("page.html")`` writes it. A run directory's model is loaded on ``device``, without
     a character cap (``max_tokens`` cuts the input). The other arguments are
-    :func:`qkv.explain.show`'s, checked before anything is loaded.
+    :func:`qkv.explain.standalone_page`'s, checked before anything is loaded. The CPU threads
+    follow the machine's load while the page is made (:func:`qkv.cpu_share.for_command`), and
+    are given back after.
 
     Raises:
-        QkvError: a missing or unknown run, and as :func:`qkv.explain.show`.
+        QkvError: a missing or unknown run, and as :func:`qkv.explain.standalone_page`.
     """
     options = standalone.page_settings(options, max_tokens, height, decoding)
     if not isinstance(run_or_model, Explainer):
         # max_tokens caps the input; a character cap on top would only cut it twice
         run_or_model = load_explainer(run_or_model, device, max_chars=UNCAPPED_CHARS)
-    return standalone.show(
-        run_or_model,
-        input,
-        pair=pair,
-        options=options,
-        max_tokens=max_tokens,
-        merge_words=merge_words,
-        height=height,
-    )
+    # a notebook's entry point: threads from the load while the page is made, then given back
+    with cpu_share.for_command():
+        return standalone.standalone_page(
+            run_or_model,
+            input,
+            pair=pair,
+            options=options,
+            max_tokens=max_tokens,
+            merge_words=merge_words,
+            height=height,
+        )

@@ -33,7 +33,7 @@ class Recipe:
         name: the name on the command line and in ``train_config.json`` (``"translation"``).
         settings: the frozen settings dataclass ``qkv train NAME`` resolves (``--config``,
             ``key=value``); ``None`` for a kind of run that is converted, not trained.
-        train: ``(settings, run_dir, resume=False, progress=True) → summary dict`` (the run
+        train: ``(settings, run_dir, resume=False, progress=True, cpu=None) → summary dict`` (the run
             class's :meth:`~qkv.train.run.TrainingRun.train`); writes the run directory
             and ``summary.json``.
         evaluate: the module's ``evaluate_run(run_dir, split, device, *, options) → metrics

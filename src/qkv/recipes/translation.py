@@ -20,7 +20,7 @@ from typing import ClassVar, cast
 
 import torch
 
-from .. import _moved
+from ..cpu_share import CpuShare
 from ..data.batching import make_batch, token_batches
 from ..data.parallel import PAIRS_FILE, ParallelData, file_record, read_pairs, split_pairs
 from ..data.tokenizers import SubwordTokenizer
@@ -35,14 +35,14 @@ from ..models.model_types import RNN_SEQ2SEQ, TRANSFORMER, for_config
 from ..models.rnn import RNNSeq2Seq
 from ..models.transformer import Transformer
 from ..runs import load_run, run_settings
-from ..runs.layout import run_file
+from ..runs.layout import AVERAGED, BEST, LAST, TOKENIZER, WEIGHTS, run_file
 from ..runs.record import refuse_other_data
 from ..train.checkpointer import average_weights
 from ..train.loop import LoopState
 from ..train.losses import label_smoothed_nll
 from ..train.run import TrainingRun
 from ..train.train_settings import TrainSettings
-from .common import require_at_least_one
+from .common import require_at_least_one, run_directory, trained_for
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class TranslationSettings:
 
     The defaults are the demo (``make demo``): a model and schedule chosen for a 10-minute
     budget on 2 CPU cores by sweeps on validation BLEU (``benchmarks/demo_sweep.py``, then
-    ``benchmarks/multi30k_sweep.py``; tables in ``benchmarks/RESULTS.md``). It is small (d_model
+    ``benchmarks/multi30k_sweep.py``; tables in ``benchmarks/HISTORY.md``). It is small (d_model
     192, 3 + 3 pre-LN layers) so that it sees the training set a few times in small batches
     (many updates), and decays the learning rate linearly to 0 at the end of the time budget,
     whatever the machine's speed. In so few passes nothing overfits, so the demo drops the
@@ -214,7 +214,7 @@ class RNNTranslationSettings(TranslationSettings):
     recurrent model (``model``: an :class:`~qkv.models.config.RNNConfig`; ``model.attention``
     ``"additive"`` or ``"none"``, the bottleneck). The defaults are the attention GRU chosen for
     the same 10-minute budget as the demo by a sweep on validation BLEU
-    (``benchmarks/why_attention.py sweep``; table in ``benchmarks/RESULTS.md``): d_model 256 and
+    (``benchmarks/why_attention.py sweep``; table in ``benchmarks/HISTORY.md``): d_model 256 and
     a peak learning rate of 1e-2 decaying linearly to 0 at the end of the budget (the bottleneck
     variant's best too). A short budget wants a high rate: 1e-3 reached a fifth of the BLEU.
     """
@@ -265,7 +265,7 @@ class TranslationRun(TrainingRun):
             train_src, train_tgt = train_src[: s.train_limit], train_tgt[: s.train_limit]
         if s.val_limit:
             val_src, val_tgt = val_src[: s.val_limit], val_tgt[: s.val_limit]
-        tok_path = self.run_dir / "tokenizer.json"
+        tok_path = self.run_dir / TOKENIZER
         if self.resume and tok_path.is_file():
             self.tokenizer = SubwordTokenizer.load(tok_path)
         elif kind == "amino-acid":
@@ -371,7 +371,8 @@ class TranslationRun(TrainingRun):
         nll, n = _teacher_forced_nll(model, self.val_batches, self.tokenizer.pad_id)
         out = {"val_loss": nll / n, "val_ppl": math.exp(nll / n)}
         if self.settings.val_bleu:
-            hyps = Translator(model, self.tokenizer, beam_size=1, batch_size=128).translate(self.val_src)
+            decoder = Translator(model, self.tokenizer, beam_size=1, batch_size=128, cpu=self.context.cpu)
+            hyps = decoder.translate(self.val_src)
             scores = translation_scores(hyps, self.val_tgt)
             out |= {f"val_{k}": scores[k] for k in ("bleu", "chrf", "exact")}
         return out
@@ -381,10 +382,10 @@ class TranslationRun(TrainingRun):
         one with the best validation figure (``select``) wins, ties going to the lower validation
         loss. Test data is not looked at."""
         run_dir = self.run_dir
-        candidates = {"last": run_dir / "last.safetensors", "best": run_dir / "best.safetensors"}
+        candidates = {"last": run_dir / LAST, "best": run_dir / BEST}
         if len(state.snapshots) > 1:
-            average_weights([run_file(run_dir, p) for p in state.snapshots], run_dir / "averaged.safetensors")
-            candidates["averaged"] = run_dir / "averaged.safetensors"
+            average_weights([run_file(run_dir, p) for p in state.snapshots], run_dir / AVERAGED)
+            candidates["averaged"] = run_dir / AVERAGED
         choice = {}
         for name, path in candidates.items():
             if path.is_file():
@@ -399,7 +400,7 @@ class TranslationRun(TrainingRun):
         sign = -1.0 if self.higher_is_better else 1.0
         pick = min(choice, key=lambda n: (sign * choice[n][self.score_key], choice[n]["val_loss"]))
         load_weights(model, candidates[pick])
-        save_weights(model, run_dir / "model.safetensors")
+        save_weights(model, run_dir / WEIGHTS)
         self.selected = {"selected_weights": pick, "validation": choice[pick]}
         return model.num_parameters()
 
@@ -408,9 +409,8 @@ class TranslationRun(TrainingRun):
         summary = dict(self.selected)
         split = "test2016" if s.data is None else "test"
         if s.test and (s.data is None or self.record["test"]):
-            summary[split] = evaluate_run(
-                self.run_dir, split, device=self.device, beam_size=s.beam_size, alpha=s.alpha
-            )
+            decoding = {"beam_size": s.beam_size, "alpha": s.alpha, "cpu": self.context.cpu}
+            summary[split] = evaluate_run(self.run_dir, split, device=self.device, **decoding)
         return summary
 
 
@@ -422,6 +422,7 @@ def evaluate_run(
     beam_size: int | None = None,
     alpha: float | None = None,
     limit: int | None = None,
+    cpu: CpuShare | None = None,
 ) -> dict:
     """Score a run on a split of its data: sacreBLEU (cased, lowercased), chrF, loss, ppl, n;
     between proteins also the residues recovered (:func:`~qkv.evaluate.bleu.residue_recovery`).
@@ -429,7 +430,8 @@ def evaluate_run(
     ``split``: ``test`` (a Multi30k run's ``test2016``, an own-data run's held-out test pairs),
     ``val``, and for Multi30k runs ``test2016`` and ``train``. ``beam_size``/``alpha``: the
     beam search's (§6.1); ``None``: the run's own settings (its summary's test decoding), else
-    4 and 0.6.
+    4 and 0.6. ``cpu``: the caller's :class:`~qkv.cpu_share.CpuShare`, ticked between decoding
+    batches (``None``: the thread count is left as it is).
 
     Raises:
         QkvError: a split the run's data does not have, or an unreadable run.
@@ -442,7 +444,7 @@ def evaluate_run(
     if limit:
         src, ref = src[:limit], ref[:limit]
     t0 = time.perf_counter()
-    hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha).translate(src)
+    hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha, cpu=cpu).translate(src)
     decode_s = time.perf_counter() - t0
     with torch.no_grad():
         pairs = fitting_pairs(encode_pairs(tok, src, ref), model.config.max_len)
@@ -511,9 +513,8 @@ def summary_text(summary: dict, run_dir: Path) -> str:
             else f"perplexity {valid['val_ppl']:.2f}"
         )
         return (
-            f"validation {score} after "
-            f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
-            f"(no test split scored); run directory: {run}"
+            f"validation {score} after {trained_for(summary, of_training=True)} "
+            f"(no test split scored); {run_directory(run)}"
         )
     test = summary[split]
     source = "DE: " if split == "test2016" else "SRC:"
@@ -530,8 +531,8 @@ def summary_text(summary: dict, run_dir: Path) -> str:
             f"{_chrf_exact(test)})"
         )
     lines += [
-        f"\n{split} {scores} after {summary['train_minutes']:.1f} min of training, "
-        f"{summary['steps']} steps; {summary['total_minutes']:.1f} min in all; run directory: {run}",
+        f"\n{split} {scores} after {trained_for(summary, of_training=True)}; "
+        f"{summary['total_minutes']:.1f} min in all; {run_directory(run)}",
         f'next:\n  qkv translate {run} "{example}"\n'
         f"  qkv explain {run} --serve        # attention of every layer and head, in the browser",
     ]
@@ -564,6 +565,3 @@ RNN_RECIPE = replace(
     model_type=RNN_SEQ2SEQ,
     explainer=RNNTranslationExplainer,
 )
-
-# the old names (issue 42), importable for one more release: see qkv._moved
-__getattr__ = _moved.names_of(__name__)
