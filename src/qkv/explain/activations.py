@@ -51,17 +51,11 @@ import difflib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from ..models.caption import CaptionModel
-from ..models.decoder_lm import DecoderLM
-from ..models.diffusion_lm import DiffusionLM
-from ..models.encoder import EncoderModel
-from ..models.transformer import Transformer
-from ..models.vit import VisionTransformer
 from .hooks import Hook, hooked
 
 __all__ = ["ActivationCache", "logit_lens", "record_activations", "readout", "run_with_cache"]
@@ -185,25 +179,21 @@ def run_with_cache(
 
 def readout(model: nn.Module) -> tuple[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Where the logit lens reads a model: ``(stack, head)``, the stack whose layers feed the
-    output (``""``, ``"decoder"``) and the model's own function from a residual stream
+    output (the class attribute ``readout_stack``: ``""`` by default, ``"decoder"`` for the
+    encoder-decoders) and the model's own ``readout`` method, from a residual stream
     ``(B, T, D)`` to its logits (final norm, then the output head; the ViT pools first, the
     encoder reads its masked-token head, the diffusion LM never predicts its mask token).
+    A family declares both on its model class (:mod:`qkv.models.model_types`).
 
     Raises:
-        ValueError: a model with no output head over its layers (the RNN baseline has no
-            residual stream).
+        ValueError: a model with no output head over its layers (no ``readout`` method: the
+            RNN baseline has no residual stream).
     """
-    if isinstance(model, DiffusionLM):
-        return "", lambda h: model.logits(model.final_norm(h))
-    if isinstance(model, DecoderLM):
-        return "", lambda h: model.lm_head(model.final_norm(h))
-    if isinstance(model, EncoderModel):
-        return "", lambda h: model.mlm_logits(model.final_norm(h))
-    if isinstance(model, VisionTransformer):
-        return "", lambda h: model.head(model.pool(model.final_norm(h)))
-    if isinstance(model, (Transformer, CaptionModel)):
-        return "decoder", lambda h: model.generator(model.decoder.final_norm(h))
-    raise ValueError(f"{type(model).__name__} has no residual stream to read logits from")
+    # a method of the class: a submodule that happens to be called "readout" is not one
+    if not callable(getattr(type(model), "readout", None)):
+        raise ValueError(f"{type(model).__name__} has no residual stream to read logits from")
+    head = cast(Callable[[torch.Tensor], torch.Tensor], model.readout)
+    return getattr(type(model), "readout_stack", ""), head
 
 
 @torch.no_grad()

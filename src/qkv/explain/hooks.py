@@ -16,10 +16,11 @@ and a model with no hook installed runs exactly as before. A hook on ``scores`` 
 makes that attention module compute Eq. 1 explicitly (the fused kernel never forms the
 weights), which changes its output in the last bits only.
 
-Roles: the translator's shared embedding and its one positional table are called by the
-encoder and by the decoder; their points are named by the call's role (``src_embed`` /
-``tgt_embed``, ``src_positional`` / ``tgt_positional``). A position table ``(T, D)`` is handed
-to hooks as ``(1, T, D)``.
+Roles: a model may declare ``hook_roles``, a class attribute of ``(method, role)`` pairs
+(the translator: ``encode`` is ``src``, ``decode`` is ``tgt``). The parts that the calls of
+several roles share, its one positional table and an embedding shared by the roles' stacks,
+are then named by the role of the call (``src_embed`` / ``tgt_embed``, ``src_positional`` /
+``tgt_positional``). A position table ``(T, D)`` is handed to hooks as ``(1, T, D)``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.transformer import Transformer
 from ..nn.attention import HeadHook, MultiHeadAttention
 from ..nn.feedforward import PositionwiseFeedForward
 from ..nn.layers import DecoderLayer, SelfAttentionLayer
@@ -97,14 +97,21 @@ def _layer_sites(path: str, module: nn.Module) -> list[_Site]:
     return []
 
 
+def _hook_roles(model: nn.Module) -> dict[str, str]:
+    """The model's ``hook_roles`` (see the module docstring): method name → role."""
+    return dict(getattr(type(model), "hook_roles", ()))
+
+
 def _roles(model: nn.Module, path: str) -> dict[str | None, str]:
-    """The names of a part by role: the translator's embeddings and positions are named by the
-    stack they feed (a shared embedding is one module called by both)."""
-    if isinstance(model, Transformer) and path in ("src_embed", "tgt_embed", "positional"):
-        if path == "positional":
-            return {None: "positional", "src": "src_positional", "tgt": "tgt_positional"}
-        if model.src_embed is model.tgt_embed:
-            return {None: path, "src": "src_embed", "tgt": "tgt_embed"}
+    """The names of a part by role: with ``hook_roles``, the positional table and an embedding
+    shared by the roles' stacks (``src_embed is tgt_embed``: one module called by both) are
+    named by the stack they feed."""
+    roles = list(_hook_roles(model).values())
+    embeds = [f"{role}_embed" for role in roles]
+    if roles and path == "positional":
+        return {None: "positional", **{role: f"{role}_positional" for role in roles}}
+    if path in embeds and all(getattr(model, name, None) is getattr(model, path) for name in embeds):
+        return {None: path, **dict(zip(roles, embeds, strict=True))}
     return {None: path}
 
 
@@ -246,13 +253,14 @@ def _register(site: _Site, dispatch: _Dispatch, role: list[str | None]) -> Any:
 @contextmanager
 def _role_tracking(model: nn.Module) -> Iterator[list[str | None]]:
     """A cell holding the role of the call in progress (``"src"`` inside the translator's
-    ``encode``, ``"tgt"`` inside its ``decode``), set by wrapping those two methods on the
-    instance for the block (restored on exit, nested blocks included)."""
+    ``encode``, ``"tgt"`` inside its ``decode``: the model's ``hook_roles``), set by wrapping
+    those methods on the instance for the block (restored on exit, nested blocks included)."""
     role: list[str | None] = [None]
-    if not isinstance(model, Transformer):
+    roles = _hook_roles(model)
+    if not roles:
         yield role
         return
-    saved = {name: model.__dict__.get(name) for name in ("encode", "decode")}
+    saved = {name: model.__dict__.get(name) for name in roles}
 
     def wrap(method: Callable[..., Any], name: str) -> Callable[..., Any]:
         @functools.wraps(method)
@@ -266,8 +274,8 @@ def _role_tracking(model: nn.Module) -> Iterator[list[str | None]]:
         return call
 
     try:
-        model.encode = wrap(model.encode, "src")  # type: ignore[method-assign]
-        model.decode = wrap(model.decode, "tgt")  # type: ignore[method-assign]
+        for name, tag in roles.items():
+            setattr(model, name, wrap(getattr(model, name), tag))
         yield role
     finally:
         for name, before in saved.items():

@@ -57,7 +57,7 @@ def read_pixels(
             (one line, from ``read_image``), pixels of the wrong shape or dtype, a test index out
             of range, or an input of another type (``model`` names what takes images).
     """
-    least = cfg.grid_size if isinstance(cfg, CaptionConfig) else 1
+    least = cfg.least_image_side
     if isinstance(image, int) and not isinstance(image, bool):
         return test_image(image)
     if isinstance(image, np.ndarray):

@@ -25,18 +25,17 @@ from safetensors.torch import load_file, save_file
 from .. import runs
 from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
-from ..files import atomic_write, read_json, save_weights, torch_load_refusal, write_json
-from ..models.config import EncoderConfig, LMConfig, ModelConfig
-from ..models.decoder_lm import DecoderLM
-from ..models.encoder import EncoderModel
-from ..models.model_types import for_config
-from ..models.transformer import Transformer
-from ..models.vit import VisionTransformer
-from ..runs.layout import CONFIG, TRAIN_CONFIG
+from ..files import atomic_write, read_json, refuse_nonempty, save_weights, torch_load_refusal, write_json
+from ..models.config import ModelConfig
+from ..models.model_types import DECODER_LM, ENCODER, TRANSFORMER, VIT, ModelType, built_as, for_config
+from ..runs.layout import CONFIG, TOKENIZER, TRAIN_CONFIG, WEIGHTS
 from . import keymap
 from .families import Family, family_for, family_of
 
 logger = logging.getLogger(__name__)
+
+# the model families qkv writes as HF checkpoints (hub.families.family_for names their HF family)
+HF_WRITES: tuple[ModelType, ...] = (ENCODER, DECODER_LM, TRANSFORMER, VIT)
 
 
 def layer_counts(config: ModelConfig) -> dict[str, int]:
@@ -80,7 +79,7 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     Raises:
         QkvError: neither file, an unreadable file, or a pickle that is not a plain state dict.
     """
-    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
+    st, pt = folder / WEIGHTS, folder / "pytorch_model.bin"
     if st.is_file():
         try:
             return load_file(st)
@@ -104,7 +103,7 @@ def read_tokenizer(folder: Path, tokenizer: str | Path | None = None) -> HFToken
     none."""
     path = Path(tokenizer) if tokenizer is not None else None
     if path is None:
-        path = next((folder / n for n in ("tokenizer.json", "vocab.txt") if (folder / n).is_file()), None)
+        path = next((folder / n for n in (TOKENIZER, "vocab.txt") if (folder / n).is_file()), None)
     if path is None:
         raise QkvError(f"{folder} has no tokenizer (tokenizer.json or vocab.txt); give one with --tokenizer")
     if not path.is_file():
@@ -118,7 +117,7 @@ def read_tokenizer(folder: Path, tokenizer: str | Path | None = None) -> HFToken
 
 def _pooling(folder: Path) -> str | None:
     """``"mean"`` or ``"cls"`` from a sentence-transformers ``1_Pooling/config.json``."""
-    path = folder / "1_Pooling" / "config.json"
+    path = folder / "1_Pooling" / CONFIG
     if not path.is_file():
         return None
     cfg = read_json(path)
@@ -145,14 +144,14 @@ def read_hf(
     folder = Path(folder)
     if not folder.is_dir():
         raise QkvError(f"HF folder not found: {folder}")
-    if not (folder / "config.json").is_file():
+    if not (folder / CONFIG).is_file():
         raise QkvError(f"{folder} has no config.json (not an HF model folder)")
-    hf_config = read_json(folder / "config.json")
+    hf_config = read_json(folder / CONFIG)
     family = family_of(hf_config)
     tok = read_tokenizer(folder, tokenizer) if family.tokenizer else None
     pooling = _pooling(folder)
     extra = {**({"pooling": pooling} if pooling else {}), **(settings or {})}
-    return convert_state(hf_config, read_state_dict(folder), tok, extra, where=folder / "config.json")
+    return convert_state(hf_config, read_state_dict(folder), tok, extra, where=folder / CONFIG)
 
 
 def convert_state(
@@ -160,7 +159,7 @@ def convert_state(
     state: dict[str, torch.Tensor],
     tokenizer: HFTokenizer | None,
     settings: dict | None = None,
-    where: str | Path = "config.json",
+    where: str | Path = CONFIG,
 ) -> Converted:
     """The in-memory core of :func:`read_hf`: an HF ``config.json`` (as a dict) and state dict
     (HF tensor names) → a qkv model, for checkpoints that reach qkv by another road than an HF
@@ -180,7 +179,7 @@ def convert_state(
     except (KeyError, TypeError, ValueError) as exc:
         raise QkvError(f"{where}: cannot read it as {family.name}: {exc}") from None
     extra = dict(settings or {})
-    if "pooling" in extra and not isinstance(config, EncoderConfig):
+    if "pooling" in extra and for_config(config) is not ENCODER:
         del extra["pooling"]
     if extra:
         config = type(config).from_dict({**config.to_dict(), **extra})
@@ -194,19 +193,6 @@ def convert_state(
     }
     keymap.load_into(model, qkv_state, TASK_HEADS + tuple(absent), {r.qkv for r in rules if r.reshape})
     return Converted(model.eval(), tokenizer, family, parts, hf_config, kept)
-
-
-def refuse_nonempty(path: str | Path, what: str = "run directory") -> None:
-    """Raise :class:`QkvError` when ``path`` exists and is not an empty directory, or lies under
-    a file (its nearest existing parent is not a folder: it could not be made there): what
-    :func:`write_run` (and the exports) would refuse, checked before a checkpoint is read or
-    downloaded. ``what``: how the message names a new one."""
-    path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise QkvError(f"{path} already exists and is not empty; choose a new {what}")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise QkvError(f"{path}: cannot make a folder there, {parent} is a file")
 
 
 def import_hf(
@@ -235,7 +221,7 @@ def write_run(conv: Converted, run_dir: str | Path, source: str) -> None:
     run_dir = Path(run_dir)
     conv.config.save(run_dir / CONFIG)
     if conv.tokenizer is not None:
-        conv.tokenizer.save(run_dir / "tokenizer.json")
+        conv.tokenizer.save(run_dir / TOKENIZER)
     if conv.kept:
         atomic_write(
             run_dir / HF_EXTRA, lambda tmp: save_file({k: v.contiguous() for k, v in conv.kept.items()}, tmp)
@@ -253,7 +239,7 @@ def write_run(conv: Converted, run_dir: str | Path, source: str) -> None:
         run_dir / TRAIN_CONFIG,
         {**runs.run_header(conv.family.recipe, conv.config), "converted_from": source},
     )
-    save_weights(conv.model, run_dir / "model.safetensors")  # last: its presence marks a complete run
+    save_weights(conv.model, run_dir / WEIGHTS)  # last: its presence marks a complete run
     logger.debug(
         f"converted {conv.family.name} ({', '.join(sorted(conv.parts))}) from {source} into {run_dir}"
     )
@@ -288,32 +274,33 @@ def hf_state(
     Raises:
         QkvError: a model the family cannot express (the fields named).
     """
-    if not isinstance(model, (EncoderModel, DecoderLM, Transformer, VisionTransformer)):
+    if not any(built_as(model, kind) for kind in HF_WRITES):
         raise QkvError(
             f"{run_dir} holds a {type(model).__name__}; qkv exports encoders, decoder-only "
             "LMs, encoder-decoders and ViTs to HF"
         )
+    config = cast(ModelConfig, model.config)  # each family of HF_WRITES has a ModelConfig
     meta = read_json(run_dir / "hf.json") if (run_dir / "hf.json").is_file() else {}
-    family = family_for(model.config)
+    family = family_for(config)
     if meta.get("family", family.name) != family.name:
         raise QkvError(f"{run_dir}/hf.json names family {meta['family']!r}, but the model is {family.name}")
     # the parts the model has (a pooler, a logits bias only with their config options); of those,
     # the ones the original checkpoint had (a run qkv trained: all); a tied output projection
     # is the embedding matrix and is not written
     state = model.state_dict()
-    counts = layer_counts(model.config)
+    counts = layer_counts(config)
     has = {
         part
         for part in {r.part for r in family.rules}
         if all(r.qkv in state for r in keymap.expand(family.rules, counts, {part}))
     }
     parts = (has & set(meta["parts"]) if "parts" in meta else has) - leave_out
-    if isinstance(model.config, LMConfig) and model.config.tie_embeddings:
+    if built_as(model, DECODER_LM) and model.config.tie_embeddings:
         parts.discard("lm_head")
-    hf_config = {**meta.get("hf_config", {}), **family.to_hf(model.config)}
+    hf_config = {**meta.get("hf_config", {}), **family.to_hf(config)}
     hf_config["architectures"] = [family.architecture(parts)]
     rules = keymap.expand(family.rules, counts, parts)
-    tensors = keymap.to_hf(state, rules, family.hf_shapes(model.config))
+    tensors = keymap.to_hf(state, rules, family.hf_shapes(config))
     if (run_dir / HF_EXTRA).is_file():
         tensors.update(load_file(run_dir / HF_EXTRA))
     if hf_config["architectures"][0] == family.base_model:  # a bare base model: no prefix
@@ -324,9 +311,7 @@ def hf_state(
 def write_hf(run_dir: Path, out_dir: Path, hf_config: dict, tensors: dict[str, torch.Tensor]) -> None:
     """Write an HF folder from :func:`hf_state`'s output: ``config.json``, the run's
     ``tokenizer.json`` (a family that reads text) and ``model.safetensors`` (last)."""
-    write_json(out_dir / "config.json", hf_config)
+    write_json(out_dir / CONFIG, hf_config)
     if family_of(hf_config).tokenizer:
-        shutil.copyfile(run_dir / "tokenizer.json", out_dir / "tokenizer.json")
-    atomic_write(
-        out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
-    )
+        shutil.copyfile(run_dir / TOKENIZER, out_dir / TOKENIZER)
+    atomic_write(out_dir / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))

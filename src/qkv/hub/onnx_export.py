@@ -1,7 +1,8 @@
 """A run out as ONNX graphs (``qkv convert --to onnx RUN_DIR DIR``), for onnxruntime in Python,
 in a service or in a browser (onnxruntime-web).
 
-What :func:`export_onnx` writes in ``DIR``, by family (the run's recipe):
+What :func:`export_onnx` writes in ``DIR``, by family (the run's recipe; each model type's entry
+of :data:`GRAPHS` builds its graphs):
 
 - **lm**: ``decoder.onnx``, one decoding step with its key/value cache as graph inputs and
   outputs, so generation is incremental: ``tokens (B, T)`` int64, ``past_keys`` and
@@ -51,7 +52,9 @@ import logging
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +65,13 @@ from torch import nn
 from .. import runs
 from ..data.sources import sha256sum
 from ..errors import QkvError
-from ..files import read_json, write_json
+from ..files import read_json, refuse_nonempty, write_json
 from ..models.caption import CaptionModel
 from ..models.decoder_lm import DecoderLM
-from ..models.diffusion_lm import DiffusionLM
-from ..models.encoder import EncoderModel
+from ..models.model_types import for_model
 from ..models.transformer import Transformer
-from ..models.vit import VisionTransformer
 from ..nn.attention import KVCache
-from ..runs.layout import TASK
-from .convert import refuse_nonempty
+from ..runs.layout import TASK, TOKENIZER
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +241,9 @@ def _images(config: Any) -> torch.Tensor:
     return torch.rand(B, config.channels, config.image_size, config.image_size) * 2 - 1
 
 
-def _lm_graphs(model: DecoderLM, attentions: bool) -> list[Graph]:
+def lm_graphs(model: DecoderLM, level: str, attentions: bool) -> list[Graph]:
+    """A decoder-only LM's ``decoder.onnx``: one decoding step with its cache (the module
+    docstring). ``level`` is not read."""
     config: Any = model.config
     names, axes = _weights(["attentions"], attentions)
     inputs = {"tokens": torch.randint(0, config.vocab_size, (B, T)), **_past(config, B, P)}
@@ -251,9 +253,12 @@ def _lm_graphs(model: DecoderLM, attentions: bool) -> list[Graph]:
     ]
 
 
-def _seq2seq_graphs(model: Transformer | CaptionModel, attentions: bool) -> list[Graph]:
+def seq2seq_graphs(
+    model: Transformer | CaptionModel, level: str, attentions: bool, translator: bool
+) -> list[Graph]:
+    """A translator's (``translator``: token input) or a captioner's (image input)
+    ``encoder.onnx`` and ``decoder.onnx`` (the module docstring). ``level`` is not read."""
     config: Any = model.config
-    translator = isinstance(model, Transformer)
     if translator:
         enc_in = {"src": torch.randint(4, config.src_vocab_size, (B, T + 2))}
         enc_axes = {"src": {0: "batch", 1: "src_length"}}
@@ -275,33 +280,64 @@ def _seq2seq_graphs(model: Transformer | CaptionModel, attentions: bool) -> list
     return [encoder, Graph("decoder.onnx", step, inputs, outputs, axes)]
 
 
+def image_graphs(model: nn.Module, level: str, attentions: bool) -> list[Graph]:
+    """``model.onnx`` of a model read in one pass over images (the ViT): ``images`` →
+    ``logits (B, num_labels)``. ``level`` is not read."""
+    names, axes = _weights(["attentions"], attentions)
+    axes |= {"images": {0: "batch"}, "logits": {0: "batch"}}
+    inputs = {"images": _images(model.config)}
+    return [Graph("model.onnx", Whole(model, attentions), inputs, ["logits", *names], axes)]
+
+
+def token_graphs(model: nn.Module, level: str, attentions: bool, **kwargs: Any) -> list[Graph]:
+    """``model.onnx`` of a model read in one pass over tokens (the diffusion LM; the encoder,
+    whose ``kwargs`` name its ``head``): ``tokens`` → ``logits``, ``(B, T, V)`` or, for
+    ``level="sequence"``, ``(B, num_labels)``. The model's forward takes ``(tokens,
+    need_weights=...)`` and returns an output with ``logits`` (and ``attentions``)."""
+    config: Any = model.config
+    names, axes = _weights(["attentions"], attentions)
+    tokens = torch.randint(0, config.vocab_size, (B, T))
+    axes |= {"tokens": SEQ, "logits": {0: "batch"} if level == "sequence" else SEQ}
+    whole = Whole(model, attentions, **kwargs)
+    return [Graph("model.onnx", whole, {"tokens": tokens}, ["logits", *names], axes)]
+
+
+def encoder_graphs(model: nn.Module, level: str, attentions: bool) -> list[Graph]:
+    """An encoder's ``model.onnx``: :func:`token_graphs` with the run's head (``level``)."""
+    return token_graphs(model, level, attentions, head=level)
+
+
+GraphsOf = Callable[[Any, str, bool], "list[Graph]"]
+"""``(model, level, attentions) → graphs``: what a family exports (``level``: an encoder's
+head, ``"mlm"``, ``"sequence"`` or ``"residue"``; ``attentions``: the weights as outputs)."""
+
+GRAPHS: dict[str, GraphsOf] = {
+    "decoder-lm": lm_graphs,
+    "transformer": partial(seq2seq_graphs, translator=True),
+    "caption": partial(seq2seq_graphs, translator=False),
+    "diffusion-lm": token_graphs,
+    "encoder": encoder_graphs,
+    "vit": image_graphs,
+}
+"""Each exportable family's graphs, by its model type's name
+(:data:`qkv.models.model_types.MODEL_TYPES`). A family without an entry (the RNN baseline) is
+refused; a new family adds its line here (:func:`token_graphs` serves a model read in one
+pass over tokens)."""
+
+
 def graphs(model: nn.Module, recipe: str, level: str, attentions: bool) -> list[Graph]:
-    """The graphs of ``model`` (see the module docstring), each with example inputs of batch 2.
-    ``level``: an encoder's head (``"mlm"``, ``"sequence"``, ``"residue"``).
+    """The graphs of ``model`` (see the module docstring; its family's entry of :data:`GRAPHS`),
+    each with example inputs of batch 2. ``level``: an encoder's head (``"mlm"``,
+    ``"sequence"``, ``"residue"``).
 
     Raises:
         QkvError: a model of a family not exportable yet (the RNN baseline).
+        TypeError: a module of no registered family (:func:`~qkv.models.model_types.for_model`).
     """
-    if isinstance(model, DecoderLM):
-        return _lm_graphs(model, attentions)
-    if isinstance(model, (Transformer, CaptionModel)):
-        return _seq2seq_graphs(model, attentions)
-    config: Any = model.config
-    names, axes = _weights(["attentions"], attentions)
-    if isinstance(model, VisionTransformer):
-        axes |= {"images": {0: "batch"}, "logits": {0: "batch"}}
-        return [
-            Graph(
-                "model.onnx", Whole(model, attentions), {"images": _images(config)}, ["logits", *names], axes
-            )
-        ]
-    if isinstance(model, (DiffusionLM, EncoderModel)):
-        kwargs = {"head": level} if isinstance(model, EncoderModel) else {}
-        tokens = torch.randint(0, config.vocab_size, (B, T))
-        axes |= {"tokens": SEQ, "logits": {0: "batch"} if level == "sequence" else SEQ}
-        whole = Whole(model, attentions, **kwargs)
-        return [Graph("model.onnx", whole, {"tokens": tokens}, ["logits", *names], axes)]
-    raise QkvError(f"a {recipe!r} run ({type(model).__name__}) cannot be exported to ONNX yet")
+    export = GRAPHS.get(for_model(model).name)
+    if export is None:
+        raise QkvError(f"a {recipe!r} run ({type(model).__name__}) cannot be exported to ONNX yet")
+    return export(model, level, attentions)
 
 
 def max_opset() -> int:
@@ -532,7 +568,7 @@ def export_onnx(
             opsets[graph.file] = _opset_written(staged / graph.file, opset)
             logger.debug("%s: %s exporter, opset %d", graph.file, files[graph.file], opsets[graph.file])
         if tokenizer is not None:
-            write_hf_tokenizer(tokenizer, staged / "tokenizer.json")
+            write_hf_tokenizer(tokenizer, staged / TOKENIZER)
         manifest = {
             "format": 1,
             "recipe": recipe,

@@ -18,7 +18,7 @@ instead (the layout of PEFT's ``save_pretrained``):
   computes the run's logits.
 
 ``W0`` is exact where the checkpoint the run's weights were chosen from (``best.safetensors``,
-else ``last.safetensors``, as :func:`qkv.train.run.keep_best` picks it) still holds the
+else ``last.safetensors``, as :func:`qkv.runs.layout.select_weights` picks it) still holds the
 frozen weights (PEFT's ``base_layer`` tensors) beside the same adapters, bit for bit;
 otherwise it is ``W - (α/r)·B A``, computed as PEFT merges (within float32 rounding of ``W``).
 
@@ -47,6 +47,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -54,14 +55,13 @@ from safetensors.torch import save_file
 
 from .. import runs
 from ..errors import QkvError
-from ..files import atomic_write, read_json, read_safetensors, write_json
+from ..files import atomic_write, read_json, read_safetensors, refuse_nonempty, write_json
 from ..models.config import EncoderConfig, ModelConfig
-from ..models.decoder_lm import DecoderLM
-from ..models.encoder import EncoderModel
-from ..runs.layout import TASK
+from ..models.model_types import DECODER_LM, ENCODER, built_as
+from ..runs.layout import TASK, select_weights
 from ..train.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_library
 from . import keymap
-from .convert import hf_state, layer_counts, refuse_nonempty, write_hf
+from .convert import hf_state, layer_counts, write_hf
 from .families import Family, family_for
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
     settings, rank, alpha = _lora_settings(run_dir)
     adapters = _adapters(read_safetensors(run_dir / ADAPTER_WEIGHTS), run_dir)
     model, _ = runs.load_run(run_dir)
-    if not isinstance(model, (EncoderModel, DecoderLM)):
+    if not (built_as(model, ENCODER) or built_as(model, DECODER_LM)):
         raise QkvError(
             f"{run_dir} holds a {type(model).__name__}; qkv exports the adapters of encoders and LMs"
         )
@@ -229,8 +229,7 @@ def _frozen_weights(
                 f"{run_dir}: the adapter of {m} (A {tuple(a.shape)}, B {tuple(b.shape)}) does not fit "
                 f"its weight {tuple(w.shape)}"
             )
-    best = run_dir / "best.safetensors"
-    checkpoint = best if best.is_file() else run_dir / "last.safetensors"
+    checkpoint = select_weights(run_dir)
     try:
         if checkpoint.is_file():
             with safe_open(checkpoint, "pt") as f:
@@ -266,8 +265,7 @@ def _head(model: torch.nn.Module, family: str, level: str | None, run_dir: Path)
     state = model.state_dict()
     if level == "residue":
         return {f"classifier.{k}": state[f"residue_head.{k}"] for k in ("weight", "bias")}
-    config = model.config
-    assert isinstance(config, EncoderConfig)
+    config = cast(EncoderConfig, model.config)  # a task head: the model is an encoder
     if config.pooling != "cls" or not config.pooler:
         reads = "the mean of the tokens" if config.pooling == "mean" else "the <cls> state without a pooler"
         raise QkvError(

@@ -22,6 +22,7 @@ from ..data.batching import pad_sequences, token_batches
 from ..data.tokenizers import AminoAcidTokenizer, protein_tokenizer
 from ..errors import QkvError
 from ..models.encoder import EncoderModel
+from ..models.model_types import ENCODER, built_as
 from ..runs.layout import TASK
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class ProteinEncoder:
         from ..hub.pretrained import load
 
         model, tok = load(source, device=device, revision=revision)
-        if not isinstance(model, EncoderModel):
+        if not built_as(model, ENCODER):
             raise QkvError(f"{source} is a {type(model).__name__}, not a protein encoder")
         return cls._with_task(model, tok, source, device)
 

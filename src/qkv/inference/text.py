@@ -18,9 +18,10 @@ import torch
 from ..data.batching import pad_sequences, token_batches
 from ..errors import QkvError
 from ..models.encoder import EncoderModel, masked_mean
+from ..models.model_types import ENCODER, built_as
 from ..runs import run_json
 from ..runs.layout import TASK
-from .layout import prepare_for_inference
+from .weight_layout import prepare_for_inference
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class TextEncoder:
         from ..hub.pretrained import load
 
         model, tokenizer = load(name_or_path, device, revision)
-        if not isinstance(model, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
+        if not built_as(model, ENCODER) or getattr(tokenizer, "kind", None) != "hf":
             raise QkvError(
                 f"{name_or_path} is not a pretrained text encoder (a BERT-style model with its own tokenizer)"
             )

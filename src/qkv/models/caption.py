@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._moved import renamed_arguments
 from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
@@ -134,7 +133,6 @@ class CaptionModel(nn.Module):
             x = x + self.positional(torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device))
         return self.embed_dropout(x)
 
-    @renamed_arguments(memory_mask="src_mask")
     def decode(
         self,
         tgt: torch.Tensor,
@@ -149,7 +147,7 @@ class CaptionModel(nn.Module):
         :meth:`new_caches`), ``tgt`` holds only the new tokens, at ``start_pos ...``.
         ``src_mask``: the mask over ``memory`` (:meth:`encode`'s ``None``: every patch is
         real), named as :meth:`Transformer.decode <qkv.models.transformer.Transformer.decode>`
-        names it so one decoding loop drives both (``memory_mask=`` is its deprecated name)."""
+        names it so one decoding loop drives both."""
         x = self.embed(tgt, start_pos)
         h, self_w, cross_w = self.decoder(
             x, memory, src_mask=src_mask, caches=caches, need_weights=need_weights
@@ -164,6 +162,13 @@ class CaptionModel(nn.Module):
         memory, src_mask, enc_w = self.encode(images, need_weights)
         logits, self_w, cross_w = self.decode(tgt, memory, src_mask, need_weights=need_weights)
         return CaptionOutput(logits, enc_w, self_w, cross_w)
+
+    readout_stack = "decoder"  # the stack whose residual stream readout reads
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the decoder's residual stream ``(B, T, D)`` → ``(B, T, V)``: its final
+        norm, then the generator (the logit lens, :func:`qkv.explain.activations.logit_lens`)."""
+        return self.generator(self.decoder.final_norm(hidden))
 
     def num_parameters(self) -> int:
         """Number of distinct trainable parameters (the tied matrix counted once)."""

@@ -378,6 +378,12 @@ class PatchGrid:
         """Patch tokens per image, ``grid_size²`` (no class token counted)."""
         return self.grid_size**2
 
+    @property
+    def least_image_side(self) -> int:
+        """The fewest pixels a side of an input image may have (``least`` of
+        :func:`qkv.data.images.read_image`): 1, any image is resized to ``image_size``."""
+        return 1
+
     def _grid_problems(self, sinusoidal: bool) -> list[str]:
         out = [
             f"{n} ({getattr(self, n)}) must be >= 1"
@@ -474,6 +480,12 @@ class CaptionConfig(PatchGrid, ModelConfig):
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+
+    @property
+    def least_image_side(self) -> int:
+        """A captioner's patches per row: scaled up from fewer pixels, its patches would hold
+        interpolation rather than the image."""
+        return self.grid_size
 
     def problems(self) -> list[str]:
         out = super().problems() + self._vocab_problems(("vocab_size",), ("pad_id", "bos_id", "eos_id"))

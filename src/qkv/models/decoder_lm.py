@@ -82,3 +82,8 @@ class DecoderLM(TransformerStack):
         if last_only:
             x = x[:, -1:]
         return LMOutput(self.lm_head(x), weights)  # logits (B, T, V)
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of a residual stream ``(B, T, D)`` → ``(B, T, V)``: the final norm, then
+        the output head (the logit lens, :func:`qkv.explain.activations.logit_lens`)."""
+        return self.lm_head(self.final_norm(hidden))

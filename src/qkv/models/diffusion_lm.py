@@ -68,3 +68,8 @@ class DiffusionLM(TransformerStack):
         # SUBS: the model never predicts [MASK]; -inf keeps softmax and cross-entropy exact.
         logits[..., self.config.mask_id] = float("-inf")
         return logits
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of a residual stream ``(B, T, D)`` → ``(B, T, V)``: the final norm, then
+        :meth:`logits` (the logit lens, :func:`qkv.explain.activations.logit_lens`)."""
+        return self.logits(self.final_norm(hidden))

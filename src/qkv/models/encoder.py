@@ -136,6 +136,11 @@ class EncoderModel(TransformerStack):
         ``config.head_activation``, LayerNorm; then the projection tied to the embeddings)."""
         return self.mlm_head(self.mlm_transform(hidden))
 
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of a residual stream ``(B, T, D)`` → ``(B, T, V)``: the final norm, then
+        the masked-token head (the logit lens, :func:`qkv.explain.activations.logit_lens`)."""
+        return self.mlm_logits(self.final_norm(hidden))
+
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """One vector per sequence ``(B, D)``: the first (``<cls>``) position (through the
         pooler when the model has one) or the mean of real positions."""

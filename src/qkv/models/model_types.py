@@ -4,11 +4,23 @@ records as ``"model_type"`` (as Hugging Face's ``config.json`` does): which conf
 
 Recipes name theirs (:attr:`qkv.recipes.recipe.Recipe.model_type`); :func:`qkv.runs.load_run`
 reads a run of any kind through this table without knowing the recipes, which sit above it.
+
+This table is the family registry: code above ``models/`` asks it which family a model or a
+config is (:func:`for_model`, :func:`for_config`, :func:`built_as`) rather than testing classes
+itself, and what a higher layer keeps per family is keyed by the entry's ``name``
+(:data:`qkv.hub.onnx_export.GRAPHS`; a recipe's explainer). What a family says of itself lives
+on its model class: ``readout(hidden)``, its output head over the residual stream (the logit
+lens, :func:`qkv.explain.activations.readout`), and the optional class attributes
+``readout_stack`` (the stack whose layers feed that head, ``"decoder"`` for an
+encoder-decoder) and ``hook_roles`` (methods whose calls name the parts both stacks share,
+:mod:`qkv.explain.hooks`). CONTRIBUTING.md ("A model family") lists every place a new family
+touches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeGuard, TypeVar
 
 from torch import nn
 
@@ -30,16 +42,18 @@ from .rnn import RNNSeq2Seq
 from .transformer import Transformer
 from .vit import VisionTransformer
 
+Model = TypeVar("Model", bound=nn.Module)
+
 
 @dataclass(frozen=True)
-class ModelType:
+class ModelType(Generic[Model]):
     """One architecture: ``name`` (what ``train_config.json`` records), its ``config`` class,
     the ``model`` class built from it, and whether its input is tokens (a ``tokenizer.json``
     beside the weights; a ViT reads pixels)."""
 
     name: str
     config: type[SavedConfig]
-    model: type[nn.Module]
+    model: type[Model]
     tokenizer: bool = True
 
 
@@ -66,3 +80,23 @@ def for_config(config: SavedConfig) -> ModelType:
         if type(config) is kind.config:
             return kind
     raise TypeError(f"no model type reads a {type(config).__name__}")
+
+
+def for_model(model: nn.Module) -> ModelType:
+    """The architecture ``model`` is: the entry whose model class is ``model``'s class, or the
+    nearest of its bases that an entry names.
+
+    Raises:
+        TypeError: a module no entry of :data:`MODEL_TYPES` builds.
+    """
+    for cls in type(model).__mro__:
+        for kind in MODEL_TYPES.values():
+            if kind.model is cls:
+                return kind
+    raise TypeError(f"no model type builds a {type(model).__name__}")
+
+
+def built_as(model: nn.Module, kind: ModelType[Model]) -> TypeGuard[Model]:
+    """Whether ``model`` is a model of ``kind`` (its model class or a subclass): the check of a
+    model a user hands to a verb that takes one family (``init=`` must name an encoder)."""
+    return isinstance(model, kind.model)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._moved import renamed_arguments
 from ..compat import read_old_weights
 from ..nn.attention import KVCache
 from ..nn.embeddings import TokenEmbedding
@@ -55,7 +54,6 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers))
         self.final_norm = final_norm(cfg)
 
-    @renamed_arguments(mask="src_mask")
     def forward(
         self, x: torch.Tensor, src_mask: torch.Tensor | None = None, need_weights: bool = False
     ) -> tuple[torch.Tensor, tuple]:
@@ -80,7 +78,6 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_decoder_layers))
         self.final_norm = final_norm(cfg)
 
-    @renamed_arguments(self_mask="tgt_mask", memory_mask="src_mask")
     def forward(
         self,
         x: torch.Tensor,
@@ -214,6 +211,17 @@ class Transformer(nn.Module):
         memory, src_mask, enc_w = self.encode(src, need_weights)
         logits, self_w, cross_w = self.decode(tgt, memory, src_mask, need_weights=need_weights)
         return Seq2SeqOutput(logits, enc_w, self_w, cross_w)
+
+    readout_stack = "decoder"  # the stack whose residual stream readout reads
+    # calls of these methods name the parts both stacks call (the positional table, a shared
+    # embedding) by role in the hook points (qkv.explain.hooks): src_embed, tgt_positional, ...
+    hook_roles = (("encode", "src"), ("decode", "tgt"))
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the decoder's residual stream ``(B, T, D)`` → ``(B, T, V_tgt)``: its
+        final norm, then the generator (the logit lens,
+        :func:`qkv.explain.activations.logit_lens`)."""
+        return self.generator(self.decoder.final_norm(hidden))
 
     def num_parameters(self) -> int:
         """Number of distinct trainable parameters (tied matrices counted once)."""

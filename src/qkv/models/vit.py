@@ -106,6 +106,12 @@ class VisionTransformer(nn.Module):
         (``pooling="cls"``, Eq. 4) or the mean of the patches' (``"mean"``)."""
         return x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(1)
 
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The class logits of a residual stream ``(B, 1 + N, D)`` → ``(B, num_labels)``: the
+        final norm, :meth:`pool`, the head (the logit lens,
+        :func:`qkv.explain.activations.logit_lens`)."""
+        return self.head(self.pool(self.final_norm(hidden)))
+
     def num_parameters(self) -> int:
         """Number of trainable parameters."""
         return sum(p.numel() for p in self.parameters())

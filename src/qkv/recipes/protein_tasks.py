@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import _moved
 from ..data.batching import pad_sequences
 from ..data.protein_tasks import ProteinTask, load_task
 from ..data.tokenizers import AminoAcidTokenizer, PretrainedProteinTokenizer, protein_tokenizer
@@ -37,12 +36,12 @@ from ..explain.explainers import ProteinExplainer
 from ..inference.protein import ProteinEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
-from ..models.model_types import ENCODER
+from ..models.model_types import ENCODER, built_as
 from ..runs import RunInfo
-from ..runs.layout import TASK
+from ..runs.layout import SUMMARY, TASK
 from ..train.run import SequenceClassifierRun
 from ..train.train_settings import TrainSettings
-from .common import LORA_KEYS, TASK_SPLITS, encoder_with_head, require_at_least_one
+from .common import LORA_KEYS, TASK_SPLITS, closing_sentence, encoder_with_head, require_at_least_one
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -150,7 +149,7 @@ def build_model(
     from ..hub.pretrained import load
 
     pretrained, pretrained_tok = load(settings.init)
-    if not isinstance(pretrained, EncoderModel):
+    if not built_as(pretrained, ENCODER):
         raise QkvError(f"init={settings.init} is a {type(pretrained).__name__}, not an encoder")
     model = encoder_with_head(
         pretrained,
@@ -330,10 +329,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     if base:
         base_score = base[score if score != "q3" else "accuracy"]
         line += f"; baseline ({base['baseline']}): {score.upper()} {base_score:.3f}"
-    return (
-        f"{line}\nafter {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
-        f"{Path(run_dir).resolve()} (confusion.png, summary.json)"
-    )
+    return f"{line}\n{closing_sentence(summary, run_dir, 'confusion.png', SUMMARY)}"
 
 
 def _protein_recipe(name: str, train) -> Recipe:
@@ -355,6 +351,3 @@ def _protein_recipe(name: str, train) -> Recipe:
 # One module, two recipes: a label per sequence, or per residue.
 CLS_RECIPE = _protein_recipe("protein-cls", ProteinCLSRun.train)
 RESIDUE_RECIPE = _protein_recipe("protein-residue", ProteinResidueRun.train)
-
-# the old names (issue 42), importable for one more release: see qkv._moved
-__getattr__ = _moved.names_of(__name__)

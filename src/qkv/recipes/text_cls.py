@@ -28,7 +28,6 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from .. import _moved
 from ..data.batching import pad_sequences
 from ..data.text_tasks import TextTask, load_text_task
 from ..data.tokenizers import HFTokenizer
@@ -39,12 +38,19 @@ from ..hub.pretrained import load
 from ..inference.text import TextEncoder
 from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel
-from ..models.model_types import ENCODER
+from ..models.model_types import ENCODER, built_as
 from ..runs import RunInfo
-from ..runs.layout import TASK
+from ..runs.layout import SUMMARY, TASK
 from ..train.run import SequenceClassifierRun
 from ..train.train_settings import TrainSettings
-from .common import LORA_KEYS, TASK_SPLITS, encoder_with_head, require_at_least_one
+from .common import (
+    LORA_KEYS,
+    TASK_SPLITS,
+    encoder_with_head,
+    require_at_least_one,
+    run_directory,
+    trained_for,
+)
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -134,7 +140,7 @@ def build_model(settings: TextClsSettings, num_labels: int) -> tuple[EncoderMode
     """``(model, tokenizer)``: the init's architecture with a ``num_labels`` head, the recipe's
     dropout and pooling, and (unless ``scratch``) the pretrained weights but for the heads."""
     pretrained, tokenizer = load(settings.init)
-    if not isinstance(pretrained, EncoderModel) or getattr(tokenizer, "kind", None) != "hf":
+    if not built_as(pretrained, ENCODER) or getattr(tokenizer, "kind", None) != "hf":
         raise QkvError(f"init={settings.init} is not a pretrained text encoder")
     model = encoder_with_head(
         pretrained,
@@ -242,13 +248,12 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     test = summary["test"]
     line = (
         f"{summary['task']} test accuracy {test['accuracy']:.4f} (MCC {test['mcc']:.3f}), "
-        f"{summary['mode']} of {summary['init']}, after {summary['train_minutes']:.1f} min and "
-        f"{summary['steps']} steps"
+        f"{summary['mode']} of {summary['init']}, after {trained_for(summary)}"
     )
     base = summary.get("baseline_test")
     if base:
         line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
-    return f"{line}\nrun directory: {Path(run_dir).resolve()} (summary.json, confusion.png)"
+    return f"{line}\n{run_directory(run_dir, SUMMARY, 'confusion.png')}"
 
 
 RECIPE = Recipe(
@@ -264,6 +269,3 @@ RECIPE = Recipe(
     classifier=True,
     adapters=True,
 )
-
-# the old names (issue 42), importable for one more release: see qkv._moved
-__getattr__ = _moved.names_of(__name__)
