@@ -305,27 +305,23 @@ def test_attention_hand_computed_example():
         assert torch.allclose(_sdpa(q, k, v, backend), s.output, atol=1e-5)
 
 
-def test_old_mask_keywords_still_work_with_a_deprecation_warning():
-    """mask= (and the layers' self_mask=/memory_mask=) were renamed attn_mask= (tgt_mask=,
-    src_mask=): the old keyword gives the same result for one release, with a warning naming
-    the new one; passing both is an error."""
+def test_the_mask_keywords_of_0_1_are_gone():
+    """0.2.0 removed the old mask keywords (``mask=``, the layers' ``self_mask=`` /
+    ``memory_mask=``): each is an unknown keyword now, and the new names give the result."""
     from qkv.nn import DecoderLayer, LayerConfig
 
     q, k, v = _qkv()
     mask = _key_mask([6, 3], 6)
-    new = scaled_dot_product_attention(q, k, v, attn_mask=mask)[0]
-    with pytest.warns(DeprecationWarning, match="mask= is deprecated .*: use attn_mask="):
-        old = scaled_dot_product_attention(q, k, v, mask=mask)[0]
-    assert torch.equal(old, new)
-    with pytest.raises(TypeError, match="both mask= and attn_mask="):
-        scaled_dot_product_attention(q, k, v, mask=mask, attn_mask=mask)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'mask'"):
+        scaled_dot_product_attention(q, k, v, mask=mask)
     mha, x = MultiHeadAttention(16, 4).eval(), torch.randn(2, 6, 16)
-    with pytest.warns(DeprecationWarning, match="use attn_mask="):
-        assert torch.equal(mha(x, mask=mask)[0], mha(x, attn_mask=mask)[0])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'mask'"):
+        mha(x, mask=mask)
     layer = DecoderLayer(LayerConfig(d_model=16, n_heads=4, d_ff=32, dropout=0.0)).eval()
-    with pytest.warns(DeprecationWarning, match="use src_mask="):
-        old = layer(x, x, memory_mask=mask)[0]
-    assert torch.equal(old, layer(x, x, src_mask=mask)[0])
+    for old in ("self_mask", "memory_mask"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+            layer(x, x, **{old: mask})
+    assert layer(x, x, src_mask=mask)[0].shape == x.shape
 
 
 # --------------------------------------------------------------------------- parity with torch.nn

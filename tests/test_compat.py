@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from qkv import _moved, compat
+from qkv import compat
 from qkv.errors import ConfigError, QkvError
 from qkv.files import load_weights, save_weights
 from qkv.models import DecoderLM, LMConfig, Transformer, TransformerConfig
@@ -323,121 +323,6 @@ def test_today_s_train_state_passes_unchanged(tmp_path):
     }
     new = train_state.upgrade_train_state(state, tmp_path, _lm())
     assert new.keys() == state.keys() and all(new[k] is state[k] for k in state)
-
-
-def _new_home(new: str):
-    """The object a :data:`qkv._moved.MOVED` value names, imported here."""
-    import functools
-    import importlib
-
-    target, _, name = new.partition(":")
-    module = importlib.import_module(target)
-    return functools.reduce(getattr, name.split("."), module) if name else module
-
-
-HOW = "is deprecated and will be removed in the next release: use"
-
-
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_every_old_name_answers_from_its_new_home_with_a_deprecation_warning(old):
-    """Driven by the one table of old names: each old module imports and gives every name of
-    its new home, each old name is the very object at its new home, each with a
-    DeprecationWarning naming the new path, at the caller's line."""
-    import importlib
-    import inspect
-    import re
-    import warnings
-
-    new = _moved.MOVED[old]
-    want = _new_home(new)
-    if "(" in old:  # a call that moved: the old function forwards it (tests/test_explain_html.py)
-        assert _moved.new_home(old) is want
-        return
-    if _moved.is_module(old):
-        module = importlib.import_module(old)
-        names = [n for n in dir(want) if not n.startswith("_")]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got = {n: getattr(module, n) for n in names}
-        assert names and all(got[n] is getattr(want, n) for n in names)
-        assert len(caught) == len(names)
-        for w in caught:
-            assert w.category is DeprecationWarning and w.filename == __file__
-            assert str(w.message) == f"{old} {HOW} {new}"
-        missing = "never_existed"
-    else:
-        module_name, _, missing = old.partition(":")
-        module = importlib.import_module(module_name)
-        if missing in vars(module):  # still imported there for its own use: no forward needed
-            assert getattr(module, missing) is want
-            return
-        message = f"{module_name}.{missing} {HOW} {new.replace(':', '.')}"
-        with pytest.warns(DeprecationWarning, match=f"^{re.escape(message)}$") as record:
-            got = getattr(module, missing)
-        assert {w.filename for w in record} == {__file__}
-        assert got is want or (inspect.ismethod(want) and got == want)  # a classmethod: bound anew
-        missing += "_never_existed"
-    with pytest.raises(AttributeError):
-        getattr(module, missing)
-
-
-def test_the_old_module_paths_import_in_every_form():
-    """A fresh interpreter: the gone modules (no file of their own) import by every spelling,
-    warn when a name is taken, and ``import qkv`` places none of them."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = """
-import sys, warnings
-import qkv
-assert not [m for m in sys.modules if m.startswith(("qkv.generate", "qkv._moved"))], "import qkv placed them"
-warnings.simplefilter("error")
-import qkv.generate.lm
-import qkv.train.run_files
-assert qkv.generate.lm.__name__ == "qkv.generate.lm"
-warnings.simplefilter("ignore")
-from qkv.generate.lm import TextGenerator
-from qkv.generate import lm
-from qkv.train import run_files
-from qkv.explain.loader import load_explainer
-import qkv.inference.lm, qkv.recipes.loading, qkv.run_files
-assert TextGenerator is qkv.inference.lm.TextGenerator and lm is sys.modules["qkv.generate.lm"]
-assert run_files.SNAPSHOTS == qkv.run_files.SNAPSHOTS and load_explainer is qkv.recipes.loading.load_explainer
-warnings.simplefilter("error")
-try:
-    from qkv.generate.lm import TextGenerator
-except DeprecationWarning as w:
-    assert "use qkv.inference.lm" in str(w)
-else:
-    raise AssertionError("no warning")
-"""
-    src = str(Path(__file__).resolve().parents[1] / "src")  # this checkout's qkv
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert res.returncode == 0, res.stderr
-
-
-def test_the_old_inference_package_name_covers_every_module_it_had():
-    """``qkv.generate.*`` (the inference APIs' name before issue 42): every module of
-    ``qkv.inference`` that existed then has its old name in the table."""
-    import importlib
-    import pkgutil
-
-    from qkv.nn.attention import BACKENDS
-
-    inference = {m.name for m in pkgutil.iter_modules(importlib.import_module("qkv.inference").__path__)}
-    # generate.invariant's one function joined the other attention backends in qkv.nn.attention;
-    # modules added to qkv.inference since (caption, issue 43; embed, variants, contacts,
-    # issue 44; diffusion, issue 45) never had the old name
-    since = {"caption", "embed", "variants", "contacts", "diffusion"}
-    old = {k: v for k, v in _moved.MOVED.items() if k.startswith("qkv.generate.")}
-    assert old.pop("qkv.generate.invariant") == "qkv.nn.attention"
-    assert old == {f"qkv.generate.{m}": f"qkv.inference.{m}" for m in inference - since}
-    with pytest.warns(DeprecationWarning, match=r"qkv\.generate\.invariant is deprecated.*nn\.attention"):
-        from qkv.generate.invariant import per_query_attention
-    assert BACKENDS["invariant"] is per_query_attention
 
 
 def test_the_atomic_writers_write_on_any_rank(tmp_path, monkeypatch):

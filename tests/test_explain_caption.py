@@ -197,7 +197,7 @@ def test_show_gives_a_notebook_page_for_every_kind_of_image_input(explainer, tin
     frame = page._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame
     assert "caption-card" in html.unescape(frame)
-    from_bytes = qkv.explain.show(explainer, image_file.read_bytes(), beam_size=1)
+    from_bytes = qkv.explain.standalone_page(explainer, image_file.read_bytes(), beam_size=1)
     from_path = qkv.show(tiny_caption_run, image_file, beam_size=1)
     words = [p.explanation.output["words"] for p in (page, from_bytes, from_path)]
     assert words[0] == words[1] == words[2]

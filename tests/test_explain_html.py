@@ -1,4 +1,4 @@
-"""The standalone explainer page (``qkv.explain.show``, ``qkv explain --html``): one HTML file
+"""The standalone explainer page (``qkv.show``, ``qkv explain --html``): one HTML file
 that renders from ``file://`` in headless Chromium with no console error and no request but
 the file itself, for every kind of run; Jupyter's ``_repr_html_``; long inputs cut and said so;
 the page's Eq. 1 step-through equals the explainer's; a sentence encoder's Output.
@@ -322,31 +322,28 @@ def test_bad_inputs_are_one_line_errors_before_anything_is_written(tiny_runs, ti
         show(tiny_runs["lm"], "   ")
 
 
-def test_the_explain_package_still_answers_for_run_directories_with_a_deprecation_warning(tiny_runs):
-    """``qkv.explain.show(run_dir)``, ``qkv.explain.load_explainer`` and
-    ``qkv.explain.loader.load_explainer`` forward to :mod:`qkv.recipes.loading` (a run's
-    explainer is its recipe's) for one release, warning at the caller's line."""
+def test_a_run_directory_s_page_is_qkv_show_s_and_the_explain_package_takes_explainers(tiny_runs):
+    """0.2.0 removed the forwarders of 0.1: the one ``show`` is ``qkv.show``
+    (:func:`qkv.recipes.loading.show`); the explain package's page of an explainer,
+    ``qkv.explain.standalone_page``, takes an explainer (a run directory is refused in one line
+    naming ``qkv.show``), and ``qkv.explain.show``, ``qkv.explain.load_explainer`` and
+    ``qkv.explain.loader`` are gone."""
     import importlib
 
     import qkv.explain
     from qkv.recipes import loading
 
-    with pytest.warns(DeprecationWarning, match=r"call qkv\.show\(run_dir") as record:
-        old = qkv.explain.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
-    assert [w.filename for w in record] == [__file__]
+    refusal = r"^qkv\.explain\.standalone_page takes an explainer.*qkv\.show\(run_dir"
+    with pytest.raises(QkvError, match=refusal) as info:
+        qkv.explain.standalone_page(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
+    assert "\n" not in str(info.value)
     new = loading.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)
-    assert old.explanation.output == new.explanation.output and old.notes == new.notes
     short = qkv.show(tiny_runs["lm"], "ROMEO", temperature=0, max_new_tokens=3)  # the short name
-    assert short.explanation.output == new.explanation.output
+    assert short.explanation.output == new.explanation.output and short.notes == new.notes
     assert type(qkv.load_explainer(tiny_runs["lm"])) is type(loading.load_explainer(tiny_runs["lm"]))
-    with pytest.warns(DeprecationWarning), pytest.raises(QkvError, match="max_tokens must be >= 1"):
-        qkv.explain.show(tiny_runs["lm"], "ROMEO", max_tokens=0)  # checked before the model loads
-    for module in ("qkv.explain", "qkv.explain.loader"):
-        with pytest.warns(DeprecationWarning, match=rf"{module}\.load_explainer is deprecated") as record:
-            assert importlib.import_module(module).load_explainer is loading.load_explainer
-        assert {w.filename for w in record} == {__file__}
-    with pytest.raises(AttributeError):
-        qkv.explain.no_such_name  # noqa: B018
+    assert not hasattr(qkv.explain, "load_explainer") and not hasattr(qkv.explain, "show")
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("qkv.explain.loader")
 
 
 def test_image_inputs_pil_array_and_file_give_the_same_page(tiny_vit_run, tmp_path):

@@ -6,6 +6,7 @@ global state (DESIGN.md: "Importing qkv changes no global state")."""
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import subprocess
@@ -48,8 +49,7 @@ def _is_import_by_name(node: ast.AST) -> bool:
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The qkv modules ``name`` imports anywhere in its file (module level, functions,
     conditionals, ``if TYPE_CHECKING:`` blocks, and ``importlib.import_module`` of a literal
-    qkv name). The old names' table, ``qkv._moved.MOVED``, is data: its strings are not imports
-    (see the note above LAYERS). ``from pkg import x`` names module ``pkg.x`` when that is a
+    qkv name). ``from pkg import x`` names module ``pkg.x`` when that is a
     module, else ``pkg`` (its ``__init__``). Edges to the module's own enclosing packages are
     left out: a submodule importing from its package's ``__init__`` is how packages are built."""
     is_package = path.name == "__init__.py"
@@ -157,8 +157,8 @@ def test_no_import_cycles():
 # ``importlib.import_module`` of a literal qkv name. Within a layer, the folder-level cycle
 # test below keeps the peers apart. "qkv" is the package's own ``__init__`` (``qkv.load``).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_moved"),  # what a user can act on; the old names' table, served for one release
-    ("files", "run_files"),  # atomic file writes and weights files; the old name of runs/layout.py
+    ("errors",),  # what a user can act on
+    ("files",),  # atomic file writes and weights files
     ("nn",),  # the paper's equations
     ("compat",),  # reading what earlier qkv versions wrote (old weights name nn's modules)
     # typed settings trees (their renamed keys are compat's); device, precision, torchrun's
@@ -170,20 +170,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("runs",),  # run directories: layout, what they say, creating and checking, loading a model
     ("train",),  # the run's flow, the training loop and its pieces, the dry run
     ("hub",),  # Hugging Face checkpoints in and out, pretrained short names
-    ("inference", "generate"),  # inference (pretrained short names come from hub/); its old name's stub
+    ("inference",),  # inference (pretrained short names come from hub/)
     ("explain",),  # attention weights, pictures, the page
     ("recipes",),  # one module per task, the registry, a run's explainer
     ("cli", "__main__", "qkv"),  # the entry points
 ]
 
-# No edge is exempt from these checks. The old (0.1.0) names that still answer for one release
-# are one table, qkv._moved.MOVED, of strings: old path -> new home. Its new homes are modules of
-# every layer, yet they are not import edges of qkv._moved, nor of the old modules that serve
-# the table (``__getattr__ = _moved.names_of(__name__)``): a new home is imported by name
-# (importlib, with the name read from the table) only when an old name is used, so importing
-# any module imports nothing above it, and no module is imported by the new home it forwards
-# to. Counting the table's strings as edges would make the lowest layer import every other one.
-# test_the_old_names_table_imports_nothing keeps it so.
+# No edge is exempt from these checks.
 
 
 def _top(module: str) -> str:
@@ -244,20 +237,75 @@ def test_no_module_imports_a_higher_layer():
     )
 
 
-def test_the_old_names_table_imports_nothing():
-    """``qkv._moved`` (the lowest layer) imports no qkv module: the new homes in its table are
-    imported by name when an old name is used. An old module's parent that serves it
-    (``qkv/generate.py``) imports only the table."""
-    graph = import_graph()
-    assert graph["qkv._moved"] == set()
-    assert graph["qkv.generate"] == {"qkv._moved"}
+# 0.2.0 removed what 0.1.x kept answering for one release (CHANGELOG, "Removed"): the old names'
+# table and its forwarders, the modules that only forwarded, and the old module paths they served.
+GONE_MODULES = [
+    "qkv._moved",
+    "qkv.generate",
+    "qkv.generate.lm",
+    "qkv.run_files",
+    "qkv.train.run_files",
+    "qkv.train.checkpoint",
+    "qkv.train.checkpointing",
+    "qkv.train.settings",
+    "qkv.train.distributed",
+    "qkv.recipes.skeleton",
+    "qkv.recipes.base",
+    "qkv.data.files",
+    "qkv.explain.loader",
+]
+GONE_NAMES = [
+    ("qkv.recipes.lm", "train_lm"),
+    ("qkv.recipes.translation", "TranslationRecipe"),
+    ("qkv.recipes.common", "prepare_run_dir"),
+    ("qkv.compat", "recorded_snapshot"),
+    ("qkv.explain", "load_explainer"),
+]
+
+
+@pytest.mark.parametrize("module", GONE_MODULES)
+def test_the_modules_of_0_1_that_only_forwarded_are_gone(module):
+    assert not any(m == module or m.startswith(f"{module}.") for m in _modules())
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(module)
+
+
+@pytest.mark.parametrize(("module", "name"), GONE_NAMES)
+def test_the_old_names_of_0_1_are_gone(module, name):
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(module), name)
+
+
+def test_no_module_carries_deprecation_forwarding():
+    """No module serves an old name: no renamed-keyword decorator, no reference to the old
+    names' table, no module-level ``__getattr__`` (PEP 562) that would answer names it lacks."""
+    found = []
+    for name, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        found += [f"{name} mentions {word}" for word in ("renamed_arguments", "_moved") if word in text]
+        if any(_binds_getattr(node) for node in ast.parse(text, str(path)).body):
+            found.append(f"{name} defines a module __getattr__")
+    assert not found, "\n".join(found)
+
+
+def _binds_getattr(node: ast.stmt) -> bool:
+    """Whether a module-level statement defines or assigns ``__getattr__``."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name == "__getattr__"
+    return isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__getattr__" for t in node.targets)
+
+
+def test_the_deprecation_check_finds_a_module_getattr():
+    tree = ast.parse("x = 1\n__getattr__ = make(__name__)\ndef f(): pass\n")
+    assert [_binds_getattr(node) for node in tree.body] == [False, True, False]
+    assert _binds_getattr(ast.parse("def __getattr__(name): ...").body[0])
 
 
 @pytest.mark.parametrize("module", ["qkv.recipes.registry", "qkv.runs", "qkv.train.run", "qkv.cli"])
 def test_each_module_imports_first_in_a_fresh_interpreter(module):
-    """torch's first import walks ``sys.modules`` (``inspect``) and asks each module for dunder
-    names: an old module that moved whole must answer them without importing its new home,
-    which is then half-imported (the circular ImportError of ``import qkv.recipes.registry``)."""
+    """Each entry point imports as a fresh interpreter's first import: a circular import can
+    hide behind the order in which other modules were imported first (``import
+    qkv.recipes.registry`` failed so once, while torch's first import walked ``sys.modules``)."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1500:]
 

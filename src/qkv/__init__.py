@@ -9,7 +9,7 @@ if TYPE_CHECKING:  # annotations only: `import qkv` imports neither torch nor pa
 
     import torch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def load(name_or_path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from . import _moved
 from .errors import ConfigError
 from .nn.attention import MultiHeadAttention
 
@@ -163,7 +162,3 @@ def model_type_name(recipe: str) -> str:
     """The ``model_type`` of a run written before runs recorded it, from its recipe name
     (an unknown name is returned as it is, for the caller to refuse)."""
     return _MODEL_TYPE_OF_OLD_RECIPE.get(recipe, recipe)
-
-
-# the training state's version and upgrades moved beside its reader (issue 58): see qkv._moved
-__getattr__ = _moved.names_of(__name__)

@@ -1,5 +1,5 @@
 """Look inside a trained model: attention weights, Eq. 1 step by step, pictures, a local page,
-and the same page standalone (:func:`show`: inline in Jupyter, or one HTML file); every
+and the same page standalone (:func:`standalone_page`: inline in Jupyter, or one HTML file); every
 intermediate of a forward pass by name (:func:`run_with_cache`) and the logit lens; every one of
 them writable (:func:`run_with_hooks`, :func:`hooked`) and the common "what if" experiments
 (:func:`ablate_heads`, :func:`ablate_neurons`, :func:`patch_from`, :func:`steer`,
@@ -7,12 +7,9 @@ them writable (:func:`run_with_hooks`, :func:`hooked`) and the common "what if" 
 
 Model code never imports this package; it imports the models, so inspection can change
 without touching the paper's modules. The explainer of a run directory is its recipe's:
-:func:`qkv.load_explainer` loads it (``qkv.explain.load_explainer`` still
-answers, deprecated, as does ``qkv.explain.loader.load_explainer``: see
-:mod:`qkv._moved`).
+:func:`qkv.load_explainer` loads it, and :func:`qkv.show` draws a run directory's page.
 """
 
-from .. import _moved
 from .activations import ActivationCache, logit_lens, record_activations, run_with_cache
 from .capture import capture_steps
 from .explainers import AttentionMap, DecodingOptions, Explanation
@@ -20,7 +17,7 @@ from .hooks import hook_points, hooked, run_with_hooks
 from .interventions import PatchingTable, ablate_heads, ablate_neurons, activation_patching, patch_from, steer
 from .labels import merge_attention, piece_labels, word_groups
 from .rollout import attention_rollout
-from .standalone import ExplainerPage, show
+from .standalone import ExplainerPage, standalone_page
 
 __all__ = [
     "ActivationCache",
@@ -44,11 +41,6 @@ __all__ = [
     "piece_labels",
     "record_activations",
     "run_with_cache",
-    "show",
+    "standalone_page",
     "word_groups",
 ]
-
-
-# the old names (qkv.explain.load_explainer, the module qkv.explain.loader): see qkv._moved
-__getattr__ = _moved.names_of(__name__)
-_moved.forward_children(__name__)

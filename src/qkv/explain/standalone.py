@@ -1,6 +1,6 @@
 """The explainer page without a server: one self-contained HTML document, for Jupyter and files.
 
-:func:`show` runs the model once, in Python, on one input and writes everything the page of
+:func:`standalone_page` runs the model once, in Python, on one input and writes everything the page of
 ``qkv explain --serve`` draws into the page itself: the output, the attention weights of every
 kind, layer and head (the head view, the heatmap, all heads, the ViT image overlays) and, for
 the Eq. 1 step-through, every head's Q, K and V (float32) and the mask, from which the page's
@@ -28,7 +28,6 @@ import html
 import io
 import json
 import logging
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,14 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _moved
 from ..errors import QkvError
 from .capture import capture_all_steps
 from .explainers import PAIR_SEPARATOR, DecodingOptions, Explainer, Explanation, split_pair
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_TOKENS = 64
-"""The default cap on the tokens of a text input shown by :func:`show` (the step-through's
+"""The default cap on the tokens of a text input shown by :func:`standalone_page` (the step-through's
 tables show at most 64 rows anyway)."""
 MAX_ABLATIONS = 48
 """A standalone page holds every head's ablation when the model has at most this many heads
@@ -103,8 +101,8 @@ class ExplainerPage:
         return path
 
 
-def show(
-    run_or_model: Explainer | str | Path,
+def standalone_page(
+    explainer: Explainer,
     input: Any = None,
     *,
     pair: str | None = None,
@@ -112,17 +110,16 @@ def show(
     max_tokens: int = MAX_TOKENS,
     merge_words: bool = True,
     height: int = 900,
-    device: torch.device | str = "cpu",
     **decoding: Any,
 ) -> ExplainerPage:
-    """The explainer page of one input, self-contained: ``show(explainer, "Ein Mann liest.")``
-    as the last line of a notebook cell draws it; ``.save("page.html")`` writes it.
+    """The explainer page of one input to an explainer, self-contained:
+    ``standalone_page(explainer, "Ein Mann liest.")`` as the last line of a notebook cell draws
+    it; ``.save("page.html")`` writes it. :func:`qkv.show` is the same page of a run directory
+    (or of an explainer): the one ``show``.
 
     Args:
-        run_or_model: an explainer (:func:`qkv.load_explainer` loads the one of
-            a run directory, trained or converted). A run directory itself is deprecated here:
-            :func:`qkv.show` takes one (this function still forwards it there,
-            with a ``DeprecationWarning``).
+        explainer: an explainer (:func:`qkv.load_explainer` loads the one of a run directory,
+            trained or converted; :func:`qkv.show` takes a run directory).
         input: what the model reads. Text runs: a string (a sentence to translate, a prompt,
             a protein sequence, a sentence). A sentence encoder (a converted MiniLM or BERT, a
             ``text-cls`` run) also takes a pair, as ``pair=`` (below), as a tuple
@@ -135,39 +132,32 @@ def show(
             attention across both (BERT's ``[CLS] first [SEP] second [SEP]``).
         options: decoding of translation and LM runs (beam size; temperature, top-k, top-p,
             seed, max_new_tokens); ``**decoding``: the same fields as keywords
-            (``show(explainer, "ROMEO:", temperature=0)``), overriding ``options``.
+            (``standalone_page(explainer, "ROMEO:", temperature=0)``), overriding ``options``.
         max_tokens: text inputs longer than this many tokens (special tokens included) are
             cut to fit before the model runs, and the page says so. A ViT reads its whole
             image (``1 + grid²`` tokens).
         merge_words: subword models: attention between words rather than pieces (the
             step-through is always on pieces, as the model computes it).
         height: the notebook iframe's height in pixels.
-        device: where a (deprecated) run directory's model is loaded.
 
     Returns:
         an :class:`ExplainerPage` (``_repr_html_`` for Jupyter, ``.save(path)``, ``.html``).
 
     Raises:
-        QkvError: an empty input, an input of the wrong kind (an image for a text run, a pair
+        QkvError: ``explainer`` not an explainer (a run directory: :func:`qkv.show`), an
+            empty input, an input of the wrong kind (an image for a text run, a pair
             for a model that is not a sentence encoder), an unknown decoding keyword,
             ``max_tokens`` < 1 or ``height`` < 100; as the explainer for an input the model
             cannot read.
     """
-    if not isinstance(run_or_model, Explainer):
-        return _show_run(
-            run_or_model,
-            input,
-            pair=pair,
-            options=options,
-            max_tokens=max_tokens,
-            merge_words=merge_words,
-            height=height,
-            device=device,
-            **decoding,
+    if not isinstance(explainer, Explainer):
+        raise QkvError(
+            f"qkv.explain.standalone_page takes an explainer, got {type(explainer).__name__}: for a run "
+            "directory call qkv.show(run_dir, ...) or pass qkv.load_explainer(run_dir)"
         )
     options = page_settings(options, max_tokens, height, decoding)
     data = page_data(
-        run_or_model, input, pair=pair, options=options, max_tokens=max_tokens, merge_words=merge_words
+        explainer, input, pair=pair, options=options, max_tokens=max_tokens, merge_words=merge_words
     )
     return ExplainerPage(render_page(data), data["explanation_object"], data["notes"], height)
 
@@ -186,20 +176,6 @@ def page_settings(
     if height < 100:
         raise QkvError(f"height must be >= 100 pixels (got {height})")
     return _decoding(options, decoding)
-
-
-def _show_run(run_dir: str | Path, input: Any, **kwargs: Any) -> ExplainerPage:
-    """Deprecated: :func:`show` of a run directory, forwarded to
-    :func:`qkv.recipes.loading.show` (the recipe of a run picks its explainer, and this package
-    sits below the recipes). The new home is the table's (:data:`qkv._moved.MOVED`), imported by
-    name when called: this package never imports the recipes' layer."""
-    warnings.warn(
-        "qkv.explain.show(run_dir, ...) is deprecated: call qkv.show(run_dir, ...), "
-        "or pass show an explainer (qkv.load_explainer(run_dir))",
-        DeprecationWarning,
-        stacklevel=3,  # show's caller
-    )
-    return _moved.new_home("qkv.explain.show(run_dir)")(run_dir, input, **kwargs)
 
 
 def _decoding(options: DecodingOptions | None, decoding: dict[str, Any]) -> DecodingOptions:
@@ -436,7 +412,7 @@ def page_data(
     describes them), ``steps`` (:func:`step_data` per kind), ``interventions``
     (:func:`head_ablations`) and ``notes``; plus
     ``explanation_object`` (the :class:`Explanation`, not JSON: :func:`render_page` drops it).
-    Raises as :func:`show`."""
+    Raises as :func:`standalone_page`."""
     options = options or DecodingOptions()
     if explainer.input_kind == "image":
         if pair is not None:

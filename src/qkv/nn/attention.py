@@ -6,7 +6,7 @@ value) and self-attention", "matrix form", "Multi-head Attention".
 
 Mask convention (see :mod:`qkv.nn.masks`): boolean, ``True`` = may attend, broadcastable to
 ``(B, H, q_len, k_len)``; the argument that carries it is ``attn_mask`` everywhere in this
-module (PyTorch's name; ``mask=`` is accepted for one release, with a ``DeprecationWarning``).
+module (PyTorch's name).
 
 Eq. 1 itself is the body of :func:`scaled_dot_product_attention`. Its intermediates can be read
 and replaced while a model runs (:class:`HeadHook`: the hook points of :mod:`qkv.explain.hooks`).
@@ -15,7 +15,7 @@ Backends: one computation of Eq. 1 is a function registered under a name
 registers three: ``"sdpa"``
 (:func:`fused_attention`, PyTorch's fused kernel), ``"eager"`` (:func:`eager_attention`, the
 explicit path) and ``"invariant"`` (:func:`per_query_attention`: batch-invariant decoding,
-inference only, which :func:`~qkv.inference.layout.prepare_for_inference` switches a model to).
+inference only, which :func:`~qkv.inference.weight_layout.prepare_for_inference` switches a model to).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._moved import renamed_arguments
 from .masks import causal_mask, combine_masks
 
 Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool, float], torch.Tensor]
@@ -101,7 +100,6 @@ class HeadHook:
     weights: bool = True
 
 
-@renamed_arguments(mask="attn_mask")
 def attention_steps(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
 ) -> AttentionSteps:
@@ -119,7 +117,6 @@ def attention_steps(
     return record[0]
 
 
-@renamed_arguments(mask="attn_mask")
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -146,7 +143,7 @@ def scaled_dot_product_attention(
     Args:
         q: queries ``(B, H, Tq, Dh)``; k: keys ``(B, H, Tk, Dh)``; v: values ``(B, H, Tk, Dh)``.
         attn_mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend; or
-            ``None`` (§3.2.3; ``mask=`` is its deprecated name).
+            ``None`` (§3.2.3).
         is_causal: additionally apply the look-ahead mask (queries are the last ``Tq`` positions).
         dropout_p: dropout on the attention weights (training only; the caller passes 0 in eval).
         backend: a name in :data:`BACKENDS` (``"sdpa"``, ``"eager"``, ...).
@@ -234,7 +231,7 @@ def fused_attention(
 # mantissa) that changes greedy tokens at near-ties. Calling SDPA once per query, over exactly
 # the keys it may see, makes each query's output the same bit for bit however the queries are
 # batched. A forward over Tq queries makes Tq calls, which is why
-# qkv.inference.layout.prepare_for_inference switches a model to it, not training.
+# qkv.inference.weight_layout.prepare_for_inference switches a model to it, not training.
 def per_query_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -369,7 +366,7 @@ class MultiHeadAttention(nn.Module):
         bias: use biases in the projections.
         backend: a name in :data:`BACKENDS` (``"sdpa"``, ``"eager"``, ... see
             :func:`scaled_dot_product_attention`); an attribute that may be changed later (as
-            :func:`~qkv.inference.layout.prepare_for_inference` does, to ``"invariant"``).
+            :func:`~qkv.inference.weight_layout.prepare_for_inference` does, to ``"invariant"``).
         d_k: per-head width (default ``d_model // n_heads``).
         rotary: a :class:`~qkv.nn.positional.RotaryEmbedding` applied to queries and keys of
             self-attention (RoPE), or ``None`` (positions added to the embeddings instead).
@@ -492,7 +489,6 @@ class MultiHeadAttention(nn.Module):
             cache.set(k, v)
         return q, k, v
 
-    @renamed_arguments(mask="attn_mask")
     def steps(
         self,
         x: torch.Tensor,
@@ -515,7 +511,6 @@ class MultiHeadAttention(nn.Module):
             attn_mask = combine_masks(attn_mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
         return attention_steps(q, k, v, attn_mask)
 
-    @renamed_arguments(mask="attn_mask")
     def forward(
         self,
         x: torch.Tensor,
@@ -532,7 +527,7 @@ class MultiHeadAttention(nn.Module):
             x: ``(B, Tq, D)`` queries (and keys/values for self-attention).
             memory: ``(B, S, D)`` encoder output for cross-attention, ``None`` for self-attention.
             attn_mask: bool, broadcastable to ``(B, H, Tq, Tk)``, ``True`` = may attend
-                (§3.2.3; ``mask=`` is its deprecated name).
+                (§3.2.3).
             is_causal: apply the look-ahead mask (self-attention).
             cache: a :class:`KVCache` updated in place for incremental decoding.
             positions: ``(Tq,)`` or ``(B, Tq)`` long positions of the queries, used by the

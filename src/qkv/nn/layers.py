@@ -9,9 +9,7 @@ self-attention block that carries the look-ahead mask (§3.2.3).
 Mask names (§3.2.3): a layer with one attention takes ``attn_mask``, the tensor its attention
 reads; the decoder layer takes ``tgt_mask`` (its self-attention's, over the target's own
 positions) before ``src_mask`` (its cross-attention's, over the encoder output: the source's
-padding mask), the names :class:`~qkv.models.transformer.Transformer` gives them. The old
-names (``mask``, ``self_mask``, ``memory_mask``) work for one release, with a
-``DeprecationWarning``.
+padding mask), the names :class:`~qkv.models.transformer.Transformer` gives them.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .._moved import renamed_arguments
 from .attention import KVCache, MultiHeadAttention
 from .feedforward import Activation, PositionwiseFeedForward
 from .norms import ResidualNorm, build_norm
@@ -133,7 +130,6 @@ class SelfAttentionLayer(nn.Module):
         self.ffn = feedforward(config)
         self.ffn_block = residual(config)
 
-    @renamed_arguments(mask="attn_mask")
     def forward(
         self,
         x: torch.Tensor,
@@ -187,7 +183,6 @@ class DecoderLayer(nn.Module):
         self.cross_attn = attention(config, cross=True)
         self.cross_attn_block = residual(config)
 
-    @renamed_arguments(self_mask="tgt_mask", memory_mask="src_mask")
     def forward(
         self,
         x: torch.Tensor,

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._moved import renamed_arguments
-
 
 def elman_step(
     x: torch.Tensor,
@@ -109,7 +107,6 @@ class AdditiveAttention(nn.Module):
         ``(B, S, d_key) → (B, S, d_attention)``."""
         return self.w_key(keys)
 
-    @renamed_arguments(mask="attn_mask")
     def forward(
         self, query: torch.Tensor, projected_keys: torch.Tensor, values: torch.Tensor, attn_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

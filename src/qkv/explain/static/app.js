@@ -3,7 +3,7 @@
 // (tokens, output text, class labels) is inserted with textContent, never as HTML.
 //
 // Two modes. Served (qkv explain --serve): the page asks the local server (/api/...).
-// Standalone (qkv.explain.show, qkv explain --html): one file with this script inline and the
+// Standalone (qkv.show, qkv explain --html): one file with this script inline and the
 // model's answers in <script id="qkv-data">; nothing is fetched, and the Eq. 1 step-through is
 // recomputed here from the saved Q, K, V and mask. Interventions (ablate a head, zero a neuron,
 // patch from another input) ask /api/intervene; a standalone page holds every head's ablation,
@@ -224,7 +224,7 @@ async function initStandalone(payload) {
     box.append(el("ul", { class: "notes", id: "notes" }, ...payload.notes.map((n) => el("li", {}, n))));
   }
   box.append(el("p", { class: "muted small" },
-    "A standalone page (qkv.explain.show, or qkv explain --html): the model ran once on this input; " +
+    "A standalone page (qkv.show, or qkv explain --html): the model ran once on this input; " +
     "every view below is drawn from the numbers saved in the page, and nothing is fetched. " +
     "For another input, make another page, or run qkv explain RUN --serve."));
   box.hidden = false;
