@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed repeat")
     parser.add_argument("--append-results", action="store_true")
-    parser.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
+    parser.add_argument("--results", default=str(Path(__file__).with_name("HISTORY.md")))
     args = parser.parse_args(argv)
     from transformers import BertModel
 

@@ -49,8 +49,8 @@ from common import alternate, machine, publish, row  # noqa: E402  (benchmarks/c
 
 from qkv.data.text import load_corpus, random_windows, split_train_val, windows_at
 from qkv.data.tokenizers import CharTokenizer
-from qkv.inference.layout import prepare_for_inference
 from qkv.inference.lm import generate_tokens
+from qkv.inference.weight_layout import prepare_for_inference
 from qkv.models import DecoderLM, LMConfig
 
 try:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="tiny sanity run; figures are not results")
     p.add_argument("--append-results", action="store_true")
-    p.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
+    p.add_argument("--results", default=str(Path(__file__).with_name("HISTORY.md")))
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

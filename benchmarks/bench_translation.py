@@ -54,7 +54,7 @@ Run (from the repository root; the full run takes minutes and should have the CP
     .venv/bin/python benchmarks/bench_translation.py --threads 4 --append-results
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_translation.py --quick --threads 1
 ``--quick`` is a fast sanity run (small batches, few repeats): its figures are not results.
-``--append-results`` appends the printed section to ``benchmarks/RESULTS.md`` (``--results``).
+``--append-results`` appends the printed section to ``benchmarks/HISTORY.md`` (``--results``).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ from qkv.models.config import TransformerConfig
 from qkv.train.losses import label_smoothed_nll
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-RESULTS_HEADER = """# Benchmark results
+RESULTS = ROOT / "benchmarks" / "HISTORY.md"  # the dated record; RESULTS.md holds the current figures
+RESULTS_HEADER = """# Benchmark history
 
 Each section is one run of a script in `benchmarks/`, with its command, machine and date.
 Ours and a reference do the same work in the same process, alternately; figures are medians over

@@ -69,9 +69,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from qkv.device import cpu_capability, cpu_has_amx_bf16, cpu_has_native_bf16
-from qkv.inference.layout import PackedLinear, onednn_bf16_available, prepare_for_inference
 from qkv.inference.lm import generate_tokens
 from qkv.inference.quantize import Int8Linear, cast_weights
+from qkv.inference.weight_layout import PackedLinear, onednn_bf16_available, prepare_for_inference
 from qkv.models import DecoderLM, LMConfig
 from qkv.nn.embeddings import TokenEmbedding
 
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default="abcd", help="which of (a)-(d) to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sanity run; figures are not results")
     p.add_argument("--append-results", action="store_true")
-    p.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
+    p.add_argument("--results", default=str(Path(__file__).with_name("HISTORY.md")))
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.new_tokens, args.stream_mb = 1, 8, 64

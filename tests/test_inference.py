@@ -18,10 +18,15 @@ from torch import nn
 from qkv.cli import main
 from qkv.device import cpu_has_native_bf16
 from qkv.errors import QkvError
-from qkv.inference.layout import PackedLinear, onednn_available, onednn_bf16_available, prepare_for_inference
 from qkv.inference.lm import generate_tokens
 from qkv.inference.quantize import Int8Linear, quantize_int8
 from qkv.inference.stats import DecodeStats
+from qkv.inference.weight_layout import (
+    PackedLinear,
+    onednn_available,
+    onednn_bf16_available,
+    prepare_for_inference,
+)
 from qkv.models import DecoderLM, LMConfig
 from qkv.nn.feedforward import PositionwiseFeedForward
 

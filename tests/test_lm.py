@@ -348,7 +348,7 @@ def test_inference_layout_assigns_new_parameters(tmp_path):
     from safetensors.torch import load_file
 
     from qkv.files import load_weights, save_weights
-    from qkv.inference.layout import prepare_for_inference
+    from qkv.inference.weight_layout import prepare_for_inference
 
     model = _lm(tie_embeddings=True)
     x = torch.tensor([_prompt(9, 3)])

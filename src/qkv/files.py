@@ -1,5 +1,6 @@
-"""Atomic file writes (weights, JSON, text) and safe reads of weights: the low-level I/O that
-data, models, hub, training and the command line all use.
+"""Atomic file writes (weights, JSON, text), safe reads of weights, and the rule for a new
+output folder (:func:`folder_obstacle`): the low-level I/O that data, models, hub, training and
+the command line all use.
 
 Every write goes to a temporary file in the same directory, is flushed to disk (``fsync``) and
 is then renamed over the old file (``os.replace`` is atomic on POSIX), so a crash, SIGKILL or
@@ -84,13 +85,51 @@ def read_json(path: Path, what: str = "JSON object") -> dict:
     return data
 
 
+def folder_obstacle(path: str | Path) -> tuple[str, Path]:
+    """What stands where an output folder is to be written, as ``(kind, where)``: the one rule
+    of every command that writes a folder (exports, conversions, ``qkv train``'s run directory,
+    prepared data, embeddings, pictures), each of which words its own refusal. Touches nothing.
+
+    Returns:
+        ``("", path)``: nothing (``path`` does not exist and can be made, or is an empty
+        folder); ``("file", path)``: a file (anything but a folder) is there; ``("under a
+        file", parent)``: the nearest existing parent is a file, so no folder can be made
+        there; ``("not empty", path)``: a folder that holds anything.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return "file", path
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return "under a file", parent
+    if path.is_dir() and any(path.iterdir()):
+        return "not empty", path
+    return "", path
+
+
+def refuse_nonempty(path: str | Path, what: str = "run directory") -> None:
+    """Raise :class:`QkvError` when ``path`` cannot be a new folder (:func:`folder_obstacle`):
+    what :func:`qkv.hub.convert.write_run` and the exports refuse, checked before a checkpoint
+    is read or downloaded. ``what``: how the message names a new one.
+
+    Raises:
+        QkvError: ``path`` exists and is not an empty folder, or lies under a file.
+    """
+    path = Path(path)
+    kind, where = folder_obstacle(path)
+    if kind == "under a file":
+        raise QkvError(f"{path}: cannot make a folder there, {where} is a file")
+    if kind:
+        raise QkvError(f"{path} already exists and is not empty; choose a new {what}")
+
+
 def save_weights(model: torch.nn.Module, path: Path) -> None:
     """Atomically save a model's parameters and persistent buffers as safetensors.
 
     Tied weights (one parameter under several names) are stored once, under the first name in
     sorted order, as safetensors' ``save_model`` does, so ``load_weights`` re-ties them. Every
     tensor is saved as a contiguous copy, whatever its memory layout in the model (see
-    :func:`qkv.inference.layout.prepare_for_inference`); the model is not touched.
+    :func:`qkv.inference.weight_layout.prepare_for_inference`); the model is not touched.
     """
     names: dict[int, list[str]] = {}
     tensors: dict[int, torch.Tensor] = {}

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
-from ..files import write_json
+from ..files import folder_obstacle, write_json
 from .protein import fasta_entries, held_out, pretraining_files, record_id
 from .shards import FORMAT, SPLITS, VERSION, SplitWriter
 from .text import check_val_fraction, load_corpus_path
@@ -74,7 +74,7 @@ class _Preparation:
                 )
             self.state = saved["state"]
             logger.info(f"resuming the preparation in {out}")
-        elif out.exists() and any(out.iterdir()):
+        elif folder_obstacle(out)[0] in ("file", "not empty"):
             raise QkvError(f"--out {out} exists and is not empty; choose a new directory")
         for split in SPLITS:  # shards written after the last progress record are redone
             done = len(self.state.get("splits", {}).get(split, []))

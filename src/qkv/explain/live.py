@@ -38,8 +38,7 @@ from ..data.images import load_fashion_mnist
 from ..data.scenes import CELL, NOUNS
 from ..data.tokenizers import CharTokenizer, load_tokenizer
 from ..errors import QkvError
-from ..files import write_json
-from ..hub.convert import refuse_nonempty
+from ..files import refuse_nonempty, write_json
 from ..hub.onnx_export import MANIFEST, export_onnx, read_manifest
 
 STATIC = Path(__file__).parent / "static"
@@ -65,13 +64,14 @@ def write_live_page(run_dir: str | Path, out_dir: str | Path, weights: str = "fl
             yet; what :func:`~qkv.hub.onnx_export.export_onnx` raises.
     """
     from ..runs.info import RunInfo, run_settings
+    from ..runs.layout import TOKENIZER
 
     out = Path(out_dir)
     refuse_nonempty(out, "folder")
     recipe = RunInfo.read(Path(run_dir)).recipe
     if recipe not in LIVE_RECIPES:
         raise QkvError(f"the live page runs {', '.join(LIVE_RECIPES)} runs so far; this is a {recipe!r} run")
-    if recipe == "lm" and not isinstance(load_tokenizer(Path(run_dir) / "tokenizer.json"), CharTokenizer):
+    if recipe == "lm" and not isinstance(load_tokenizer(Path(run_dir) / TOKENIZER), CharTokenizer):
         raise QkvError("the live page runs LMs with a character vocabulary so far; this run's is not one")
     sheet = _garment_sheet(run_dir) if recipe == "caption" else None  # before anything is written
     languages = translation_languages(run_settings(run_dir)) if recipe == "translation" else None
@@ -125,8 +125,9 @@ def _garment_sheet(run_dir: str | Path) -> np.ndarray:
             missing (see :func:`~qkv.data.images.load_fashion_mnist`).
     """
     from ..runs.info import run_json
+    from ..runs.layout import TASK
 
-    task = run_json(run_dir, "task.json", missing={}).get("task")
+    task = run_json(run_dir, TASK, missing={}).get("task")
     if task != "scenes":
         raise QkvError(
             f"the live page composes garment scenes; this captioner's task is {task!r}, not 'scenes'"

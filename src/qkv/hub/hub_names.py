@@ -14,19 +14,20 @@ import logging
 from pathlib import Path
 
 from ..errors import QkvError
+from ..runs import layout
 
 logger = logging.getLogger(__name__)
 
 # what qkv reads from an HF folder (qkv.hub.convert.read_hf); weights are fetched apart, below
 NEEDED = [
-    "config.json",
-    "tokenizer.json",
+    layout.CONFIG,
+    layout.TOKENIZER,
     "tokenizer_config.json",
     "special_tokens_map.json",
     "vocab.txt",
     "1_Pooling/config.json",
 ]
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in order of preference
+WEIGHTS = (layout.WEIGHTS, "pytorch_model.bin")  # in order of preference
 
 
 def split_revision(name: str, revision: str | None = None) -> tuple[str, str | None]:

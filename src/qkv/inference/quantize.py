@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import QkvError
-from .layout import FrozenLinear
+from .weight_layout import FrozenLinear
 
 _M = TypeVar("_M", bound=nn.Module)
 

@@ -39,10 +39,11 @@ from ..models.caption import CaptionModel, encoder_weights_from_vit
 from ..models.config import CaptionConfig
 from ..models.model_types import CAPTION
 from ..runs import RunInfo
-from ..runs.layout import TASK
+from ..runs.layout import CONFIG, SUMMARY, TASK, TOKENIZER, WEIGHTS
 from ..train.loop import LoopState
 from ..train.run import TrainingRun
 from ..train.train_settings import TrainSettings
+from .common import run_directory, trained_for
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ def runs_config(run_dir: str) -> Any:
         raise QkvError(f"init={run_dir} is not a qkv train vit run (a captioner's encoder starts from a ViT)")
     from ..models.config import ViTConfig
 
-    return ViTConfig.load(Path(run_dir) / "config.json")
+    return ViTConfig.load(Path(run_dir) / CONFIG)
 
 
 def caption_scores(predicted: list[str], data: CaptionData) -> dict:
@@ -308,7 +309,7 @@ class CaptionRun(TrainingRun):
     def setup(self) -> CaptionConfig:
         s, train = self.settings, self.splits["train"]
         if self.resume:
-            self.tokenizer = SubwordTokenizer.load(self.run_dir / "tokenizer.json")
+            self.tokenizer = SubwordTokenizer.load(self.run_dir / TOKENIZER)
         else:
             self.tokenizer = SubwordTokenizer.train(train.captions, vocab_size=s.bpe_vocab, min_frequency=1)
         sizes = ", ".join(f"{len(d.captions):,} {name}" for name, d in self.splits.items())
@@ -334,7 +335,7 @@ class CaptionRun(TrainingRun):
         if s.init:
             from ..files import read_safetensors
 
-            state = encoder_weights_from_vit(read_safetensors(Path(s.init) / "model.safetensors"), config)
+            state = encoder_weights_from_vit(read_safetensors(Path(s.init) / WEIGHTS), config)
             own = model.state_dict()
             bad = sorted(k for k, v in state.items() if k not in own or own[k].shape != v.shape)
             if bad:
@@ -489,12 +490,9 @@ def summary_text(summary: dict, run_dir: Path) -> str:
         lines.append(
             f"baseline (nearest training image's caption): test exact match {base['exact_match']:.4f}"
         )
-    lines.append(
-        f"{summary['train_minutes']:.1f} min of training, {summary['steps']} steps; "
-        f"{summary['total_minutes']:.1f} min in all"
-    )
+    lines.append(f"{trained_for(summary, of_training=True)}; {summary['total_minutes']:.1f} min in all")
     return (
-        "\n".join(lines) + f"\nrun directory: {run} (summary.json)\nnext:\n"
+        "\n".join(lines) + f"\n{run_directory(run, SUMMARY)}\nnext:\n"
         f"  qkv caption {run} IMAGE.png ...\n"
         f"  qkv explain {run} --input IMAGE.png --html page.html   # where each word looks"
     )

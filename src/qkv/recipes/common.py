@@ -1,13 +1,14 @@
 """What several recipes share that is not the run's flow (:mod:`qkv.train.run`) or its directory
-(:mod:`qkv.runs`): a check of counts in the settings, and the pretrained encoder with a new
-classification head that the protein and text classification recipes fine-tune."""
+(:mod:`qkv.runs`): a check of counts in the settings, the pretrained encoder with a new
+classification head that the protein and text classification recipes fine-tune, and the end of
+the summary ``qkv train`` shows (:func:`closing_sentence`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import _moved
 from ..errors import ConfigError
 from ..train.adapters import LoraSettings, add_lora
 
@@ -73,5 +74,22 @@ def encoder_with_head(
     return model
 
 
-# the names that moved to qkv.runs.record and qkv.train.run (issue 58): see qkv._moved
-__getattr__ = _moved.names_of(__name__)
+def trained_for(summary: dict, of_training: bool = False) -> str:
+    """How long a run trained, from its summary (``train_minutes``, ``steps``):
+    ``"12.3 min and 400 steps"``, or ``"12.3 min of training, 400 steps"`` with
+    ``of_training`` (where the total time follows)."""
+    minutes, steps = f"{summary['train_minutes']:.1f} min", summary["steps"]
+    return f"{minutes} of training, {steps} steps" if of_training else f"{minutes} and {steps} steps"
+
+
+def run_directory(run_dir: str | Path, *files: str) -> str:
+    """``"run directory: /absolute/path"`` of a summary, followed by the ``files`` worth
+    opening there in parentheses (``"(summary.json, confusion.png)"``)."""
+    shown = f" ({', '.join(files)})" if files else ""
+    return f"run directory: {Path(run_dir).resolve()}{shown}"
+
+
+def closing_sentence(summary: dict, run_dir: str | Path, *files: str) -> str:
+    """The sentence a recipe's summary ends with: ``"after 12.3 min and 400 steps; run
+    directory: /absolute/path"`` (:func:`trained_for`, :func:`run_directory`)."""
+    return f"after {trained_for(summary)}; {run_directory(run_dir, *files)}"

@@ -40,6 +40,7 @@ from ..train.diffusion import (
     sample_times,
 )
 from ..train.loop import LoopState
+from .common import closing_sentence
 from .lm import LMRun, LMSettings, _metrics, run_split, start_token
 from .recipe import Recipe
 
@@ -224,8 +225,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
         f"sample:\n{summary['samples'][0]}\n\n"
         f"validation bound {v['val_loss']:.4f} ± {v['val_loss_stderr']:.4f} nats/token "
         f"({v['val_bits_per_char']:.3f} bits/char, an upper bound on the NLL; {v['bound_samples']} "
-        f"draws per window) after {summary['train_minutes']:.1f} min and {summary['steps']} steps; "
-        f"run directory: {Path(run_dir).resolve()}"
+        f"draws per window) {closing_sentence(summary, run_dir)}"
     )
 
 

@@ -12,12 +12,13 @@ import torch
 from ..data.tokenizers import load_tokenizer
 from ..explain.explainers import Explainer, ProteinExplainer, TextExplainer
 from ..models.model_types import ENCODER
+from ..runs.layout import TOKENIZER
 from .recipe import Recipe
 
 
 def explainer(run_dir: str | Path, device: torch.device | str = "cpu", **kwargs: Any) -> Explainer:
     """An explainer of proteins (a residue vocabulary: AntiBERTy, ESM) or of text (BERT)."""
-    tok = load_tokenizer(Path(run_dir) / "tokenizer.json")
+    tok = load_tokenizer(Path(run_dir) / TOKENIZER)
     cls = ProteinExplainer if getattr(tok, "is_residue_vocabulary", False) else TextExplainer
     return cls(run_dir, device=device, **kwargs)
 

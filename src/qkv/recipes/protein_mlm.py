@@ -20,7 +20,6 @@ from typing import ClassVar
 
 import torch
 
-from .. import _moved
 from ..data.batching import token_batches
 from ..data.protein import load_pretraining_corpus
 from ..data.protein_mlm import MaskedBatches, ShardBatches, token_counts, validation_batches, windows
@@ -33,11 +32,12 @@ from ..models.config import EncoderConfig
 from ..models.encoder import EncoderModel, mlm_loss
 from ..models.model_types import ENCODER
 from ..runs import RunInfo
+from ..runs.layout import DATA
 from ..runs.record import prepared_data_record
 from ..train.loop import LoopState
 from ..train.run import TrainingRun
 from ..train.train_settings import TrainSettings
-from .common import require_at_least_one
+from .common import closing_sentence, require_at_least_one
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class ProteinMLMRun(TrainingRun):
         return config
 
     def new_run_files(self) -> dict[str, dict]:
-        return {"data.json": self.record} if self.prepared is not None else {}
+        return {DATA: self.record} if self.prepared is not None else {}
 
     def build_model(self, config: EncoderConfig) -> EncoderModel:
         model = EncoderModel(config).to(self.device)
@@ -251,8 +251,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     val = summary["validation"]
     return (
         f"held-out masked-residue perplexity {val['val_ppl']:.2f} (uniform over 20 residues: 20) "
-        f"after {summary['train_minutes']:.1f} min and {summary['steps']} steps; run directory: "
-        f"{Path(run_dir).resolve()}"
+        f"{closing_sentence(summary, run_dir)}"
     )
 
 
@@ -267,6 +266,3 @@ RECIPE = Recipe(
     explainer=ProteinExplainer,
     inputs="protein",
 )
-
-# the old names (issue 42), importable for one more release: see qkv._moved
-__getattr__ = _moved.names_of(__name__)

@@ -22,7 +22,6 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .. import _moved
 from ..data.images import ImageBatch, ImageSet, ImageTask, augment, load_image_task, to_model_input
 from ..errors import ConfigError, QkvError
 from ..evaluate.classification import classification_metrics, plot_confusion
@@ -32,11 +31,11 @@ from ..models.config import ViTConfig
 from ..models.model_types import VIT
 from ..models.vit import VisionTransformer
 from ..runs import RunInfo
-from ..runs.layout import TASK
+from ..runs.layout import SUMMARY, TASK
 from ..train.loop import LoopState
 from ..train.run import ClassifierRun
 from ..train.train_settings import TrainSettings
-from .common import TASK_SPLITS
+from .common import TASK_SPLITS, run_directory, trained_for
 from .recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -271,7 +270,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     test, run = summary["test"], Path(run_dir).resolve()
     line = (
         f"{summary['task']} test accuracy {test['accuracy']:.4f} (macro F1 {test['macro_f1']:.4f}) "
-        f"after {summary['train_minutes']:.1f} min of training, {summary['steps']} steps "
+        f"after {trained_for(summary, of_training=True)} "
         f"({summary['epochs']:.1f} epochs); {summary['total_minutes']:.1f} min in all"
     )
     if summary.get("test_single_view"):
@@ -283,7 +282,7 @@ def summary_text(summary: dict, run_dir: Path) -> str:
     if base:
         line += f"\nbaseline ({base['baseline']}): test accuracy {base['accuracy']:.4f}"
     return (
-        f"{line}\nrun directory: {run} (summary.json, confusion.png)\nnext:\n"
+        f"{line}\n{run_directory(run, SUMMARY, 'confusion.png')}\nnext:\n"
         f"  qkv classify {run} IMAGE.png ...\n"
         f"  qkv explain {run} --input IMAGE.png --out {run}/explain   # where each head looks\n"
         f"  qkv explain {run} --serve"
@@ -302,6 +301,3 @@ RECIPE = Recipe(
     inputs="image",
     classifier=True,
 )
-
-# the old names (issue 42), importable for one more release: see qkv._moved
-__getattr__ = _moved.names_of(__name__)

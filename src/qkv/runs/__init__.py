@@ -1,6 +1,7 @@
 """Run directories: the one home of what a training run leaves behind.
 
-- :mod:`qkv.runs.layout`: the names of a run's files and the paths a run records;
+- :mod:`qkv.runs.layout`: the names of a run's files, the paths a run records, and which
+  weights a finished run's model comes from (:func:`~qkv.runs.layout.select_weights`);
 - :mod:`qkv.runs.info`: reading them (:class:`RunInfo`: the recipe, the architecture, the
   settings; :func:`run_json` for any other file of a run);
 - :mod:`qkv.runs.record`: checking a directory before a run writes into it, and recording its

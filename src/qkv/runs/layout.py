@@ -1,10 +1,11 @@
 """A run directory's layout: the names of its files, and the one place that turns what a run
 records into a path.
 
-The layout is Hugging Face's (``config.json``, ``model.safetensors``, ``tokenizer.json``) plus
-the training run's own files: :data:`TRAIN_CONFIG` (the settings and provenance),
-:data:`SUMMARY`, :data:`TASK` (a classifier's classes), :data:`DATA` (what a run trained on),
-the training state and the snapshots.
+The layout is Hugging Face's (:data:`CONFIG`, :data:`WEIGHTS`, :data:`TOKENIZER`) plus the
+training run's own files: :data:`TRAIN_CONFIG` (the settings and provenance), :data:`SUMMARY`,
+:data:`TASK` (a classifier's classes), :data:`DATA` (what a run trained on), the weights kept
+while training (:data:`BEST`, :data:`LAST`; :func:`select_weights` says which one the final
+model is), the training state and the snapshots.
 
 A run directory is self-contained: every path it records into itself (the snapshots listed in
 ``train_state.pt``) is relative to the directory itself, so
@@ -26,6 +27,11 @@ from pathlib import Path, PurePath
 from ..errors import QkvError
 
 CONFIG = "config.json"  # the model's config (Hugging Face's name)
+WEIGHTS = "model.safetensors"  # the final model's weights, what every command loads (Hugging Face's name)
+TOKENIZER = "tokenizer.json"  # the tokenizer (Hugging Face's name and format)
+BEST = "best.safetensors"  # the best weights on validation so far, saved while training
+LAST = "last.safetensors"  # the weights of the latest checkpoint
+AVERAGED = "averaged.safetensors"  # the average of the last snapshots (translation, §6.1)
 TRAIN_CONFIG = "train_config.json"  # the recipe, its settings as resolved, provenance
 SUMMARY = "summary.json"  # what the run scored, written at its end
 TASK = "task.json"  # a classifier's task: classes, level, input
@@ -55,6 +61,14 @@ def remove_run_file(run_dir: Path, name: str | PurePath) -> None:
     """Delete the file ``name`` of the run directory if it exists (:func:`run_file` checks
     that it is inside; a missing file is not an error)."""
     run_file(run_dir, name).unlink(missing_ok=True)
+
+
+def select_weights(run_dir: Path) -> Path:
+    """The weights file a finished run's final model (:data:`WEIGHTS`) comes from: :data:`BEST`,
+    the best on validation, when validation ran, else :data:`LAST` (whether or not it exists:
+    the caller that loads it names a missing file)."""
+    best = Path(run_dir) / BEST
+    return best if best.is_file() else Path(run_dir) / LAST
 
 
 def snapshot_name(step: int) -> str:

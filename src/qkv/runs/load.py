@@ -11,12 +11,12 @@ from ..data.tokenizers import load_tokenizer
 from ..errors import QkvError
 from ..files import load_weights
 from .info import RunInfo
-from .layout import CONFIG, TRAIN_CONFIG
+from .layout import CONFIG, TOKENIZER, TRAIN_CONFIG, WEIGHTS
 
 
 def load_run(
     run_dir: str | Path,
-    weights: str = "model.safetensors",
+    weights: str = WEIGHTS,
     device: torch.device | str = "cpu",
     family: str | tuple[str, ...] | None = None,
 ):
@@ -38,7 +38,7 @@ def load_run(
     # tokenizer. Its kind is read from config.json, once the files are known to be there.
     info = RunInfo.read(run_dir) if (run_dir / TRAIN_CONFIG).is_file() else None
     with_tokenizer = info is None or info.model_type.tokenizer
-    needed = (CONFIG, weights) + (("tokenizer.json",) if with_tokenizer else ())
+    needed = (CONFIG, weights) + ((TOKENIZER,) if with_tokenizer else ())
     missing = [f for f in needed if not (run_dir / f).is_file()]
     if missing:
         raise QkvError(
@@ -54,4 +54,4 @@ def load_run(
     model = model_type.model(config)
     load_weights(model, run_dir / weights)
     model.to(device).eval()
-    return model, load_tokenizer(run_dir / "tokenizer.json") if model_type.tokenizer else None
+    return model, load_tokenizer(run_dir / TOKENIZER) if model_type.tokenizer else None

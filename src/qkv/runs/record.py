@@ -22,11 +22,11 @@ import torch
 from .. import distributed
 from ..compat import check_format_version
 from ..errors import ConfigError, QkvError
-from ..files import write_json
+from ..files import folder_obstacle, write_json
 from ..models.config import ModelConfig
 from ..settings import to_dict
 from .info import resumed_json, run_header
-from .layout import CONFIG, SNAPSHOTS, TRAIN_CONFIG, TRAIN_STATE, run_file
+from .layout import CONFIG, DATA, SNAPSHOTS, TOKENIZER, TRAIN_CONFIG, TRAIN_STATE, run_file
 
 if TYPE_CHECKING:
     from ..data.shards import PreparedData
@@ -51,10 +51,11 @@ def prepare_run_dir(
     run_dir = Path(run_dir)
     if not distributed.is_main():
         return run_dir
-    if run_dir.exists() and not run_dir.is_dir():
+    kind = folder_obstacle(run_dir)[0]
+    if kind == "file":
         raise QkvError(f"--out {run_dir} is a file, not a directory")
     if not resume:
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if kind == "not empty":
             raise QkvError(
                 f"run directory {run_dir} is not empty; use --resume to continue it or choose another --out"
             )
@@ -106,8 +107,8 @@ def prepared_data_record(run_dir: Path, prepared: PreparedData, resume: bool, gi
         **{k: v for k, v in prepared.meta.items() if k not in ("token_counts", "splits")},
     }
     if resume:
-        refuse_other_data(run_dir, "data.json", record, {"data": given})
-        own, theirs = run_dir / "tokenizer.json", prepared.tokenizer_path
+        refuse_other_data(run_dir, DATA, record, {"data": given})
+        own, theirs = run_dir / TOKENIZER, prepared.tokenizer_path
         if own.is_file() and theirs.is_file() and own.read_bytes() != theirs.read_bytes():
             raise QkvError(f"cannot resume {run_dir}: data={given} {NOT_THE_RUNS_DATA}")
     return record
