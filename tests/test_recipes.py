@@ -32,7 +32,13 @@ def test_a_trained_recipe_has_settings_train_evaluate_and_a_summary(recipe):
         assert isinstance(settings.model, recipe.model_type.config), "its runs hold the model it names"
     # every recipe's run is the one skeleton's flow, with its own parts
     assert issubclass(recipe.train.__self__, TrainingRun) and recipe.train.__name__ == "train"
-    assert list(inspect.signature(recipe.train).parameters) == ["settings", "run_dir", "resume", "progress"]
+    assert list(inspect.signature(recipe.train).parameters) == [
+        "settings",
+        "run_dir",
+        "resume",
+        "progress",
+        "cpu",
+    ]
     # one name and signature: evaluate_run(run_dir, split, device, *, options)
     assert recipe.evaluate.__name__ == "evaluate_run"
     params = inspect.signature(recipe.evaluate).parameters

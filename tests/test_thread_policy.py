@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runs import run_main
+from test_cpu_share import FakeLoad
 
 from qkv import cpu_share
 from qkv.cpu_share import CpuShare
@@ -21,17 +22,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "qkv"
 ENTRY_POINTS = ("cli/", "explain/server.py", "recipes/loading.py")
 POLICY_MODULE = "cpu_share.py"
 THREAD_SETTERS = {"set_num_threads", "set_num_interop_threads"}
-
-
-class FakeLoad:
-    """A :class:`qkv.cpu_share.LoadSampler` whose other processes keep ``others`` CPUs busy."""
-
-    def __init__(self, others: float, cpus: int = 2) -> None:
-        self.others_now = others
-        self.cpus = list(range(cpus))
-
-    def others(self) -> tuple[float, float]:
-        return 1.0, self.others_now
 
 
 @pytest.fixture

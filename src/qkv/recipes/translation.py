@@ -20,7 +20,6 @@ from typing import ClassVar, cast
 
 import torch
 
-from ..cpu_share import CpuShare
 from ..data.batching import make_batch, token_batches
 from ..data.parallel import PAIRS_FILE, ParallelData, file_record, read_pairs, split_pairs
 from ..data.tokenizers import SubwordTokenizer
@@ -409,8 +408,9 @@ class TranslationRun(TrainingRun):
         summary = dict(self.selected)
         split = "test2016" if s.data is None else "test"
         if s.test and (s.data is None or self.record["test"]):
-            decoding = {"beam_size": s.beam_size, "alpha": s.alpha, "cpu": self.context.cpu}
-            summary[split] = evaluate_run(self.run_dir, split, device=self.device, **decoding)
+            summary[split] = evaluate_run(
+                self.run_dir, split, device=self.device, beam_size=s.beam_size, alpha=s.alpha
+            )
         return summary
 
 
@@ -422,7 +422,6 @@ def evaluate_run(
     beam_size: int | None = None,
     alpha: float | None = None,
     limit: int | None = None,
-    cpu: CpuShare | None = None,
 ) -> dict:
     """Score a run on a split of its data: sacreBLEU (cased, lowercased), chrF, loss, ppl, n;
     between proteins also the residues recovered (:func:`~qkv.evaluate.bleu.residue_recovery`).
@@ -430,8 +429,7 @@ def evaluate_run(
     ``split``: ``test`` (a Multi30k run's ``test2016``, an own-data run's held-out test pairs),
     ``val``, and for Multi30k runs ``test2016`` and ``train``. ``beam_size``/``alpha``: the
     beam search's (§6.1); ``None``: the run's own settings (its summary's test decoding), else
-    4 and 0.6. ``cpu``: the caller's :class:`~qkv.cpu_share.CpuShare`, ticked between decoding
-    batches (``None``: the thread count is left as it is).
+    4 and 0.6.
 
     Raises:
         QkvError: a split the run's data does not have, or an unreadable run.
@@ -444,7 +442,7 @@ def evaluate_run(
     if limit:
         src, ref = src[:limit], ref[:limit]
     t0 = time.perf_counter()
-    hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha, cpu=cpu).translate(src)
+    hyps = Translator(model, tok, beam_size=beam_size, alpha=alpha).translate(src)
     decode_s = time.perf_counter() - t0
     with torch.no_grad():
         pairs = fitting_pairs(encode_pairs(tok, src, ref), model.config.max_len)
