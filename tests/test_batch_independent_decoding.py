@@ -17,7 +17,8 @@ import torch
 from cli_runs import refused, run_main
 from test_model import tiny_config
 
-from qkv.explain.explainers import DecodingOptions, TranslationExplainer
+from qkv.explain.explainer import DecodingOptions
+from qkv.explain.explainers import TranslationExplainer
 from qkv.inference.search import beam_search, greedy_decode
 from qkv.inference.translator import Translator
 from qkv.models import Transformer

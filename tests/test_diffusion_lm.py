@@ -364,7 +364,7 @@ def test_resume_continues_the_run(diffusion_run, tmp_path, capsys):
 @needs_data
 def test_explainer_shows_the_trajectory_and_attention_at_a_step(diffusion_run, tmp_path):
     from qkv.explain.diffusion import MASK_LABEL, DiffusionLMExplainer
-    from qkv.explain.explainers import DecodingOptions
+    from qkv.explain.explainer import DecodingOptions
 
     explainer = DiffusionLMExplainer(diffusion_run)
     template = "ROMEO: ____ my lord"

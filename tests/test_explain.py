@@ -7,7 +7,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import capture_steps, merge_attention, piece_labels, word_groups
-from qkv.explain.explainers import DecodingOptions, InputTooLong
+from qkv.explain.explainer import DecodingOptions, InputTooLong
 from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.masks import causal_mask
 from qkv.recipes.loading import load_explainer

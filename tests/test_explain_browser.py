@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qkv.explain.explainers import DecodingOptions
+from qkv.explain.explainer import DecodingOptions
 from qkv.explain.server import create_app, serve_in_thread
 from qkv.recipes.loading import load_explainer
 

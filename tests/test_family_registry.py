@@ -19,7 +19,7 @@ from torch import nn
 
 from qkv.data.tokenizers import CharTokenizer
 from qkv.explain.activations import logit_lens, readout, run_with_cache
-from qkv.explain.explainers import Explainer, _Pass
+from qkv.explain.explainer import Explainer, _Pass
 from qkv.explain.hooks import hook_points, run_with_hooks
 from qkv.files import save_weights, write_json
 from qkv.hub import onnx_export

@@ -173,7 +173,7 @@ def test_lm_init_with_lora_stores_adapters_merges_and_resumes(gpt2_folder, corpu
     # The merged weights are an ordinary run: they convert to an HF GPT-2 with the same logits
     # and the explainer reads them.
     transformers = pytest.importorskip("transformers")
-    from qkv.explain.explainers import DecodingOptions
+    from qkv.explain.explainer import DecodingOptions
     from qkv.recipes.loading import load_explainer
     from qkv.runs import load_run
 

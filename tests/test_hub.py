@@ -427,7 +427,8 @@ def test_protein_recipes_start_from_a_converted_encoder_with_its_own_tokenizer(t
 def test_explain_works_on_converted_checkpoints(tmp_path):
     """The explainer reads converted BERT (text, sentence pairs), ESM (residues) and GPT-2
     runs: every layer and head, rows summing to 1."""
-    from qkv.explain.explainers import DecodingOptions, ProteinExplainer, TextExplainer
+    from qkv.explain.explainer import DecodingOptions
+    from qkv.explain.explainers import ProteinExplainer, TextExplainer
     from qkv.recipes.loading import load_explainer
 
     words = [

@@ -205,7 +205,7 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_the_layer_checks_find_what_they_look_for(tmp_path):
     graph = import_graph()
-    assert "qkv.explain.explainers" in graph["qkv.recipes.recipe"]  # under `if TYPE_CHECKING:`
+    assert "qkv.explain.explainer" in graph["qkv.recipes.recipe"]  # under `if TYPE_CHECKING:`
     toy_module = tmp_path / "toy.py"
     toy_module.write_text('import importlib\nimportlib.import_module("qkv.recipes.loading")\n')
     assert _imports("qkv.explain.toy", toy_module, _modules()) == {"qkv.recipes.loading"}  # by name
@@ -457,7 +457,7 @@ def _global_state():
 
 @pytest.mark.parametrize("family", ["translation", "lm", "protein"])
 def test_pictures_print_nothing_and_leave_matplotlib_alone(tiny_runs, tmp_path, capsys, family):
-    from qkv.explain.explainers import DecodingOptions
+    from qkv.explain.explainer import DecodingOptions
     from qkv.explain.plots import write_pictures
     from qkv.recipes.loading import load_explainer
 

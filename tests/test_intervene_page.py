@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from fastapi.testclient import TestClient
 
 from qkv.errors import QkvError
-from qkv.explain.explainers import DecodingOptions
+from qkv.explain.explainer import DecodingOptions
 from qkv.explain.hooks import run_with_hooks
 from qkv.explain.interventions import ablate_heads, ablate_neurons
 from qkv.explain.server import create_app, serve_in_thread

@@ -125,7 +125,7 @@ def _generation_options(p: argparse.ArgumentParser) -> None:
 
 def _cmd_explain(args) -> int:
     from ..device import resolve_device
-    from ..explain.explainers import DEFAULT_MAX_CHARS
+    from ..explain.explainer import DEFAULT_MAX_CHARS
     from ..explain.standalone import UNCAPPED_CHARS
     from ..recipes.loading import load_explainer
 
@@ -218,7 +218,7 @@ def _check_explain_options(args, info: dict) -> None:
 
 
 def _decoding_options(args):
-    from ..explain.explainers import DecodingOptions
+    from ..explain.explainer import DecodingOptions
 
     return DecodingOptions(
         beam_size=args.beam,

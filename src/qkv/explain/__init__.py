@@ -12,7 +12,7 @@ without touching the paper's modules. The explainer of a run directory is its re
 
 from .activations import ActivationCache, logit_lens, record_activations, run_with_cache
 from .capture import capture_steps
-from .explainers import AttentionMap, DecodingOptions, Explanation
+from .explainer import AttentionMap, DecodingOptions, Explanation
 from .hooks import hook_points, hooked, run_with_hooks
 from .interventions import PatchingTable, ablate_heads, ablate_neurons, activation_patching, patch_from, steer
 from .labels import merge_attention, piece_labels, word_groups

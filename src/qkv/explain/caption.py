@@ -35,7 +35,7 @@ from ..errors import QkvError
 from ..inference.caption import Captioner
 from ..runs import run_settings
 from .block import rounded
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _gathered, _Pass
+from .explainer import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _gathered, _Pass
 from .labels import piece_labels
 from .vision import ImageInput, patch_info, patch_labels, png_data_url, read_pixels
 
@@ -51,7 +51,7 @@ class CaptionExplainer(Explainer[ImageInput]):
     """``qkv train caption`` runs. The input is an image (:data:`~qkv.explain.vision.ImageInput`:
     a file's path or bytes, a test-set index or ``test:INDEX``, or uint8 pixels); the output
     is the caption the model writes for it (greedy decoding, or beam search with
-    :class:`~qkv.explain.explainers.DecodingOptions`' ``beam_size`` and ``alpha``) and each
+    :class:`~qkv.explain.explainer.DecodingOptions`' ``beam_size`` and ``alpha``) and each
     word's cross-attention over the image.
 
     Attention kinds: ``encoder`` (patches over patches, ``(n_encoder_layers, H, N, N)``),

@@ -19,7 +19,7 @@ from torch import nn
 from .. import runs
 from ..errors import QkvError
 from ..inference.diffusion import MASK_CHAR, DiffusionGenerator, Trace
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _gathered, _Pass
+from .explainer import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _gathered, _Pass
 
 MASK_LABEL = "▒"  # how a still-masked position is drawn
 

@@ -40,7 +40,7 @@ from ..files import atomic_write, write_text
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
 if TYPE_CHECKING:
-    from .explainers import DecodingOptions, Explainer
+    from .explainer import DecodingOptions, Explainer
     from .interventions import PatchingTable
 
 CMAP = "Blues"
@@ -413,7 +413,7 @@ def plot_steps(steps: dict, title: str = "") -> Figure:
 
     Args:
         steps: one head's step-through as returned by
-            :meth:`~qkv.explain.explainers.Explainer.steps` (``scores``, ``scaled``, ``masked``,
+            :meth:`~qkv.explain.explainer.Explainer.steps` (``scores``, ``scaled``, ``masked``,
             ``weights`` as ``(Tq, Tk)`` nested lists, ``query_tokens``, ``key_tokens``, ``d_k``).
 
     Returns the figure: four heatmap axes, each with its own colour bar.
@@ -601,7 +601,7 @@ def write_pictures(
     the heads of decoder layer ``layer``), ``caption_attention_layer<l>.png`` per decoder
     layer (words × heads), and the encoder-decoder's pictures (patches as source tokens).
 
-    Raises: as :meth:`~qkv.explain.explainers.Explainer.explain`.
+    Raises: as :meth:`~qkv.explain.explainer.Explainer.explain`.
     """
     result = explainer.explain(text, options, merge_words=merge_words)
     out = Path(out_dir)
@@ -655,7 +655,7 @@ def write_pictures(
 
 def _write_image_pictures(result, out: Path) -> list[Path]:
     """The ViT-only pictures of :func:`write_pictures`: one class-token overlay per layer and
-    the rollout, drawn from a ViT :class:`~qkv.explain.explainers.Explanation`."""
+    the rollout, drawn from a ViT :class:`~qkv.explain.explainer.Explanation`."""
     output, amap = result.output, result.attention[0]
     image = decode_png_data_url(output["image"])
     written = [
@@ -674,7 +674,7 @@ def _write_image_pictures(result, out: Path) -> list[Path]:
 
 def _write_caption_pictures(result, out: Path, layer: int) -> list[Path]:
     """The captioner-only pictures of :func:`write_pictures`, drawn from a caption
-    :class:`~qkv.explain.explainers.Explanation`'s ``words``."""
+    :class:`~qkv.explain.explainer.Explanation`'s ``words``."""
     output = result.output
     image = decode_png_data_url(output["image"])
     words = [w["text"] for w in output["words"]]

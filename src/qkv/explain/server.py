@@ -1,4 +1,4 @@
-"""The local interactive explainer: a FastAPI app over an :class:`~qkv.explain.explainers.Explainer`.
+"""The local interactive explainer: a FastAPI app over an :class:`~qkv.explain.explainer.Explainer`.
 
 ``qkv explain RUN_DIR --serve`` binds to 127.0.0.1 (this machine only) and serves:
 
@@ -15,7 +15,7 @@
   ``{"kind": "ablate_head", "stack", "layer", "head", "mode"}``, ``{"kind": "zero_neuron",
   "layer", "neuron"}`` or ``{"kind": "patch", "source_text", "layer", "point"}``), both decoded
   as ``/api/explain`` decodes, the second with the hooks attached
-  (:meth:`~qkv.explain.explainers.Explainer.intervene`); a bad stack, layer, head, neuron or
+  (:meth:`~qkv.explain.explainer.Explainer.intervene`); a bad stack, layer, head, neuron or
   point is a 422, and so is any intervention on a recurrent run (no heads).
 
 ``/api/explain``'s ``output.block`` holds the "follow a token" views of every token
@@ -68,7 +68,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import cpu_share
 from ..errors import QkvError
-from .explainers import DecodingOptions, Explainer, InputTooLong
+from .explainer import DecodingOptions, Explainer, InputTooLong
 
 if TYPE_CHECKING:
     import uvicorn

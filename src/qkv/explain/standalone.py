@@ -15,7 +15,7 @@ a browser would stall drawing them.
 
 Interventions: a page cannot rerun its model, so it holds every head's ablation, computed here
 (:func:`head_ablations`: each head of each attention kind set to zero, the output decoded again
-as the page's was, :meth:`~qkv.explain.explainers.Explainer.intervene`) when the model has at
+as the page's was, :meth:`~qkv.explain.explainer.Explainer.intervene`) when the model has at
 most :data:`MAX_ABLATIONS` heads in all; its "ablate this head" button looks them up. Zeroing a
 neuron and patching from another input need the model (``qkv explain RUN --serve``).
 """
@@ -38,7 +38,7 @@ import torch
 
 from ..errors import QkvError
 from .capture import capture_all_steps
-from .explainers import PAIR_SEPARATOR, DecodingOptions, Explainer, Explanation, split_pair
+from .explainer import PAIR_SEPARATOR, DecodingOptions, Explainer, Explanation, split_pair
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_TOKENS = 64
@@ -67,7 +67,7 @@ class ExplainerPage:
 
     Attributes:
         html: the whole document (UTF-8 text; its script, style and data inline).
-        explanation: what the page shows (:class:`~qkv.explain.explainers.Explanation`).
+        explanation: what the page shows (:class:`~qkv.explain.explainer.Explanation`).
         notes: what was cut from the input to fit the caps (empty if nothing was).
         height: the iframe's height in the notebook, in CSS pixels (the page scrolls inside).
     """
@@ -344,7 +344,7 @@ def step_data(explainer: Explainer, prepared, kind: str) -> dict:
 
 
 def head_ablations(explainer: Explainer, input: Any, options: DecodingOptions) -> dict:
-    """Every head's zero-ablation (:meth:`~qkv.explain.explainers.Explainer.intervene`) of
+    """Every head's zero-ablation (:meth:`~qkv.explain.explainer.Explainer.intervene`) of
     ``input``, for the standalone page: ``{"before", "tokens": {"labels", "before"} or None,
     "heads": {kind: [layer][head] → {"description", "after", "changed", "tokens_after"}},
     "note": None}``, outputs cut to :data:`COMPACT_OUTPUT`. A model with no heads to ablate,

@@ -4,7 +4,7 @@ token's attention over the patches, attention rollout and Eq. 1 with patches as 
 The tokens of a ViT (Dosovitskiy et al. 2021, §3.1) are the class token (``CLS``, token 0)
 and the ``N = grid²`` patches in reading order (token ``1 + i`` is patch ``i``, row
 ``i // grid``, column ``i % grid``), labelled ``r<row>c<column>`` from 1. Everything else
-(:meth:`~qkv.explain.explainers.Explainer.explain`'s attention maps, the Eq. 1
+(:meth:`~qkv.explain.explainer.Explainer.explain`'s attention maps, the Eq. 1
 step-through) is the machinery of the text families, with these tokens.
 """
 
@@ -27,7 +27,7 @@ from ..inference.vision import ImageClassifier
 from ..models.config import CaptionConfig, ViTConfig
 from ..runs import run_settings
 from .block import rounded
-from .explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass
+from .explainer import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, Explanation, _Pass
 from .rollout import attention_rollout
 
 ImageInput = str | Path | bytes | int | np.ndarray

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from ..data.tokenizers import load_tokenizer
-from ..explain.explainers import Explainer, ProteinExplainer, TextExplainer
+from ..explain.explainer import Explainer
+from ..explain.explainers import ProteinExplainer, TextExplainer
 from ..models.model_types import ENCODER
 from ..runs.layout import TOKENIZER
 from .recipe import Recipe

@@ -19,7 +19,7 @@ import torch
 from .. import cpu_share
 from ..errors import QkvError
 from ..explain import standalone
-from ..explain.explainers import DEFAULT_MAX_CHARS, DecodingOptions, Explainer
+from ..explain.explainer import DEFAULT_MAX_CHARS, DecodingOptions, Explainer
 from ..explain.standalone import MAX_TOKENS, UNCAPPED_CHARS, ExplainerPage
 from .registry import kind_of
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from ..explain.explainers import Explainer
+    from ..explain.explainer import Explainer
     from ..models.model_types import ModelType
 
 # What a run reads: sentences or documents, amino-acid sequences (FASTA), or images.
