@@ -213,22 +213,22 @@ class CpuShare:
         sampler: what measures the load (tests pass a fake).
         cpu_bound: the work runs on the CPU (``False`` for a GPU run, whose speed the CPUs'
             load does not set: its share is then measured against its quiet stretches only).
-        manage: whether the thread count follows the load. ``None`` (an entry point's,
-            :func:`for_command`): unless pinned (``pinned``, ``QKV_THREADS``,
+        manage: whether the thread count may follow the load. ``True`` (an entry point's,
+            :func:`for_command`): it does unless pinned (``pinned``, ``QKV_THREADS``,
             ``OMP_NUM_THREADS``) or ``QKV_CPU_SHARE=0``. ``False`` (a library function handed
             no :class:`CpuShare`): measure the load for :meth:`report` only, and pin nothing
             but ``pinned`` (the environment is not read; start it with ``probe_s=0``, no
-            sleep). ``True``: follow the load whatever ``QKV_CPU_SHARE`` says, unless pinned.
+            sleep).
 
     Raises:
-        ConfigError: (``manage`` not ``False``) a variable :func:`read_environment` refuses.
+        ConfigError: (``manage``) a variable :func:`read_environment` refuses.
     """
 
     pinned: int | None = None
     interval_s: float | None = None
     sampler: LoadSampler | None = None
     cpu_bound: bool = True
-    manage: bool | None = None
+    manage: bool = True
     windows: list[_Window] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -239,10 +239,10 @@ class CpuShare:
         if self.interval_s is None:
             self.interval_s = INTERVAL_S
         # QKV_CPU_SHARE=0 (or a caller's manage=False) keeps torch's count: describe() says which
-        self._why_unmanaged = "torch's choice" if self.manage is False else "QKV_CPU_SHARE=0: torch's choice"
-        if self.manage is not False:
+        self._why_unmanaged = "QKV_CPU_SHARE=0: torch's choice" if self.manage else "torch's choice"
+        if self.manage:
             self.pinned = pinned_threads(self.pinned)
-            self.manage = (self.manage or enabled()) and self.pinned is None
+            self.manage = enabled() and self.pinned is None
         if self.pinned is not None:
             torch.set_num_threads(self.pinned)
         self.max_threads = torch.get_num_threads()
