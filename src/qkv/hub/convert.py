@@ -27,15 +27,12 @@ from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
 from ..files import atomic_write, read_json, refuse_nonempty, save_weights, torch_load_refusal, write_json
 from ..models.config import ModelConfig
-from ..models.model_types import DECODER_LM, ENCODER, TRANSFORMER, VIT, ModelType, built_as, for_config
+from ..models.model_types import DECODER_LM, ENCODER, built_as, for_config
 from ..runs.layout import CONFIG, TOKENIZER, TRAIN_CONFIG, WEIGHTS
 from . import keymap
-from .families import Family, family_for, family_of
+from .families import HF_WRITES, Family, family_for, family_of
 
 logger = logging.getLogger(__name__)
-
-# the model families qkv writes as HF checkpoints (hub.families.family_for names their HF family)
-HF_WRITES: tuple[ModelType, ...] = (ENCODER, DECODER_LM, TRANSFORMER, VIT)
 
 
 def layer_counts(config: ModelConfig) -> dict[str, int]:

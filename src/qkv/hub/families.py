@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import QkvError
 from ..models.config import EncoderConfig, LMConfig, ModelConfig, TransformerConfig, ViTConfig
-from ..models.model_types import DECODER_LM, TRANSFORMER, for_config
+from ..models.model_types import DECODER_LM, ENCODER, TRANSFORMER, ModelType, for_config
 from ..models.model_types import VIT as VIT_TYPE
 from ..nn.feedforward import Activation
 from .keymap import Rule
@@ -710,7 +710,8 @@ VIT = Family(
 
 FAMILIES = {f.name: f for f in (BERT, ESM, GPT2, MARIAN, VIT)}
 # the HF family each qkv model type converts to (encoders: by their positions, see family_for)
-EXPORTED_AS = {TRANSFORMER.name: MARIAN, VIT_TYPE.name: VIT, DECODER_LM.name: GPT2}
+EXPORTED_AS: dict[ModelType, Family] = {TRANSFORMER: MARIAN, VIT_TYPE: VIT, DECODER_LM: GPT2}
+HF_WRITES: tuple[ModelType, ...] = (ENCODER, *EXPORTED_AS)  # the model types written as HF checkpoints
 
 
 def family_of(hf_config: dict) -> Family:
@@ -729,7 +730,7 @@ def family_for(config: ModelConfig) -> Family:
     """The family a qkv model exports to, by its model type (:mod:`qkv.models.model_types`):
     ViT for a ViT, Marian for an encoder-decoder, GPT-2 for a decoder-only LM, ESM for a rotary
     encoder, BERT for other encoders."""
-    family = EXPORTED_AS.get(for_config(config).name)
+    family = EXPORTED_AS.get(for_config(config))
     if family is not None:
         return family
     return ESM if config.positional == "rotary" else BERT
