@@ -1,12 +1,12 @@
 """Thread policy at the entry points (issue 70): the CLI's verbs, the explainer server and
 ``qkv.show`` choose torch's thread count (:func:`qkv.cpu_share.for_command`); library code
 takes the :class:`~qkv.cpu_share.CpuShare` it is given and, given none, leaves the calling
-program's thread count alone and never sleeps. The load is a fake; ``time.sleep`` raises."""
+program's thread count alone and never sleeps. The load is a fake; the probe's sleep
+(``cpu_share._sleep``) raises."""
 
 from __future__ import annotations
 
 import ast
-import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +36,7 @@ def busy_two_threads(monkeypatch):
     def no_sleep(seconds: float) -> None:
         raise AssertionError(f"slept {seconds} s")
 
-    monkeypatch.setattr(time, "sleep", no_sleep)
+    monkeypatch.setattr(cpu_share, "_sleep", no_sleep)
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(1)
@@ -185,7 +185,7 @@ def test_generate_tokens_takes_a_share_too(tiny_runs, busy_two_threads):
 def probe_allowed(monkeypatch):
     """The entry point's look at the load may sleep (it is the one place that does)."""
     slept = []
-    monkeypatch.setattr(cpu_share.time, "sleep", slept.append)
+    monkeypatch.setattr(cpu_share, "_sleep", slept.append)
     return slept
 
 

@@ -380,7 +380,7 @@ def test_a_run_started_from_python_measures_the_load_and_leaves_the_threads_alon
 
     slept: list[float] = []
     monkeypatch.setattr(cpu_share, "LoadSampler", BusyMachine)
-    monkeypatch.setattr(cpu_share.time, "sleep", slept.append)
+    monkeypatch.setattr(cpu_share, "_sleep", slept.append)
     monkeypatch.setattr(cpu_share, "INTERVAL_S", 0.0)  # a look after every step
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(

@@ -44,6 +44,10 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
+# The probe's one sleep goes through this name so that tests can watch it alone (a global
+# ``time.sleep`` is also called by ``subprocess``'s wait loop, e.g. the run's git lookup).
+_sleep = time.sleep
+
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = 2.0  # seconds between two looks at the machine's load
@@ -277,7 +281,7 @@ class CpuShare:
         command refused before then says its refusal alone."""
         self._sampler()
         if probe_s > 0:
-            time.sleep(probe_s)
+            _sleep(probe_s)
         self._look(0)
         others = self.probe_others = self.windows[-1].others
         self.windows.clear()  # the probe is no training window
