@@ -158,6 +158,7 @@ def test_no_import_cycles():
 # test below keeps the peers apart. "qkv" is the package's own ``__init__`` (``qkv.load``).
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),  # what a user can act on
+    ("extras",),  # which optional packages are installed (qkv[NAME])
     ("files",),  # atomic file writes and weights files
     ("nn",),  # the paper's equations
     ("compat",),  # reading what earlier qkv versions wrote (old weights name nn's modules)

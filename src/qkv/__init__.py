@@ -12,13 +12,17 @@ if TYPE_CHECKING:  # annotations only: `import qkv` imports neither torch nor pa
 __version__ = "0.2.0"
 
 
-def load(name_or_path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a qkv run directory, an HF folder or a pretrained short name
-    (``"minilm"``, ``"antiberty"``, ``"iglm"``); see :func:`qkv.hub.pretrained.load`. Imported
-    on first use, so ``import qkv`` stays light."""
+def load(
+    name_or_path: str | Path, device: torch.device | str = "cpu", revision: str | None = None
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a qkv run directory, an HF folder, a pretrained short name
+    (``"minilm"``, ``"antiberty"``, ``"iglm"``), a Hub name (``org/name``; ``revision``: its
+    branch, tag or commit, as ``org/name@REVISION`` gives it), a fair-esm ``.pt`` file or an
+    ESM-2 name; see :func:`qkv.hub.pretrained.load`. Imported on first use, so ``import qkv``
+    stays light."""
     from .hub.pretrained import load as _load
 
-    return _load(name_or_path, device)
+    return _load(name_or_path, device, revision)
 
 
 def load_explainer(run_dir: str | Path, device: torch.device | str = "cpu", **options: Any) -> Any:

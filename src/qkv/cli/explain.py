@@ -8,6 +8,7 @@ import math
 
 from .. import cpu_share
 from ..errors import QkvError
+from ..extras import require
 from .console import log
 from .options import (
     device_option,
@@ -180,8 +181,9 @@ def _cmd_explain(args) -> int:
 
 
 def _check_what_to_write(args) -> None:
-    """Refuse sizes that mean nothing and a request for no output (or two that exclude each
-    other), before the model loads."""
+    """Refuse sizes that mean nothing, a request for no output (or two that exclude each
+    other) and one whose extra is not installed (--serve, --out's pictures), before the model
+    loads."""
     if args.max_chars is not None and args.max_chars < 1:
         raise QkvError(f"--max-chars must be >= 1 (got {args.max_chars})")
     if args.max_tokens < 1:
@@ -195,6 +197,10 @@ def _check_what_to_write(args) -> None:
         raise QkvError("--html writes the page of one --input; --serve serves the interactive page")
     if not args.serve and args.out is None and args.html is None:
         raise QkvError("--input needs --out DIR (PNG pictures) or --html FILE (a standalone page), or both")
+    if args.serve:
+        require("serve", "qkv explain --serve")
+    if args.out is not None:
+        require("plot", "qkv explain --out (PNG pictures)")
 
 
 def _check_explain_options(args, info: dict) -> None:

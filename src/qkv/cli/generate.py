@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from .. import cpu_share
+from .. import cpu_share, extras
 from ..errors import QkvError
 from ..inference.diffusion import REMASKING
 from .console import log
@@ -185,6 +185,8 @@ def _cmd_diffusion(args) -> int:
 
     if args.num_samples < 1:
         raise QkvError(f"--num-samples must be >= 1 (got {args.num_samples})")
+    if args.trajectory is not None:  # before any sample is drawn and printed
+        extras.require("plot", "qkv generate --trajectory")
     gen = DiffusionGenerator.from_run(args.run_dir, resolve_device(args.device))
     cpu_share.for_command()  # threads from the load, chosen once (the diffusion sampler takes none)
     options = {

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import QkvError
+from ..extras import require
 from .sources import READ_ERRORS, find_data_file, unreadable_because
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,12 @@ def load_fashion_mnist(split: str) -> ImageSet:
 
 def load_digits() -> ImageSet:
     """scikit-learn's bundled 8 × 8 digits (1,797 images, 10 classes; grey levels 0..16 scaled
-    to 0..255): a tiny offline fixture."""
+    to 0..255): a tiny offline fixture.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "the digits data set")
     from sklearn.datasets import load_digits as sk_digits
 
     d = sk_digits()

@@ -1,4 +1,5 @@
-"""Protein sequences: FASTA files (Biopython), the pretraining corpora, a held-out split.
+"""Protein sequences: FASTA files (Biopython: the ``proteins`` extra, imported when a file is
+read), the pretraining corpora, a held-out split.
 
 Sources: UniProt (20,000 proteins of the mmseqs2 example data) and 17 complete RefSeq
 proteomes (bacteria, archaea; SignalP 6.0's reference genomes). Files are looked up in
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QkvError
+from ..extras import require
 from .sources import READ_ERRORS, find_data_file, unreadable_because
 from .tokenizers import AminoAcidTokenizer
 
@@ -68,8 +70,10 @@ def fasta_entries(path: str | Path) -> Iterator[tuple[str, str, int]]:
 
     Raises:
         QkvError: a missing file, text before the first header, or a file that cannot be read
-            (truncated or corrupt gzip, not UTF-8), in one line naming the file.
+            (truncated or corrupt gzip, not UTF-8), in one line naming the file; MissingExtra
+            (one) where Biopython is not installed (``pip install 'qkv[proteins]'``).
     """
+    require("proteins", "reading FASTA files")
     from Bio.SeqIO.FastaIO import SimpleFastaParser
 
     path = Path(path)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import QkvError
+from ..extras import require
 from .protein import fasta_entries, read_fasta, record_id
 from .sources import find_data_file
 from .tokenizers import AminoAcidTokenizer
@@ -90,7 +91,12 @@ class ProteinTask:
 
 def stratified_split(labels: list[str], seed: int = 0) -> list[str]:
     """``train``/``val``/``test`` per item: a stratified 80/10/10 split with a fixed seed
-    (scikit-learn), the same on every machine."""
+    (scikit-learn), the same on every machine.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "a stratified split")
     from sklearn.model_selection import train_test_split
 
     idx = list(range(len(labels)))

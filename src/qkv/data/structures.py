@@ -1,11 +1,12 @@
 """Protein chains from structure files, and the contact maps they define: the truth that
 unsupervised contact prediction (Rao et al. 2021, ICLR) is scored against.
 
-A chain is read with Biopython from mmCIF (``.cif``, ``.cif.gz``), BinaryCIF (``.bcif``,
-``.bcif.gz``; Biopython >= 1.85 with ``msgpack``) or PDB (``.pdb``, ``.ent``, gzipped or not),
-first model only. Its residues are the amino acids that have a Cβ atom (glycine: its Cα),
-selenomethionine (``MSE``) read as ``M``; other hetero groups, waters and residues without that
-atom are left out, so the sequence and the coordinates always line up. Two residues are in
+A chain is read with Biopython (the ``proteins`` extra, imported when a file is parsed) from
+mmCIF (``.cif``, ``.cif.gz``), BinaryCIF (``.bcif``, ``.bcif.gz``; Biopython >= 1.85 with
+``msgpack``) or PDB (``.pdb``, ``.ent``, gzipped or not), first model only. Its residues are
+the amino acids that have a Cβ atom (glycine: its Cα), selenomethionine (``MSE``) read as ``M``;
+other hetero groups, waters and residues without that atom are left out, so the sequence and
+the coordinates always line up. Two residues are in
 contact when their Cβ atoms (Gly: Cα) are closer than 8 Å, the definition of the CASP
 assessments that Rao et al. 2021 use.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
+from ..extras import require
 from .sources import READ_ERRORS, find_data_file, unreadable_because
 
 logger = logging.getLogger(__name__)
@@ -91,7 +93,12 @@ class Chain:
 def contact_map(coords: np.ndarray, threshold: float = CONTACT_THRESHOLD) -> np.ndarray:
     """``(L, L)`` bool: residues ``i`` and ``j`` are in contact when their atoms in ``coords``
     ``(L, 3)`` (Cβ, Gly Cα; Å) are closer than ``threshold`` Å (8 Å: CASP's definition, as in
-    Rao et al. 2021). The diagonal is True."""
+    Rao et al. 2021). The diagonal is True.
+
+    Raises:
+        MissingExtra: SciPy (with scikit-learn) is not installed (``pip install 'qkv[proteins]'``).
+    """
+    require("proteins", "computing contact maps")
     from scipy.spatial.distance import cdist
 
     xyz = np.asarray(coords, dtype=np.float64)
@@ -124,7 +131,8 @@ def read_chain(path: str | Path, chain_id: str, name: str | None = None) -> Chai
 
     Raises:
         QkvError: an unreadable file, a chain id the first model lacks (the ids it has named),
-            or a chain with no amino acid that has a Cβ (a Cα-only trace, a nucleic acid).
+            or a chain with no amino acid that has a Cβ (a Cα-only trace, a nucleic acid);
+            MissingExtra (one) where Biopython is not installed (``pip install 'qkv[proteins]'``).
     """
     path = Path(path)
     try:
@@ -138,6 +146,7 @@ def read_chain(path: str | Path, chain_id: str, name: str | None = None) -> Chai
 def _parse(data: bytes, filename: str):
     """The Biopython structure of a file's bytes (gzipped or not)."""
     fmt = structure_format(filename)
+    require("proteins", f"reading {fmt} structures")
     try:
         if filename.lower().endswith(".gz"):
             data = gzip.decompress(data)

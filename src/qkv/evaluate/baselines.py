@@ -1,4 +1,5 @@
-"""Baselines that a Transformer must beat, on the same splits (scikit-learn logistic regression).
+"""Baselines that a Transformer must beat, on the same splits (scikit-learn logistic regression:
+the ``probe`` extra, imported when a baseline is fitted).
 
 Sequence tasks: amino-acid composition of the whole sequence and of its first 20 residues (where
 targeting signals such as signal peptides sit) + log length, 42 features; classes weighted
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..data.protein_tasks import ProteinTask
 from ..data.tokenizers import AMINO_ACIDS
+from ..extras import require
 from .classification import classification_metrics
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,13 @@ def composition(sequence: str) -> np.ndarray:
 
 
 def window_features(sequence: str, half: int = 7):
-    """``(L, (2·half+1)·21)`` sparse one-hot windows centred on each residue."""
+    """``(L, (2·half+1)·21)`` sparse one-hot windows centred on each residue (a SciPy CSR
+    matrix; SciPy comes with scikit-learn).
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "building the baseline's residue windows")
     from scipy.sparse import csr_matrix
 
     width, n = 2 * half + 1, len(AMINO_ACIDS) + 1
@@ -58,6 +66,7 @@ def composition_features(sequence: str) -> np.ndarray:
 
 
 def _fit_predict(x_train, y_train, x_test, class_weight=None):
+    require("probe", "the logistic-regression baseline")
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -74,7 +83,12 @@ def baseline_metrics(
 ) -> dict:
     """Fit the task's baseline on its train split; metrics on ``split``. Residue tasks use at
     most ``max_train_residues`` labelled training residues (a fixed random sample) to keep the
-    fit to a minute or two on a laptop."""
+    fit to a minute or two on a laptop.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "the logistic-regression baseline")
     from scipy.sparse import vstack
 
     train, test = task.split("train"), task.split(split)
@@ -121,7 +135,12 @@ def pixel_baseline_metrics(
 ) -> dict:
     """Logistic regression on raw pixels (scaled to [0, 1]; no standardisation, which only
     amplifies the noise of near-constant border pixels), fitted on the training images:
-    the baseline a ViT must beat. Images uint8 ``(N, H, W, C)``; metrics on the test images."""
+    the baseline a ViT must beat. Images uint8 ``(N, H, W, C)``; metrics on the test images.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "the pixel baseline")
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
@@ -150,7 +169,12 @@ def tfidf_baseline_metrics(
 ) -> dict:
     """TF-IDF of word uni- and bigrams (sublinear term frequency) + logistic regression, fitted
     on the training texts: the classical text-classification baseline (≈ 0.80 on SST-2) a
-    pretrained Transformer must beat. Metrics on the test texts."""
+    pretrained Transformer must beat. Metrics on the test texts.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "the TF-IDF baseline")
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 

@@ -1,9 +1,12 @@
 """Translation metrics through sacreBLEU (Post 2018): BLEU on detokenized text, cased and
-lowercased, and chrF; between protein sequences, the residues recovered (Biopython's aligner)."""
+lowercased, and chrF; between protein sequences, the residues recovered (Biopython's aligner:
+the ``proteins`` extra, imported when first used)."""
 
 from __future__ import annotations
 
 import sacrebleu
+
+from ..extras import require
 
 
 def translation_scores(hypotheses: list[str], references: list[str]) -> dict:
@@ -43,6 +46,7 @@ def residue_recovery(hypotheses: list[str], references: list[str]) -> float:
 
     Raises:
         ValueError: different numbers of hypotheses and references, or an empty reference.
+        MissingExtra: Biopython is not installed (``pip install 'qkv[proteins]'``).
     """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
@@ -60,7 +64,12 @@ def residue_recovery(hypotheses: list[str], references: list[str]) -> float:
 def residue_aligner():
     """The global aligner of :func:`residue_recovery` (Biopython's ``PairwiseAligner``, match
     1, mismatch 0, gap open -1, extend -0.5): its ``score`` is also what nearest-sequence
-    lookups rank by."""
+    lookups rank by.
+
+    Raises:
+        MissingExtra: Biopython is not installed (``pip install 'qkv[proteins]'``).
+    """
+    require("proteins", "aligning protein sequences")
     from Bio.Align import PairwiseAligner
 
     aligner = PairwiseAligner(mode="global", match_score=1.0, mismatch_score=0.0)

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 import sacrebleu
 
+from ..extras import require
+
 Box = tuple[int, int, int, int]  # (top, left, bottom, right) pixels, bottom/right exclusive
 
 
@@ -71,7 +73,12 @@ def nearest_captions(
 ) -> list[str]:
     """The caption of each query image's nearest training image (Euclidean distance on pixels
     scaled to [0, 1]; scikit-learn's brute-force search). Images uint8 ``(N, H, W, C)`` of one
-    size."""
+    size.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "the nearest-caption baseline")
     from sklearn.neighbors import NearestNeighbors
 
     x_train = train_images.reshape(len(train_images), -1).astype(np.float32) / 255.0

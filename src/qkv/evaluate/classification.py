@@ -1,4 +1,5 @@
-"""Classification metrics (scikit-learn) and the confusion-matrix picture.
+"""Classification metrics (scikit-learn: the ``probe`` extra) and the confusion-matrix picture
+(matplotlib: the ``plot`` extra); each is imported when first used.
 
 Accuracy; Matthews correlation coefficient (multi-class: Gorodkin 2004, the R_K statistic,
 ``sklearn.metrics.matthews_corrcoef``); per-class precision/recall/F1; AUROC for two classes;
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from ..extras import require
 from ..files import atomic_write
 
 
@@ -31,7 +33,11 @@ def classification_metrics(
         ``auroc`` and ``auprc`` (two classes only, scored by the probability of class 1; AUPRC is
         average precision, the area under the precision-recall curve), ``n``, ``confusion``
         (C×C list, rows = true).
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
     """
+    require("probe", "computing classification metrics")
     from sklearn.metrics import (
         accuracy_score,
         average_precision_score,
@@ -66,7 +72,12 @@ def per_group_binary_mcc(
 ) -> dict:
     """MCC of "class T" vs "not T" for every positive class T and every group (e.g. SignalP
     type per kingdom, SignalP 6.0's MCC2), plus "any positive class" vs ``negative``.
-    Groups or classes without a true positive are left out."""
+    Groups or classes without a true positive are left out.
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[probe]'``).
+    """
+    require("probe", "computing classification metrics")
     from sklearn.metrics import matthews_corrcoef
 
     y_true, y_pred, groups = np.asarray(y_true), np.asarray(y_pred), np.asarray(groups)
@@ -85,7 +96,12 @@ def per_group_binary_mcc(
 
 def plot_confusion(confusion: npt.ArrayLike, classes: Sequence[str], path: Path, title: str) -> None:
     """Write a confusion-matrix PNG (rows = true class, columns = predicted; counts and
-    row-normalised shading), atomically."""
+    row-normalised shading), atomically.
+
+    Raises:
+        MissingExtra: matplotlib is not installed (``pip install 'qkv[plot]'``).
+    """
+    require("plot", "drawing the confusion matrix")
     from matplotlib.figure import Figure  # the object API: no pyplot, no backend chosen
 
     cm = np.asarray(confusion, dtype=float)

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from ..inference.contacts import LONG_RANGE, attention_features, contact_precision
-from .plots import CMAP, save
+from .plots import CMAP, figure, save
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from ..data.structures import Chain
     from ..inference.contacts import ContactHead
     from ..inference.protein import ProteinEncoder
@@ -77,7 +78,7 @@ def plot_contacts(
     lower = ci > cj  # each contact once, as (row > column)
     dot = max(0.5, 40.0 / max(length, 1))  # marker size that stays visible on long chains
 
-    fig = Figure(figsize=(12.5, 6.0), layout="constrained")
+    fig = figure(figsize=(12.5, 6.0), layout="constrained")
     left, right = fig.subplots(1, 2)
     image = left.imshow(np.where(upper, p, np.nan), cmap=CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
     left.scatter(cj[lower], ci[lower], s=dot, c="0.35", marker="s", linewidths=0, label="true contact")

@@ -9,17 +9,20 @@ appearing step by step, coloured by when); the attention is the encoder's self-a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib import colormaps
-from matplotlib.figure import Figure
 from torch import nn
 
 from .. import runs
 from ..errors import QkvError
+from ..extras import require
 from ..inference.diffusion import MASK_CHAR, DiffusionGenerator, Trace
 from .explainer import DEFAULT_MAX_CHARS, DecodingOptions, Explainer, _gathered, _Pass
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MASK_LABEL = "▒"  # how a still-masked position is drawn
 
@@ -60,12 +63,20 @@ def trajectory(trace: Trace, tokenizer, row: int = 0) -> list[dict]:
 def plot_trajectory(rows: list[dict], title: str = "") -> Figure:
     """The denoising trajectory (:func:`trajectory`'s records): positions across, steps down;
     the token unmasked at each step written in its cell, coloured by the model's confidence
-    when it was kept; given tokens on a grey top line."""
+    when it was kept; given tokens on a grey top line.
+
+    Raises:
+        MissingExtra: matplotlib is not installed (``pip install 'qkv[plot]'``).
+    """
     steps = max([r["step"] for r in rows] + [0]) + 1
     grid = np.full((steps, len(rows)), np.nan)
     for r in rows:
         if r["step"] >= 0:
             grid[r["step"], r["position"]] = r["confidence"]
+    require("plot", "drawing the denoising trajectory")
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # the object API: no pyplot, no backend chosen
+
     cmap = colormaps["viridis"].with_extremes(bad="white")
     fig = Figure(figsize=(1.5 + 0.22 * len(rows), 1.2 + 0.22 * (steps + 1)), layout="constrained")
     ax = fig.subplots()

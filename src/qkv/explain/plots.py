@@ -19,8 +19,10 @@
 
 Every function returns the :class:`~matplotlib.figure.Figure` so tests can count axes;
 :func:`save` writes it atomically. Figures are built with matplotlib's object API
-(``Figure()``, no pyplot): nothing global changes (no backend chosen, no figure manager, no
-display needed), and a figure is freed like any object once unreferenced.
+(:func:`figure`, no pyplot): nothing global changes (no backend chosen, no figure manager, no
+display needed), and a figure is freed like any object once unreferenced. matplotlib is the
+``plot`` extra (``pip install 'qkv[plot]'``): it is imported when the first figure is made, so
+importing this module needs none, and a missing one is refused in one line (:func:`figure`).
 """
 
 from __future__ import annotations
@@ -30,16 +32,18 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
+from ..extras import require
 from ..files import atomic_write, write_text
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from .explainer import DecodingOptions, Explainer
     from .interventions import PatchingTable
 
@@ -50,6 +54,19 @@ MAX_LABELLED = 60  # beyond this many tokens an axis is drawn without token labe
 
 
 MAX_LABEL_CHARS = 16  # longer labels (a long merged word) are cut with "…"
+
+
+def figure(**kwargs: Any) -> Figure:
+    """A new matplotlib :class:`~matplotlib.figure.Figure` of the object API (no pyplot);
+    ``kwargs`` are its own (``figsize`` in inches, ``layout``). Every picture of qkv starts here.
+
+    Raises:
+        MissingExtra: matplotlib is not installed (``pip install 'qkv[plot]'``).
+    """
+    require("plot", "drawing pictures")
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
 
 
 def _short(labels: list[str]) -> list[str]:
@@ -87,7 +104,7 @@ def plot_attention_grid(
         raise ValueError(f"weights are {tq}×{tk} but got {len(query_tokens)}×{len(key_tokens)} labels")
     cell = 0.16 if max(tq, tk) <= MAX_LABELLED else 0.05
     side = max(2.2, cell * max(tq, tk) + 1.0)
-    fig = Figure(figsize=(side * n_heads + 1.2, side * n_layers + 0.8), layout="constrained")
+    fig = figure(figsize=(side * n_heads + 1.2, side * n_layers + 0.8), layout="constrained")
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
     fontsize = 8 if max(tq, tk) <= 30 else 6
     # One colour scale for the whole grid, up to its largest weight: diffuse heads (weights
@@ -125,7 +142,7 @@ def plot_alignment(
     layer = layer % n_layers
     mean = cross_weights[layer].float().mean(0)  # (T, S)
     t, s = mean.shape
-    fig = Figure(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
+    fig = figure(figsize=(max(4.0, 0.3 * s + 2), max(3.5, 0.3 * t + 1.5)), layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(
         mean.numpy(),
@@ -163,7 +180,7 @@ def positional_matrix(model: torch.nn.Module, n_positions: int = 100) -> tuple[t
 
 def plot_positional_encoding(matrix: torch.Tensor, title: str) -> Figure:
     """Heatmap of a ``(positions, dimensions)`` matrix, diverging colours around 0."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     limit = float(matrix.abs().max()) or 1.0
     image = ax.imshow(
@@ -178,7 +195,7 @@ def plot_positional_encoding(matrix: torch.Tensor, title: str) -> Figure:
 
 def plot_bars(labels: list[str], probs: list[float], title: str) -> Figure:
     """Horizontal probability bars, the first label on top."""
-    fig = Figure(figsize=(5.5, 0.35 * len(labels) + 1.2), layout="constrained")
+    fig = figure(figsize=(5.5, 0.35 * len(labels) + 1.2), layout="constrained")
     ax = fig.subplots()
     ax.barh(range(len(labels)), probs, color="#1f5fa8")
     ax.set_yticks(range(len(labels)), [repr(x)[1:-1] if x.strip() != x or not x else x for x in labels])
@@ -249,7 +266,7 @@ def plot_image_attention(
     vmax = float(cls.max()) or 1.0
     cols = min(n_heads, max_cols)
     rows = math.ceil(n_heads / cols)
-    fig = Figure(figsize=(2.7 * cols + 1.0, 2.9 * rows + 0.6), layout="constrained")
+    fig = figure(figsize=(2.7 * cols + 1.0, 2.9 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     artist = None
     for head, ax in enumerate(axes):
@@ -275,7 +292,7 @@ def plot_rollout(image: np.ndarray, rollout: np.ndarray, patch_size: int, captio
     Returns the figure: two image axes, then a colour-bar axis.
     """
     rollout = np.asarray(rollout, dtype=float)
-    fig = Figure(figsize=(6.6, 3.6), layout="constrained")
+    fig = figure(figsize=(6.6, 3.6), layout="constrained")
     left, right = fig.subplots(1, 2)
     _draw_image(left, image)
     left.set_title("model input", fontsize=9)
@@ -331,7 +348,7 @@ def plot_caption_attention(
     vmax = float(chosen.max()) if len(words) else 1.0
     cols = min(1 + len(words), max_cols)
     rows = math.ceil((1 + len(words)) / cols)
-    fig = Figure(figsize=(2.0 * cols + 1.0, 2.25 * rows + 0.9), layout="constrained")
+    fig = figure(figsize=(2.0 * cols + 1.0, 2.25 * rows + 0.9), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     _draw_image(axes[0], image)
     axes[0].set_title("input", fontsize=9)
@@ -369,7 +386,7 @@ def plot_caption_heads(image: np.ndarray, words: list[str], maps: np.ndarray, la
     """
     maps = np.asarray(maps, dtype=float)
     if not len(words):
-        fig = Figure(figsize=(4, 1.5), layout="constrained")
+        fig = figure(figsize=(4, 1.5), layout="constrained")
         ax = fig.subplots()
         ax.axis("off")
         ax.text(0.5, 0.5, "the caption is empty: no word to show", ha="center", va="center")
@@ -378,7 +395,7 @@ def plot_caption_heads(image: np.ndarray, words: list[str], maps: np.ndarray, la
     panels = np.concatenate([per_head, per_head.mean(1, keepdims=True)], axis=1)  # (W, H + 1, G, G)
     n_words, n_cols, g = panels.shape[0], panels.shape[1], panels.shape[-1]
     vmax = float(panels.max()) or 1.0
-    fig = Figure(figsize=(1.6 * n_cols + 1.6, 1.6 * n_words + 0.8), layout="constrained")
+    fig = figure(figsize=(1.6 * n_cols + 1.6, 1.6 * n_words + 0.8), layout="constrained")
     axes = fig.subplots(n_words, n_cols, squeeze=False)
     artist = None
     for w in range(n_words):
@@ -426,7 +443,7 @@ def plot_steps(steps: dict, title: str = "") -> Figure:
     ]
     tq, tk = len(steps["query_tokens"]), len(steps["key_tokens"])
     side = max(2.6, 0.22 * max(tq, tk) + 1.2)
-    fig = Figure(figsize=(4 * side + 2, side + 0.9), layout="constrained")
+    fig = figure(figsize=(4 * side + 2, side + 0.9), layout="constrained")
     axes = fig.subplots(1, 4)
     for ax, (name, caption, cmap) in zip(axes, panels, strict=True):
         values = np.array([[np.nan if v is None else v for v in row] for row in steps[name]], dtype=float)
@@ -463,7 +480,7 @@ def plot_logit_lens(block: dict, max_tokens: int = 40) -> Figure:
     first = len(block["tokens"]) - len(tokens)
     layers = block["layers"]
     probs = np.array([[row["lens"][first + t][0][1] for t in range(len(tokens))] for row in layers])
-    fig = Figure(figsize=(max(6.0, 0.62 * len(tokens) + 1.8), 0.5 * len(layers) + 1.6), layout="constrained")
+    fig = figure(figsize=(max(6.0, 0.62 * len(tokens) + 1.8), 0.5 * len(layers) + 1.6), layout="constrained")
     ax = fig.add_subplot()
     image = ax.imshow(probs, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
     for i, row in enumerate(layers):
@@ -527,7 +544,7 @@ def plot_patching(
     restorable = normalised and table.clean != table.corrupted
     values = (table.normalised() if restorable else table.values - table.corrupted).float().numpy()
     limit = max(float(np.abs(values).max()), 1.0 if restorable else 0.0) or 1.0
-    fig = Figure(
+    fig = figure(
         figsize=(max(5.0, 0.42 * n_columns + 2.4), max(2.4, 0.42 * n_rows + 1.6)), layout="constrained"
     )
     ax = fig.add_subplot()

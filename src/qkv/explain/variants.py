@@ -11,14 +11,15 @@ column stays wide enough to read.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.colors import TwoSlopeNorm
-from matplotlib.figure import Figure
 
 from ..data.tokenizers import AMINO_ACIDS
-from .plots import save
+from .plots import figure, save
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PER_PANEL = 100  # positions per panel
 CMAP = "RdBu"
@@ -40,12 +41,15 @@ def plot_saturation(matrix: np.ndarray, wild_type: str, offset: int = 0, title: 
     length = len(wild_type)
     if matrix.shape != (length, len(AMINO_ACIDS)):
         raise ValueError(f"matrix {matrix.shape} does not match a wild type of {length} residues × 20")
+    panels = [(s, min(s + PER_PANEL, length)) for s in range(0, length, PER_PANEL)]
+    width = min(length, PER_PANEL)
+    fig = figure(figsize=(2.0 + 0.14 * width, 0.5 + 2.9 * len(panels)), layout="constrained")
+    from matplotlib import colormaps  # figure() checked that matplotlib (qkv[plot]) is there
+    from matplotlib.colors import TwoSlopeNorm
+
     limit = float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-max(limit, 1e-6), vmax=max(limit, 1e-6))
     cmap = colormaps[CMAP].with_extremes(bad="#d9d9d9")  # not scored: grey
-    panels = [(s, min(s + PER_PANEL, length)) for s in range(0, length, PER_PANEL)]
-    width = min(length, PER_PANEL)
-    fig = Figure(figsize=(2.0 + 0.14 * width, 0.5 + 2.9 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     image = None
     for ax, (start, end) in zip(axes, panels, strict=True):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import QkvError
+from ..extras import require
 from ..files import atomic_write, read_safetensors
 
 if TYPE_CHECKING:
@@ -278,7 +279,12 @@ def _pairs(length: int, min_separation: int) -> tuple[np.ndarray, np.ndarray]:
 
 def contact_regression(C: float):
     """scikit-learn's L1-penalised logistic regression with the liblinear solver, in the
-    spelling of the installed version (``penalty="l1"`` before 1.8, ``l1_ratio=1`` since)."""
+    spelling of the installed version (``penalty="l1"`` before 1.8, ``l1_ratio=1`` since).
+
+    Raises:
+        MissingExtra: scikit-learn is not installed (``pip install 'qkv[proteins]'``).
+    """
+    require("proteins", "fitting a contact head")
     from sklearn.linear_model import LogisticRegression
 
     deprecated = inspect.signature(LogisticRegression).parameters["penalty"].default == "deprecated"
@@ -308,10 +314,12 @@ def fit_contact_head(
     inside liblinear (float64 values with their indices).
 
     Raises:
-        QkvError: no chains, or chains without both contacts and non-contacts among their pairs.
+        QkvError: no chains, or chains without both contacts and non-contacts among their pairs;
+            MissingExtra (one) where scikit-learn is not installed (``pip install 'qkv[proteins]'``).
     """
     if not chains:
         raise QkvError("no chains to fit a contact head on")
+    require("proteins", "fitting a contact head")  # before the attention features are computed
     xs, ys = [], []
     for chain in chains:
         features, covered = attention_features(encoder, chain.sequence, chain.name)
