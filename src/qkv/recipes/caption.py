@@ -302,6 +302,7 @@ class CaptionRun(TrainingRun):
     pointing score (scenes), beside nearest-neighbour retrieval. Writes ``task.json``."""
 
     name, score_key, higher_is_better = "caption", "val_exact_match", True
+    extras = ("probe",)  # scikit-learn: the nearest-neighbour retrieval baseline
 
     def before_start(self) -> None:
         self.splits, self.task_info = load_splits(self.settings)

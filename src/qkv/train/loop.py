@@ -39,6 +39,7 @@ from .train_settings import TrainSettings
 
 if TYPE_CHECKING:
     from ..cpu_share import CpuShare
+    from .trackers import Trackers
 
 __all__ = [
     "LoopEvent",
@@ -153,6 +154,7 @@ def train_loop(
     schedule: Schedule | None = None,
     cpu: CpuShare | None = None,
     observe: Callable[[LoopEvent], None] | None = None,
+    trackers: Trackers | None = None,
 ) -> LoopState:
     """Train ``model`` until a budget runs out; return the final :class:`LoopState`.
 
@@ -176,6 +178,8 @@ def train_loop(
         cpu: the run's :class:`~qkv.cpu_share.CpuShare`, told of every step (it may change the
             thread count if it manages it) and read for the progress bar; ``None``: none.
         observe: called with a :class:`LoopEvent` after every step, action and epoch's batches.
+        trackers: the run's experiment trackers (:class:`~qkv.train.trackers.Trackers`), opened
+            as the loop starts and fed every ``metrics.jsonl`` row; their owner closes them.
 
     Files in ``run_dir`` (written by rank 0 only): ``train_state.pt`` (resume; the one it
     replaced is kept as ``train_state.prev.pt``), ``last.safetensors`` (its weights, for
@@ -206,7 +210,8 @@ def train_loop(
         elapsed_s=state.elapsed_s,
         stop_requested=lambda: stop.requested,
     )
-    with stop, TrainMetrics(run_dir, cfg, state, resumed=resume, progress=progress, cpu=cpu) as metrics:
+    metrics = TrainMetrics(run_dir, cfg, state, resumed=resume, progress=progress, cpu=cpu, trackers=trackers)
+    with stop, metrics:
         plan = schedule or Schedule.of(cfg)
         run = _Run(model, step, validate, state, metrics, checkpoints, plan, cpu=cpu, observe=observe)
         run.until_out_of_budget(batches, resume)

@@ -3,12 +3,18 @@
 ``metrics.jsonl`` has one JSON object per line, each with its ``"step"``: every 20 steps a
 training row (``epoch``, ``train_loss`` (summed loss over target tokens, over those 20 steps),
 ``lr``, ``tokens_per_s``, ``elapsed_min``), and whatever rows the loop adds (validation scores,
-skipped non-finite steps). Only rank 0 writes it.
+skipped non-finite steps). On a run whose CPU load is measured (a
+:class:`~qkv.cpu_share.CpuShare`, CPU-bound work), the training row also holds ``quiet_share``,
+the share of a quiet machine's steps the run makes, as the progress bar shows it. Only rank 0
+writes it, and streams each row to the run's trackers (``train.log_to``,
+:mod:`qkv.train.trackers`). ``loss.png`` needs the ``plot`` extra (matplotlib); without it the
+run trains and draws none.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from types import TracebackType
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from .. import distributed
+from .. import distributed, extras
 from ..files import atomic_write, write_text
 from .checkpointer import LoopState
 from .step import StepStats
@@ -24,6 +30,9 @@ from .train_settings import TrainSettings
 
 if TYPE_CHECKING:
     from ..cpu_share import CpuShare
+    from .trackers import Trackers
+
+logger = logging.getLogger(__name__)
 
 TRAIN_ROW_EVERY = 20  # steps
 
@@ -38,6 +47,8 @@ class TrainMetrics:
     steps; ``progress`` false (or a rank other than 0) hides it. On a busy machine (the run's
     ``cpu``, :class:`~qkv.cpu_share.CpuShare`, says so) it warns as training starts, and the bar
     says what share of a quiet run's steps the run makes (:meth:`~qkv.cpu_share.CpuShare.report`).
+    ``trackers`` (the run's :class:`~qkv.train.trackers.Trackers`, opened here at the loop's
+    first step) get every row too; their owner closes them.
     """
 
     def __init__(
@@ -48,11 +59,15 @@ class TrainMetrics:
         resumed: bool,
         progress: bool = True,
         cpu: CpuShare | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.plot_path = Path(run_dir) / "loss.png"
         self.cfg = cfg
         self.main = distributed.is_main()
+        self.trackers = trackers
+        if self.main and trackers is not None:  # first: a tracker that cannot start changes nothing
+            trackers.start(state.step)
         if self.main:
             if resumed:
                 _truncate_metrics(self.path, state.step)
@@ -78,10 +93,12 @@ class TrainMetrics:
             cpu.warn_if_busy()
 
     def log(self, row: dict[str, Any]) -> None:
-        """Append ``row`` to ``metrics.jsonl`` (rank 0)."""
+        """Append ``row`` to ``metrics.jsonl`` and log it to the trackers (rank 0)."""
         if self.main:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+            if self.trackers is not None:
+                self.trackers.log(row)
 
     def train_step(self, state: LoopState, stats: StepStats) -> None:
         """Count an applied step (``state`` already updated by it): advance the bar and, every
@@ -101,10 +118,12 @@ class TrainMetrics:
             "tokens_per_s": self._window_tokens / max(dt, 1e-9),
             "elapsed_min": round(state.elapsed_s / 60, 2),
         }
+        share = {} if self.cpu is None else self.cpu.report(since=self._cpu_since)
+        if share.get("quiet_share") is not None:
+            row["quiet_share"] = share["quiet_share"]
         self.log(row)
         max_minutes = self.cfg.max_minutes
         left = "" if max_minutes is None else f" left {max(0.0, max_minutes - state.elapsed_s / 60):.1f}m"
-        share = {} if self.cpu is None else self.cpu.report(since=self._cpu_since)
         busy = f" busy: {100 * share['quiet_share']:.0f}% of quiet" if share.get("busy") else ""
         bar.set_postfix_str(
             f"loss {row['train_loss']:.3f} lr {row['lr']:.2e} "
@@ -139,6 +158,9 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def _plot_curves(metrics_path: Path, out: Path) -> None:
+    if extras.missing("plot"):  # a core install trains; the curve is an extra
+        logger.info(f"no {out.name}: drawing it needs matplotlib: pip install 'qkv[plot]'")
+        return
     # The object API draws without pyplot, so no global matplotlib backend is touched.
     from matplotlib.figure import Figure
 

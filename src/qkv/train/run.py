@@ -45,13 +45,16 @@ from ..data.batching import token_batches
 from ..device import resolve_device, resolve_precision
 from ..errors import QkvError
 from ..evaluate.classification import plot_confusion
+from ..extras import missing, require
 from ..files import load_weights, save_weights, write_json
 from ..runs.layout import SUMMARY, TOKENIZER, WEIGHTS, select_weights
 from ..runs.record import prepare_run_dir, refuse_changed_settings, write_settings
+from ..settings import to_dict
 from .adapters import LoraSettings, merge_lora, save_adapters
 from .loop import LoopEvent, LoopState, train_loop
 from .optim import make_optimizer
 from .schedule import Schedule
+from .trackers import Trackers, check_trackers
 from .train_settings import TrainSettings
 from .train_state import check_state
 
@@ -142,6 +145,7 @@ class TrainingRun(ABC):
     """
 
     name: str  # the recipe's name: its directory is refused by another recipe's --resume
+    extras: tuple[str, ...] = ()  # the optional packages it needs (qkv.extras), refused first
     score_key: str = "val_loss"
     higher_is_better: bool = False
 
@@ -161,6 +165,7 @@ class TrainingRun(ABC):
         self.tokenizer: Any = None
         self.started = time.perf_counter()
         self.cpu_report: dict = {}  # the CpuShare's report of the training stretch
+        self.trackers: Trackers | None = None  # run()'s; a dry run tracks nothing
 
     @classmethod
     def train(
@@ -188,15 +193,26 @@ class TrainingRun(ABC):
 
     # ---------------------------------------------------------------- the flow, written once
     def run(self) -> dict:
-        """The whole run (the module docstring lists its steps)."""
+        """The whole run (the module docstring lists its steps), followed by the experiment
+        trackers ``train.log_to`` names (:mod:`qkv.train.trackers`) from the loop's first step to
+        the summary; a tracker whose library is missing is refused first, nothing written."""
+        trackers = self.settings.train.trackers
+        if distributed.is_main():
+            for extra in self.extras:
+                require(extra, f"qkv train {self.name}")
+            check_trackers(trackers)
         self.run_dir = prepare_run_dir(self.run_dir, self.resume, self.name, check_state)
         if self.resume and distributed.is_main():  # the others never write
             refuse_changed_settings(self.run_dir, self.settings)
         model = self.start()
-        state = self.fit(model)
-        if not distributed.is_main():  # torchrun: the other processes only helped train
-            return {}
-        return self.finish(model, state)
+        settings = {"recipe": self.name, **to_dict(self.settings)}
+        with Trackers(trackers, self.run_dir, settings, self.resume) as self.trackers:
+            state = self.fit(model)
+            if not distributed.is_main():  # torchrun: the other processes only helped train
+                return {}
+            summary = self.finish(model, state)
+            self.trackers.summary(summary, state.step)
+        return summary
 
     def start(self) -> torch.nn.Module:
         """Steps 2 to 5 of the flow: :meth:`before_start`, :func:`start_run`, :meth:`setup`, the
@@ -266,6 +282,7 @@ class TrainingRun(ABC):
             schedule=schedule,
             cpu=share,
             observe=observe,
+            trackers=self.trackers,
         )
         share.mark()  # the last stretch of training
         self.cpu_report = share.report(since=since)
@@ -362,6 +379,7 @@ class ClassifierRun(TrainingRun):
     confusion matrix drawn to ``confusion.png`` and a classical baseline's test metrics."""
 
     higher_is_better = True
+    extras = ("probe",)  # scikit-learn's classification metrics
     task: Any  # the data set: .name and .classes (set by the subclass)
     confusion_title = ""  # "probe" in "sst2 test (probe)"
 
@@ -387,12 +405,15 @@ class ClassifierRun(TrainingRun):
             "validation": self.split_metrics("val"),
             "test": self.split_metrics("test"),
         }
-        plot_confusion(
-            summary["test"]["confusion"],
-            self.task.classes,
-            self.run_dir / "confusion.png",
-            f"{self.task.name} test ({self.confusion_title})",
-        )
+        if missing("plot"):
+            logger.info("no confusion.png: drawing it needs matplotlib: pip install 'qkv[plot]'")
+        else:
+            plot_confusion(
+                summary["test"]["confusion"],
+                self.task.classes,
+                self.run_dir / "confusion.png",
+                f"{self.task.name} test ({self.confusion_title})",
+            )
         base = self.baseline()
         if base is not None:
             summary["baseline_test"] = base

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..settings import check
 from .adapters import LoraSettings
 from .optim import budget_lr, noam_lr, warmup_cosine_lr
+from .trackers import tracker_names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +49,10 @@ class TrainSettings:
     projections ``lora_modules`` names (``qkv``, ``o``, ``ffn``, comma-separated), scaled by
     ``lora_alpha / lora_rank``, with ``lora_dropout`` on their input
     (:mod:`qkv.train.adapters`); the task head trains fully. 0: no adapters.
+    Tracking: ``log_to`` names the experiment trackers a recipe's run streams its
+    ``metrics.jsonl`` rows, settings and summary to (``tensorboard``, ``wandb``, ``mlflow``,
+    comma-separated; ``""``: none), each through its own library (:mod:`qkv.train.trackers`);
+    a tracker whose library is missing is refused before the run starts.
 
     Keys of earlier versions (``amp_bf16``) are still read from settings files and overrides,
     with a deprecation warning (:data:`qkv.compat.RENAMED_KEYS`).
@@ -84,6 +89,7 @@ class TrainSettings:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_modules: str = "qkv,o"
+    log_to: str = ""
 
     def __post_init__(self) -> None:
         check(self)
@@ -129,7 +135,16 @@ class TrainSettings:
                 self.lora.targets()
             except ConfigError as exc:
                 out.append(str(exc).removeprefix("train."))
+        try:
+            tracker_names(self.log_to)
+        except ConfigError as exc:
+            out.append(str(exc).removeprefix("train."))
         return out
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers ``log_to`` names, in order, each once (``[]``: none)."""
+        return tracker_names(self.log_to)
 
     @property
     def lora(self) -> LoraSettings | None:
