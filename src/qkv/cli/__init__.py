@@ -26,6 +26,7 @@ from . import (
     explain,
     generate,
     prepare,
+    runs,
     train,
     translate,
     variants,
@@ -49,6 +50,7 @@ VERBS = (
     caption,
     convert,
     explain,
+    runs,
 )
 
 
