@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from qkv.cli import main
+from qkv.data.protein import record_id
 from qkv.data.tokenizers import AminoAcidTokenizer
 from qkv.errors import QkvError
 from qkv.files import save_weights, write_json
@@ -216,12 +218,14 @@ def test_cli_writes_shards_in_input_order_with_ids_and_read_embeddings_reads_the
         *(f"shard-0000{i}.safetensors" for i in range(3)),
     ]
     with safe_open(str(out / "shard-00001.safetensors"), "pt") as f:
-        assert json.loads(f.metadata()["ids"]) == ["p3", "p4", "p5"]
+        assert json.loads(f.metadata()["ids"]) == ["p3 a protein", "p4 a protein", "p5 a protein"]
         assert f.get_tensor("mean/layer0").shape == (3, 16) and f.get_tensor("mean/layer2").shape == (3, 16)
-        assert f.get_tensor("residues/layer2/p4").shape == (len(seqs[4]), 16)
+        assert f.get_tensor("residues/layer2/p4 a protein").shape == (len(seqs[4]), 16)
         assert len(f.keys()) == 2 + 2 * 3
     ids, means = read_embeddings(out)
-    assert ids == [f"p{i}" for i in range(7)] and means.shape == (7, 16) and means.dtype == np.float32
+    assert (
+        ids == [f"p{i} a protein" for i in range(7)] and means.shape == (7, 16) and means.dtype == np.float32
+    )
     direct, _ = _encoder(ProteinEncoder.from_run(run_dir).model).embed(seqs)
     np.testing.assert_allclose(means, direct, rtol=0, atol=TOL)
     assert read_embeddings(out, layer=0)[1].shape == (7, 16)
@@ -265,7 +269,7 @@ def test_a_killed_run_resumes_to_byte_identical_shards(tmp_path, monkeypatch):
     job = EmbedJob.open(embedder, fasta, tmp_path / "resumed", shard_size=6)
     assert (job.total, job.done) == (20, 12)
     job.run()
-    assert embedded == [[f"p{i}" for i in range(12, 18)], ["p18", "p19"]]  # only what was missing
+    assert embedded == [[f"p{i} a protein" for i in range(12, 18)], ["p18 a protein", "p19 a protein"]]
     assert _files(tmp_path / "resumed") == _files(tmp_path / "whole")
     # a listed shard cut to half its bytes (a full disk, a copy stopped midway): it and the
     # shards after it are embedded again, to the same bytes
@@ -273,7 +277,7 @@ def test_a_killed_run_resumes_to_byte_identical_shards(tmp_path, monkeypatch):
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     embedded.clear()
     EmbedJob.open(embedder, fasta, tmp_path / "resumed", shard_size=6).run()
-    assert [ids[0] for ids in embedded] == ["p6", "p12", "p18"]
+    assert [ids[0].split()[0] for ids in embedded] == ["p6", "p12", "p18"]
     assert _files(tmp_path / "resumed") == _files(tmp_path / "whole")
 
 
@@ -360,3 +364,138 @@ def test_protein_options_and_a_file_out_are_refused_where_they_do_not_apply(tmp_
     assert main(["embed", str(run_dir), str(fasta), "--out", str(tmp_path / "d"), "--layers", "1,x"]) == 2
     assert "--layers 1,x: give layer numbers (e.g. 0 6 -1, or 0,6,-1)" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "d").exists()
+
+
+# reading per-residue tensors; ids are whole header lines
+
+
+def test_read_embeddings_per_residue_gives_the_models_per_residue_output(tmp_path, run_dir):
+    seqs = _sequences(7, seed=6, longest=40)  # some longer than a window: joined windows
+    fasta = _fasta(tmp_path / "in.fasta", seqs)
+    out = tmp_path / "emb"
+    args = ["embed", str(run_dir), str(fasta), "--out", str(out), "--shard-size", "3", "--layers", "1,-1"]
+    assert main([*args, "--per-residue", "--quiet"]) == 0
+    ids, residues = read_embeddings(out, per_residue=True)
+    assert ids == residues.ids == [f"p{i} a protein" for i in range(7)] and len(residues) == 7
+    _, direct = _encoder(ProteinEncoder.from_run(run_dir).model).embed(seqs, per_residue=True)
+    items = list(residues)
+    for i, sid in enumerate(ids):
+        for got in (items[i], residues[i], residues[sid], residues[i - 7]):
+            assert got.dtype == np.float32 and got.shape == (len(seqs[i]), 16)
+            np.testing.assert_allclose(got, direct[i], rtol=0, atol=TOL)
+    layer1 = read_embeddings(out, layer=1, per_residue=True)[1]
+    assert layer1.layer == 1 and not np.allclose(layer1[0], items[0])
+    with pytest.raises(KeyError):
+        residues["p0"]  # an id is the whole header
+    with pytest.raises(IndexError):
+        residues[7]
+    means = read_embeddings(out)[1]  # the means as before, and the mean of the residues
+    np.testing.assert_allclose(means, np.stack([r.mean(0) for r in items]), rtol=0, atol=1e-6)
+    assert main([*args[:4], str(tmp_path / "means"), "--quiet"]) == 0
+    with pytest.raises(QkvError, match="holds mean embeddings only: embed again with --per-residue"):
+        read_embeddings(tmp_path / "means", per_residue=True)
+
+
+def test_ids_are_whole_headers_and_a_directory_begun_with_first_words_goes_on_with_them(tmp_path):
+    seqs = _sequences(6, seed=7)
+    fasta = tmp_path / "in.fasta"
+    headers = [f"sp|P{i}|X_HUMAN  Protein {i} OS=Homo sapiens" for i in range(6)]
+    fasta.write_text("".join(f">{h} \n{s}\n" for h, s in zip(headers, seqs, strict=True)))
+    embedder = Embedder(_encoder(), [-1], per_residue=True)
+    EmbedJob.open(embedder, fasta, tmp_path / "new", shard_size=2).run()
+    assert read_embeddings(tmp_path / "new")[0] == headers  # the line, as fair-esm's label
+    # a directory of an older qkv (no "ids" in its manifest; ids cut at the first space), killed
+    # after its first shard: the rest keeps the first words, so all its ids are of one kind
+    old = tmp_path / "old"
+    job = EmbedJob.open(embedder, fasta, old, shard_size=2)
+    job.id_of = record_id
+
+    def kill_after_the_first_shard(_: int) -> None:
+        if job.done:
+            raise Killed
+
+    with pytest.raises(Killed):
+        job.run(kill_after_the_first_shard)
+    manifest = json.loads((old / MANIFEST).read_text())
+    del manifest["ids"]
+    write_json(old / MANIFEST, manifest)
+    EmbedJob.open(embedder, fasta, old, shard_size=2).run()
+    ids, residues = read_embeddings(old, per_residue=True)
+    assert ids == [f"sp|P{i}|X_HUMAN" for i in range(6)] and residues[5].shape == (len(seqs[5]), 16)
+    assert "ids" not in json.loads((old / MANIFEST).read_text())
+    # a duplicate is a whole header: two records that share a first word are two sequences
+    fasta.write_text(">a x\nMKV\n>a y\nMKV\n")
+    EmbedJob.open(embedder, fasta, tmp_path / "two").run()
+    assert read_embeddings(tmp_path / "two")[0] == ["a x", "a y"]
+
+
+# fair-esm extract.py's files (their equality with extract.py's: tests/test_fair_esm_cli.py)
+
+
+def test_esm_files_resume_as_extract_py_does_and_hold_what_include_asks(tmp_path, run_dir, capsys):
+    seqs = _sequences(5, seed=8)
+    fasta = _fasta(tmp_path / "in.fasta", seqs)
+    out = tmp_path / "esm"
+    args = ["embed", str(run_dir), str(fasta), "--out", str(out), "--format", "esm", "--shard-size", "2"]
+    again = [*args, "--include", "mean", "bos", "--layers", "0", "-1", "--quiet"]
+    assert main(again) == 0
+    names = [f"p{i} a protein.pt" for i in range(5)]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, *names])
+    assert max(map(len, seqs)) > WIDTH  # cut to their first WIDTH residues, as extract.py cuts them
+    means = _encoder(ProteinEncoder.from_run(run_dir).model).embed([s[:WIDTH] for s in seqs])[0]
+    for i, name in enumerate(names):
+        saved = torch.load(out / name, weights_only=True)
+        assert list(saved) == ["label", "mean_representations", "bos_representations"]
+        assert saved["label"] == f"p{i} a protein" and list(saved["mean_representations"]) == [0, 2]
+        mean = saved["mean_representations"][2]
+        torch.testing.assert_close(mean, torch.from_numpy(means[i]), rtol=0, atol=TOL)
+        assert saved["bos_representations"][2].shape == (16,)
+    before = _files(out)
+    assert main(again) == 0
+    assert _files(out) == before  # all there: nothing rewritten
+    (out / names[3]).unlink()  # a missing file: its chunk is embedded again, to the same values
+    assert main(again) == 0
+    assert _files(out).keys() == before.keys()
+    for name in names[2:4]:
+        rewritten, first = torch.load(out / name, weights_only=True), torch.load(BytesIO(before[name]))
+        assert torch.equal(rewritten["mean_representations"][2], first["mean_representations"][2])
+    capsys.readouterr()
+    # another include is another job; --include belongs to --format esm; read_embeddings says how to read
+    assert main([*args, "--include", "per_tok", "--layers", "0", "-1", "--quiet"]) == 2
+    assert "holds embeddings made with another per_residue, include;" in capsys.readouterr().err
+    assert main([*args[:4], str(tmp_path / "s"), "--include", "mean"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --include goes with --format esm (the shards hold means, and --per-residue tensors)\n"
+    )
+    with pytest.raises(QkvError, match=r"holds fair-esm extract.py files: read each <label>.pt with torch"):
+        read_embeddings(out)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        ("../escape", "record '../escape': its file ../escape.pt would not be inside the output folder"),
+        ("/abs", "record '/abs': its file /abs.pt would not be inside the output folder"),
+        ("a//b", "would not be inside the output folder"),
+        ("x" * 300, "its file name is longer than 255 bytes"),
+    ],
+)
+def test_a_label_that_names_no_file_inside_out_is_refused_before_anything_is_written(
+    tmp_path, run_dir, capsys, header, message
+):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(f">ok\nMKV\n>{header}\nMKV\n")
+    out = tmp_path / "esm"
+    argv = ["embed", str(run_dir), str(fasta), "--out", str(out), "--format", "esm", "--shard-size", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "escape.pt").exists()
+
+
+def test_the_clis_include_choices_are_the_libraries():
+    from qkv.cli import embed as cli_embed
+    from qkv.inference import embed
+
+    assert cli_embed.ESM_INCLUDE == embed.ESM_INCLUDE

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qkv.errors import QkvError
-from qkv.hub.fair_esm import ESM_ALPHABET, MASK_ID, from_fair_esm, load_fair_esm
+from qkv.hub.fair_esm import ESM_ALPHABET, MASK_ID, from_fair_esm, load_fair_esm, named_sizes
 
 esm = pytest.importorskip("esm")
 
@@ -106,3 +106,46 @@ def test_refusals(tmp_path, pair):
     torch.save({"model": {}}, plain)
     with pytest.raises(QkvError, match="not a fair-esm checkpoint qkv can read \\(no .args.\\)"):
         load_fair_esm(plain)
+
+
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("esm2_t6_8M_UR50D", (6, 320)),
+        ("esm2_t12_35M_UR50D", (12, 480)),
+        ("esm2_t30_150M_UR50D", (30, 640)),
+        ("esm2_t33_650M_UR50D", (33, 1280)),
+        ("esm2_t36_3B_UR50D", (36, 2560)),
+        ("esm2_t48_15B_UR50D", (48, 5120)),
+        ("esm1b_t33_650M_UR50S", (33, 1280)),
+        ("esm1v_t33_650M_UR90S_3", (33, 1280)),
+        ("esm1_t34_670M_UR50S", (34, 1280)),
+        ("esm1_t6_43M_UR50S", (6, 768)),
+        ("esm_msa1b_t12_100M_UR50S", (12, 768)),
+        ("esm2_t33_650M_UR50D_finetuned", (33, 1280)),  # what follows the size is not read
+        ("esm2_tiny", None),
+        ("esm2_t7_1M_UR50D", None),  # no released model of that size
+        ("my_model", None),
+    ],
+)
+def test_esm_names_state_their_layers_and_width(name, sizes):
+    assert named_sizes(name) == sizes
+
+
+def test_a_file_named_as_an_esm_model_must_have_its_sizes(tmp_path, pair):
+    model, _, _ = pair  # 2 layers of width 64
+    cfg = argparse.Namespace(encoder_layers=2, encoder_embed_dim=64, encoder_attention_heads=4)
+    # both sizes wrong; the width wrong; the width wrong under a suffix of one's own
+    for name in ("esm2_t6_8M_UR50D", "esm2_t2_8M_UR50D", "esm2_t2_35M_UR50D_mine"):
+        path = tmp_path / f"{name}.pt"
+        torch.save({"model": model.state_dict(), "cfg": {"model": cfg}}, path)
+        layers, width = named_sizes(name)
+        with pytest.raises(QkvError) as caught:
+            load_fair_esm(path)
+        assert str(caught.value) == (
+            f"{path}: the name {name} says {layers} layers of width {width}, but the checkpoint holds 2 "
+            "layers of width 64; a file named as an ESM model must be that model (rename it)"
+        )
+    path = tmp_path / "esm2_t2_8M_UR50D.pt"
+    path.rename(tmp_path / "two_layers.pt")  # a name that is no ESM model's: not checked
+    assert len(load_fair_esm(tmp_path / "two_layers.pt").model.layers) == 2

@@ -210,15 +210,16 @@ def test_probe_trains_only_the_head_and_classify_keeps_order(tmp_path, toy_csv, 
         f"q{i}" for i in range(7)
     ]
     assert all(abs(float(line.split("\t")[2]) + float(line.split("\t")[3]) - 1) < 1e-3 for line in lines[1:])
-    # embed: mean embeddings in input order, ids kept, per-residue on request
+    # embed: mean embeddings in input order, ids (whole header lines) kept, per-residue on request
     emb = tmp_path / "emb"
     assert main(["embed", str(out), str(fasta), "--out", str(emb), "--per-residue"]) == 0
     from safetensors import safe_open
 
     with safe_open(str(emb / "shard-00000.safetensors"), "pt") as f:  # one layer: layer 1, the last
         ids = json.loads(f.metadata()["ids"])
-        mean, r0 = f.get_tensor("mean/layer1"), f.get_tensor("residues/layer1/q0")
-    assert ids == [f"q{i}" for i in range(7)] and mean.shape == (7, 32) and r0.shape == (len(seqs[0][0]), 32)
+        mean, r0 = f.get_tensor("mean/layer1"), f.get_tensor("residues/layer1/q0 some description")
+    assert ids == [f"q{i} some description" for i in range(7)]
+    assert mean.shape == (7, 32) and r0.shape == (len(seqs[0][0]), 32)
     torch.testing.assert_close(r0.mean(0), mean[0])
 
 

@@ -7,9 +7,10 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import cpu_share
+from .. import cpu_share, extras
 from ..errors import QkvError
 from .console import log
+from .embed import MODEL_HELP
 from .options import check_new_file, device_option, file_output_option, revision_option
 from .output import write_tsv
 
@@ -21,7 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="contact maps from attention (Rao et al. 2021): `contacts MODEL FASTA --out FILE`, "
         "or fit the head: `contacts MODEL --fit`",
     )
-    p.add_argument("model", help="a run directory, an HF folder, a short name or a Hub name (org/name)")
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("fasta", nargs="?", help="the sequences (FASTA) whose contacts to predict")
     file_output_option(p, "--out", "output .safetensors: one (L, L) float32 tensor per sequence id")
     p.add_argument(
@@ -123,6 +124,8 @@ def _fit(args) -> int:
         check_new_file(head_out, "--head-out", args.overwrite)
     if args.plot_chain and not args.plot:
         raise QkvError("--plot-chain goes with --plot PNG")
+    if args.plot:
+        extras.require("plot", "qkv contacts --plot")
     fit_names, eval_names = _chain_names(args.fit_chains), _chain_names(args.eval_chains)
     # the structures are read (and checked against chains.tsv) before the model runs
     fit_chains = shared_chains(None if fit_names else "fit", fit_names)

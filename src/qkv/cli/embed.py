@@ -5,6 +5,7 @@ text file with a pretrained text encoder (``--model``) into one file."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -20,7 +21,24 @@ PROTEIN_ONLY = {
     "per_residue": False,
     "max_tokens": None,
     "shard_size": None,
+    "format": "shards",
+    "include": None,
 }
+
+ESM_INCLUDE = ("per_tok", "mean", "bos", "contacts")  # qkv.inference.embed.ESM_INCLUDE
+
+# every MODEL a protein verb (embed, score-variants, contacts) takes, as qkv.hub.pretrained.load
+# resolves it
+MODEL_HELP = (
+    "a qkv run directory (trained, or made by `qkv convert hf`); an HF folder (config.json and "
+    "weights, converted in memory); a short name (antiberty, sapiens-vh, sapiens-vl); a Hub name "
+    "org/name[@REVISION] (downloaded into, or found in, the Hugging Face cache); a fair-esm ESM-2 "
+    "checkpoint file NAME.pt as torch hub saves it (NAME-contact-regression.pt beside it is read "
+    "too; a file named as an ESM model must have its layers and width); or an ESM-2 model as "
+    "fair-esm names it, esm2_t6_8M_UR50D ... esm2_t48_15B_UR50D (torch hub's cached "
+    "$TORCH_HOME/hub/checkpoints/NAME.pt when it is there, else facebook/NAME from the Hub). A "
+    "path that exists wins over a name"
+)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -31,18 +49,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "shards), or sentences with a pretrained text encoder (--model)",
         description="Proteins: MODEL FASTA --out DIR writes DIR/shard-00000.safetensors, ... "
         "(tensors mean/layer<k> (n, D) and, with --per-residue, residues/layer<k>/<id> (L, D); "
-        "the ids in each shard's metadata 'ids') and DIR/manifest.json. Running the same command "
+        "the ids, each record's whole header line, in each shard's metadata 'ids'; read them "
+        "with qkv.inference.embed.read_embeddings) and DIR/manifest.json. Running the same command "
         "again resumes an interrupted run at its next shard, with the same bytes; a directory "
         "made with another model, input or settings is refused. Sequences longer than the model "
         "are embedded in overlapping windows (stride half the width; each residue from the "
-        "window it is most central in). Sentences: --model NAME TEXT_FILE --out FILE.safetensors.",
+        "window it is most central in). --format esm writes fair-esm extract.py's files instead: "
+        "DIR/<label>.pt per sequence (label = the whole header line), read with "
+        "torch.load(path, weights_only=True). Sentences: --model NAME TEXT_FILE --out "
+        "FILE.safetensors.",
     )
     p.add_argument(
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="MODEL FASTA (MODEL: a run directory, an HF folder, a short name such as "
-        "antiberty, or a Hub name org/name), or --model NAME TEXT_FILE (one sentence per line)",
+        help=f"MODEL FASTA, or --model NAME TEXT_FILE (one sentence per line). MODEL: {MODEL_HELP}",
     )
     p.add_argument(
         "--model",
@@ -62,6 +83,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--per-residue", action="store_true", help="proteins: also store one (L, D) tensor per sequence"
     )
+    _esm_options(p)
     p.add_argument(
         "--max-tokens",
         type=int,
@@ -71,7 +93,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--shard-size",
         type=int,
         help="proteins: sequences per shard (default 10000, 1000 with --per-residue; a shard is "
-        "held in memory whole)",
+        "held in memory whole; --format esm: sequences embedded and written together)",
     )
     overwrite_option(p)  # sentences: --out is a file (protein shards resume instead)
     revision_option(p)
@@ -80,13 +102,35 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_embed)
 
 
+def _esm_options(p: argparse.ArgumentParser) -> None:
+    """``--format`` and ``--include``: fair-esm extract.py's files."""
+    p.add_argument(
+        "--format",
+        choices=("shards", "esm"),
+        default="shards",
+        help="proteins: shards (default: safetensors shards and a manifest, as above) or esm: "
+        "fair-esm extract.py's <label>.pt per sequence, a dict of label, representations "
+        "{layer: (L, D)}, mean_representations {layer: (D,)}, ... as --include asks; a sequence "
+        "longer than the model (ESM-2: 1022 residues) is cut to its first residues as extract.py "
+        "cuts it; a '/' in a label makes folders, as there",
+    )
+    p.add_argument(
+        "--include",
+        nargs="+",
+        choices=ESM_INCLUDE,
+        metavar="WHAT",
+        help="--format esm: what each file holds, as extract.py's --include: per_tok "
+        "(representations), mean (mean_representations), bos (bos_representations, the <cls> "
+        "token's), contacts ((L, L) from the contact head `qkv contacts` would use: ESM-2's own, "
+        "or a run's contact_head.safetensors) (default: mean; --per-residue adds per_tok)",
+    )
+
+
 def _cmd_embed(args) -> int:
     if args.model is not None:
         return _embed_texts(args)
     if len(args.inputs) != 2:
         raise QkvError("give MODEL FASTA (a protein encoder), or --model NAME TEXT_FILE")
-    from tqdm import tqdm
-
     from ..device import resolve_device
     from ..inference.embed import MANIFEST, Embedder, EmbedJob
     from ..inference.protein import ProteinEncoder
@@ -96,23 +140,55 @@ def _cmd_embed(args) -> int:
         raise QkvError(
             f"--out {args.out}: protein embeddings go into a directory (shards and {MANIFEST}), not one file"
         )
+    if args.include is not None and args.format != "esm":
+        raise QkvError("--include goes with --format esm (the shards hold means, and --per-residue tensors)")
     layers = _layers(args.layers)
     encoder = ProteinEncoder.load(source, resolve_device(args.device), args.revision)
     embedder = Embedder(encoder, layers, args.per_residue, args.max_tokens, cpu=cpu_share.for_command())
+    if args.format == "esm":
+        return _embed_esm(args, embedder)
     job = EmbedJob.open(embedder, fasta, args.out, args.shard_size)
-    with tqdm(
-        total=job.total,
-        initial=job.done,
-        unit="seq",
-        file=sys.stderr,
-        disable=args.quiet or job.done == job.total,
-        dynamic_ncols=True,
-    ) as bar:
+    with _progress_bar(job, args.quiet) as bar:
         manifest = job.run(bar.update)
     names = ", ".join(f"mean/layer{k}" for k in embedder.layers)
     log(
         f"{job.total} embeddings of width {embedder.d_model} in {len(manifest['shards'])} shard(s) -> "
         f"{args.out} (tensors {names}" + (", residues/layer<k>/<id>" if args.per_residue else "") + ")"
+    )
+    return 0
+
+
+def _progress_bar(job, quiet: bool):
+    """A tqdm bar on stderr over ``job``'s sequences, from those already done."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=job.total,
+        initial=job.done,
+        unit="seq",
+        file=sys.stderr,
+        disable=quiet or job.done == job.total,
+        dynamic_ncols=True,
+    )
+
+
+def _embed_esm(args, embedder) -> int:
+    """``--format esm``: fair-esm extract.py's ``<label>.pt`` files (:class:`EsmJob`)."""
+    from ..inference.embed import EsmJob
+
+    include = set(args.include or ["mean"]) | ({"per_tok"} if args.per_residue else set())
+    contacts = None
+    if "contacts" in include:  # (sequence, label) -> (L, L), with the checkpoint's own head
+        from ..inference.contacts import find_contact_head, predict_contacts
+
+        head = find_contact_head(args.inputs[0], embedder.encoder, None, args.revision)
+        contacts = functools.partial(predict_contacts, embedder.encoder, head)
+    job = EsmJob.open(embedder, args.inputs[1], args.out, include, contacts, args.shard_size)
+    with _progress_bar(job, args.quiet) as bar:
+        job.run(bar.update)
+    log(
+        f"{job.total} fair-esm extract.py files (<label>.pt: {', '.join(job.include)}; layers "
+        f"{', '.join(map(str, job.embedder.layers))}; width {embedder.d_model}) -> {args.out}"
     )
     return 0
 

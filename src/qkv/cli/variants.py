@@ -9,9 +9,10 @@ import csv
 import io
 from pathlib import Path
 
-from .. import cpu_share
+from .. import cpu_share, extras
 from ..errors import QkvError
 from .console import log
+from .embed import MODEL_HELP
 from .options import device_option, file_output_option, revision_option
 from .output import write_line
 
@@ -26,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Score mutations (A42G, multi-mutants A42G:L50P) of a wild type by a protein "
         "masked LM (Meier et al. 2021): log p(mutant) - log p(wild type); higher = fitter.",
     )
-    p.add_argument("model", help="a run directory, an HF folder, a short name or a Hub name (org/name)")
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--wt", required=True, help="the wild type: a sequence, or a FASTA file with one record")
     p.add_argument("--mutations", help="CSV (or .tsv) with a column of mutations")
     p.add_argument("--column", default="mutant", help="the mutations' column (default mutant)")
@@ -123,6 +124,8 @@ def _cmd_score_variants(args) -> int:
     for out in (args.out, args.heatmap):
         if out is not None and not Path(out).resolve().parent.is_dir():
             raise QkvError(f"the folder of {out} does not exist")
+    if args.heatmap is not None:
+        extras.require("plot", "qkv score-variants --heatmap")
     wild_type = _wild_type(args.wt)
     if args.saturation:
         header = ["mutant"]

@@ -40,6 +40,17 @@ ESM2_NAMES = (
     "esm2_t48_15B_UR50D",
 )
 
+# The width of fair-esm's models by the size in their names (Rives et al. 2021, Table 1; Meier et
+# al. 2021; Rao et al. 2021; Lin et al. 2023, Table S1); the number of layers is the name's
+# ``t<layers>``: esm2_t6_8M (320), esm2_t12_35M (480), esm2_t30_150M (640), esm2_t33_650M and
+# esm1b/esm1v_t33_650M (1280), esm2_t36_3B (2560), esm2_t48_15B (5120), esm1_t34_670M (1280),
+# esm1_t12_85M and esm1_t6_43M (768), esm_msa1(b)_t12_100M (768)
+ESM_WIDTHS = {
+    "8M": 320, "35M": 480, "150M": 640, "650M": 1280, "3B": 2560, "15B": 5120,
+    "670M": 1280, "85M": 768, "43M": 768, "100M": 768,
+}  # fmt: skip
+_ESM_SIZES = re.compile(r"esm\w*?_t(\d+)_(\d+[MB])_")
+
 # fair-esm name (regular expression, matched at the start) → HF name; the rest of the name
 # (``weight``/``bias``) is kept
 _LAYER = r"esm.encoder.layer.\1."
@@ -134,7 +145,8 @@ def load_fair_esm(path: str | Path) -> Converted:
     Raises:
         QkvError: a missing or refused file, or one that is not a fair-esm ESM-2 checkpoint
             (whatever reading it or its settings raised: "PATH is not a fair-esm checkpoint qkv
-            can read (...)").
+            can read (...)"), or a file named as an ESM model whose sizes are another's
+            (:func:`check_named_sizes`).
     """
     path = Path(path)
     data = read_settings_checkpoint(path, "fair-esm")
@@ -147,6 +159,7 @@ def load_fair_esm(path: str | Path) -> Converted:
         state = dict(data["model"])
     except Exception as exc:  # noqa: BLE001 - any object a crafted pickle left there: not a checkpoint
         raise _unreadable(path, exc) from None
+    check_named_sizes(path, state)
     state.update(_regression_state(path))
     return from_fair_esm(
         state,
@@ -155,6 +168,43 @@ def load_fair_esm(path: str | Path) -> Converted:
         sizes["encoder_attention_heads"],
         token_dropout,
     )
+
+
+def named_sizes(name: str) -> tuple[int, int] | None:
+    """``(layers, width)`` that a fair-esm model name states (``esm2_t33_650M_UR50D``: 33
+    layers, width 1280; :data:`ESM_WIDTHS`), or ``None`` for a name that is not one (whatever
+    follows the size, ``_UR50D``, ``_1``, a suffix of one's own, is not read)."""
+    found = _ESM_SIZES.match(name)
+    if found is None or found[2] not in ESM_WIDTHS:
+        return None
+    return int(found[1]), ESM_WIDTHS[found[2]]
+
+
+def check_named_sizes(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Refuse a fair-esm checkpoint whose file is named as an ESM model (:func:`named_sizes` of
+    its stem) but whose tensors are of another size: the layers counted in ``state``'s
+    ``layers.<i>.`` names, the width of its ``embed_tokens.weight``. A file named otherwise is
+    not checked.
+
+    Raises:
+        QkvError: the name's layers and width, and the checkpoint's, in one line.
+    """
+    named = named_sizes(path.stem)
+    if named is None:
+        return
+    layers = {int(m[1]) for k in state if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", k))}
+    embed = [
+        t
+        for k, t in state.items()
+        if k.endswith("embed_tokens.weight") and isinstance(t, torch.Tensor) and t.dim() == 2
+    ]
+    held = (len(layers), int(embed[0].shape[1]) if embed else None)
+    if held[0] != named[0] or (held[1] is not None and held[1] != named[1]):
+        raise QkvError(
+            f"{path}: the name {path.stem} says {named[0]} layers of width {named[1]}, but the "
+            f"checkpoint holds {held[0]} layers of width {held[1]}; a file named as an ESM model must "
+            "be that model (rename it)"
+        )
 
 
 def _unreadable(path: Path, exc: Exception) -> QkvError:

@@ -23,20 +23,37 @@ tensors ``mean/layer<k>`` ``(n, D)`` float32 and, with ``per_residue``, ``residu
 settings, the model's and the input's SHA-256 and the shards written: running the same job
 again resumes at the next shard, and every shard has the same bytes as in an uninterrupted run
 (its batches depend on its own sequences only; nothing in a file depends on time), on the same
-machine, device and thread count.
+machine, device and thread count. :func:`read_embeddings` reads the means, and with
+``per_residue=True`` the per-residue tensors (:class:`ResidueEmbeddings`, one shard read at a
+time).
+
+A sequence's id is its whole FASTA header line, stripped, as fair-esm's ``FastaBatchedDataset``
+keeps it (its label). A directory begun by a qkv that cut ids at the first space (its manifest
+has no ``ids`` entry) is resumed with that rule, so its shards stay of one kind.
+
+fair-esm's files (:class:`EsmJob`, ``qkv embed --format esm``): what fair-esm 2.0's
+``scripts/extract.py`` writes, one ``<label>.pt`` per sequence (a ``/`` in a label makes
+folders, as there), a dict with ``label`` and, as ``include`` asks, ``representations``
+(``{layer: (L, D)}``), ``mean_representations`` (``{layer: (D,)}``), ``bos_representations``
+(``{layer: (D,)}``, the ``<cls>`` token's) and ``contacts`` ``(L, L)``; float32, each tensor its
+own storage, read with ``torch.load(path, weights_only=True)``. As there, a sequence longer
+than the model (ESM-2: 1,022 residues, extract.py's ``--truncation_seq_length``) is cut to its
+first residues, not windowed.
 """
 
 from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, overload
 
 import numpy as np
 import torch
@@ -70,10 +87,24 @@ class ProteinEncoder(Protocol):
 
 MANIFEST = "manifest.json"
 FORMAT = "qkv-embeddings/1"
+ESM_FORMAT = "fair-esm-extract/1"  # EsmJob's directory: extract.py's <label>.pt files
+# what extract.py's --include may ask for, in the order its dicts hold them
+ESM_INCLUDE = ("per_tok", "mean", "bos", "contacts")
+
 SHARD_SIZE = 10_000  # sequences per shard, mean vectors only
 SHARD_SIZE_PER_RESIDUE = 1_000  # with per-residue tensors: a shard is held in memory whole
 
 Progress = Callable[[int], object]  # called with the number of sequences just finished
+
+
+def fasta_label(header: str) -> str:
+    """A FASTA record's id: its whole header line, stripped, as fair-esm's
+    ``FastaBatchedDataset.from_file`` keeps it (``line[1:].strip()``)."""
+    return header.strip()
+
+
+# a record's id by a directory's manifest "ids" (absent: a qkv that cut ids at the first space)
+ID_RULES: dict[str, Callable[[str], str]] = {"header": fasta_label, "first word": record_id}
 
 
 class Window(NamedTuple):
@@ -216,16 +247,21 @@ class Pooler:
     each sequence's owned residue vectors per layer (``/ L`` = the mean) and, if
     ``per_residue``, its ``(L, D)`` vectors.
 
-    Call :meth:`add` with each batch's states, then :meth:`tensors`.
+    Call :meth:`add` with each batch's states, then :meth:`tensors`. ``bos``: also keep the
+    ``<cls>`` token's vector ``(n, D)`` per layer (of each sequence's first window), as
+    extract.py's ``bos_representations``.
     """
 
-    def __init__(self, plan: ChunkPlan, layers: Sequence[int], d_model: int, per_residue: bool) -> None:
+    def __init__(
+        self, plan: ChunkPlan, layers: Sequence[int], d_model: int, per_residue: bool, bos: bool = False
+    ) -> None:
         self.plan, self.layers, self.per_residue = plan, tuple(layers), per_residue
         n = len(plan.lengths)
         self.sums = {k: torch.zeros(n, d_model) for k in self.layers}
         self.residues = (
             {k: [torch.empty(L, d_model) for L in plan.lengths] for k in self.layers} if per_residue else {}
         )
+        self.bos = {k: torch.zeros(n, d_model) for k in self.layers} if bos else {}
         self.left = [0] * n  # windows not yet added, per sequence
         for i, _ in plan.pieces:
             self.left[i] += 1
@@ -243,6 +279,9 @@ class Pooler:
             h = states[k].float()  # (B, T, D)
             sums = torch.einsum("btd,bt->bd", h, own.to(h.device)).cpu()  # (B, D)
             self.sums[k].index_add_(0, seq, sums)
+            for j, (i, w) in enumerate(pieces if self.bos else ()):
+                if w.start == 0:  # the sequence's first window holds its <cls>
+                    self.bos[k][i] = h[j, 0].cpu()
             if self.per_residue:
                 h = h.cpu()
                 for j, (i, w) in enumerate(pieces):
@@ -275,7 +314,7 @@ class Embedder:
     the module docstring says, in length-sorted batches of at most ``max_tokens`` padded tokens
     (default the encoder's). ``cpu``: the caller's :class:`~qkv.cpu_share.CpuShare` (an entry
     point's), ticked between batches; ``None``: torch's thread count is left as the calling
-    program set it.
+    program set it. ``bos``: the :class:`Pooler` keeps the ``<cls>`` vectors too.
 
     Raises:
         QkvError: a layer the model does not have, or ``max_tokens`` below 1.
@@ -288,8 +327,9 @@ class Embedder:
         per_residue: bool = False,
         max_tokens: int | None = None,
         cpu: CpuShare | None = None,
+        bos: bool = False,
     ) -> None:
-        self.encoder, self.per_residue, self.cpu = encoder, per_residue, cpu
+        self.encoder, self.per_residue, self.cpu, self.bos = encoder, per_residue, cpu, bos
         self.model: EncoderModel = encoder.model
         self.layers = resolve_layers(layers, len(self.model.layers))
         self.max_tokens = encoder.max_tokens if max_tokens is None else max_tokens
@@ -321,7 +361,7 @@ class Embedder:
         """:meth:`embed`'s results before they are named: a :class:`Pooler` holding every batch
         (``ids`` name sequences in error messages only)."""
         plan = self.plan(sequences, ids)
-        pool = Pooler(plan, self.layers, self.d_model, self.per_residue)
+        pool = Pooler(plan, self.layers, self.d_model, self.per_residue, self.bos)
         for batch in plan.batches:
             tokens = plan.tokens(batch, self.encoder.tok.pad_id).to(self.encoder.device)
             done = pool.add(batch, encode_layers(self.model, tokens, self.layers))
@@ -335,45 +375,61 @@ class Embedder:
 
 @dataclass(frozen=True)
 class FastaScan:
-    """What a first pass over a FASTA file found: ``sequences`` (records) and the file's
-    ``sha256``."""
+    """What a first pass over a FASTA file found: ``sequences`` (records), the file's
+    ``sha256`` and the ``longest`` sequence's residues."""
 
     sequences: int
     sha256: str
+    longest: int = 0
 
 
-def scan_fasta(path: str | Path, tok: ProteinTokenizer) -> FastaScan:
-    """Check every record of a FASTA file before anything is embedded: a header with an id,
-    unique ids, a sequence that is not empty and that ``tok`` can encode. Memory: 8 bytes per
-    record (a hash of its id), nothing else kept.
+def _residues(text: str) -> str:
+    """A record's residues as the tokenizers read them: upper case, one trailing ``*`` off."""
+    return text.strip().upper().removesuffix("*")
+
+
+def scan_fasta(
+    path: str | Path,
+    tok: ProteinTokenizer,
+    id_of: Callable[[str], str] = fasta_label,
+    check_id: Callable[[str], object] | None = None,
+) -> FastaScan:
+    """Check every record of a FASTA file before anything is embedded: a header with an id
+    (``id_of`` the header: by default the whole line), unique ids, a sequence that is not empty
+    and that ``tok`` can encode, and whatever ``check_id`` (called with each id) raises.
+    Memory: 8 bytes per record (a hash of its id), nothing else kept.
 
     Raises:
         QkvError: what :func:`~qkv.data.protein.fasta_entries` raises, no records, an empty
-            header or sequence, a duplicate id, or a bad character (the tokenizer's message:
-            id, position, character).
+            header or sequence, a duplicate id, a bad character (the tokenizer's message:
+            id, position, character), or what ``check_id`` raises.
     """
     path = Path(path)
     allowed = _encodable_letters(tok)
     hashes = array.array("q")
+    longest = 0
     for title, text, _ in fasta_entries(path):
-        sid = record_id(title)
+        sid = id_of(title)
         if not sid:
             raise QkvError(f"{path}: a record has an empty header")
-        residues = text.strip().upper().removesuffix("*")
+        residues = _residues(text)
         if not residues:
             raise QkvError(f"{path}: record {sid} has an empty sequence")
         if not set(residues) <= allowed:
             tok.encode(text, f"{path.name}: {sid}")  # raises, naming the position and character
             raise QkvError(f"{path}: record {sid} holds characters the model's tokenizer refuses")
+        if check_id is not None:
+            check_id(sid)
         hashes.append(hash(sid))
+        longest = max(longest, len(residues))
     if not hashes:
         raise QkvError(f"{path}: no FASTA records found (is it a FASTA file?)")
-    _refuse_duplicates(path, np.frombuffer(hashes, dtype=np.int64))
+    _refuse_duplicates(path, np.frombuffer(hashes, dtype=np.int64), id_of)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             digest.update(block)
-    return FastaScan(len(hashes), digest.hexdigest())
+    return FastaScan(len(hashes), digest.hexdigest(), longest)
 
 
 def _encodable_letters(tok: ProteinTokenizer) -> set[str]:
@@ -389,15 +445,16 @@ def _encodable_letters(tok: ProteinTokenizer) -> set[str]:
     return letters
 
 
-def _refuse_duplicates(path: Path, hashes: np.ndarray) -> None:
-    """Raise for a duplicate id; equal hashes are confirmed on the ids themselves."""
+def _refuse_duplicates(path: Path, hashes: np.ndarray, id_of: Callable[[str], str]) -> None:
+    """Raise for a duplicate id (``id_of`` a header); equal hashes are confirmed on the ids
+    themselves."""
     values, counts = np.unique(hashes, return_counts=True)
     clashing = set(values[counts > 1].tolist())
     if not clashing:
         return
     seen: set[str] = set()
     for title, _, _ in fasta_entries(path):
-        sid = record_id(title)
+        sid = id_of(title)
         if hash(sid) in clashing:
             if sid in seen:
                 raise QkvError(
@@ -424,11 +481,11 @@ def model_sha256(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _records(path: Path, skip: int) -> Iterator[tuple[str, str]]:
-    """``(id, sequence text)`` of each record after the first ``skip``."""
+def _records(path: Path, skip: int, id_of: Callable[[str], str] = fasta_label) -> Iterator[tuple[str, str]]:
+    """``(id, sequence text)`` of each record after the first ``skip`` (``id_of`` a header)."""
     for n, (title, text, _) in enumerate(fasta_entries(path)):
         if n >= skip:
-            yield record_id(title), text
+            yield id_of(title), text
 
 
 def _chunks(records: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
@@ -459,9 +516,17 @@ class EmbedJob:
             (the differing settings named), or lacks a shard its manifest lists.
     """
 
-    def __init__(self, embedder: Embedder, fasta: Path, out: Path, shard_size: int, manifest: dict) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        fasta: Path,
+        out: Path,
+        shard_size: int,
+        manifest: dict,
+        id_of: Callable[[str], str] = fasta_label,
+    ) -> None:
         self.embedder, self.fasta, self.out, self.shard_size = embedder, fasta, out, shard_size
-        self.manifest = manifest
+        self.manifest, self.id_of = manifest, id_of
 
     @classmethod
     def open(
@@ -470,44 +535,23 @@ class EmbedJob:
         fasta, out = Path(fasta), Path(out)
         if shard_size is None:
             shard_size = SHARD_SIZE_PER_RESIDUE if embedder.per_residue else SHARD_SIZE
-        if shard_size < 1:
-            raise QkvError(f"shard size ({shard_size}) must be >= 1")
-        if out.exists() and not out.is_dir():
-            raise QkvError(f"{out} is a file; the embeddings go into a directory")
-        scan = scan_fasta(fasta, embedder.encoder.tok)
-        width = embedder.encoder.width
-        dtype = next(embedder.model.parameters()).dtype
-        settings = {
-            "model_sha256": model_sha256(embedder.model),
-            "input_sha256": scan.sha256,
-            "sequences": scan.sequences,
-            "layers": list(embedder.layers),
-            "per_residue": embedder.per_residue,
-            "max_tokens": embedder.max_tokens,
-            "shard_size": shard_size,
-            "windows": {"width": width, "stride": max(width // 2, 1), "rule": "centre-most"},
-            "device": embedder.encoder.device.type,
-            "dtype": str(dtype).removeprefix("torch."),
-        }
+        found = _manifest_in(out, shard_size)
+        ids = "header"
+        if found is not None and found.get("format") == FORMAT:  # begun with ids cut at a space: go on so
+            ids = found.get("ids", "first word")
+        scan = scan_fasta(fasta, embedder.encoder.tok, ID_RULES[ids])
         manifest = {
             "format": FORMAT,
-            "settings": settings,
+            "ids": ids,
+            "settings": _job_settings(embedder, scan, shard_size),
             "d_model": embedder.d_model,
             "shards": [],
             "complete": False,
         }
-        found = _read_manifest(out)
-        if found is not None:
-            differ = [k for k in settings if found.get("settings", {}).get(k) != settings[k]]
-            if found.get("format") != FORMAT or differ:
-                raise QkvError(
-                    f"{out} holds embeddings made with another {', '.join(differ) or 'format'}; "
-                    "give another --out (or remove it) to start afresh"
-                )
-            manifest = _keep_intact_shards(out, found)
-        elif folder_obstacle(out)[0] == "not empty":
-            raise QkvError(f"{out} is not empty and holds no {MANIFEST}; give a new or empty directory")
-        return cls(embedder, fasta, out, shard_size, manifest)
+        resumed = _same_job(out, found, manifest)
+        if resumed is not None:
+            manifest = _keep_intact_shards(out, resumed)
+        return cls(embedder, fasta, out, shard_size, manifest, ID_RULES[ids])
 
     @property
     def total(self) -> int:
@@ -531,7 +575,8 @@ class EmbedJob:
             logger.info("resuming at shard %d (%d of %d sequences done)", first, self.done, self.total)
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / MANIFEST, self.manifest)
-        for index, chunk in enumerate(_chunks(_records(self.fasta, self.done), self.shard_size), first):
+        records = _records(self.fasta, self.done, self.id_of)
+        for index, chunk in enumerate(_chunks(records, self.shard_size), first):
             ids = [sid for sid, _ in chunk]
             tensors = self.embedder.embed([text for _, text in chunk], ids, progress)
             _save_shard(self.out / _shard_name(index), tensors, ids)
@@ -542,6 +587,220 @@ class EmbedJob:
             self.manifest["complete"] = self.done == self.total
             write_json(self.out / MANIFEST, self.manifest)
         return self.manifest
+
+
+class EsmJob:
+    """fair-esm ``extract.py``'s files of a FASTA file in the directory ``out`` (format in the
+    module docstring; ``manifest.json`` beside them), for ``include`` (a subset of
+    :data:`ESM_INCLUDE`, as extract.py's ``--include``). ``contacts``: ``(sequence, label) ->
+    (L, L)`` contact probabilities (``"contacts"`` in ``include`` needs it). ``embedder`` gives
+    the model, layers and batch size; what it keeps follows ``include``.
+
+    :meth:`open` checks everything and writes nothing; :meth:`run` writes, ``chunk_size``
+    sequences at a time (a chunk is held in memory whole). The same job again resumes: a chunk
+    whose files are all there is skipped, as extract.py skips such a batch.
+
+    Raises (:meth:`open`):
+        QkvError: what :func:`scan_fasta` and :func:`esm_file` raise (a label that names no file
+            inside ``out``), ``include`` empty or outside :data:`ESM_INCLUDE`, ``chunk_size``
+            below 1, ``out`` a file, a directory with other files and no manifest, or another
+            job's.
+        ValueError: ``contacts`` given without ``"contacts"`` in ``include``, or missing with it.
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        fasta: Path,
+        out: Path,
+        chunk_size: int,
+        manifest: dict,
+        contacts: Callable[[str, str], torch.Tensor] | None = None,
+    ) -> None:
+        self.embedder, self.fasta, self.out, self.chunk_size = embedder, fasta, out, chunk_size
+        self.manifest, self.contacts = manifest, contacts
+        self.include = tuple(manifest["settings"]["include"])
+
+    @classmethod
+    def open(
+        cls,
+        embedder: Embedder,
+        fasta: str | Path,
+        out: str | Path,
+        include: Iterable[str] = ("mean",),
+        contacts: Callable[[str, str], torch.Tensor] | None = None,
+        chunk_size: int | None = None,
+    ) -> EsmJob:
+        fasta, out, asked = Path(fasta), Path(out), set(include)
+        if not asked or not asked <= set(ESM_INCLUDE):
+            raise QkvError(f"include: {sorted(asked)} is not a choice of {', '.join(ESM_INCLUDE)}")
+        if ("contacts" in asked) != (contacts is not None):
+            raise ValueError("contacts: give the contact predictor when, and only when, including contacts")
+        per_tok = "per_tok" in asked
+        embedder = Embedder(
+            embedder.encoder, embedder.layers, per_tok, embedder.max_tokens, embedder.cpu, "bos" in asked
+        )
+        if chunk_size is None:
+            chunk_size = SHARD_SIZE_PER_RESIDUE if per_tok else SHARD_SIZE
+        found = _manifest_in(out, chunk_size)
+        scan = scan_fasta(fasta, embedder.encoder.tok, check_id=lambda label: esm_file(out, label))
+        settings = _job_settings(embedder, scan, chunk_size)
+        del settings["windows"]  # none: a long sequence is cut as extract.py cuts it
+        settings.update(include=[k for k in ESM_INCLUDE if k in asked], truncation=embedder.encoder.width)
+        manifest = {
+            "format": ESM_FORMAT,
+            "ids": "header",
+            "settings": settings,
+            "d_model": embedder.d_model,
+            "shards": [],
+            "complete": False,
+        }
+        manifest = _same_job(out, found, manifest) or manifest
+        if scan.longest > embedder.encoder.width:
+            logger.warning(
+                "%s: sequences longer than %d residues are cut to their first %d, as extract.py "
+                "cuts them (--truncation_seq_length); the default format reads them whole in windows",
+                fasta,
+                embedder.encoder.width,
+                embedder.encoder.width,
+            )
+        return cls(embedder, fasta, out, chunk_size, manifest, contacts)
+
+    @property
+    def total(self) -> int:
+        """Sequences in the input."""
+        return self.manifest["settings"]["sequences"]
+
+    @property
+    def done(self) -> int:
+        """Sequences whose files a chunk recorded in the manifest wrote."""
+        return sum(s["sequences"] for s in self.manifest["shards"])
+
+    def run(self, progress: Progress | None = None) -> dict:
+        """Write the files of every chunk not yet written whole (a chunk the manifest records
+        whose files are all there is skipped), then the manifest (atomically); returns it.
+        ``progress``: called after each batch of a chunk not yet recorded, with the number of
+        sequences it completed."""
+        chunks = self.manifest["shards"]  # {"sequences": n} per chunk written
+        if not chunks:  # the manifest first: a killed first chunk leaves a directory that resumes
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_json(self.out / MANIFEST, self.manifest)
+        for index, chunk in enumerate(_chunks(_records(self.fasta, 0), self.chunk_size)):
+            if index < len(chunks) and all(esm_file(self.out, label).is_file() for label, _ in chunk):
+                continue
+            self._write(chunk, progress if index >= len(chunks) else None)
+            chunks[index : index + 1] = [{"sequences": len(chunk)}]
+            self.manifest["complete"] = self.done == self.total
+            write_json(self.out / MANIFEST, self.manifest)
+        return self.manifest
+
+    def _write(self, chunk: list[tuple[str, str]], progress: Progress | None) -> None:
+        """Embed one chunk of ``(label, sequence text)`` and write its files."""
+        labels = [label for label, _ in chunk]
+        texts = [_residues(text)[: self.embedder.encoder.width] for _, text in chunk]
+        pool = self.embedder.pool(texts, labels, progress)
+        means = pool.means()
+        for i, (label, text) in enumerate(zip(labels, texts, strict=True)):
+            result = esm_result(pool, means, i, label, self.include)
+            if self.contacts is not None:
+                with torch.inference_mode():
+                    result["contacts"] = self.contacts(text, label).to(torch.float32).cpu().clone()
+            atomic_write(esm_file(self.out, label), functools.partial(torch.save, result))
+
+
+def esm_result(
+    pool: Pooler, means: dict[int, torch.Tensor], i: int, label: str, include: Sequence[str]
+) -> dict[str, object]:
+    """The dict extract.py saves for sequence ``i`` of ``pool`` (its ``means``): ``label`` and,
+    as ``include`` asks, ``representations`` ``{layer: (L, D)}``, ``mean_representations`` and
+    ``bos_representations`` ``{layer: (D,)}``, float32, each tensor cloned out of the batch's
+    storage as extract.py clones it (``contacts`` is the caller's)."""
+    result: dict[str, object] = {"label": label}
+    parts: dict[str, tuple[str, dict[int, Any]]] = {
+        "per_tok": ("representations", pool.residues),
+        "mean": ("mean_representations", means),
+        "bos": ("bos_representations", pool.bos),
+    }
+    for key, (name, per_layer) in parts.items():
+        if key in include:
+            result[name] = {k: per_layer[k][i].clone() for k in pool.layers}
+    return result
+
+
+def esm_file(out: str | Path, label: str) -> Path:
+    """Where extract.py writes the file of ``label``: ``out/<label>.pt`` (a ``/`` in the label
+    makes folders, as there).
+
+    Raises:
+        QkvError: a label that names no file inside ``out`` (an empty, ``.`` or ``..`` part
+            between slashes, or a leading ``/``), or a part longer than a file name may be
+            (255 bytes).
+    """
+    parts = f"{label}.pt".split("/")
+    if any(part in ("", ".", "..") for part in parts[:-1]):
+        raise QkvError(
+            f"record {label!r}: its file {label}.pt would not be inside the output folder; "
+            "rename the record (extract.py names each file by the whole header line)"
+        )
+    if max(len(part.encode()) for part in parts) > 255:
+        raise QkvError(
+            f"record {label[:60]!r}...: its file name is longer than 255 bytes; shorten the header "
+            "(extract.py names each file by the whole header line)"
+        )
+    return Path(out, *parts)
+
+
+def _manifest_in(out: Path, shard_size: int) -> dict | None:
+    """The manifest in ``out`` (``None``: none there), once ``out`` and ``shard_size`` are
+    checked to be usable.
+
+    Raises:
+        QkvError: ``shard_size`` below 1, or ``out`` is a file.
+    """
+    if shard_size < 1:
+        raise QkvError(f"shard size ({shard_size}) must be >= 1")
+    if out.exists() and not out.is_dir():
+        raise QkvError(f"{out} is a file; the embeddings go into a directory")
+    return _read_manifest(out)
+
+
+def _same_job(out: Path, found: dict | None, manifest: dict) -> dict | None:
+    """``found`` (the manifest in ``out``) when it is of the job ``manifest`` describes (same
+    format and settings), to resume; ``None`` when ``out`` is new or empty.
+
+    Raises:
+        QkvError: another job's manifest (the differing settings named), or files and no manifest.
+    """
+    if found is None:
+        if folder_obstacle(out)[0] == "not empty":
+            raise QkvError(f"{out} is not empty and holds no {MANIFEST}; give a new or empty directory")
+        return None
+    settings = manifest["settings"]
+    differ = [k for k in settings if found.get("settings", {}).get(k) != settings[k]]
+    if found.get("format") != manifest["format"] or differ:
+        raise QkvError(
+            f"{out} holds embeddings made with another {', '.join(differ) or 'format'}; "
+            "give another --out (or remove it) to start afresh"
+        )
+    return found
+
+
+def _job_settings(embedder: Embedder, scan: FastaScan, shard_size: int) -> dict:
+    """What a manifest records of a job, compared on resume."""
+    width = embedder.encoder.width
+    dtype = next(embedder.model.parameters()).dtype
+    return {
+        "model_sha256": model_sha256(embedder.model),
+        "input_sha256": scan.sha256,
+        "sequences": scan.sequences,
+        "layers": list(embedder.layers),
+        "per_residue": embedder.per_residue,
+        "max_tokens": embedder.max_tokens,
+        "shard_size": shard_size,
+        "windows": {"width": width, "stride": max(width // 2, 1), "rule": "centre-most"},
+        "device": embedder.encoder.device.type,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
 
 
 def _keep_intact_shards(out: Path, manifest: dict) -> dict:
@@ -588,40 +847,119 @@ def _read_manifest(out: Path) -> dict | None:
     return read_json(path, "qkv embeddings manifest") if path.is_file() else None
 
 
-def read_embeddings(out: str | Path, layer: int | None = None) -> tuple[list[str], np.ndarray]:
+@overload
+def read_embeddings(
+    out: str | Path, layer: int | None = None, per_residue: Literal[False] = False
+) -> tuple[list[str], np.ndarray]: ...
+
+
+@overload
+def read_embeddings(
+    out: str | Path, layer: int | None = None, *, per_residue: Literal[True]
+) -> tuple[list[str], ResidueEmbeddings]: ...
+
+
+def read_embeddings(
+    out: str | Path, layer: int | None = None, per_residue: bool = False
+) -> tuple[list[str], np.ndarray] | tuple[list[str], ResidueEmbeddings]:
     """The ids and mean embeddings ``(N, D)`` float32 of an embeddings directory written by
     :class:`EmbedJob`, in input order, at ``layer`` (a layer it holds, as numbered in its
     manifest; default the last one it holds). An unfinished directory gives the shards written.
+    ``per_residue=True``: the ids and the per-residue embeddings instead, a
+    :class:`ResidueEmbeddings` (a list-like of ``(L, D)`` float32 arrays, read from the shards
+    as they are asked for) of a directory made with ``per_residue``.
+
+    An id is the record's whole header line (the first word in a directory begun by a qkv that
+    cut it there).
 
     Raises:
-        QkvError: no manifest, a layer the directory does not hold, or a missing or corrupt
-            shard.
+        QkvError: no manifest (or fair-esm files, read with ``torch.load``), a layer the
+            directory does not hold, no per-residue tensors, or a missing or corrupt shard.
     """
     out = Path(out)
     manifest = _read_manifest(out)
+    if manifest is not None and manifest.get("format") == ESM_FORMAT:
+        raise QkvError(
+            f"{out} holds fair-esm extract.py files: read each <label>.pt with "
+            "torch.load(path, weights_only=True)"
+        )
     if manifest is None or manifest.get("format") != FORMAT:
         raise QkvError(f"{out} holds no qkv embeddings ({MANIFEST} missing or of another format)")
     held = manifest["settings"]["layers"]
     layer = held[-1] if layer is None else layer
     if layer not in held:
         raise QkvError(f"{out} holds layers {held}, not layer {layer}")
+    if per_residue:
+        if not manifest["settings"]["per_residue"]:
+            raise QkvError(f"{out} holds mean embeddings only: embed again with --per-residue")
+        residues = ResidueEmbeddings(out, layer, [shard["file"] for shard in manifest["shards"]])
+        return residues.ids, residues
     ids: list[str] = []
     parts = []
     for shard in manifest["shards"]:
-        shard_ids, mean = _read_shard(out / shard["file"], f"mean/layer{layer}")
-        ids += shard_ids
-        parts.append(mean.numpy())
+        with _open_shard(out / shard["file"]) as f:
+            ids += json.loads(f.metadata()["ids"])
+            parts.append(f.get_tensor(f"mean/layer{layer}").numpy())
     d = manifest["d_model"]
     return ids, np.concatenate(parts) if parts else np.zeros((0, d), dtype=np.float32)
 
 
-def _read_shard(path: Path, name: str) -> tuple[list[str], torch.Tensor]:
-    """A shard's ids and its tensor ``name`` (the rest is not read)."""
+class ResidueEmbeddings:
+    """The per-residue embeddings of an embeddings directory (:class:`EmbedJob` with
+    ``per_residue``) at one layer, a list-like read from the shards as it is asked for:
+    ``len()``, ``[i]`` (negative from the end) or ``[id]`` → ``(L, D)`` float32 array, and
+    iteration in input order (each shard opened once). ``ids``: in input order, each item's
+    own. Made by :func:`read_embeddings` with ``per_residue=True``.
+
+    Raises:
+        QkvError: a missing or corrupt shard (on making it, or on reading a tensor).
+    """
+
+    def __init__(self, out: str | Path, layer: int, files: Sequence[str]) -> None:
+        self.out, self.layer = Path(out), layer
+        self.shards: list[tuple[str, list[str]]] = []
+        for file in files:
+            with _open_shard(self.out / file) as f:
+                self.shards.append((file, json.loads(f.metadata()["ids"])))
+        self.ids = [sid for _, ids in self.shards for sid in ids]
+        self._file = [file for file, ids in self.shards for _ in ids]
+        self._index = {sid: i for i, sid in enumerate(self.ids)}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, key: int | str) -> np.ndarray:
+        """The ``(L, D)`` float32 array of item ``key`` (an index or an id).
+
+        Raises:
+            IndexError, KeyError: no such item.
+        """
+        i = self._index[key] if isinstance(key, str) else range(len(self))[key]
+        with _open_shard(self.out / self._file[i]) as f:
+            return f.get_tensor(self._name(self.ids[i])).numpy()
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for file, ids in self.shards:
+            with _open_shard(self.out / file) as f:
+                for sid in ids:
+                    yield f.get_tensor(self._name(sid)).numpy()
+
+    def _name(self, sid: str) -> str:
+        return f"residues/layer{self.layer}/{sid}"
+
+
+@contextmanager
+def _open_shard(path: Path) -> Iterator:
+    """A shard opened with ``safetensors.safe_open`` (a tensor is read when asked for).
+
+    Raises:
+        QkvError: a missing, truncated or corrupt shard, or one without a tensor asked for.
+    """
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), "pt") as f:
-            return json.loads(f.metadata()["ids"]), f.get_tensor(name)
+            yield f
     except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
         raise QkvError(
             f"cannot read {path}: missing, truncated or corrupt ({str(exc).splitlines()[0][:200]})"
