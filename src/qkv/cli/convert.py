@@ -48,6 +48,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="with --to onnx: every graph also outputs its attention weights",
     )
     onnx_weights_option(p, "with --to onnx")
+    p.add_argument(
+        "--push",
+        metavar="REPO",
+        help="with --to hf or --to peft: then upload the folder (its model card README.md included) to "
+        "the Hub model repository REPO (NAME or ORG/NAME), created if needed; needs `hf auth login`",
+    )
     p.add_argument("--tokenizer", help="tokenizer.json or vocab.txt, when the HF folder has none")
     revision_option(p)
     p.set_defaults(func=_cmd_convert)
@@ -65,49 +71,26 @@ def _recorded(source: str, args) -> str:
 
 
 def _cmd_convert(args) -> int:
-    from ..hub.convert import export_hf, write_run
-    from ..hub.pretrained import is_run_dir, read
+    from ..hub.convert import write_run
+    from ..hub.pretrained import read
 
     if args.to and len(args.paths) != 2:
         shown = {"peft": "LORA_RUN_DIR DIR", "onnx": "RUN_DIR DIR"}.get(args.to, "RUN_DIR HF_DIR")
         raise QkvError(f"usage: qkv convert --to {args.to} {shown}")
+    if args.push:
+        from ..hub.model_card import refuse_push
+
+        if args.to not in ("hf", "peft"):
+            raise QkvError(f"--push uploads what --to hf or --to peft writes, not {_what(args)}")
+        refuse_push(args.push)  # before anything is read or written
     if args.to == "onnx":
-        from ..hub.onnx_export import MANIFEST, export_onnx
+        return _to_onnx(args)
+    if args.to in ("hf", "peft"):
+        out = _to_hf(args) if args.to == "hf" else _to_peft(args)
+        if args.push:
+            from ..hub.model_card import push_folder
 
-        run_dir, out_dir = args.paths
-        onnx = export_onnx(
-            run_dir, out_dir, opset=args.opset, attentions=args.attentions, weights=args.weights
-        )
-        graphs = ", ".join(f"{name} ({exporter} exporter)" for name, exporter in onnx.files.items())
-        beside = f"{TOKENIZER}, {MANIFEST}" if (onnx.out / TOKENIZER).is_file() else MANIFEST
-        log(f"wrote {onnx.out}: {graphs}, {beside} ({onnx.megabytes:.1f} MB in all)")
-        return 0
-    if args.to == "peft":
-        from ..hub.peft_export import export_peft
-
-        done = export_peft(*args.paths)
-        log(
-            f"wrote {done.out}/base (the HF base model, W0 {done.base_weights}) and PEFT's "
-            f"adapter_config.json + adapter_model.safetensors ({', '.join(done.target_modules)}"
-            + (f"; head: {', '.join(done.modules_to_save)}" if done.modules_to_save else "")
-            + f"): load with peft.PeftModel.from_pretrained(transformers.{done.auto_class}"
-            f'.from_pretrained("{done.out}/base"), "{done.out}")'
-        )
-        return 0
-    if args.to == "hf":
-        source, out_dir = args.paths
-        if not is_run_dir(Path(source)):  # a checkpoint: through a run directory of its own
-            refuse_nonempty(out_dir, "folder")  # before a Hub download
-            with tempfile.TemporaryDirectory() as tmp:
-                run_dir = Path(tmp) / "run"
-                write_run(read(source, args.revision, args.tokenizer), run_dir, _recorded(source, args))
-                out = export_hf(run_dir, out_dir)
-        else:
-            out = export_hf(source, out_dir)
-        log(
-            f"wrote {out} (config.json, model.safetensors, tokenizer.json): load it with "
-            f"transformers' from_pretrained"
-        )
+            log(f"pushed {out} to {push_folder(out, args.push)}")
         return 0
     if len(args.paths) != 3 or args.paths[0] != "hf":
         raise QkvError(
@@ -124,3 +107,61 @@ def _cmd_convert(args) -> int:
         f"next: qkv convert --to hf {run_dir} HF_DIR"
     )
     return 0
+
+
+def _what(args) -> str:
+    """What a ``convert`` command without ``--to hf``/``--to peft`` does, for a refusal."""
+    return f"--to {args.to}" if args.to else "`convert hf` (it writes a qkv run directory)"
+
+
+def _to_onnx(args) -> int:
+    """``convert --to onnx RUN_DIR DIR``."""
+    from ..hub.onnx_export import MANIFEST, export_onnx
+
+    run_dir, out_dir = args.paths
+    onnx = export_onnx(run_dir, out_dir, opset=args.opset, attentions=args.attentions, weights=args.weights)
+    graphs = ", ".join(f"{name} ({exporter} exporter)" for name, exporter in onnx.files.items())
+    beside = f"{TOKENIZER}, {MANIFEST}" if (onnx.out / TOKENIZER).is_file() else MANIFEST
+    log(f"wrote {onnx.out}: {graphs}, {beside} ({onnx.megabytes:.1f} MB in all)")
+    return 0
+
+
+def _to_peft(args) -> Path:
+    """``convert --to peft LORA_RUN_DIR DIR``, its model card written last; returns DIR."""
+    from ..files import read_json
+    from ..hub.model_card import CARD, peft_card, write_card
+    from ..hub.peft_export import export_peft
+    from ..train.adapters import ADAPTER_CONFIG
+
+    run_dir, _ = args.paths
+    done = export_peft(*args.paths)
+    write_card(peft_card(Path(run_dir), done, read_json(done.out / ADAPTER_CONFIG), args.push), done.out)
+    log(
+        f"wrote {done.out}/base (the HF base model, W0 {done.base_weights}) and PEFT's "
+        f"adapter_config.json + adapter_model.safetensors ({', '.join(done.target_modules)}"
+        + (f"; head: {', '.join(done.modules_to_save)}" if done.modules_to_save else "")
+        + f") + {CARD}: load with peft.PeftModel.from_pretrained(transformers.{done.auto_class}"
+        f'.from_pretrained("{done.out}/base"), "{done.out}")'
+    )
+    return done.out
+
+
+def _to_hf(args) -> Path:
+    """``convert --to hf RUN_DIR|CHECKPOINT HF_DIR`` (a checkpoint through a run directory of
+    its own); returns HF_DIR."""
+    from ..hub.convert import export_hf, write_run
+    from ..hub.model_card import CARD
+    from ..hub.pretrained import is_run_dir, read
+
+    source, out_dir = args.paths
+    if not is_run_dir(Path(source)):  # a checkpoint: through a run directory of its own
+        refuse_nonempty(out_dir, "folder")  # before a Hub download
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = Path(tmp) / "run"
+            write_run(read(source, args.revision, args.tokenizer), run_dir, _recorded(source, args))
+            out = export_hf(run_dir, out_dir, args.push)
+    else:
+        out = export_hf(source, out_dir, args.push)
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    log(f"wrote {out} ({files}): load it with transformers' from_pretrained ({CARD} is its model card)")
+    return out

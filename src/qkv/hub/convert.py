@@ -6,7 +6,8 @@ a tokenizer (``tokenizer.json``, or a BERT-style ``vocab.txt``). :func:`import_h
 into a qkv run directory (``config.json``, ``model.safetensors``, ``tokenizer.json``,
 ``train_config.json`` naming the recipe, and ``hf.json``: where it came from and what to write
 back); :func:`export_hf` writes a run directory back as an HF folder that ``transformers``
-loads. :func:`read_hf` builds the qkv model in memory without writing anything.
+loads, with a model card (``README.md``, :mod:`qkv.hub.model_card`). :func:`read_hf` builds
+the qkv model in memory without writing anything.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import runs
-from ..data.tokenizers import HFTokenizer
+from ..data.tokenizers import AminoAcidTokenizer, CharTokenizer, HFTokenizer, load_tokenizer
 from ..errors import QkvError
 from ..files import atomic_write, read_json, refuse_nonempty, save_weights, torch_load_refusal, write_json
 from ..models.config import ModelConfig
@@ -44,6 +45,8 @@ def layer_counts(config: ModelConfig) -> dict[str, int]:
     }
 
 
+# what an HF folder's tokenizer.json reads as: a tokenizers file, or qkv's own vocabularies
+FolderTokenizer = HFTokenizer | CharTokenizer | AminoAcidTokenizer
 HF_EXTRA = "hf_extra.safetensors"  # HF heads qkv does not model, written back on export
 TASK_HEADS = ("sequence_head.", "residue_head.")  # qkv's classification heads: no HF counterpart
 
@@ -51,12 +54,13 @@ TASK_HEADS = ("sequence_head.", "residue_head.")  # qkv's classification heads: 
 @dataclass
 class Converted:
     """A converted checkpoint in memory: the qkv ``model`` (eval mode, float32), its
-    ``tokenizer`` (an :class:`~qkv.data.tokenizers.HFTokenizer`; ``None`` for a ViT), the :class:`Family`, the
+    ``tokenizer`` (an :class:`~qkv.data.tokenizers.HFTokenizer`, or qkv's own character or
+    amino-acid tokenizer for a folder qkv exported; ``None`` for a ViT), the :class:`Family`, the
     ``parts`` of the HF architecture it had, the original ``hf_config`` and ``kept`` HF tensors
     qkv does not model."""
 
     model: torch.nn.Module
-    tokenizer: HFTokenizer | None
+    tokenizer: FolderTokenizer | None
     family: Family
     parts: set[str]
     hf_config: dict
@@ -93,11 +97,13 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def read_tokenizer(folder: Path, tokenizer: str | Path | None = None) -> HFTokenizer:
+def read_tokenizer(folder: Path, tokenizer: str | Path | None = None) -> FolderTokenizer:
     """The folder's tokenizer: ``tokenizer`` if given (a ``tokenizer.json`` or ``vocab.txt``),
     else ``tokenizer.json``, else ``vocab.txt`` (WordPiece, lower-cased when
-    ``tokenizer_config.json`` says ``do_lower_case``). Raises :class:`QkvError` when there is
-    none."""
+    ``tokenizer_config.json`` says ``do_lower_case``). A ``tokenizer.json`` in qkv's own format
+    (a character or amino-acid vocabulary: what :func:`export_hf` writes for such a run) reads
+    as that tokenizer, any other as a ``tokenizers`` file. Raises :class:`QkvError` when there
+    is none."""
     path = Path(tokenizer) if tokenizer is not None else None
     if path is None:
         path = next((folder / n for n in (TOKENIZER, "vocab.txt") if (folder / n).is_file()), None)
@@ -106,7 +112,8 @@ def read_tokenizer(folder: Path, tokenizer: str | Path | None = None) -> HFToken
     if not path.is_file():
         raise QkvError(f"tokenizer file not found: {path}")
     if path.suffix == ".json":
-        return HFTokenizer.load(path)
+        own = load_tokenizer(path)
+        return own if isinstance(own, (CharTokenizer, AminoAcidTokenizer)) else HFTokenizer.load(path)
     settings = folder / "tokenizer_config.json"
     lowercase = bool(read_json(settings).get("do_lower_case", False)) if settings.is_file() else False
     return HFTokenizer.from_vocab(path, lowercase=lowercase)
@@ -154,7 +161,7 @@ def read_hf(
 def convert_state(
     hf_config: dict,
     state: dict[str, torch.Tensor],
-    tokenizer: HFTokenizer | None,
+    tokenizer: FolderTokenizer | None,
     settings: dict | None = None,
     where: str | Path = CONFIG,
 ) -> Converted:
@@ -242,20 +249,30 @@ def write_run(conv: Converted, run_dir: str | Path, source: str) -> None:
     )
 
 
-def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+def export_hf(run_dir: str | Path, out_dir: str | Path, repo_id: str | None = None) -> Path:
     """Write a qkv run directory (converted or trained by qkv) as an HF folder:
     ``config.json`` (the original HF config updated with the model's settings),
-    ``model.safetensors`` in HF names, and the tokenizer. A run trained by qkv exports as GPT-2
-    (decoder-only LM), ESM (rotary encoder) or BERT (other encoders) when its settings fit.
+    ``model.safetensors`` in HF names, the tokenizer, and a model card ``README.md``
+    (:func:`qkv.hub.model_card.hf_card`; ``repo_id``: the Hub repository its snippets name). A
+    run trained by qkv exports as GPT-2 (decoder-only LM), Marian (encoder-decoder), ViT, ESM
+    (rotary encoder) or BERT (other encoders) when its settings fit. The card is made and
+    checked before anything is written.
 
     Raises:
         QkvError: an incomplete run, a model the family cannot express (the fields named),
             or an ``out_dir`` that exists and is not empty.
     """
+    from .model_card import hf_card, write_card
+
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     refuse_nonempty(out_dir, "folder")
     model, _ = runs.load_run(run_dir)
     hf_config, tensors = hf_state(model, run_dir)
+    parameters = sum(p.numel() for p in model.parameters())
+    architecture = hf_config["architectures"][0]
+    config = cast(ModelConfig, model.config)
+    card = hf_card(run_dir, out_dir, architecture, family_of(hf_config).name, config, parameters, repo_id)
+    write_card(card, out_dir)
     write_hf(run_dir, out_dir, hf_config, tensors)
     logger.debug(f"exported {run_dir} as {hf_config['architectures'][0]} into {out_dir}")
     return out_dir
