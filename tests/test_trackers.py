@@ -133,8 +133,20 @@ def test_wandb_offline_run_in_the_run_directory_holds_the_metrics_and_settings(t
     for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_SILENT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # no wandb settings file of this checkout is read
-    run, result = _lm_run(tmp_path, "wandb")
-    assert capfd.readouterr() == ("", "")  # wandb printed nothing
+    records: list[logging.LogRecord] = []
+    listener = logging.Handler()
+    listener.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("qkv").addHandler(listener)
+    try:
+        run, result = _lm_run(tmp_path, "wandb")
+    finally:
+        logging.getLogger("qkv").removeHandler(listener)
+    # wandb printed nothing: every line on the terminal is one of qkv's log records (a CLI test
+    # earlier in this process may have left qkv's console handler on its logger)
+    out, err = capfd.readouterr()
+    said = {r.getMessage() for r in records}
+    unsaid = [line for line in err.splitlines() if line not in said and line.split(": ", 1)[-1] not in said]
+    assert out == "" and unsaid == []
     assert "WANDB_SILENT" not in os.environ  # and the environment is as it was
     ident = json.loads((run / "trackers.json").read_text())["wandb"]["id"]
     (offline,) = (run / "wandb").glob(f"offline-run-*-{ident}")  # offline: `wandb sync` uploads it

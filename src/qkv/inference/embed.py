@@ -503,7 +503,25 @@ def _shard_name(index: int) -> str:
     return f"shard-{index:05d}.safetensors"
 
 
-class EmbedJob:
+class _Job:
+    """What the two output formats' jobs share: a manifest whose ``settings`` count the input's
+    sequences and whose ``shards`` (safetensors shards, or chunks of ``.pt`` files) count those
+    written."""
+
+    manifest: dict
+
+    @property
+    def total(self) -> int:
+        """Sequences in the input."""
+        return self.manifest["settings"]["sequences"]
+
+    @property
+    def done(self) -> int:
+        """Sequences already written (in shards, or in the files of a recorded chunk)."""
+        return sum(s["sequences"] for s in self.manifest["shards"])
+
+
+class EmbedJob(_Job):
     """Embeddings of a FASTA file into the directory ``out`` (format in the module docstring).
 
     :meth:`open` checks everything and writes nothing; :meth:`run` writes. A directory that
@@ -553,16 +571,6 @@ class EmbedJob:
             manifest = _keep_intact_shards(out, resumed)
         return cls(embedder, fasta, out, shard_size, manifest, ID_RULES[ids])
 
-    @property
-    def total(self) -> int:
-        """Sequences in the input."""
-        return self.manifest["settings"]["sequences"]
-
-    @property
-    def done(self) -> int:
-        """Sequences already in shards."""
-        return sum(s["sequences"] for s in self.manifest["shards"])
-
     def run(self, progress: Progress | None = None) -> dict:
         """Embed the sequences not yet in shards, writing each shard, then the manifest
         (atomically); returns the manifest. ``progress`` is called after each batch with the
@@ -589,7 +597,7 @@ class EmbedJob:
         return self.manifest
 
 
-class EsmJob:
+class EsmJob(_Job):
     """fair-esm ``extract.py``'s files of a FASTA file in the directory ``out`` (format in the
     module docstring; ``manifest.json`` beside them), for ``include`` (a subset of
     :data:`ESM_INCLUDE`, as extract.py's ``--include``). ``contacts``: ``(sequence, label) ->
@@ -665,16 +673,6 @@ class EsmJob:
                 embedder.encoder.width,
             )
         return cls(embedder, fasta, out, chunk_size, manifest, contacts)
-
-    @property
-    def total(self) -> int:
-        """Sequences in the input."""
-        return self.manifest["settings"]["sequences"]
-
-    @property
-    def done(self) -> int:
-        """Sequences whose files a chunk recorded in the manifest wrote."""
-        return sum(s["sequences"] for s in self.manifest["shards"])
 
     def run(self, progress: Progress | None = None) -> dict:
         """Write the files of every chunk not yet written whole (a chunk the manifest records
