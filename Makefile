@@ -48,7 +48,7 @@ vit: venv
 caption: venv
 	$(BIN)/qkv train caption --out $(subst demo-,caption-,$(RUN))
 
-# Two worker processes (pytest-xdist): the whole suite in about 36 minutes on 2 AVX2 cores (1,743 tests).
+# Two worker processes (pytest-xdist): the whole suite in about 35 minutes on 2 AVX2 cores (1,835 tests).
 test: venv
 	$(BIN)/python -m pytest tests -n 2
 
