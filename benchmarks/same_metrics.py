@@ -147,7 +147,8 @@ RUNS = {
         "baseline=false",
     ],
 }
-TIMING = ("_per_s", "_min", "_minutes", "_seconds")  # tokens_per_s, elapsed_min, ...
+# tokens_per_s, elapsed_min, ...; quiet_share: the share of a quiet machine the run had (the load)
+TIMING = ("_per_s", "_min", "_minutes", "_seconds", "_share")
 
 
 def _is_timing(key: str) -> bool:
