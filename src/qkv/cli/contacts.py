@@ -10,8 +10,7 @@ from pathlib import Path
 from .. import cpu_share, extras
 from ..errors import QkvError
 from .console import log
-from .embed import MODEL_HELP
-from .options import check_new_file, device_option, file_output_option, revision_option
+from .options import MODEL_HELP, check_new_file, device_option, file_output_option, revision_option
 from .output import write_tsv
 
 

@@ -12,7 +12,14 @@ from pathlib import Path
 from .. import cpu_share
 from ..errors import QkvError
 from .console import log
-from .options import check_new_file, device_option, overwrite_option, quiet_option, revision_option
+from .options import (
+    MODEL_HELP,
+    check_new_file,
+    device_option,
+    overwrite_option,
+    quiet_option,
+    revision_option,
+)
 from .output import save_embeddings
 
 # the options that only protein embeddings take, with the values that mean "not given"
@@ -27,20 +34,9 @@ PROTEIN_ONLY = {
 
 ESM_INCLUDE = ("per_tok", "mean", "bos", "contacts")  # qkv.inference.embed.ESM_INCLUDE
 
+
 # every MODEL a protein verb (embed, score-variants, contacts) takes, as qkv.hub.pretrained.load
 # resolves it
-MODEL_HELP = (
-    "a qkv run directory (trained, or made by `qkv convert hf`); an HF folder (config.json and "
-    "weights, converted in memory); a short name (antiberty, sapiens-vh, sapiens-vl); a Hub name "
-    "org/name[@REVISION] (downloaded into, or found in, the Hugging Face cache); a fair-esm ESM-2 "
-    "checkpoint file NAME.pt as torch hub saves it (NAME-contact-regression.pt beside it is read "
-    "too; a file named as an ESM model must have its layers and width); or an ESM-2 model as "
-    "fair-esm names it, esm2_t6_8M_UR50D ... esm2_t48_15B_UR50D (torch hub's cached "
-    "$TORCH_HOME/hub/checkpoints/NAME.pt when it is there, else facebook/NAME from the Hub). A "
-    "path that exists wins over a name"
-)
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register ``embed``."""
     p = sub.add_parser(

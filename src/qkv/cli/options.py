@@ -198,3 +198,16 @@ def take_late_words(args: argparse.Namespace, words: list[str]) -> bool:
     :func:`words_after_options`); a verb that declared none takes none."""
     take = getattr(args, "take_late_words", None)
     return take is not None and take(args, words)
+
+
+# The MODEL of the protein verbs (embed, score-variants, contacts): every kind they accept.
+MODEL_HELP = (
+    "a qkv run directory (trained, or made by `qkv convert hf`); an HF folder (config.json and "
+    "weights, converted in memory); a short name (antiberty, sapiens-vh, sapiens-vl); a Hub name "
+    "org/name[@REVISION] (downloaded into, or found in, the Hugging Face cache); a fair-esm ESM-2 "
+    "checkpoint file NAME.pt as torch hub saves it (NAME-contact-regression.pt beside it is read "
+    "too; a file named as an ESM model must have its layers and width); or an ESM-2 model as "
+    "fair-esm names it, esm2_t6_8M_UR50D ... esm2_t48_15B_UR50D (torch hub's cached "
+    "$TORCH_HOME/hub/checkpoints/NAME.pt when it is there, else facebook/NAME from the Hub). A "
+    "path that exists wins over a name"
+)

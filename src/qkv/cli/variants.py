@@ -12,8 +12,7 @@ from pathlib import Path
 from .. import cpu_share, extras
 from ..errors import QkvError
 from .console import log
-from .embed import MODEL_HELP
-from .options import device_option, file_output_option, revision_option
+from .options import MODEL_HELP, device_option, file_output_option, revision_option
 from .output import write_line
 
 METHODS = ("masked-marginals", "wt-marginals", "pseudo-ll")  # qkv.inference.variants.METHODS
