@@ -19,6 +19,7 @@ from ..data.tokenizers import HFTokenizer
 from ..errors import QkvError
 from ..files import read_settings_checkpoint
 from .convert import Converted, convert_state
+from .hub_names import ESM2_NAMES
 from .keymap import fairseq_layer_names, rename_fairseq
 
 # fair-esm's ``Alphabet.from_architecture("ESM-1b")``, which every ESM-2 model uses: id = index.
@@ -28,17 +29,6 @@ ESM_ALPHABET = (
     "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>",
 )  # fmt: skip
 PAD_ID, MASK_ID = ESM_ALPHABET.index("<pad>"), ESM_ALPHABET.index("<mask>")
-
-# ESM-2's released checkpoints (Lin et al. 2023, Table S1) as fair-esm's ``esm.pretrained`` names
-# them; torch hub caches each as <name>.pt, and the HF Hub holds each as facebook/<name>
-ESM2_NAMES = (
-    "esm2_t6_8M_UR50D",
-    "esm2_t12_35M_UR50D",
-    "esm2_t30_150M_UR50D",
-    "esm2_t33_650M_UR50D",
-    "esm2_t36_3B_UR50D",
-    "esm2_t48_15B_UR50D",
-)
 
 # The width of fair-esm's models by the size in their names (Rives et al. 2021, Table 1; Meier et
 # al. 2021; Rao et al. 2021; Lin et al. 2023, Table S1); the number of layers is the name's

@@ -16,6 +16,17 @@ from pathlib import Path
 from ..errors import QkvError
 from ..runs import layout
 
+# ESM-2's released checkpoints (Lin et al. 2023, Table S1) as fair-esm's ``esm.pretrained`` names
+# them; torch hub caches each as <name>.pt, and the HF Hub holds each as facebook/<name>
+ESM2_NAMES = (
+    "esm2_t6_8M_UR50D",
+    "esm2_t12_35M_UR50D",
+    "esm2_t30_150M_UR50D",
+    "esm2_t33_650M_UR50D",
+    "esm2_t36_3B_UR50D",
+    "esm2_t48_15B_UR50D",
+)
+
 logger = logging.getLogger(__name__)
 
 # what qkv reads from an HF folder (qkv.hub.convert.read_hf); weights are fetched apart, below
