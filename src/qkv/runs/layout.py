@@ -37,6 +37,7 @@ SUMMARY = "summary.json"  # what the run scored, written at its end
 TASK = "task.json"  # a classifier's task: classes, level, input
 DATA = "data.json"  # what a run on shards or its own text trained on (checked on resume)
 TRAIN_STATE = "train_state.pt"  # the training state a resume continues from
+METRICS = "metrics.jsonl"  # the training curve, one JSON object per line (qkv.train.metrics)
 SNAPSHOTS = "snapshots"
 
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import QkvError
 from ..files import atomic_write
 from .info import RunInfo, run_json, run_settings
-from .layout import SUMMARY, TRAIN_CONFIG, TRAIN_STATE
+from .layout import METRICS, SUMMARY, TRAIN_CONFIG, TRAIN_STATE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -68,7 +68,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-METRICS = "metrics.jsonl"  # the training curve, one JSON object per line (qkv.train.metrics)
 RECORD = (TRAIN_CONFIG, SUMMARY, METRICS, TRAIN_STATE)  # any of them makes a folder a run
 # the table's columns, in order: what --sort takes and the keys of --json's objects
 COLUMNS = ("run", "recipe", "status", "steps", "minutes", "metric", "val", "test", "quiet")

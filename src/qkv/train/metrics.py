@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from .. import distributed, extras
 from ..files import atomic_write, write_text
+from ..runs.layout import METRICS
 from .checkpointer import LoopState
 from .step import StepStats
 from .train_settings import TrainSettings
@@ -61,7 +62,7 @@ class TrainMetrics:
         cpu: CpuShare | None = None,
         trackers: Trackers | None = None,
     ) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS
         self.plot_path = Path(run_dir) / "loss.png"
         self.cfg = cfg
         self.main = distributed.is_main()
