@@ -356,11 +356,14 @@ def _annotation(cls: type[DataclassInstance], dotted: str) -> Any:
     return _hints(cls)[name]
 
 
-def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+def flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """The leaves of a nested dict as ``(dotted key, value)`` pairs (``{"train": {"lr": 1}}`` →
+    ``[("train.lr", 1)]``), ``prefix`` before each key: how settings files and overrides are read,
+    and how the trackers name settings and summaries."""
     items = []
     for key, value in data.items():
         if isinstance(value, dict):
-            items += _flatten(value, f"{prefix}{key}.")
+            items += flatten(value, f"{prefix}{key}.")
         else:
             items.append((prefix + key, value))
     return items
@@ -405,7 +408,7 @@ def resolve(
     raw: list[tuple[str, Any, bool]] = []  # (key, value, from_text)
     problems: list[str] = []
     if base:
-        raw += [(k, v, False) for k, v in _flatten(base)]
+        raw += [(k, v, False) for k, v in flatten(base)]
     if config_file:
         try:
             data = json.loads(Path(config_file).read_text(encoding="utf-8"))
@@ -413,7 +416,7 @@ def resolve(
                 raise ValueError("expected a JSON object")
         except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise QkvError(one_line(f"cannot read config file {config_file}: {exc}"[:300])) from None
-        raw += [(k, v, False) for k, v in _flatten(data)]
+        raw += [(k, v, False) for k, v in flatten(data)]
     for item in overrides:
         if "=" not in item:
             problems.append(f"override {item!r} is not of the form key=value")

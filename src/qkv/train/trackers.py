@@ -40,6 +40,7 @@ from typing import Any, cast
 from .. import distributed, extras
 from ..errors import ConfigError, QkvError
 from ..files import write_json
+from ..settings import flatten
 
 __all__ = ["RECORD", "TRACKERS", "Trackers", "check_trackers", "numbers", "tracker_names"]
 
@@ -84,21 +85,9 @@ def numbers(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
     each key), ``step`` and booleans left out: what a tracker plots."""
     return {
         key: float(value)
-        for key, value in flat(row, prefix).items()
+        for key, value in flatten(row, prefix)
         if isinstance(value, int | float) and not isinstance(value, bool) and key != prefix + "step"
     }
-
-
-def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``tree`` with nested dicts flattened to dotted keys (``{"train": {"lr": 1}}`` →
-    ``{"train.lr": 1}``), ``prefix`` before each key."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
 
 
 def hyperparameters(settings: dict[str, Any]) -> dict[str, str | int | float | bool]:
@@ -106,7 +95,7 @@ def hyperparameters(settings: dict[str, Any]) -> dict[str, str | int | float | b
     lists and paths written as JSON text)."""
     return {
         key: value if isinstance(value, str | int | float | bool) else json.dumps(value, default=str)
-        for key, value in flat(settings).items()
+        for key, value in flatten(settings)
     }
 
 
