@@ -128,14 +128,12 @@ def _to_onnx(args) -> int:
 
 def _to_peft(args) -> Path:
     """``convert --to peft LORA_RUN_DIR DIR``, its model card written last; returns DIR."""
-    from ..files import read_json
     from ..hub.model_card import CARD, peft_card, write_card
     from ..hub.peft_export import export_peft
-    from ..train.adapters import ADAPTER_CONFIG
 
     run_dir, _ = args.paths
     done = export_peft(*args.paths)
-    write_card(peft_card(Path(run_dir), done, read_json(done.out / ADAPTER_CONFIG), args.push), done.out)
+    write_card(peft_card(Path(run_dir), done, args.push), done.out)
     log(
         f"wrote {done.out}/base (the HF base model, W0 {done.base_weights}) and PEFT's "
         f"adapter_config.json + adapter_model.safetensors ({', '.join(done.target_modules)}"

@@ -268,7 +268,7 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, repo_id: str | None = No
     refuse_nonempty(out_dir, "folder")
     model, _ = runs.load_run(run_dir)
     hf_config, tensors = hf_state(model, run_dir)
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = model.num_parameters()
     architecture = hf_config["architectures"][0]
     config = cast(ModelConfig, model.config)
     card = hf_card(run_dir, out_dir, architecture, family_of(hf_config).name, config, parameters, repo_id)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Protocol
@@ -98,9 +97,6 @@ METRIC_IDS = {
     "macro_f1": "f1",
     "auroc": "roc_auc",
 }
-# fair-esm's ESM-2 names (qkv.hub.fair_esm.ESM2_NAMES), which the Hub hosts as facebook/<name>;
-# matched here, as fair_esm imports qkv.hub.convert, which writes cards with this module
-ESM2_NAME = re.compile(r"esm2_t\d+_\d+[MB]_UR50D")
 DEFAULT_DATA = {"translation": ("multi30k",), "protein-mlm": ("uniprot", "refseq")}  # data=None
 SIZES = (
     *("n_layers", "n_encoder_layers", "n_decoder_layers", "d_model", "n_heads", "d_ff"),
@@ -122,6 +118,12 @@ class AdapterExport(Protocol):
     def target_modules(self) -> list[str]: ...
     @property
     def modules_to_save(self) -> list[str]: ...
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def parameters(self) -> int: ...
+    @property
+    def peft_config(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def hf_card(
     return _card(data, lines, facts)
 
 
-def peft_card(run_dir: Path, done: AdapterExport, peft_config: dict, repo_id: str | None) -> ModelCard:
+def peft_card(run_dir: Path, done: AdapterExport, repo_id: str | None) -> ModelCard:
     """The card of a PEFT adapter folder written by :func:`qkv.hub.peft_export.export_peft`
     (``done``; ``peft_config``: its ``adapter_config.json``): ``library_name: peft``, the base
     model on the Hub where the run started from one, the adapter's rank and targets, and how
@@ -241,8 +243,8 @@ def peft_card(run_dir: Path, done: AdapterExport, peft_config: dict, repo_id: st
     Raises:
         QkvError: as :func:`hf_card`.
     """
-    model, _ = runs.load_run(run_dir)
-    facts = RunFacts.read(run_dir, model.config, sum(p.numel() for p in model.parameters()))
+    peft_config = done.peft_config
+    facts = RunFacts.read(run_dir, done.config, done.parameters)
     task = PEFT_TASKS.get(peft_config.get("task_type", ""))
     name = _model_name(done.out, repo_id)
     where = repo_id or f"path/to/{name}"
@@ -381,11 +383,11 @@ def _hub_origin(source: Any) -> str | None:
     """The Hub model a recorded ``init`` or ``converted_from`` names: a Hub name (its revision
     dropped), an ESM-2 name (``facebook/<name>``), or, one level down, the Hub model a local
     run directory was converted from; ``None`` otherwise."""
-    from .hub_names import is_hub_name, split_revision
+    from .hub_names import ESM2_NAMES, is_hub_name, split_revision
 
     if not isinstance(source, str) or not source:
         return None
-    if ESM2_NAME.fullmatch(source) and not Path(source).exists():
+    if source in ESM2_NAMES and not Path(source).exists():
         return f"facebook/{source}"
     if is_hub_name(source):
         return split_revision(source)[0]

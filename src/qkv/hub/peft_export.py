@@ -81,13 +81,17 @@ class PeftExport:
     """What :func:`export_peft` wrote: the folder ``out``, the ``auto_class`` of transformers
     that loads ``out/base`` for the adapter, how ``W0`` was obtained (``base_weights``:
     ``"from best.safetensors"``, the checkpoint it was read from, or ``"= W - (α/r)·B A"``),
-    PEFT's ``target_modules`` and ``modules_to_save``."""
+    PEFT's ``target_modules`` and ``modules_to_save``; what its model card says of it: the run's
+    model ``config``, its ``parameters`` and ``peft_config`` (``adapter_config.json``)."""
 
     out: Path
     auto_class: str
     base_weights: str
     target_modules: list[str]
     modules_to_save: list[str]
+    config: ModelConfig
+    parameters: int
+    peft_config: dict
 
 
 def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
@@ -138,7 +142,16 @@ def export_peft(run_dir: str | Path, out_dir: str | Path) -> PeftExport:
     atomic_write(out_dir / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     write_json(out_dir / ADAPTER_CONFIG, peft_config)
     logger.debug(f"exported the adapters of {run_dir} for PEFT into {out_dir} (W0: {source})")
-    return PeftExport(out_dir, auto_class, source, targets, modules_to_save)
+    return PeftExport(
+        out_dir,
+        auto_class,
+        source,
+        targets,
+        modules_to_save,
+        config=model.config,
+        parameters=model.num_parameters(),
+        peft_config=peft_config,
+    )
 
 
 def _task(run_dir: Path, out_dir: Path) -> tuple[str, str, str | None]:
