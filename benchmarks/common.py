@@ -109,3 +109,25 @@ def sweep_table(rows: list[dict], minutes: float | None) -> str:
         for r in rows
     ]
     return "\n".join(lines)
+
+
+BUCKETS = ((1, 8), (9, 12), (13, 16), (17, 10_000))  # source length in words (the why-attention guide's)
+
+
+def bucket_name(lo: int) -> str:
+    """``"1-8"``, ..., ``"17+"``: the name of the bucket that starts at ``lo`` words."""
+    hi = next(h for low, h in BUCKETS if low == lo)
+    return f"{lo}+" if hi >= 10_000 else f"{lo}-{hi}"
+
+
+def by_length(src: list[str], hyps: list[str], ref: list[str]) -> dict[str, dict]:
+    """sacreBLEU (cased) of ``hyps`` against ``ref`` in each source-length bucket:
+    ``{bucket: {"n": sentences, "bleu": BLEU}}``."""
+    import sacrebleu
+
+    out = {}
+    for lo, hi in BUCKETS:
+        idx = [i for i, s in enumerate(src) if lo <= len(s.split()) <= hi]
+        bleu = sacrebleu.corpus_bleu([hyps[i] for i in idx], [[ref[i] for i in idx]]).score
+        out[bucket_name(lo)] = {"n": len(idx), "bleu": round(bleu, 2)}
+    return out

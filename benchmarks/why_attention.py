@@ -34,7 +34,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import metrics, sweep_table, train_run, validation_row  # noqa: E402  (benchmarks/common.py)
+from common import BUCKETS, bucket_name, by_length, metrics, sweep_table, train_run, validation_row  # noqa: E402  (benchmarks/common.py)
 
 SWEEP_MINUTES = 5.0
 # The RNN candidates (qkv train translation-rnn overrides): both variants share the grid of
@@ -88,7 +88,6 @@ LABELS = {
     "rnn_attention": "GRU + additive attention",
     "rnn_bottleneck": "GRU bottleneck",
 }
-BUCKETS = ((1, 8), (9, 12), (13, 16), (17, 10_000))  # source length in words
 LENGTHS = (8, 16, 32, 64, 128)  # tokens per sentence, for the time per batch
 BATCH_TOKENS = 2048  # source tokens per batch at every length
 
@@ -98,11 +97,6 @@ def train(out: Path, names: list[str]) -> None:
         recipe, overrides = FINAL[name]
         print(f"training {name} ...", flush=True)
         train_run(recipe, out / "final" / name, [*overrides, "test=false"])
-
-
-def _bucket(n_words: int) -> str:
-    lo, hi = next(b for b in BUCKETS if b[0] <= n_words <= b[1])
-    return f"{lo}+" if hi >= 10_000 else f"{lo}-{hi}"
 
 
 def _train_figures(run_dir: Path) -> dict:
@@ -119,22 +113,12 @@ def _train_figures(run_dir: Path) -> dict:
 
 def score(run_dir: Path, src: list[str], ref: list[str]) -> tuple[dict, list[str]]:
     """test2016 with beam 4 (§6.1): sacreBLEU cased and chrF overall and by source length."""
-    import sacrebleu
-
     from qkv.evaluate.bleu import translation_scores
     from qkv.inference.translator import Translator
 
     hyps = Translator.from_run(run_dir, beam_size=4, alpha=0.6).translate(src)
-    by_length = {}
-    for lo, hi in BUCKETS:
-        idx = [i for i, s in enumerate(src) if lo <= len(s.split()) <= hi]
-        key = _bucket(lo)
-        by_length[key] = {
-            "n": len(idx),
-            "bleu": round(sacrebleu.corpus_bleu([hyps[i] for i in idx], [[ref[i] for i in idx]]).score, 2),
-        }
     overall = {k: round(v, 2) for k, v in translation_scores(hyps, ref).items()}
-    return {**overall, "by_length": by_length}, hyps
+    return {**overall, "by_length": by_length(src, hyps, ref)}, hyps
 
 
 def time_per_batch(run_dir: Path, repeats: int = 5) -> dict[int, float]:
@@ -231,7 +215,7 @@ def report(out: Path, plots: Path | None) -> None:
 
 def markdown(result: dict) -> str:
     rows = result["models"]
-    buckets = [_bucket(lo) for lo, _ in BUCKETS]
+    buckets = [bucket_name(lo) for lo, _ in BUCKETS]
     lines = [
         "| model | parameters | steps in 10 min | training tokens/s | val BLEU (greedy) "
         "| test2016 BLEU | chrF | " + " | ".join(f"BLEU, {b} words" for b in buckets) + " |",
@@ -269,7 +253,7 @@ def draw(result: dict, plots: Path) -> None:
 
     plots.mkdir(parents=True, exist_ok=True)
     rows = result["models"]
-    buckets = [_bucket(lo) for lo, _ in BUCKETS]
+    buckets = [bucket_name(lo) for lo, _ in BUCKETS]
     fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     width = 0.8 / max(len(rows), 1)
     for k, (name, r) in enumerate(rows.items()):
