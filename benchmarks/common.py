@@ -122,12 +122,14 @@ def bucket_name(lo: int) -> str:
 
 def by_length(src: list[str], hyps: list[str], ref: list[str]) -> dict[str, dict]:
     """sacreBLEU (cased) of ``hyps`` against ``ref`` in each source-length bucket:
-    ``{bucket: {"n": sentences, "bleu": BLEU}}``."""
+    ``{bucket: {"n": sentences, "bleu": BLEU}}`` (a bucket without sentences is left out)."""
     import sacrebleu
 
     out = {}
     for lo, hi in BUCKETS:
         idx = [i for i, s in enumerate(src) if lo <= len(s.split()) <= hi]
+        if not idx:
+            continue
         bleu = sacrebleu.corpus_bleu([hyps[i] for i in idx], [[ref[i] for i in idx]]).score
         out[bucket_name(lo)] = {"n": len(idx), "bleu": round(bleu, 2)}
     return out
