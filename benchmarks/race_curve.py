@@ -10,11 +10,14 @@ so the runs can go at once on CPUs of their own (``--parallel``, ``--cpus``, eac
 CPUs and threads) and still stand for 2-core minutes. Each run's rate decays linearly to 0 at its
 own end (the recipes' schedule), so every budget is a run of its own, not a point on a longer
 run. A calibration run is also its recipe's point at that budget and seed: there the step
-budget is checked against the clock. Finished runs are kept: ``run`` trains what is missing.
+budget is checked against the clock. Finished runs are kept: ``run`` trains what is missing,
+then ``report``s (the table, ``race_curve.json``, the figure) on the models it was given.
 
-    QKV_DATA_DIR=../shared/data python benchmarks/race_curve.py run --out runs/race_curve \
-        --minutes 5 10 20 40 80 --seeds 1 --parallel 2 --cpus 1 --plot docs/img/why_attention/race_curve.png
-    python benchmarks/race_curve.py report --out runs/race_curve --plot PNG   # the table again
+    export QKV_DATA_DIR=../shared/data
+    python benchmarks/race_curve.py run --out runs/race_curve --minutes 5 20 40
+    python benchmarks/race_curve.py run --out runs/race_curve --minutes 20 --models translation-reg
+    python benchmarks/race_curve.py report --out runs/race_curve --minutes 5 20 40 \
+        --models translation translation-rnn translation-reg --plot docs/img/why_attention/race_curve.png
 """
 
 from __future__ import annotations
@@ -31,7 +34,21 @@ from pathlib import Path
 
 from common import by_length, machine  # noqa: E402  (benchmarks/common.py)
 
-RECIPES = {"translation": "Transformer (make demo)", "translation-rnn": "GRU + attention"}
+RECIPES = ("translation", "translation-rnn")  # each calibrated by its own timed run
+# name -> (recipe, its settings, label): the race's two, and the demo Transformer with §5.4's
+# regularisers back (dropout 0.1 and label smoothing 0.1, as the 1-hour recipe; opt-in:
+# ``--models``), on the demo's step budgets (its dropout masks make its steps a little dearer)
+MODELS = {
+    "translation": ("translation", [], "Transformer (make demo)"),
+    "translation-rnn": ("translation-rnn", [], "GRU + attention"),
+    "translation-reg": (
+        "translation",
+        [f"model.{k}=0.1" for k in ("dropout", "attention_dropout", "activation_dropout")]
+        + ["label_smoothing=0.1"],
+        "Transformer, dropout + label smoothing 0.1",
+    ),
+}
+COLORS = {"translation": "C0", "translation-rnn": "C1", "translation-reg": "C2"}
 SPLITS = ("val", "test2016")
 
 
@@ -92,13 +109,14 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.parallel} runs of {args.cpus} CPUs need {args.parallel * args.cpus}: {free}")
     # the longest first, so that the runs at once end together
     jobs = sorted(
-        ((m, s, r) for m in args.minutes for s in args.seeds for r in RECIPES),
-        key=lambda j: -steps_for(calibration, j[2], j[0]),
+        ((m, s, name) for m in args.minutes for s in args.seeds for name in args.models),
+        key=lambda j: -steps_for(calibration, MODELS[j[2]][0], j[0]),
     )
 
     def one(i: int) -> None:
-        minutes, seed, recipe = jobs[i]
-        run_dir = args.out / _name(recipe, minutes, seed)
+        minutes, seed, name = jobs[i]
+        recipe, model_settings, _ = MODELS[name]
+        run_dir = args.out / _name(name, minutes, seed)
         log = args.out / f"{run_dir.name}.log"
         settings = [
             f"train.seed={seed}",
@@ -106,6 +124,7 @@ def run(args: argparse.Namespace) -> None:
             f"train.max_steps={steps_for(calibration, recipe, minutes)}",
             f"train.threads={args.cpus}",
             "test=false",  # the report scores both splits, by length
+            *model_settings,
         ]
         cpus = free_slots.get()  # the CPUs no other run holds now
         try:
@@ -162,16 +181,17 @@ def collect(args: argparse.Namespace) -> list[dict]:
     seed, and mean ± s.e. over the seeds."""
     rows = []
     for minutes in args.minutes:
-        for recipe, label in RECIPES.items():
-            runs = [args.out / _name(recipe, minutes, s) for s in args.seeds]
+        for name in args.models:
+            label = MODELS[name][2]
+            runs = [args.out / _name(name, minutes, s) for s in args.seeds]
             runs = [r for r in runs if (r / "summary.json").is_file()]
             if not runs:
                 continue
-            print(f"scoring {minutes:g} min of {recipe} ({len(runs)} seeds) ...", file=sys.stderr, flush=True)
+            print(f"scoring {minutes:g} min of {name} ({len(runs)} seeds) ...", file=sys.stderr, flush=True)
             scores = [score(r) for r in runs]
             summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
             row = {
-                "recipe": recipe,
+                "model": name,
                 "label": label,
                 "minutes": minutes,
                 "seeds": len(runs),
@@ -227,8 +247,8 @@ def draw(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, lead) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for recipe, label in RECIPES.items():
-        mine = [r for r in rows if r["recipe"] == recipe]
+    for name, (_, _, label) in MODELS.items():
+        mine = [r for r in rows if r["model"] == name]
         for split, style in (("test2016", "-o"), ("val", ":s")):
             ax.errorbar(
                 [r["minutes"] for r in mine],
@@ -236,7 +256,7 @@ def draw(rows: list[dict], path: Path) -> None:
                 yerr=[r[split][1] for r in mine],
                 fmt=style,
                 capsize=3,
-                color="C0" if recipe == "translation" else "C1",
+                color=COLORS[name],
                 label=f"{label}, {'test2016' if split == 'test2016' else 'validation'}",
             )
     minutes = sorted({r["minutes"] for r in rows})
@@ -246,8 +266,10 @@ def draw(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("BLEU (sacreBLEU, cased, beam 4)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    pairs = {m: [r for r in rows if r["minutes"] == m] for m in minutes}
-    pairs = {m: (p[0], p[1]) for m, p in pairs.items() if len(p) == 2}  # both models (in RECIPES' order)
+    at = {(r["model"], r["minutes"]): r for r in rows}
+    pairs = {
+        m: (at[RECIPES[0], m], at[RECIPES[1], m]) for m in minutes if {(n, m) for n in RECIPES} <= set(at)
+    }
     budgets = sorted(pairs)
     for k, bucket in enumerate(rows[0]["n_by_length"] if rows else ()):
         leads = [
@@ -288,6 +310,7 @@ def main() -> None:
     p.add_argument("--calibrate-minutes", type=float, default=5.0)
     p.add_argument("--cpus", type=int, default=1, help="CPUs (and threads) of each step-budget run")
     p.add_argument("--parallel", type=int, default=2, help="runs at once, each on CPUs of its own")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(RECIPES))
     p.add_argument("--plot", type=Path, help="write the figure here (PNG)")
     args = p.parse_args()
     if args.command == "score":
