@@ -249,6 +249,8 @@ def draw(rows: list[dict], path: Path) -> None:
     fig, (ax, lead) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, (_, _, label) in MODELS.items():
         mine = [r for r in rows if r["model"] == name]
+        if not mine:
+            continue
         for split, style in (("test2016", "-o"), ("val", ":s")):
             ax.errorbar(
                 [r["minutes"] for r in mine],
@@ -275,7 +277,7 @@ def draw(rows: list[dict], path: Path) -> None:
         leads = [
             t["test2016_by_length"][bucket][0] - g["test2016_by_length"][bucket][0] for t, g in pairs.values()
         ]
-        lead.plot(budgets, leads, "-o", color=f"C{k + 2}", label=f"{bucket} words")
+        lead.plot(budgets, leads, "-o", color=plt.cm.viridis(k / 4), label=f"{bucket} words")
     lead.axhline(0, color="grey", lw=1)
     lead.set_xscale("log", base=2)
     lead.set_xticks(budgets, [f"{m:g}" for m in budgets])
