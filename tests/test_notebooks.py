@@ -220,6 +220,7 @@ QUOTED_ELSEWHERE: dict[str, dict[str, str]] = {
         "15.9 23.6 39.4 43.3 41.9 40": "the budgets table: longer runs, benchmarks/RESULTS.md",
         "d_model=384 0.3": "the paper's recipe, configs/paper_base.json",
         "34.1 28.4 32.5 40.5 41.0": "the guide Why attention (benchmarks/why_attention.py)",
+        "41.2 38.3": "40 minutes of each, the guide Why attention (benchmarks/race_curve.py)",
     },
     "04_language_model": {
         "d_model=128 4": "printed by 09_masked_diffusion_lm",  # the same lm recipe defaults
