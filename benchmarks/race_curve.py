@@ -14,9 +14,9 @@ budget is checked against the clock. Finished runs are kept: ``run`` trains what
 then ``report``s (the table, ``race_curve.json``, the figure) on the models it was given.
 
     export QKV_DATA_DIR=../shared/data
-    python benchmarks/race_curve.py run --out runs/race_curve --minutes 5 20 40 \
+    python benchmarks/race_curve.py run --out runs/race_curve --minutes 5 10 20 40 \
         --plot docs/img/why_attention/race_curve.png
-    python benchmarks/race_curve.py report --out runs/race_curve --minutes 5 20 40   # the table again
+    python benchmarks/race_curve.py report --out runs/race_curve --minutes 5 10 20 40   # the table again
 
 ``--models translation-reg`` adds the demo Transformer with dropout and label smoothing back.
 """
