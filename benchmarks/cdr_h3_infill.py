@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import mean_se  # noqa: E402  (benchmarks/common.py)
 
 from qkv.data.cdr import cdr_h3, cdr_h3_span, heavy_chain_splits
 from qkv.data.tokenizers import AMINO_ACIDS
@@ -127,13 +127,6 @@ def recovery(truth: str, predicted: str) -> float:
     """Share of ``truth``'s positions that ``predicted`` matches (a shorter prediction counts
     its missing positions wrong; positions past ``truth`` are not counted)."""
     return sum(a == b for a, b in zip(truth, predicted, strict=False)) / len(truth)
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error of the mean (``nan`` for fewer than two values)."""
-    nan = float("nan")
-    mean = statistics.fmean(values) if values else nan
-    return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else nan
 
 
 def residue_ids(tok, text: str) -> list[int]:

@@ -5,6 +5,7 @@ validation row."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -133,3 +134,10 @@ def by_length(src: list[str], hyps: list[str], ref: list[str]) -> dict[str, dict
         bleu = sacrebleu.corpus_bleu([hyps[i] for i in idx], [[ref[i] for i in idx]]).score
         out[bucket_name(lo)] = {"n": len(idx), "bleu": round(bleu, 2)}
     return out
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (``nan`` for fewer than two values)."""
+    nan = float("nan")
+    mean = statistics.fmean(values) if values else nan
+    return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else nan

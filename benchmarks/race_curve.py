@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import queue
-import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import by_length, machine  # noqa: E402  (benchmarks/common.py)
+from common import by_length, machine, mean_se  # noqa: E402  (benchmarks/common.py)
 
 RECIPES = ("translation", "translation-rnn")  # each calibrated by its own timed run
 # name -> (recipe, its settings, label): the race's two, and the demo Transformer with §5.4's
@@ -169,12 +168,6 @@ def score(run_dir: Path) -> dict:
         }
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error (0 for one value)."""
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return statistics.fmean(values), se
 
 
 def collect(args: argparse.Namespace) -> list[dict]:

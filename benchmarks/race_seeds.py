@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from common import mean_se  # noqa: E402  (benchmarks/common.py)
 
 RECIPES = {"transformer (make demo)": "translation", "GRU + attention": "translation-rnn"}
 
@@ -68,8 +69,7 @@ def _mean_se(values: list[float]) -> str:
     values = [v for v in values if v == v]  # a run without the split: NaN
     if not values:
         return "-"
-    m = statistics.fmean(values)
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+    m, se = mean_se(values)
     return f"**{m:.2f} ± {se:.2f}**"
 
 
