@@ -49,11 +49,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import mean_se  # noqa: E402  (benchmarks/common.py)
 
 from qkv.data.cdr import cdr_h3, cdr_h3_span, heavy_chain_splits
 from qkv.data.tokenizers import AMINO_ACIDS
 from qkv.errors import QkvError
+
+# tests load this file by path, where the script's folder is not on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import mean_se  # noqa: E402  (benchmarks/common.py)
 
 MAX_FREE = 60  # longest free IgLM infill (the longest CDR-H3 kept is 35)
 BINS = ((3, 10), (11, 13), (14, 16), (17, 35))  # CDR-H3 length bins of the per-length table
