@@ -260,6 +260,10 @@ def draw(rows: list[dict], path: Path) -> None:
     ax.set_xticks(minutes, [f"{m:g}" for m in minutes])
     ax.set_xlabel("training budget (minutes on 2 CPU cores)")
     ax.set_ylabel("BLEU (sacreBLEU, cased, beam 4)")
+    seeds = {r["minutes"]: r["seeds"] for r in rows}
+    ax.set_title(
+        "seeds (error bars: s.e.): " + ", ".join(f"{m:g} min {seeds[m]}" for m in minutes), fontsize=10
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     at = {(r["model"], r["minutes"]): r for r in rows}
