@@ -15,8 +15,11 @@ then ``report``s (the table, ``race_curve.json``, the figure) on the models it w
 
     export QKV_DATA_DIR=../shared/data
     python benchmarks/race_curve.py run --out runs/race_curve --minutes 5 10 20 40 \
-        --plot docs/img/why_attention/race_curve.png
-    python benchmarks/race_curve.py report --out runs/race_curve --minutes 5 10 20 40   # the table again
+        --seeds 1 2 3 --seeds-at 20 --plot docs/img/why_attention/race_curve.png
+    python benchmarks/race_curve.py report --out runs/race_curve --minutes 5 10 20 40 \
+        --seeds 1 2 3 --seeds-at 20   # the table again, from the kept runs
+
+(three seeds at 20 minutes, where one seed left the two level; one elsewhere.)
 
 ``--models translation-reg`` adds the demo Transformer with dropout and label smoothing back.
 """
@@ -100,6 +103,12 @@ def steps_for(calibration: dict, recipe: str, minutes: float) -> int:
     return round(c["steps"] * minutes / c["minutes"])
 
 
+def seeds_for(args: argparse.Namespace, minutes: float) -> list[int]:
+    """Every ``--seeds`` at the budgets of ``--seeds-at`` (all budgets when it is not given), the
+    first seed elsewhere: seeds where the race is close, one run where it is not."""
+    return args.seeds if args.seeds_at is None or minutes in args.seeds_at else args.seeds[:1]
+
+
 def run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     calibration = calibrate(args)
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.parallel} runs of {args.cpus} CPUs need {args.parallel * args.cpus}: {free}")
     # the longest first, so that the runs at once end together
     jobs = sorted(
-        ((m, s, name) for m in args.minutes for s in args.seeds for name in args.models),
+        ((m, s, name) for m in args.minutes for s in seeds_for(args, m) for name in args.models),
         key=lambda j: -steps_for(calibration, MODELS[j[2]][0], j[0]),
     )
 
@@ -177,7 +186,7 @@ def collect(args: argparse.Namespace) -> list[dict]:
     for minutes in args.minutes:
         for name in args.models:
             label = MODELS[name][2]
-            runs = [args.out / _name(name, minutes, s) for s in args.seeds]
+            runs = [args.out / _name(name, minutes, s) for s in seeds_for(args, minutes)]
             runs = [r for r in runs if (r / "summary.json").is_file()]
             if not runs:
                 continue
@@ -307,6 +316,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/race_curve"))
     p.add_argument("--minutes", type=float, nargs="+", default=[5, 10, 20, 40, 80], help="budgets")
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument(
+        "--seeds-at", type=float, nargs="+", help="budgets given every seed (default: all); others the first"
+    )
     p.add_argument("--calibrate-minutes", type=float, default=5.0)
     p.add_argument("--cpus", type=int, default=1, help="CPUs (and threads) of each step-budget run")
     p.add_argument("--parallel", type=int, default=2, help="runs at once, each on CPUs of its own")
