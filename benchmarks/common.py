@@ -136,6 +136,15 @@ def by_length(src: list[str], hyps: list[str], ref: list[str]) -> dict[str, dict
     return out
 
 
+def scored(src: list[str], hyps: list[str], ref: list[str]) -> dict:
+    """:func:`qkv.evaluate.bleu.translation_scores` of ``hyps`` (rounded to 2 places) and
+    ``"by_length"``: the same BLEU in each source-length bucket (:func:`by_length`)."""
+    from qkv.evaluate.bleu import translation_scores
+
+    overall = {k: round(v, 2) for k, v in translation_scores(hyps, ref).items()}
+    return {**overall, "by_length": by_length(src, hyps, ref)}
+
+
 def mean_se(values: list[float]) -> tuple[float, float]:
     """Mean and standard error of the mean (``nan`` for fewer than two values)."""
     nan = float("nan")

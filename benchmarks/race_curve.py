@@ -35,7 +35,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import by_length, machine, mean_se  # noqa: E402  (benchmarks/common.py)
+from common import machine, mean_se, scored  # noqa: E402  (benchmarks/common.py)
 
 RECIPES = ("translation", "translation-rnn")  # each calibrated by its own timed run
 # name -> (recipe, its settings, label): the race's two, and the demo Transformer with §5.4's
@@ -158,23 +158,15 @@ def score(run_dir: Path) -> dict:
     if path.is_file():
         return json.loads(path.read_text())
     from qkv.data.translation import load_multi30k
-    from qkv.evaluate.bleu import translation_scores
-    from qkv.inference.translator import Translator, load_run, run_decoding_of
+    from qkv.inference.translator import Translator, run_decoding_of
     from qkv.runs.info import run_settings
 
-    model, tok = load_run(run_dir)
     beam_size, alpha = run_decoding_of(run_settings(run_dir))
-    translator = Translator(model, tok, beam_size=beam_size, alpha=alpha)
+    translator = Translator.from_run(run_dir, beam_size=beam_size, alpha=alpha)
     result: dict = {"beam_size": beam_size, "alpha": alpha}
     for split in SPLITS:
         src, ref = load_multi30k(split)
-        hyps = translator.translate(src)
-        scores = translation_scores(hyps, ref)
-        result[split] = {
-            "bleu": round(scores["bleu"], 2),
-            "chrf": round(scores["chrf"], 2),
-            "by_length": by_length(src, hyps, ref),
-        }
+        result[split] = scored(src, translator.translate(src), ref)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 

@@ -34,7 +34,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import BUCKETS, bucket_name, by_length, metrics, sweep_table, train_run, validation_row  # noqa: E402  (benchmarks/common.py)
+from common import BUCKETS, bucket_name, metrics, scored, sweep_table, train_run, validation_row  # noqa: E402  (benchmarks/common.py)
 
 SWEEP_MINUTES = 5.0
 # The RNN candidates (qkv train translation-rnn overrides): both variants share the grid of
@@ -113,12 +113,10 @@ def _train_figures(run_dir: Path) -> dict:
 
 def score(run_dir: Path, src: list[str], ref: list[str]) -> tuple[dict, list[str]]:
     """test2016 with beam 4 (§6.1): sacreBLEU cased and chrF overall and by source length."""
-    from qkv.evaluate.bleu import translation_scores
     from qkv.inference.translator import Translator
 
     hyps = Translator.from_run(run_dir, beam_size=4, alpha=0.6).translate(src)
-    overall = {k: round(v, 2) for k, v in translation_scores(hyps, ref).items()}
-    return {**overall, "by_length": by_length(src, hyps, ref)}, hyps
+    return scored(src, hyps, ref), hyps
 
 
 def time_per_batch(run_dir: Path, repeats: int = 5) -> dict[int, float]:
